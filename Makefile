@@ -1,0 +1,30 @@
+# `make run` and `make test` each set up .venv (idempotent) and then do their job.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PROMPT ?= What is 17 + 25? Answer briefly.
+MODELS ?= qwen2.5-coder-0.5b-instruct
+
+.PHONY: setup run test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned: this takes the local CPU wheel instead of a CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/safe-ensemble run --models $(MODELS) --max-new-tokens 64 "$(PROMPT)"
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(VENV)/bin/safe-ensemble bench --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct --prompts 4 --json bench.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info

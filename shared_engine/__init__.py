@@ -1,0 +1,17 @@
+"""safe-ensemble's engine: several LLMs with different tokenizers answering as one.
+
+Knows nothing of LangChain or LlamaIndex; the adapters in ``langchain_ensemble`` and
+``llamaindex_ensemble`` wrap ``EnsembleEngine``.
+"""
+
+from .engine import EnsembleEngine, GenerationResult
+from .errors import ContextLengthError, EnsembleError, InvalidRequestError
+from .events import (CacheSyncEvent, DraftEvent, EnsembleEvent, Event, FinishEvent, Stats, TokenEvent,
+                     VerifyEvent)
+from .options import EngineOptions, GenerationParams
+
+__all__ = [
+    "CacheSyncEvent", "ContextLengthError", "DraftEvent", "EngineOptions", "EnsembleEngine", "EnsembleError",
+    "EnsembleEvent", "Event", "FinishEvent", "GenerationParams", "GenerationResult", "InvalidRequestError",
+    "Stats", "TokenEvent", "VerifyEvent",
+]

@@ -1,0 +1,250 @@
+"""Exact text <-> token alignment across tokenizers.
+
+Every decision the ensemble makes is about *where* text may be split: SAFE only ensembles at
+a character offset that is a token boundary for every member (its "OOV-like" check), because a
+model forced to continue from inside one of its own tokens ("So" of "Sofia") drifts.
+To get those offsets exactly we never compare decoded strings: each token id is mapped once to
+the exact **bytes** it stands for (byte-level BPE ``Ġ``/``Ċ`` undone, SentencePiece ``▁`` made a
+space, ``<0xAB>`` byte-fallback pieces made that byte). Offsets are then byte offsets into the
+UTF-8 continuation, and an offset is a usable boundary only if it is also a character boundary.
+
+Worked example: continuation ``" Sofia"``; tokenizer A splits ``[" Sofia"]``, tokenizer B
+``[" So", "fia"]``. Boundary offsets A = {0, 6}, B = {0, 3, 6}; shared = {0, 6}: ensembling is
+allowed before " Sofia" and after it, never after " So".
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from transformers import PreTrainedTokenizerBase
+
+EOS_KEY = b"\x00<eos>"
+"""Union key that stands for 'end of answer' in every member's vocabulary (see fusion)."""
+
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+_LOOKBEHIND_TOKENS = 4
+"""Tokens re-encoded before the first changed byte: BPE merges can reach back across the edit."""
+
+
+@lru_cache(maxsize=1)
+def _byte_level_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode map (``Ġ`` -> 0x20, ``Ċ`` -> 0x0A, ...)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
+        + list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+def _decoder_kind(tokenizer: PreTrainedTokenizerBase) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = repr(getattr(backend, "decoder", None)) if backend is not None else ""
+    if "ByteLevel" in text:
+        return "byte_level"
+    if "▁" in text or "Metaspace" in text or "ByteFallback" in text:
+        return "sentencepiece"
+    return "generic"
+
+
+class TokenTable:
+    """The exact bytes of every token id of one tokenizer, plus its special and EOS ids.
+
+    Built once per tokenizer (about a second for a 262k vocabulary) and shared by all requests.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int | None = None,
+                 eos_ids: set[int] | None = None) -> None:
+        self.tokenizer = tokenizer
+        size = max(len(tokenizer), vocab_size or 0)
+        kind = _decoder_kind(tokenizer)
+        special = {int(i) for i in tokenizer.all_special_ids}
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        special |= {int(i) for i, tok in added.items() if getattr(tok, "special", False)}
+        self.special_ids: frozenset[int] = frozenset(special)
+        eos = set(eos_ids or ())
+        if tokenizer.eos_token_id is not None:
+            eos.add(int(tokenizer.eos_token_id))
+        self.eos_ids: frozenset[int] = frozenset(eos)
+        pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        self.pieces: list[bytes] = [self._piece_bytes(i, p, kind) for i, p in enumerate(pieces)]
+        self.pieces += [b""] * (size - len(self.pieces))  # padded logits rows: never candidates
+        self.vocab_size = size
+        self._by_bytes: dict[bytes, int] = {}
+        for i, piece in enumerate(self.pieces):
+            if piece and i not in self.special_ids:
+                self._by_bytes.setdefault(piece, i)
+        self._prefix_space = self._detect_prefix_space()
+
+    def _piece_bytes(self, token_id: int, piece: str | None, kind: str) -> bytes:
+        if piece is None:
+            return b""
+        if token_id in self.special_ids:
+            return piece.encode("utf-8")
+        if kind == "byte_level":
+            table = _byte_level_decoder()
+            try:
+                return bytes(table[ch] for ch in piece)
+            except KeyError:  # an added (non-byte-level) token: stored verbatim
+                return piece.encode("utf-8")
+        if kind == "sentencepiece":
+            match = _BYTE_FALLBACK.match(piece)
+            if match:
+                return bytes([int(match.group(1), 16)])
+            return piece.replace("▁", " ").encode("utf-8")
+        return self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False).encode("utf-8")
+
+    def _detect_prefix_space(self) -> bool:
+        """SentencePiece-style tokenizers may prepend a space to the first word of any input;
+        a continuation fragment must then be encoded behind an anchor (see encode_fragment)."""
+        ids = self.tokenizer("a", add_special_tokens=False)["input_ids"]
+        return self.to_bytes(ids) == b" a"
+
+    def token_id(self, piece: bytes) -> int | None:
+        """The id whose bytes are exactly ``piece`` (None if no single token is)."""
+        return self._by_bytes.get(piece)
+
+    def to_bytes(self, ids: list[int]) -> bytes:
+        return b"".join(self.pieces[i] for i in ids)
+
+    def encode_fragment(self, text: str) -> list[int]:
+        """Token ids for ``text`` as it would appear *inside* a longer text: no BOS, and no
+        implicit leading space from SentencePiece's dummy prefix."""
+        if not text:
+            return []
+        if not self._prefix_space:
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        anchored = self.tokenizer("\n" + text, add_special_tokens=False)["input_ids"]
+        cut, consumed = 0, b""
+        while cut < len(anchored) and len(consumed) < len(" \n"):
+            consumed += self.pieces[anchored[cut]]
+            cut += 1
+        if consumed.strip(b" ") != b"\n":
+            raise ValueError(f"cannot encode fragment {text!r} without a leading space")
+        return list(anchored[cut:])
+
+
+def valid_prefix_length(data: bytes) -> int:
+    """Length of the longest prefix of ``data`` that is complete, valid UTF-8. An incomplete
+    trailing character is held back (the next token may complete it); text after invalid bytes
+    is not aligned at all."""
+    n = len(data)
+    for back in range(1, min(4, n) + 1):
+        lead = data[n - back]
+        if lead & 0xC0 == 0x80:  # continuation byte: keep looking for the lead byte
+            continue
+        if lead >= 0xC0:
+            need = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+            if need > back:
+                n -= back
+        break
+    try:
+        data[:n].decode("utf-8")
+        return n
+    except UnicodeDecodeError as err:
+        return err.start
+
+
+def is_char_boundary(data: bytes, offset: int) -> bool:
+    """True if ``offset`` does not fall inside a UTF-8 character of ``data``."""
+    return offset == len(data) or offset == 0 or (data[offset] & 0xC0) != 0x80
+
+
+@dataclass
+class TokenizedText:
+    """One member's canonical tokenization of a growing continuation, updated incrementally.
+
+    ``ids[i]`` covers bytes ``[starts[i], starts[i] + len(piece))``. Updating the text re-encodes
+    only from a few tokens before the first changed byte (never the whole history).
+    """
+
+    table: TokenTable
+    ids: list[int] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)  # cumulative byte end of each token
+    data: bytes = b""
+
+    @property
+    def starts(self) -> list[int]:
+        return [0] + self.ends[:-1]
+
+    def first_token_from(self, offset: int) -> int:
+        """Index of the first token that starts at or after byte ``offset`` (len(ids) if none)."""
+        return 0 if offset <= 0 else bisect.bisect_left(self.ends, offset) + 1 if self.ends else 0
+
+    def starts_from(self, index: int) -> list[int]:
+        """Start offsets of tokens ``index..``, without building the whole list."""
+        if index >= len(self.ids):
+            return []
+        return ([0] if index == 0 else []) + self.ends[max(index - 1, 0):len(self.ids) - 1]
+
+    def set_text(self, data: bytes) -> None:
+        """Re-tokenize so that the tokens spell the longest complete-UTF-8 prefix of ``data``."""
+        data = data[: valid_prefix_length(data)]
+        if data == self.data:
+            return
+        same = len(self.data) if data.startswith(self.data) else _common_prefix_len(self.data, data)
+        keep = max(0, bisect.bisect_right(self.ends, same) - _LOOKBEHIND_TOKENS)
+        while keep > 0 and not is_char_boundary(data, self.ends[keep - 1]):
+            keep -= 1
+        anchor = self.ends[keep - 1] if keep else 0
+        tail = self.table.encode_fragment(data[anchor:].decode("utf-8"))
+        self.ids = self.ids[:keep] + tail
+        self.ends = self.ends[:keep]
+        pos = anchor
+        for token in tail:
+            pos += len(self.table.pieces[token])
+            self.ends.append(pos)
+        if pos != len(data):  # the tokenizer normalised the text (e.g. NFC): fall back to full
+            self._full_encode(data)
+        self.data = data
+
+    def _full_encode(self, data: bytes) -> None:
+        self.ids = self.table.encode_fragment(data.decode("utf-8"))
+        self.ends, pos = [], 0
+        for token in self.ids:
+            pos += len(self.table.pieces[token])
+            self.ends.append(pos)
+        if pos != len(data):
+            raise ValueError(
+                f"tokenizer {type(self.table.tokenizer).__name__} does not round-trip the text "
+                f"exactly ({pos} vs {len(data)} bytes); it cannot be aligned with other members")
+
+    def index_at(self, offset: int) -> int | None:
+        """Index of the token that starts exactly at byte ``offset`` (len(ids) for the end)."""
+        if offset == len(self.data):
+            return len(self.ids)
+
+        i = bisect.bisect_right(self.ends, offset)
+        start = self.ends[i - 1] if i else 0
+        return i if start == offset and i < len(self.ids) else None
+
+    def boundaries(self) -> set[int]:
+        return {0, *self.ends}
+
+
+def _common_prefix_len(a: bytes | list[int], b: bytes | list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two id lists (the part of a KV cache to keep)."""
+    return _common_prefix_len(a, b)
+
+
+def shared_boundaries(data: bytes, tokenizations: list[TokenizedText]) -> list[int]:
+    """Byte offsets (ascending) that are a token boundary in every tokenization *and* a
+    character boundary of ``data``: the only places where ensembling is safe."""
+    common = set.intersection(*(t.boundaries() for t in tokenizations)) if tokenizations else set()
+    return sorted(o for o in common if o <= len(data) and is_char_boundary(data, o))

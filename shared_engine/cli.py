@@ -1,0 +1,112 @@
+"""Command line: ``safe-ensemble run`` streams an answer, ``safe-ensemble bench`` measures speed.
+
+Argument parsing and printing only; all logic lives in the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from .engine import EnsembleEngine
+from .errors import EnsembleError
+from .policies import METHODS
+
+_HIGHLIGHT, _RESET = "\033[1;33m", "\033[0m"
+
+
+def _models(value: str) -> list[str]:
+    models = [m.strip() for m in value.split(",") if m.strip()]
+    if not models:
+        raise argparse.ArgumentTypeError("give at least one model")
+    return models
+
+
+def _add_engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", type=_models, required=True,
+                        help="comma-separated zoo names, local HF folders or .gguf paths")
+    parser.add_argument("--drafter", help="member that drafts (default: the first)")
+    parser.add_argument("--draft-length", type=int, default=5)
+    parser.add_argument("--fusion", choices=["unite", "gac"], default="unite")
+    parser.add_argument("--sharpen", choices=["heur", "geom", "none"], default="heur")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+
+
+def _engine(args: argparse.Namespace, method: str) -> EnsembleEngine:
+    return EnsembleEngine(args.models, method=method, drafter=args.drafter, draft_length=args.draft_length,
+                          fusion=args.fusion, sharpen=None if args.sharpen == "none" else args.sharpen,
+                          max_new_tokens=args.max_new_tokens)
+
+
+async def _run(args: argparse.Namespace) -> int:
+    method = args.method or ("single" if len(args.models) == 1 else "safe")
+    engine = _engine(args, method)
+    color = sys.stdout.isatty() and not args.no_color
+    params = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "stop": args.stop or []}
+    async for event in engine.astream(args.prompt, **params):
+        if args.events:
+            print(event.model_dump_json(), flush=True)
+        elif event.type == "token":
+            text = event.text
+            if event.source == "ensemble" and color:
+                text = f"{_HIGHLIGHT}{text}{_RESET}"
+            print(text, end="", flush=True)
+        elif event.type == "finish":
+            stats = event.stats
+            print(f"\n\n[{method}] finish={event.reason} tokens={stats.tokens} "
+                  f"ensembled={stats.ensembled_tokens} ({stats.ensemble_rate:.1%}) "
+                  f"drafted={stats.drafted_tokens} accepted={stats.accepted_tokens} "
+                  f"forwards={stats.forward_passes} ttft={stats.time_to_first_token_s or 0:.2f}s "
+                  f"{stats.tokens_per_s:.1f} tok/s", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="safe-ensemble", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="stream one answer")
+    _add_engine_args(run)
+    run.add_argument("--method", choices=METHODS, help="default: safe (single with one model)")
+    run.add_argument("--temperature", type=float, default=0.0)
+    run.add_argument("--top-p", type=float, default=1.0)
+    run.add_argument("--seed", type=int)
+    run.add_argument("--stop", action="append", help="stop string (repeatable)")
+    run.add_argument("--events", action="store_true", help="print every event as a JSON line")
+    run.add_argument("--no-color", action="store_true", help="do not highlight ensembled tokens")
+    run.add_argument("prompt")
+
+    bench = sub.add_parser("bench", help="drafter alone vs SAFE vs every-token on the same prompts")
+    _add_engine_args(bench)
+    bench.add_argument("--prompts", type=int, default=4, help="number of GSM8K questions")
+    bench.add_argument("--data", help="a GSM8K-format JSONL file (default: ../shared/data/gsm8k/test.jsonl)")
+    bench.add_argument("--methods", default="single,safe,every-token")
+    bench.add_argument("--json", help="write the results here")
+    bench.set_defaults(max_new_tokens=128)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return asyncio.run(_run(args))
+        from .bench import run_bench
+        results = run_bench(args)
+        text = json.dumps(results, indent=2)
+        if args.json:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+        print(text)
+        return 0
+    except EnsembleError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""The decoding round shared by every method: draft -> verify -> fuse where needed -> commit.
+
+SAFE (Yun et al., arXiv 2510.15346) in one function, in the spirit of gpt-fast's
+``speculative_decode``. The policy (policies.py) turns the same round into the baselines:
+``single`` (no verifiers), ``every-token`` (draft 1, always fuse, no boundary check) and
+``gac-threshold`` (draft 1, verify only when the drafter is unsure).
+
+One deliberate difference from the released SAFE code: when fusion picks the very token that was
+drafted, the rest of the draft stays valid (every member's context is unchanged), so the scan goes
+on instead of throwing the draft away. Greedy output is identical; drafter work is saved (the
+project's findings measured ~half of all fusions choosing the drafted token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import torch
+
+from ..alignment import EOS_KEY, is_char_boundary
+from ..events import Candidate, DraftEvent, EnsembleEvent, VerifiedPosition, VerifyEvent
+from ..fusion import Fuser, MemberDist, SharpenMode, candidate_key, sharpen, top_keys
+from ..policies import Policy, agree
+from ..sampling import Sampler
+from .state import RequestState
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    ids: list[int]
+    logits: list[torch.Tensor]  # logits[j] predicted ids[j]
+
+
+@dataclass(frozen=True, slots=True)
+class VerifierView:
+    """A verifier's distributions at the token starts of its tokenization, from the round start."""
+
+    rows: dict[int, tuple[torch.Tensor, int | None]]  # byte offset -> (logits, own next token id)
+
+
+@dataclass(frozen=True, slots=True)
+class FusionSettings:
+    fuse: Fuser
+    weights: torch.Tensor  # [num_members], sums to 1
+    sharpen: SharpenMode
+
+
+def _draft(state: RequestState, length: int, sampler: Sampler) -> Draft:
+    """Blocking: the drafter syncs its cache to the answer and drafts up to ``length`` tokens."""
+    session, eos = state.sessions[0], state.drafter.eos_ids
+    target = state.drafter_target()
+    logits = session.sync(target, len(target))[-1]
+    ids, rows = [], []
+    for j in range(length):
+        token = sampler.from_logits(logits)
+        ids.append(token)
+        rows.append(logits)
+        if token in eos or j == length - 1:
+            break
+        logits = session.step(token)
+    return Draft(ids, rows)
+
+
+async def _verify(state: RequestState, text: bytes, start: int, ends_with_eos: bool) -> list[VerifierView]:
+    """Every verifier re-tokenizes ``text`` incrementally, syncs its cache by longest common prefix
+    and scores everything from byte ``start`` on in ONE forward pass; verifiers run concurrently."""
+    jobs = []
+    for member, session, tokens, prompt in zip(state.members[1:], state.sessions[1:], state.texts,
+                                               state.prompt_ids[1:]):
+        tokens.set_text(text)
+        first = min(tokens.first_token_from(start), len(tokens.ids))
+        jobs.append(member.run(session.sync, prompt + tokens.ids, len(prompt) + first))
+    all_rows = await asyncio.gather(*jobs)
+    views = []
+    for tokens, rows in zip(state.texts, all_rows):
+        first = len(tokens.ids) - rows.shape[0] + 1
+        offsets = tokens.starts_from(first) + [len(tokens.data)]
+        owns: list[int | None] = tokens.ids[first:] + [None]
+        if ends_with_eos:
+            owns[-1] = next(iter(sorted(tokens.table.eos_ids)), None)
+        views.append(VerifierView({o: (rows[r], owns[r]) for r, o in enumerate(offsets)}))
+    return views
+
+
+def _own_prob(dist: MemberDist, own: tuple[int, ...]) -> tuple[float, bool]:
+    """A member's probability of reading on as drafted, and whether that is its argmax.
+
+    ``own`` holds the ids that continue the draft for this member: its next token in its own
+    tokenization of the draft (SAFE's rule) and, if its vocabulary has it, the token with exactly
+    the drafted token's bytes (so a non-canonical drafter split is not mistaken for disagreement).
+    EOS counts as one token whichever of the member's EOS ids it is."""
+    if not own:
+        return 0.0, False
+    probs = torch.softmax(dist.logits, dim=-1)
+    top = int(torch.argmax(probs))
+    eos = dist.table.eos_ids
+    if any(t in eos for t in own):
+        return float(probs[list(eos)].sum()), top in eos
+    return max(float(probs[t]) for t in own), top in own
+
+
+async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettings,
+                       sampler: Sampler) -> AsyncIterator:
+    """One round; yields events and leaves the state advanced (or finished)."""
+    drafter = state.drafter
+    start = len(state.answer)
+    draft = await drafter.run(_draft, state, policy.draft_length, sampler)
+    state.stats.rounds += 1
+    state.stats.drafted_tokens += len(draft.ids)
+    if len(draft.ids) > 1:
+        yield DraftEvent(member=state.labels[0], token_ids=draft.ids,
+                         tokens=[drafter.table.pieces[t].decode("utf-8", "replace") for t in draft.ids])
+
+    if len(state.members) == 1 or not policy.needs_verification(draft.logits[0]):
+        for event in state.commit(draft.ids, "draft"):
+            yield event
+        return
+
+    ends_with_eos = draft.ids[-1] in drafter.eos_ids
+    draft_bytes = drafter.table.to_bytes([t for t in draft.ids if t not in drafter.eos_ids])
+    text = bytes(state.answer) + (draft_bytes if policy.verify_draft else b"")
+    views = await _verify(state, text, start, ends_with_eos and policy.verify_draft)
+    for event in state.sync_events():
+        yield event
+
+    checked: list[VerifiedPosition] = []
+    offset = start
+    for j, token in enumerate(draft.ids):
+        dists = [MemberDist(state.labels[0], drafter.table, draft.logits[j])]
+        owns: list[tuple[int, ...]] = [(token,)]
+        piece = drafter.table.pieces[token]
+        boundary = is_char_boundary(text, offset) if offset <= len(text) else False
+        for label, member, view in zip(state.labels[1:], state.members[1:], views):
+            row = view.rows.get(offset)
+            boundary = boundary and row is not None
+            if row is not None:
+                dists.append(MemberDist(label, member.table, row[0]))
+                same = member.table.token_id(piece) if token not in drafter.eos_ids else None
+                owns.append(tuple(t for t in (row[1], same) if t is not None))
+        fusable = len(dists) == len(state.members) and (boundary or not policy.require_boundary)
+        position = VerifiedPosition(offset=offset, boundary_ok=boundary)
+        if fusable and policy.skip_consensus:
+            probs, tops = zip(*(_own_prob(d, o) for d, o in zip(dists, owns)))
+            position.consensus = agree(list(probs), list(tops)) or (
+                policy.drafter_confidence is not None and probs[0] >= policy.drafter_confidence)
+            position.probs = {d.name: p for d, p in zip(dists, probs)}
+            fusable = not position.consensus
+        checked.append(position)
+        if fusable:
+            chosen = _fuse(state, dists, fusion, sampler, offset, token, state.stats.tokens + j)
+            yield chosen.event
+            if chosen.key != candidate_key(drafter.table, token):
+                yield VerifyEvent(positions=checked)
+                for event in state.commit(draft.ids[:j], "draft"):
+                    yield event
+                if state.finish_reason:
+                    return
+                if chosen.key == EOS_KEY:
+                    state.finish_reason = "eos"
+                    return
+                for event in state.commit(state.ids_for_piece(chosen.key), "ensemble"):
+                    yield event
+                return
+        offset += len(drafter.table.pieces[token]) if token not in drafter.eos_ids else 0
+    yield VerifyEvent(positions=checked)
+    for event in state.commit(draft.ids, "draft"):
+        yield event
+
+
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    key: bytes
+    event: EnsembleEvent
+
+
+def _fuse(state: RequestState, dists: list[MemberDist], fusion: FusionSettings, sampler: Sampler,
+          offset: int, drafted: int, position: int) -> _Choice:
+    fused = fusion.fuse(dists, fusion.weights)
+    drafter_top = set(top_keys(dists[0], 10))
+    scores, sharpened = sharpen(fused, fusion.weights, fusion.sharpen, drafter_top)
+    key = fused.keys[sampler.from_probs(scores)]
+    drafted_key = candidate_key(state.drafter.table, drafted)
+    state.stats.ensembled_tokens += 1
+    changed = key != drafted_key
+    state.stats.changed_tokens += int(changed)
+    order = torch.argsort(fused.fused, descending=True)[:10].tolist()
+    candidates = [Candidate(text=_show(fused.keys[i]), fused=round(float(fused.fused[i]), 5),
+                            member_probs={d.name: round(float(fused.member_probs[m, i]), 5)
+                                          for m, d in enumerate(dists)})
+                  for i in order]
+    event = EnsembleEvent(position=position, offset=offset, candidates=candidates,
+                          sharpened=sharpened, chosen=_show(key),
+                          drafted=_show(drafted_key) if drafted_key else None, changed=changed)
+    return _Choice(key, event)
+
+
+def _show(key: bytes) -> str:
+    return "<eos>" if key == EOS_KEY else key.decode("utf-8", "replace")

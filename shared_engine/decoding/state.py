@@ -1,0 +1,137 @@
+"""One request's canonical state: the committed answer and what every member holds of it.
+
+The answer is kept as **bytes** (so a character split across tokens is never garbled) together
+with the drafter's own ids that spell it. Verifiers hold their own tokenization of the same bytes
+(``TokenizedText``, re-encoded incrementally). Every commit goes through ``commit`` so that token
+counting, stop strings, max_new_tokens and UTF-8-safe text deltas are handled in one place.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..alignment import TokenizedText
+from ..events import CacheSyncEvent, Stats, TokenEvent
+from ..members import Member, Session
+
+
+@dataclass
+class RequestState:
+    members: Sequence[Member]  # members[0] is the drafter
+    labels: list[str]  # unique display names (the same model may appear twice)
+    sessions: list[Session]
+    prompt_ids: list[list[int]]
+    max_new_tokens: int
+    stop: tuple[str, ...] = ()
+    answer: bytearray = field(default_factory=bytearray)
+    drafter_ids: list[int] = field(default_factory=list)
+    texts: list[TokenizedText] = field(default_factory=list)  # verifiers' tokenizations
+    text: str = ""  # decoded answer (complete characters only)
+    emitted: int = 0  # characters of ``text`` already sent as token events
+    finish_reason: str | None = None
+    stats: Stats = field(default_factory=Stats)
+    started: float = field(default_factory=time.perf_counter)
+    _decoder: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
+
+    def __post_init__(self) -> None:
+        self.texts = [TokenizedText(m.table) for m in self.members[1:]]
+        self.stats.prompt_tokens = len(self.prompt_ids[0])
+
+    @property
+    def drafter(self) -> Member:
+        return self.members[0]
+
+    def drafter_target(self) -> list[int]:
+        return self.prompt_ids[0] + self.drafter_ids
+
+    def ids_for_piece(self, piece: bytes) -> list[int]:
+        """Drafter ids spelling ``piece`` (a candidate that may come from another vocabulary)."""
+        table = self.drafter.table
+        token = table.token_id(piece)
+        if token is not None:
+            return [token]
+        try:
+            ids = table.encode_fragment(piece.decode("utf-8"))
+            if table.to_bytes(ids) == piece:
+                return ids
+        except (UnicodeDecodeError, ValueError):
+            pass
+        singles = [table.token_id(bytes([b])) for b in piece]
+        if any(t is None for t in singles):
+            raise ValueError(f"drafter {self.drafter.name} cannot spell {piece!r}")
+        return [t for t in singles if t is not None]
+
+    def commit(self, ids: list[int], source: str) -> list[TokenEvent]:
+        """Append drafter ids to the answer; returns the token events to stream. Sets
+        ``finish_reason`` on EOS, a stop string or max_new_tokens (and commits nothing after)."""
+        events: list[TokenEvent] = []
+        for token in ids:
+            if self.finish_reason:
+                break
+            if token in self.drafter.eos_ids:
+                self.finish_reason = "eos"
+                break
+            position = self.stats.tokens
+            piece = self.drafter.table.pieces[token]
+            self.drafter_ids.append(token)
+            self.answer += piece
+            self.stats.tokens += 1
+            if source == "draft":
+                self.stats.accepted_tokens += 1
+            else:
+                self.stats.chosen_tokens += 1
+            self.text += self._decoder.decode(piece)
+            delta = self._release_text()
+            if delta:
+                if self.stats.time_to_first_token_s is None:
+                    self.stats.time_to_first_token_s = time.perf_counter() - self.started
+                events.append(TokenEvent(text=delta, source=source, position=position))
+            if not self.finish_reason and self.stats.tokens >= self.max_new_tokens:
+                self.finish_reason = "length"
+        return events
+
+    def _release_text(self) -> str:
+        """Text that can be sent now: stops at a stop string, holds back a possible stop prefix."""
+        for stop in self.stop:
+            cut = self.text.find(stop, max(0, self.emitted - len(stop)))
+            if cut >= 0:
+                self.text = self.text[:cut]
+                self.finish_reason = "stop"
+        hold = 0
+        if not self.finish_reason:
+            for stop in self.stop:
+                for n in range(min(len(stop) - 1, len(self.text)), 0, -1):
+                    if self.text.endswith(stop[:n]):
+                        hold = max(hold, n)
+                        break
+        end = len(self.text) - hold
+        delta, self.emitted = self.text[self.emitted:end], max(self.emitted, end)
+        return delta
+
+    def flush(self) -> list[TokenEvent]:
+        """At the end: release held-back text (a dangling partial character is dropped)."""
+        # Incomplete trailing bytes stay inside the decoder and are dropped: never a U+FFFD.
+        delta = self.text[self.emitted:]
+        self.emitted = len(self.text)
+        return [TokenEvent(text=delta, source="draft", position=self.stats.tokens)] if delta else []
+
+    def sync_events(self) -> list[CacheSyncEvent]:
+        events = []
+        for label, session in zip(self.labels, self.sessions):
+            kept, dropped = session.last_sync
+            if dropped:
+                events.append(CacheSyncEvent(member=label, kept=kept, dropped=dropped))
+                session.last_sync = (kept, 0)
+        return events
+
+    def finalize_stats(self) -> Stats:
+        stats = self.stats
+        stats.elapsed_s = time.perf_counter() - self.started
+        stats.forward_passes = {n: s.num_forwards for n, s in zip(self.labels, self.sessions)}
+        stats.ensemble_rate = stats.ensembled_tokens / stats.tokens if stats.tokens else 0.0
+        stats.tokens_per_s = stats.tokens / stats.elapsed_s if stats.elapsed_s > 0 else 0.0
+        return stats

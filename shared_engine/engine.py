@@ -1,0 +1,204 @@
+"""``EnsembleEngine``: the async entry point shared by the CLI and the LangChain/LlamaIndex adapters.
+
+    engine = EnsembleEngine(["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"], method="safe")
+    async for event in engine.astream("What is 17 + 25?"):
+        if event.type == "token":
+            print(event.text, end="")
+    result = engine.generate("What is 17 + 25?")      # sync; result.text, result.stats
+
+Concurrency: every request gets its own session (KV cache) in every member, so concurrent
+requests never see each other's state; each member runs one forward at a time (a lock), because
+on a CPU two forwards of one model only slow each other down. Requests therefore interleave
+round by round and give the same answers as when run one after the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import torch
+from pydantic import BaseModel
+
+from .decoding import FusionSettings, RequestState, decode_round
+from .errors import ContextLengthError, InvalidRequestError
+from .events import Event, FinishEvent, Stats
+from .fusion import FUSERS
+from .members import Member, load_member
+from .members.chat import Message, normalize_messages
+from .options import EngineOptions, GenerationParams, validated
+from .policies import make_policy
+from .sampling import Sampler
+
+
+class GenerationResult(BaseModel):
+    text: str
+    finish_reason: str
+    stats: Stats
+    events: list[Event] = []
+
+
+class EnsembleEngine:
+    """Several members answering as one (SAFE by default; baselines share the same round)."""
+
+    def __init__(self, members: Sequence[str | Member], method: str = "safe", **options: Any) -> None:
+        if not members:
+            raise InvalidRequestError("an ensemble needs at least one member")
+        self.options: EngineOptions = validated(EngineOptions, method=method, **options)  # type: ignore[assignment]
+        self._specs = list(members)
+        self._members: list[Member] | None = None
+        self._load_lock = threading.Lock()
+        if self.options.method != "single" and len(self._specs) < 2:
+            raise InvalidRequestError(f"method {method!r} needs at least two members (or use method='single')")
+        if self.options.weights is not None and len(self.options.weights) != len(self._specs):
+            raise InvalidRequestError(f"{len(self.options.weights)} weights for {len(self._specs)} members")
+        self._order = self._drafter_first(self.options.drafter)
+        self.fuser = FUSERS[self.options.fusion](self.options.top_k) if self.options.fusion == "unite" \
+            else FUSERS["gac"]()
+
+    def _drafter_first(self, drafter: str | int | None) -> list[int]:
+        names = [s if isinstance(s, str) else s.name for s in self._specs]
+        if drafter is None:
+            index = 0
+        elif isinstance(drafter, int):
+            if not 0 <= drafter < len(names):
+                raise InvalidRequestError(f"drafter index {drafter} out of range")
+            index = drafter
+        elif drafter in names:
+            index = names.index(drafter)
+        else:
+            raise InvalidRequestError(f"drafter {drafter!r} is not a member; members: {names}")
+        order = [index] + [i for i in range(len(names)) if i != index]
+        return order if self.options.method != "single" else [index]
+
+    @property
+    def members(self) -> list[Member]:
+        """Members in decoding order (drafter first); loaded on first use, once per process."""
+        with self._load_lock:
+            if self._members is None:
+                loaded = [load_member(s) if isinstance(s, str) else s for s in self._specs]
+                self._members = [loaded[i] for i in self._order]
+            return self._members
+
+    @property
+    def labels(self) -> list[str]:
+        labels: list[str] = []
+        for member in self.members:
+            label = member.name
+            while label in labels:
+                label += "'"
+            labels.append(label)
+        return labels
+
+    def _weights(self) -> torch.Tensor:
+        raw = self.options.weights or [1.0] * len(self._specs)
+        ordered = torch.tensor([raw[i] for i in self._order], dtype=torch.float32)
+        if (ordered < 0).any() or ordered.sum() <= 0:
+            raise InvalidRequestError("weights must be non-negative and not all zero")
+        return ordered / ordered.sum()
+
+    async def astream(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> AsyncIterator[Event]:
+        """Stream typed events for one answer; the last event is always ``finish``."""
+        defaults = self.options.model_dump(include=set(GenerationParams.model_fields))
+        gen: GenerationParams = validated(GenerationParams, **{**defaults, **params})  # type: ignore[assignment]
+        messages = normalize_messages(messages_or_prompt)
+        members = await asyncio.to_thread(lambda: self.members)
+        prompt_ids = [m.prompt_ids(messages) for m in members]
+        for member, ids in zip(members, prompt_ids):
+            if len(ids) + gen.max_new_tokens > member.context_window:
+                raise ContextLengthError(
+                    f"prompt ({len(ids)} tokens) + max_new_tokens ({gen.max_new_tokens}) exceed "
+                    f"{member.name}'s context window of {member.context_window} tokens")
+        stops = tuple(gen.stop) + tuple(s for m in members for s in m.stop_strings)
+        state = RequestState(members, self.labels, [m.new_session() for m in members], prompt_ids,
+                             gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)))
+        policy = make_policy(self.options.method, self.options.draft_length, self.options.gate_threshold,
+                             self.options.drafter_confidence)
+        fusion = FusionSettings(self.fuser, self._weights(), self.options.sharpen)
+        sampler = Sampler(gen.temperature, gen.top_p, gen.seed)
+        while not state.finish_reason:
+            async for event in decode_round(state, policy, fusion, sampler):
+                yield event
+        for event in state.flush():
+            yield event
+        yield FinishEvent(reason=state.finish_reason, text=state.text, stats=state.finalize_stats())
+
+    async def agenerate(self, messages_or_prompt: str | Sequence[Message], *, keep_events: bool = False,
+                        **params: Any) -> GenerationResult:
+        events = []
+        async for event in self.astream(messages_or_prompt, **params):
+            if keep_events:
+                events.append(event)
+            if event.type == "finish":
+                return GenerationResult(text=event.text, finish_reason=event.reason, stats=event.stats,
+                                        events=events)
+        raise RuntimeError("the event stream ended without a finish event")  # pragma: no cover
+
+    def generate(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> GenerationResult:
+        """Blocking ``agenerate``; safe to call inside a running event loop (runs on a helper thread)."""
+        return run_sync(self.agenerate(messages_or_prompt, **params))
+
+    def stream(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> Iterator[Event]:
+        """Blocking iterator over ``astream``'s events."""
+        return iterate_sync(self.astream(messages_or_prompt, **params))
+
+
+def run_sync(coro: Any) -> Any:
+    """Run a coroutine to completion from sync code, also when a loop is already running here."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(asyncio.run(coro))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            error.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+_DONE = object()
+
+
+def iterate_sync(agen: AsyncIterator[Any]) -> Iterator[Any]:
+    """Drive an async iterator on a helper thread and hand its items over one by one."""
+    items: queue.Queue[Any] = queue.Queue(maxsize=64)
+    stop = threading.Event()
+
+    async def pump() -> None:
+        try:
+            async for item in agen:
+                if stop.is_set():
+                    break
+                items.put(item)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
+            items.put(exc)
+        finally:
+            items.put(_DONE)
+
+    thread = threading.Thread(target=lambda: asyncio.run(pump()), daemon=True)
+    thread.start()
+    try:
+        while (item := items.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # let the pump notice the stop and close the stream
+            try:
+                items.get(timeout=0.05)
+            except queue.Empty:
+                pass

@@ -1,0 +1,96 @@
+"""Typed events streamed by the engine (pydantic, JSON-serialisable, stable ``type`` names).
+
+A stream is: ``draft``/``verify``/``ensemble``/``cache_sync`` events as decisions happen, a
+``token`` event for every piece of committed text, and exactly one ``finish`` event at the end.
+Concatenating the ``text`` of all ``token`` events gives the answer.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class TokenEvent(_Event):
+    type: Literal["token"] = "token"
+    text: str = Field(description="Text delta (complete UTF-8 characters only).")
+    source: Literal["draft", "ensemble"] = Field(
+        description="'draft': a drafted token accepted as is; 'ensemble': chosen by fusion.")
+    position: int = Field(description="Index of this token in the answer (drafter tokens).")
+
+
+class DraftEvent(_Event):
+    type: Literal["draft"] = "draft"
+    member: str
+    tokens: list[str] = Field(description="Drafted token texts (bytes decoded leniently).")
+    token_ids: list[int]
+
+
+class VerifiedPosition(BaseModel):
+    offset: int = Field(description="Byte offset in the answer before the drafted token.")
+    boundary_ok: bool = Field(description="Every member has a token boundary here.")
+    consensus: bool | None = Field(None, description="Members agree (None: not checked).")
+    probs: dict[str, float] = Field(default_factory=dict,
+                                    description="Each member's probability of its own next token.")
+
+
+class VerifyEvent(_Event):
+    type: Literal["verify"] = "verify"
+    positions: list[VerifiedPosition]
+
+
+class Candidate(BaseModel):
+    text: str
+    member_probs: dict[str, float]
+    fused: float
+
+
+class EnsembleEvent(_Event):
+    type: Literal["ensemble"] = "ensemble"
+    position: int = Field(description="Index in the answer (drafter tokens) of the fused token.")
+    offset: int = Field(description="Byte offset in the answer where the fused token starts.")
+    candidates: list[Candidate]
+    sharpened: bool
+    chosen: str
+    drafted: str | None = Field(None, description="What the drafter had proposed here, if anything.")
+    changed: bool = Field(description="The fused choice differs from the drafted token.")
+
+
+class CacheSyncEvent(_Event):
+    type: Literal["cache_sync"] = "cache_sync"
+    member: str
+    kept: int
+    dropped: int
+
+
+class Stats(BaseModel):
+    prompt_tokens: int = 0
+    tokens: int = Field(0, description="Answer tokens, counted in the drafter's vocabulary.")
+    ensembled_tokens: int = Field(0, description="Positions where fusion ran.")
+    changed_tokens: int = Field(0, description="Fusions whose choice differed from the draft.")
+    ensemble_rate: float = 0.0
+    drafted_tokens: int = 0
+    accepted_tokens: int = Field(0, description="Drafted tokens committed unchanged.")
+    chosen_tokens: int = Field(0, description="Tokens committed from a fused choice that differed "
+                                              "from the draft (tokens == accepted + chosen).")
+    rounds: int = 0
+    forward_passes: dict[str, int] = Field(default_factory=dict)
+    time_to_first_token_s: float | None = None
+    elapsed_s: float = 0.0
+    tokens_per_s: float = 0.0
+
+
+class FinishEvent(_Event):
+    type: Literal["finish"] = "finish"
+    reason: Literal["stop", "length", "eos", "cancelled", "error"]
+    text: str = Field(description="The full answer.")
+    stats: Stats
+
+
+Event = Annotated[TokenEvent | DraftEvent | VerifyEvent | EnsembleEvent | CacheSyncEvent | FinishEvent,
+                  Field(discriminator="type")]

@@ -1,0 +1,179 @@
+"""Cross-vocabulary fusion of several members' next-token distributions, and sharpening.
+
+Pure functions of (distributions, weights). Candidates are identified by their exact **bytes**
+(see alignment.py), so " Sofia" from a byte-level BPE and "▁Sofia" from SentencePiece are the
+same candidate. 'End of answer' is one shared candidate, ``EOS_KEY``, whatever each member's EOS id.
+
+- UniTE (Yao et al., ICLR 2025, arXiv 2410.03777): union of each member's top-k; a candidate
+  missing from a member's top-k is re-scored through that member's own tokenization of the string
+  (its first sub-token's logit); softmax per member over the union; weighted mean.
+- GaC (Yu et al., arXiv 2406.12585): every member's full distribution mapped onto the union of all
+  vocabularies by exact string match (built once per set of tokenizers); weighted sum.
+- Sharpening (SAFE, arXiv 2510.15346 §2.6) when the fused max is < 0.5: ``heur`` pools the mass of
+  candidates that extend a shorter candidate onto it (" So" gets " Sofia"'s mass), limited to the
+  drafter's top-10; ``geom`` takes the weighted geometric mean instead of the arithmetic one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal, Protocol
+
+import torch
+
+from .alignment import EOS_KEY, TokenTable
+
+SHARPEN_BELOW = 0.5
+HEUR_MIN_PROB = 0.1
+HEUR_DRAFTER_TOP = 10
+
+
+@dataclass(frozen=True, slots=True)
+class MemberDist:
+    """One member's next-token logits at one position of the answer."""
+
+    name: str
+    table: TokenTable
+    logits: torch.Tensor  # [vocab] float32
+
+
+@dataclass(frozen=True, slots=True)
+class Fused:
+    """Candidates with each member's probability and the fused probability (before sharpening)."""
+
+    keys: list[bytes]
+    member_probs: torch.Tensor  # [num_members, num_candidates]
+    fused: torch.Tensor  # [num_candidates], sums to <= 1
+
+
+class Fuser(Protocol):
+    def __call__(self, dists: Sequence[MemberDist], weights: torch.Tensor) -> Fused: ...
+
+
+def candidate_key(table: TokenTable, token_id: int) -> bytes | None:
+    """The union key of a token id: its bytes, EOS_KEY for any EOS, None for other specials."""
+    if token_id in table.eos_ids:
+        return EOS_KEY
+    if token_id in table.special_ids or not table.pieces[token_id]:
+        return None
+    return table.pieces[token_id]
+
+
+def key_logit(table: TokenTable, logits: torch.Tensor, key: bytes) -> float:
+    """A member's logit for a candidate string it did not rank: exact token if one exists, else
+    the first sub-token of its own tokenization of the string (UniTE's rule)."""
+    if key == EOS_KEY:
+        return max(float(logits[i]) for i in table.eos_ids) if table.eos_ids else float("-inf")
+    token = table.token_id(key)
+    if token is None:
+        try:
+            ids = table.encode_fragment(key.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return float("-inf")
+        token = ids[0] if ids else None
+    return float(logits[token]) if token is not None and token < logits.shape[0] else float("-inf")
+
+
+def top_keys(dist: MemberDist, k: int) -> dict[bytes, float]:
+    """A member's top-k candidates (by logit) as {key: logit}, skipping non-EOS specials."""
+    values, ids = torch.topk(dist.logits, min(dist.logits.shape[0], k + 8))  # room to skip specials
+    out: dict[bytes, float] = {}
+    for value, token in zip(values.tolist(), ids.tolist()):
+        key = candidate_key(dist.table, token)
+        if key is not None and key not in out:
+            out[key] = value
+        if len(out) == k:
+            break
+    return out
+
+
+class UniteFusion:
+    """UniTE top-k union fusion."""
+
+    def __init__(self, top_k: int = 10) -> None:
+        self.top_k = top_k
+
+    def __call__(self, dists: Sequence[MemberDist], weights: torch.Tensor) -> Fused:
+        tops = [top_keys(d, self.top_k) for d in dists]
+        keys: list[bytes] = []
+        for top in tops:
+            keys.extend(k for k in top if k not in keys)
+        rows = []
+        for dist, top in zip(dists, tops):
+            logits = [top[k] if k in top else key_logit(dist.table, dist.logits, k) for k in keys]
+            rows.append(torch.softmax(torch.tensor(logits, dtype=torch.float32), dim=0))
+        member_probs = torch.stack(rows)
+        return Fused(keys, member_probs, weights @ member_probs)
+
+
+@dataclass(frozen=True)
+class _UnionVocab:
+    keys: list[bytes]
+    index: list[torch.Tensor]  # per member: union index of every token id (-1: not a candidate)
+
+
+@lru_cache(maxsize=8)
+def _union_vocab(tables: tuple[TokenTable, ...]) -> _UnionVocab:
+    position: dict[bytes, int] = {EOS_KEY: 0}
+    keys = [EOS_KEY]
+    index = []
+    for table in tables:
+        mapping = torch.full((table.vocab_size,), -1, dtype=torch.long)
+        for token in range(table.vocab_size):
+            key = candidate_key(table, token)
+            if key is None:
+                continue
+            if key not in position:
+                position[key] = len(keys)
+                keys.append(key)
+            mapping[token] = position[key]
+        index.append(mapping)
+    return _UnionVocab(keys, index)
+
+
+class GacFusion:
+    """GaC union-vocabulary fusion (the union is built once per tokenizer set and cached)."""
+
+    def __init__(self, num_candidates: int = 10) -> None:
+        self.num_candidates = num_candidates
+
+    def __call__(self, dists: Sequence[MemberDist], weights: torch.Tensor) -> Fused:
+        union = _union_vocab(tuple(d.table for d in dists))
+        per_member = []
+        for dist, mapping in zip(dists, union.index):
+            probs = torch.softmax(dist.logits, dim=0)
+            n = min(probs.shape[0], mapping.shape[0])
+            valid = mapping[:n] >= 0
+            row = torch.zeros(len(union.keys))
+            row.index_add_(0, mapping[:n][valid], probs[:n][valid])
+            per_member.append(row)
+        full = torch.stack(per_member)
+        fused_full = weights @ full
+        top = torch.topk(fused_full, self.num_candidates).indices
+        return Fused([union.keys[i] for i in top.tolist()], full[:, top], fused_full[top])
+
+
+FUSERS: dict[str, type] = {"unite": UniteFusion, "gac": GacFusion}
+SharpenMode = Literal["heur", "geom"] | None
+
+
+def sharpen(fused: Fused, weights: torch.Tensor, mode: SharpenMode,
+            drafter_top: set[bytes]) -> tuple[torch.Tensor, bool]:
+    """Scores to pick from, and whether sharpening fired (only when the fused max is < 0.5)."""
+    scores = fused.fused
+    if mode is None or float(scores.max()) >= SHARPEN_BELOW:
+        return scores, False
+    if mode == "geom":
+        logp = torch.log(fused.member_probs.clamp_min(1e-12))
+        return torch.exp((weights.unsqueeze(1) * logp).sum(0) / weights.sum()), True
+    pooled = scores.clone()
+    for i, short in enumerate(fused.keys):
+        if scores[i] <= HEUR_MIN_PROB or short not in drafter_top or not short.strip() \
+                or short == EOS_KEY:
+            continue
+        for j, longer in enumerate(fused.keys):
+            if j != i and longer != EOS_KEY and longer.startswith(short):
+                pooled[i] += scores[j]
+    return pooled, True

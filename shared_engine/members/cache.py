@@ -1,0 +1,82 @@
+"""Version-robust KV-cache helpers for transformers 5.x.
+
+transformers changed the cache API inside 5.x (see the project's reference, ensembling.md §5.5):
+the forward kwarg became ``cache=`` on 5.24 (``past_key_values=`` before), outputs carry ``.cache``
+instead of ``.past_key_values``, and ``Cache.crop`` only accepts a *negative* count (a positive one
+raises on 5.24, and meant an absolute length before 5.15). Everything that touches a cache goes
+through these four functions so that the rest of the engine never sees those differences.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+def cache_kwarg_name(model: PreTrainedModel) -> str:
+    """The forward keyword that takes the cache: ``cache`` on >= 5.24, else ``past_key_values``."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def output_cache(output: Any) -> Any:
+    """The cache a forward returned, whatever the output field is called."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)
+
+
+def new_cache(model: PreTrainedModel) -> DynamicCache:
+    """A fresh dynamic cache with per-layer types (full / sliding window) taken from the config."""
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older 5.x signatures
+        return DynamicCache()
+
+
+def cache_length(cache: Any) -> int:
+    """Number of positions the cache holds (cumulative, also for sliding-window layers)."""
+    return 0 if cache is None else int(cache.get_seq_length())
+
+
+def truncate(cache: Any, keep: int) -> None:
+    """Keep the first ``keep`` positions. Only ever passes a negative count: ``crop(0)`` and positive
+    counts mean different things (or raise) across 5.x versions."""
+    remove = cache_length(cache) - keep
+    if remove > 0:
+        cache.crop(-remove)
+
+
+def enable_rollback(cache: Any) -> None:
+    """Let sliding-window layers roll back past their window (5.15+). Call after the prefill forward."""
+    activate = getattr(cache, "activate_past_recording", None)
+    if activate is not None:
+        activate()
+
+
+def is_croppable(cache: Any) -> bool:
+    """Whether ``truncate`` can restore an earlier state (False for recurrent/linear-attention layers)."""
+    return bool(getattr(cache, "is_croppable", True))
+
+
+def sliding_window(model: PreTrainedModel) -> int | None:
+    """The sliding-window size if any layer uses one (such layers can roll back only so far)."""
+    config = model.config
+    layer_types = getattr(config, "layer_types", None) or []
+    window = getattr(config, "sliding_window", None)
+    if window and (not layer_types or any("sliding" in t for t in layer_types)):
+        return int(window)
+    return None
+
+
+@torch.inference_mode()
+def forward_logits(model: PreTrainedModel, cache_kwarg: str, cache: Any, ids: list[int],
+                   keep_logits: int) -> tuple[torch.Tensor, Any]:
+    """Feed ``ids`` after what ``cache`` holds; return the last ``keep_logits`` rows of logits
+    (float32, shape [keep_logits, vocab]) and the cache. Positions come from the cache length."""
+    input_ids = torch.tensor([ids], dtype=torch.long)
+    out = model(input_ids=input_ids, use_cache=True, logits_to_keep=keep_logits,
+                **{cache_kwarg: cache})
+    return out.logits[0, -keep_logits:].float(), output_cache(out)

@@ -1,0 +1,68 @@
+"""Rendering chat messages into each member's own prompt format.
+
+Each member reads the conversation through its *own* chat template (the ensemble shares the
+answer text, not the prompt tokens). Base models without a template (Gemma-3-270m) get a plain
+documented format; its turn marker doubles as a stop string so a base model does not write the
+user's next turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from ..errors import InvalidRequestError
+
+Message = Mapping[str, Any]
+ROLES = ("system", "user", "assistant", "tool")
+
+PLAIN_TEMPLATE_STOPS = ("\nUser:",)
+"""Stop strings implied by the plain template: a base model would go on to write the next turn."""
+
+
+def normalize_messages(messages_or_prompt: str | Sequence[Message]) -> list[dict[str, str]]:
+    """Accept a prompt string or OpenAI-style messages; reject what no template can render."""
+    if isinstance(messages_or_prompt, str):
+        if not messages_or_prompt.strip():
+            raise InvalidRequestError("the prompt is empty")
+        return [{"role": "user", "content": messages_or_prompt}]
+    messages = list(messages_or_prompt)
+    if not messages:
+        raise InvalidRequestError("the message list is empty")
+    normalized = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise InvalidRequestError(f"message {i} is a {type(message).__name__}, not a mapping")
+        role, content = message.get("role"), message.get("content")
+        if role not in ROLES:
+            raise InvalidRequestError(f"message {i} has unknown role {role!r}; use one of {ROLES}")
+        if not isinstance(content, str):
+            raise InvalidRequestError(f"message {i} content must be a string, got {type(content).__name__}")
+        normalized.append({"role": role, "content": content})
+    if not any(m["content"].strip() for m in normalized):
+        raise InvalidRequestError("every message is empty")
+    return normalized
+
+
+def render_plain(messages: Sequence[Message]) -> str:
+    """The fallback format for models without a chat template."""
+    parts = []
+    for message in messages:
+        if message["role"] == "system":
+            parts.append(f"{message['content']}\n\n")
+        else:
+            parts.append(f"{message['role'].capitalize()}: {message['content']}\n")
+    return "".join(parts) + "Assistant:"
+
+
+def render_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> list[int]:
+    """Prompt token ids for ``messages`` in this tokenizer's own format, ready for generation."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    else:
+        text = render_plain(messages)
+    bos = tokenizer.bos_token
+    add_special = not (bos and text.startswith(bos))
+    return list(tokenizer(text, add_special_tokens=add_special)["input_ids"])

@@ -1,0 +1,61 @@
+"""User-facing configuration (pydantic): engine options and per-request generation parameters."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import InvalidRequestError
+
+Method = Literal["safe", "every-token", "gac-threshold", "single"]
+
+
+class GenerationParams(BaseModel):
+    """Per-request parameters; any of them can be given to ``astream``/``agenerate``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: int = Field(256, ge=1, description="Answer length cap, in drafter tokens.")
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy (the default, as in SAFE).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    seed: int | None = Field(None, description="Seed for sampling; fixed seed = reproducible answer.")
+    stop: list[str] = Field(default_factory=list, description="Strings that end the answer.")
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else (value or [])
+
+    @field_validator("stop")
+    @classmethod
+    def _non_empty(cls, value: list[str]) -> list[str]:
+        if any(not s for s in value):
+            raise ValueError("stop strings must be non-empty")
+        return value
+
+
+class EngineOptions(GenerationParams):
+    """How the ensemble decodes. Generation parameters given here are the request defaults."""
+
+    method: Method = Field("safe", description="safe | every-token | gac-threshold | single")
+    drafter: str | int | None = Field(None, description="Member name or index that drafts (default: the first).")
+    draft_length: int = Field(5, ge=1, le=64, description="Tokens drafted per round (SAFE's gamma).")
+    fusion: Literal["unite", "gac"] = Field("unite", description="Cross-vocabulary fusion.")
+    sharpen: Literal["heur", "geom"] | None = Field("heur", description="Sharpening when fused max < 0.5.")
+    weights: list[float] | None = Field(None, description="Member weights (default: uniform).")
+    gate_threshold: float = Field(0.5, gt=0.0, le=1.0, description="gac-threshold: fuse when drafter max prob < this.")
+    drafter_confidence: float | None = Field(
+        None, gt=0.0, le=1.0,
+        description="safe: skip fusion where the drafter's probability of its token is >= this "
+                    "(SAFE's GaC variant uses 0.5); None = the paper's UniTE rule.")
+    top_k: int = Field(10, ge=1, le=100, description="UniTE's top-k per member.")
+
+
+def validated(model: type[BaseModel], **values: object) -> BaseModel:
+    """Build a pydantic model, turning validation errors into the engine's typed error."""
+    try:
+        return model(**values)
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in err.errors())
+        raise InvalidRequestError(f"invalid parameters: {problems}") from None

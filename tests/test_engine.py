@@ -1,0 +1,184 @@
+"""The engine end to end on toy members: SAFE vs baselines, cancellation, concurrency, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from functools import lru_cache
+
+import pytest
+import torch
+
+from shared_engine import ContextLengthError, EnsembleEngine, InvalidRequestError
+from shared_engine.alignment import TokenizedText, shared_boundaries
+from shared_engine.members import HFMember
+from tests.toy import byte_level_tokenizer, metaspace_tokenizer, tiny_llama, toy_member
+
+ANSWER = "Hi Sofia, hi Sofia."
+QUESTION = [{"role": "user", "content": "Greet her twice."}]
+
+
+@lru_cache(maxsize=None)
+def trained_member(kind: str, seed: int = 0) -> HFMember:
+    """A tiny Llama that memorised ANSWER (in its own tokenization) after QUESTION."""
+    tokenizer = byte_level_tokenizer() if kind == "byte_level" else metaspace_tokenizer()
+    torch.manual_seed(seed)
+    model = copy.deepcopy(tiny_llama(tokenizer, seed))
+    member = HFMember(f"{kind}-trained", model, tokenizer)
+    prompt = member.prompt_ids(QUESTION)
+    answer = member.table.encode_fragment(ANSWER) + [tokenizer.eos_token_id]
+    ids = torch.tensor([prompt + answer])
+    labels = ids.clone()
+    labels[0, : len(prompt)] = -100
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(300):
+        loss = model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if loss.item() < 0.01:
+            break
+    model.eval()
+    return member
+
+
+def test_toy_pair_really_disagrees_on_sofia() -> None:
+    byte_level = trained_member("byte_level").table
+    metaspace = trained_member("metaspace").table
+    assert byte_level.token_id(b" Sofia") is not None and metaspace.token_id(b" Sofia") is None
+    assert metaspace.token_id(b" So") is not None and byte_level.token_id(b" So") is None
+
+
+def _boundaries(member: HFMember, text: str) -> set[int]:
+    tokens = TokenizedText(member.table)
+    tokens.set_text(text.encode())
+    return tokens.boundaries()
+
+
+def test_every_token_commits_a_subword_prefix_and_safe_does_not() -> None:
+    drafter, verifier = trained_member("metaspace"), trained_member("byte_level")
+    options = dict(fusion="gac", weights=[0.6, 0.4], max_new_tokens=16)
+
+    every = EnsembleEngine([drafter, verifier], method="every-token", **options).generate(QUESTION, keep_events=True)
+    prefix_commits = [e for e in every.events if e.type == "ensemble" and e.chosen == " So"]
+    assert prefix_commits, "every-token should fuse ' So' (the verifier's ' Sofia' has no boundary there)"
+    # The verifier would never stop after " So": in its tokenization of the answer there is no
+    # boundary at the end of the committed " So", so it was forced to continue from inside " Sofia".
+    verifier_bounds = _boundaries(verifier, every.text)
+    assert any(e.offset + 3 not in verifier_bounds for e in prefix_commits)
+
+    safe = EnsembleEngine([drafter, verifier], method="safe", **options).generate(QUESTION, keep_events=True)
+    assert safe.text == ANSWER
+    shared = set(shared_boundaries(safe.text.encode(), [
+        _tokens(drafter, safe.text), _tokens(verifier, safe.text)]))
+    assert all(e.offset in shared for e in safe.events if e.type == "ensemble")
+    assert not any(e.type == "ensemble" and e.chosen == " So" for e in safe.events)
+
+
+def _tokens(member: HFMember, text: str) -> TokenizedText:
+    tokens = TokenizedText(member.table)
+    tokens.set_text(text.encode())
+    return tokens
+
+
+@pytest.mark.parametrize("kind", ["byte_level", "metaspace"])
+@pytest.mark.parametrize("method", ["safe", "every-token", "gac-threshold"])
+def test_identical_members_equal_single_greedy(kind: str, method: str) -> None:
+    member = toy_member("toy", kind, "llama", seed=3)
+    single = EnsembleEngine([member], method="single").generate("Sofia walked to the park", max_new_tokens=30)
+    result = EnsembleEngine([member, member], method=method).generate("Sofia walked to the park",
+                                                                       max_new_tokens=30)
+    assert result.text == single.text
+    assert result.stats.changed_tokens == 0
+    if method == "safe":
+        assert result.stats.ensembled_tokens == 0
+        # at most one verifier forward per round (none when a round adds no complete text)
+        assert 1 <= result.stats.forward_passes["toy'"] <= result.stats.rounds
+
+
+def test_mixed_tokenizers_safe_is_valid_and_counts_add_up() -> None:
+    members = [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
+    engine = EnsembleEngine(members, method="safe", max_new_tokens=40)
+    events = list(engine.stream("Tom wrote about numbers 12 and 7 😀"))
+    finish = events[-1]
+    assert finish.type == "finish"
+    assert "".join(e.text for e in events if e.type == "token") == finish.text
+    stats = finish.stats
+    assert stats.tokens == stats.accepted_tokens + stats.chosen_tokens
+    assert stats.ensembled_tokens == sum(e.type == "ensemble" for e in events)
+    assert stats.forward_passes["b"] <= stats.rounds  # at most one verifier forward per round
+
+
+async def test_cancel_leaves_engine_ready_and_concurrency_matches_sequential() -> None:
+    members = [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
+    engine = EnsembleEngine(members, method="safe", max_new_tokens=24)
+    prompts = ["Sofia visited Berlin", "Nina looked at the lake", "def add(a, b):"]
+    fresh = [r.text for r in [EnsembleEngine(members, method="safe", max_new_tokens=24).generate(p)
+                              for p in prompts]]
+    for _ in range(3):
+        stream = engine.astream(prompts[0], max_new_tokens=200)
+        async for event in stream:
+            if event.type == "token":
+                break
+        await stream.aclose()
+    results = await asyncio.gather(*(engine.agenerate(p) for p in prompts))
+    assert [r.text for r in results] == fresh
+
+
+def test_stop_strings_cut_the_answer_and_are_never_streamed() -> None:
+    member = toy_member("toy", "byte_level", "llama", seed=3)
+    full = EnsembleEngine([member], method="single").generate("Sofia", max_new_tokens=30).text
+    stop = full[10:13]
+    assert stop and stop.strip()
+    events = list(EnsembleEngine([member], method="single").stream("Sofia", max_new_tokens=30, stop=[stop]))
+    streamed = "".join(e.text for e in events if e.type == "token")
+    assert events[-1].reason == "stop"
+    assert streamed == events[-1].text == full[: full.find(stop)]
+
+
+def test_sampling_with_a_seed_is_reproducible() -> None:
+    members = [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
+    engine = EnsembleEngine(members, method="every-token", max_new_tokens=20)
+    a = engine.generate("Lena", temperature=1.0, top_p=0.9, seed=11).text
+    b = engine.generate("Lena", temperature=1.0, top_p=0.9, seed=11).text
+    c = engine.generate("Lena", temperature=1.0, top_p=0.9, seed=12).text
+    assert a == b
+    assert a != c or len(a) == 0
+
+
+@pytest.mark.parametrize("bad", [
+    dict(max_new_tokens=-1), dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5), dict(stop=[""]),
+    dict(nonsense=1),
+])
+def test_bad_parameters_raise_typed_errors(bad: dict) -> None:
+    engine = EnsembleEngine([toy_member("toy")], method="single")
+    with pytest.raises(InvalidRequestError):
+        engine.generate("hello", **bad)
+
+
+@pytest.mark.parametrize("prompt", ["", "   ", [], [{"role": "wizard", "content": "x"}],
+                                    [{"role": "user", "content": 3}], ["not a dict"]])
+def test_bad_prompts_raise_typed_errors(prompt: object) -> None:
+    with pytest.raises(InvalidRequestError):
+        EnsembleEngine([toy_member("toy")], method="single").generate(prompt)
+
+
+def test_bad_engine_options_raise_typed_errors() -> None:
+    member = toy_member("toy")
+    with pytest.raises(InvalidRequestError, match="method"):
+        EnsembleEngine([member, member], method="nope")
+    with pytest.raises(InvalidRequestError, match="at least two"):
+        EnsembleEngine([member], method="safe")
+    with pytest.raises(InvalidRequestError, match="drafter"):
+        EnsembleEngine([member, member], drafter="other")
+    with pytest.raises(InvalidRequestError, match="weights"):
+        EnsembleEngine([member, member], weights=[1.0])
+    with pytest.raises(ValueError, match="known"):
+        EnsembleEngine(["no-such-model", "x"]).generate("hi")
+
+
+def test_context_too_long_is_a_clear_error() -> None:
+    member = toy_member("toy")
+    with pytest.raises(ContextLengthError, match="context window"):
+        EnsembleEngine([member], method="single").generate("hello " * 10, max_new_tokens=10**6)

@@ -1,0 +1,91 @@
+"""Consensus rule and fusion on hand-made distributions (no models needed)."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared_engine.alignment import EOS_KEY
+from shared_engine.fusion import Fused, sharpen
+from shared_engine.policies import agree, make_policy
+from shared_engine.sampling import Sampler
+
+
+@st.composite
+def member_distributions(draw: st.DrawFn) -> torch.Tensor:
+    """2-4 members over a shared 6-token vocabulary; member 0 is a greedy drafter."""
+    members = draw(st.integers(2, 4))
+    weights = draw(st.lists(st.lists(st.floats(0.0, 1.0), min_size=6, max_size=6),
+                            min_size=members, max_size=members))
+    probs = torch.tensor(weights, dtype=torch.float64) + 1e-6
+    return probs / probs.sum(dim=1, keepdim=True)
+
+
+@settings(max_examples=500, deadline=None)
+@given(member_distributions())
+def test_consensus_skip_never_changes_arithmetic_mean_argmax(probs: torch.Tensor) -> None:
+    drafted = int(torch.argmax(probs[0]))  # greedy drafter proposes its own argmax
+    own = [float(p[drafted]) for p in probs]
+    tops = [int(torch.argmax(p)) == drafted for p in probs]
+    if agree(own, tops):
+        mean = probs.mean(dim=0)
+        assert float(mean[drafted]) >= float(mean.max()) - 1e-12
+
+
+def test_consensus_rule_cases() -> None:
+    assert agree([0.3, 0.2], [True, True])  # unanimous argmax, however unsure
+    assert agree([0.9, 0.2], [True, False])  # mean 0.55 > 0.5
+    assert not agree([0.6, 0.4], [True, False])  # mean exactly 0.5 is not enough
+    assert not agree([0.5, 0.1, 0.2], [True, False, False])
+
+
+def _fused(keys: list[bytes], member_probs: list[list[float]], weights: list[float]) -> tuple[Fused, torch.Tensor]:
+    w = torch.tensor(weights)
+    mp = torch.tensor(member_probs)
+    return Fused(keys, mp, w @ mp), w
+
+
+def test_heur_sharpening_pools_extensions_onto_drafter_prefix() -> None:
+    keys = [b" Sofia", b" So", b" Paris", b" S"]
+    fused, w = _fused(keys, [[0.35, 0.30, 0.35, 0.0], [0.1, 0.15, 0.45, 0.3]], [0.5, 0.5])
+    assert float(fused.fused.max()) < 0.5
+    scores, fired = sharpen(fused, w, "heur", drafter_top={b" Sofia", b" So", b" Paris"})
+    assert fired
+    # " So" gains " Sofia"'s mass; " S" is not in the drafter's top-10 so it pools nothing.
+    assert keys[int(torch.argmax(scores))] == b" So"
+    assert torch.isclose(scores[1], fused.fused[1] + fused.fused[0])
+    assert torch.isclose(scores[3], fused.fused[3])
+
+
+def test_geom_sharpening_and_no_sharpening_when_confident() -> None:
+    fused, w = _fused([b"a", b"b"], [[0.45, 0.55], [0.5, 0.5]], [0.5, 0.5])
+    scores, fired = sharpen(fused, w, "geom", drafter_top={b"a", b"b"})
+    assert not fired and torch.equal(scores, fused.fused)  # fused max 0.525 >= 0.5
+    fused, w = _fused([b"a", b"b", EOS_KEY], [[0.45, 0.1, 0.45], [0.05, 0.5, 0.45]], [0.5, 0.5])
+    scores, fired = sharpen(fused, w, "geom", drafter_top={b"a", b"b"})
+    assert fired
+    # arithmetic mean prefers "b"/EOS ties near 0.3; the geometric mean punishes "a" and "b" for one
+    # member's low probability and picks EOS, which both members rate 0.45.
+    assert int(torch.argmax(scores)) == 2
+
+
+def test_policies_are_the_documented_methods() -> None:
+    safe = make_policy("safe", 5, 0.5)
+    assert (safe.draft_length, safe.verify_draft, safe.require_boundary, safe.skip_consensus) == (5, True, True, True)
+    every = make_policy("every-token", 5, 0.5)
+    assert (every.draft_length, every.require_boundary, every.skip_consensus) == (1, False, False)
+    gac = make_policy("gac-threshold", 5, 0.4)
+    assert gac.needs_verification(torch.tensor([0.0, 0.0, 0.0]))  # max prob 1/3 < 0.4
+    assert not gac.needs_verification(torch.tensor([5.0, 0.0, 0.0]))
+    assert not make_policy("single", 5, 0.5).needs_verification(torch.zeros(3))
+
+
+def test_sampler_seeded_is_reproducible_and_top_p_restricts() -> None:
+    logits = torch.tensor([2.0, 1.9, -5.0, -5.0])
+    a = [Sampler(1.0, 1.0, seed=7).from_logits(logits) for _ in range(1)]
+    b = [Sampler(1.0, 1.0, seed=7).from_logits(logits) for _ in range(1)]
+    assert a == b
+    nucleus = Sampler(1.0, top_p=0.5, seed=1)
+    assert {nucleus.from_logits(logits) for _ in range(50)} == {0}
+    assert Sampler(0.0).from_logits(logits) == 0

