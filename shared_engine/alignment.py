@@ -25,6 +25,12 @@ from transformers import PreTrainedTokenizerBase
 EOS_KEY = b"\x00<eos>"
 """Union key that stands for 'end of answer' in every member's vocabulary (see fusion)."""
 
+END_OF_TURN_TOKENS = frozenset({
+    "<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<eos>", "</s>", "<|eot_id|>", "<|end|>",
+    "<|end_of_text|>"})
+"""Special tokens that end an answer in common chat formats, whatever the config's single eos id says
+(Qwen's config names <|im_end|> but the model may also emit <|endoftext|>)."""
+
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _LOOKBEHIND_TOKENS = 4
 """Tokens re-encoded before the first changed byte: BPE merges can reach back across the edit."""
@@ -73,8 +79,9 @@ class TokenTable:
         eos = set(eos_ids or ())
         if tokenizer.eos_token_id is not None:
             eos.add(int(tokenizer.eos_token_id))
-        self.eos_ids: frozenset[int] = frozenset(eos)
         pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        eos |= {i for i in self.special_ids if pieces[i] in END_OF_TURN_TOKENS}
+        self.eos_ids: frozenset[int] = frozenset(eos)
         self.pieces: list[bytes] = [self._piece_bytes(i, p, kind) for i, p in enumerate(pieces)]
         self.pieces += [b""] * (size - len(self.pieces))  # padded logits rows: never candidates
         self.vocab_size = size

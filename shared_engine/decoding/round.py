@@ -106,7 +106,8 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     """One round; yields events and leaves the state advanced (or finished)."""
     drafter = state.drafter
     start = len(state.answer)
-    draft = await drafter.run(_draft, state, policy.draft_length, sampler)
+    length = min(policy.draft_length, state.max_new_tokens - state.stats.tokens)
+    draft = await drafter.run(_draft, state, length, sampler)
     state.stats.rounds += 1
     state.stats.drafted_tokens += len(draft.ids)
     if len(draft.ids) > 1:
@@ -128,17 +129,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     checked: list[VerifiedPosition] = []
     offset = start
     for j, token in enumerate(draft.ids):
-        dists = [MemberDist(state.labels[0], drafter.table, draft.logits[j])]
-        owns: list[tuple[int, ...]] = [(token,)]
-        piece = drafter.table.pieces[token]
-        boundary = is_char_boundary(text, offset) if offset <= len(text) else False
-        for label, member, view in zip(state.labels[1:], state.members[1:], views):
-            row = view.rows.get(offset)
-            boundary = boundary and row is not None
-            if row is not None:
-                dists.append(MemberDist(label, member.table, row[0]))
-                same = member.table.token_id(piece) if token not in drafter.eos_ids else None
-                owns.append(tuple(t for t in (row[1], same) if t is not None))
+        dists, owns, boundary = _member_views(state, views, text, offset, token, draft.logits[j])
         fusable = len(dists) == len(state.members) and (boundary or not policy.require_boundary)
         position = VerifiedPosition(offset=offset, boundary_ok=boundary)
         if fusable and policy.skip_consensus:
@@ -151,7 +142,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
         if fusable:
             chosen = _fuse(state, dists, fusion, sampler, offset, token, state.stats.tokens + j)
             yield chosen.event
-            if chosen.key != candidate_key(drafter.table, token):
+            if chosen.key != candidate_key(drafter.table, token):  # the draft diverges here
                 yield VerifyEvent(positions=checked)
                 for event in state.commit(draft.ids[:j], "draft"):
                     yield event
@@ -163,10 +154,32 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
                 for event in state.commit(state.ids_for_piece(chosen.key), "ensemble"):
                     yield event
                 return
+            # fusion kept the drafted token: every member's context is unchanged, scan on
         offset += len(drafter.table.pieces[token]) if token not in drafter.eos_ids else 0
     yield VerifyEvent(positions=checked)
     for event in state.commit(draft.ids, "draft"):
         yield event
+
+
+def _member_views(state: RequestState, views: list[VerifierView], text: bytes, offset: int, token: int,
+                  drafter_logits: torch.Tensor) -> tuple[list[MemberDist], list[tuple[int, ...]], bool]:
+    """Every member's distribution at byte ``offset`` (verifiers only where one of their tokens
+    starts there), the ids that would continue the draft for each, and whether the offset is a
+    boundary for all members (SAFE's OOV-like check)."""
+    drafter = state.drafter
+    piece = drafter.table.pieces[token]
+    dists = [MemberDist(state.labels[0], drafter.table, drafter_logits)]
+    owns: list[tuple[int, ...]] = [(token,)]
+    boundary = offset <= len(text) and is_char_boundary(text, offset)
+    for label, member, view in zip(state.labels[1:], state.members[1:], views):
+        row = view.rows.get(offset)
+        if row is None:
+            boundary = False
+            continue
+        dists.append(MemberDist(label, member.table, row[0]))
+        same = member.table.token_id(piece) if token not in drafter.eos_ids else None
+        owns.append(tuple(t for t in (row[1], same) if t is not None))
+    return dists, owns, boundary
 
 
 @dataclass(frozen=True, slots=True)

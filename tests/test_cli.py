@@ -1,0 +1,53 @@
+"""The command line, as a user runs it (subprocesses, real zoo models)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.zoo
+SMOL, QWEN = "smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shared_engine.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_run_streams_an_answer_and_prints_stats() -> None:
+    result = cli("run", "--models", QWEN, "--max-new-tokens", "24", "What is 17 + 25?")
+    assert result.returncode == 0, result.stderr
+    assert "42" in result.stdout
+    assert "finish=" in result.stderr and "tok/s" in result.stderr
+
+
+def test_run_events_are_json_lines_ending_with_finish() -> None:
+    result = cli("run", "--models", f"{QWEN},{SMOL}", "--method", "safe", "--events",
+                 "--max-new-tokens", "16", "Name a color.")
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    assert events[-1]["type"] == "finish"
+    assert {e["type"] for e in events} >= {"token", "verify", "finish"}
+    assert "".join(e["text"] for e in events if e["type"] == "token") == events[-1]["text"]
+
+
+def test_unknown_model_is_a_readable_error() -> None:
+    result = cli("run", "--models", "gpt-17", "hi")
+    assert result.returncode == 2
+    assert "gpt-17" in result.stderr and SMOL in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bench_writes_the_documented_keys(tmp_path) -> None:  # noqa: ANN001
+    out = tmp_path / "bench.json"
+    result = cli("bench", "--models", f"{SMOL},{SMOL}", "--prompts", "1", "--max-new-tokens", "8",
+                 "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    for key in ("single_tokens_per_s", "safe_tokens_per_s", "every_token_tokens_per_s",
+                "safe_ensemble_rate", "forward_passes_per_token", "safe_vs_single", "safe_vs_every_token"):
+        assert key in data, key
+    assert data["safe_ensemble_rate"] == 0.0  # identical members never disagree
