@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -86,9 +87,14 @@ class TokenTable:
         self.pieces += [b""] * (size - len(self.pieces))  # padded logits rows: never candidates
         self.vocab_size = size
         self._by_bytes: dict[bytes, int] = {}
+        # Byte-fallback pieces (<0x61>) come first in Llama/Gemma vocabularies but are not what the
+        # model predicts for "a": map the normal piece first, fallback pieces only where none exists.
+        fallback = {i for i, p in enumerate(pieces) if p and _BYTE_FALLBACK.match(p)}
         for i, piece in enumerate(self.pieces):
-            if piece and i not in self.special_ids:
+            if piece and i not in self.special_ids and i not in fallback:
                 self._by_bytes.setdefault(piece, i)
+        for i in sorted(fallback):
+            self._by_bytes.setdefault(self.pieces[i], i)
         self._prefix_space = self._detect_prefix_space()
 
     def _piece_bytes(self, token_id: int, piece: str | None, kind: str) -> bytes:
@@ -112,8 +118,11 @@ class TokenTable:
     def _detect_prefix_space(self) -> bool:
         """SentencePiece-style tokenizers may prepend a space to the first word of any input;
         a continuation fragment must then be encoded behind an anchor (see encode_fragment)."""
-        ids = self.tokenizer("a", add_special_tokens=False)["input_ids"]
-        return self.to_bytes(ids) == b" a"
+        return self.to_bytes(self._encode("a")) == b" a"
+
+    def _encode(self, text: str) -> list[int]:
+        # split_special_tokens: answer text such as "</s>" is text, never a control token.
+        return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
     def token_id(self, piece: bytes) -> int | None:
         """The id whose bytes are exactly ``piece`` (None if no single token is)."""
@@ -128,8 +137,8 @@ class TokenTable:
         if not text:
             return []
         if not self._prefix_space:
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        anchored = self.tokenizer("\n" + text, add_special_tokens=False)["input_ids"]
+            return self._encode(text)
+        anchored = self._encode("\n" + text)
         cut, consumed = 0, b""
         while cut < len(anchored) and len(consumed) < len(" \n"):
             consumed += self.pieces[anchored[cut]]
@@ -137,6 +146,40 @@ class TokenTable:
         if consumed.strip(b" ") != b"\n":
             raise ValueError(f"cannot encode fragment {text!r} without a leading space")
         return list(anchored[cut:])
+
+    def spell(self, text: str) -> list[int]:
+        """Ids whose bytes are exactly ``text``: the canonical encoding when the tokenizer
+        round-trips it, else normal runs encoded canonically and the characters its normaliser
+        would change (e.g. NFC composing "e" + U+0301) spelled byte by byte."""
+        ids = self.encode_fragment(text)
+        if self.to_bytes(ids) == text.encode("utf-8"):
+            return ids
+        out: list[int] = []
+        for run, literal in _normalisation_runs(text):
+            ids = [] if literal else self.encode_fragment(run)
+            if literal or self.to_bytes(ids) != run.encode("utf-8"):
+                ids = [self._byte_token(b) for b in run.encode("utf-8")]
+            out += ids
+        return out
+
+    def _byte_token(self, byte: int) -> int:
+        token = self.token_id(bytes([byte]))
+        if token is None:
+            raise ValueError(f"{type(self.tokenizer).__name__} has no token for byte 0x{byte:02X}; "
+                             "it cannot spell this text exactly")
+        return token
+
+
+def _normalisation_runs(text: str) -> list[tuple[str, bool]]:
+    """Split text into (run, literal) where literal runs are characters a normaliser may change."""
+    runs: list[tuple[str, bool]] = []
+    for ch in text:
+        literal = unicodedata.combining(ch) != 0 or unicodedata.normalize("NFC", ch) != ch
+        if runs and runs[-1][1] == literal:
+            runs[-1] = (runs[-1][0] + ch, literal)
+        else:
+            runs.append((ch, literal))
+    return runs
 
 
 def valid_prefix_length(data: bytes) -> int:
@@ -202,7 +245,7 @@ class TokenizedText:
         while keep > 0 and not is_char_boundary(data, self.ends[keep - 1]):
             keep -= 1
         anchor = self.ends[keep - 1] if keep else 0
-        tail = self.table.encode_fragment(data[anchor:].decode("utf-8"))
+        tail = self.table.spell(data[anchor:].decode("utf-8"))
         self.ids = self.ids[:keep] + tail
         self.ends = self.ends[:keep]
         pos = anchor
@@ -214,7 +257,7 @@ class TokenizedText:
         self.data = data
 
     def _full_encode(self, data: bytes) -> None:
-        self.ids = self.table.encode_fragment(data.decode("utf-8"))
+        self.ids = self.table.spell(data.decode("utf-8"))
         self.ends, pos = [], 0
         for token in self.ids:
             pos += len(self.table.pieces[token])

@@ -11,7 +11,8 @@ runs once per test process; building everything takes well under five seconds on
   "...fia..." words, so ``" Sofia"`` is split into several tokens.
 - ``tiny_llama``, ``tiny_gpt2``, ``tiny_sliding``: random-init float32 eval-mode models sized to
   a tokenizer (``tiny_sliding`` is a Gemma-3 text model whose first layer uses a sliding window
-  of ``SLIDING_WINDOW`` tokens and whose second layer is full attention).
+  of ``SLIDING_WINDOW`` tokens and whose second layer is full attention; default sdpa attention,
+  as the real zoo models load).
 - ``toy_member(name, tokenizer, arch, seed)``: an ``HFMember`` over one of the above.
 """
 
@@ -22,7 +23,7 @@ import random
 from functools import lru_cache
 
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -221,7 +222,7 @@ def tiny_sliding(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Gemma3For
                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                               head_dim=8, max_position_embeddings=512, sliding_window=SLIDING_WINDOW,
                               layer_types=["sliding_attention", "full_attention"],
-                              initializer_range=_INIT_RANGE, attn_implementation="eager",
+                              initializer_range=_INIT_RANGE,
                               **_special_ids(tokenizer))
     torch.manual_seed(seed)
     return _finish(Gemma3ForCausalLM(config), tokenizer)
@@ -230,8 +231,20 @@ def tiny_sliding(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Gemma3For
 ARCHS = {"llama": tiny_llama, "gpt2": tiny_gpt2, "sliding": tiny_sliding}
 
 
-@lru_cache(maxsize=None)
 def toy_member(name: str, tokenizer: str = "byte_level", arch: str = "llama", seed: int = 0) -> HFMember:
-    """An ``HFMember`` over a tiny random model; ``tokenizer`` in TOKENIZERS, ``arch`` in ARCHS."""
+    """An ``HFMember`` over a tiny random model; ``tokenizer`` in TOKENIZERS, ``arch`` in ARCHS.
+
+    Cached per (name, tokenizer, arch, seed) however the arguments are passed. Members that differ
+    only by ``name`` share one model object (models are read-only here); vary ``seed`` to get a
+    different model."""
+    if tokenizer not in TOKENIZERS:
+        raise ValueError(f"unknown toy tokenizer {tokenizer!r}; use one of {sorted(TOKENIZERS)}")
+    if arch not in ARCHS:
+        raise ValueError(f"unknown toy arch {arch!r}; use one of {sorted(ARCHS)}")
+    return _toy_member(name, tokenizer, arch, seed)
+
+
+@lru_cache(maxsize=None)
+def _toy_member(name: str, tokenizer: str, arch: str, seed: int) -> HFMember:
     tok = TOKENIZERS[tokenizer]()
     return HFMember(name, ARCHS[arch](tok, seed), tok)

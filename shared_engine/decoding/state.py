@@ -55,9 +55,7 @@ class RequestState:
         if token is not None:
             return [token]
         try:
-            ids = table.encode_fragment(piece.decode("utf-8"))
-            if table.to_bytes(ids) == piece:
-                return ids
+            return table.spell(piece.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
             pass
         singles = [table.token_id(bytes([b])) for b in piece]
