@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -89,3 +90,45 @@ def test_sampler_seeded_is_reproducible_and_top_p_restricts() -> None:
     nucleus = Sampler(1.0, top_p=0.5, seed=1)
     assert {nucleus.from_logits(logits) for _ in range(50)} == {0}
     assert Sampler(0.0).from_logits(logits) == 0
+
+
+# ----------------------------------------------------------------- fusion across real vocabularies (toy)
+
+def _dist(name: str, kind: str, mass: dict[bytes, float]):  # noqa: ANN202
+    from shared_engine.fusion import MemberDist
+    from tests.toy import toy_member
+
+    table = toy_member(name, kind).table
+    logits = torch.full((table.vocab_size,), -20.0)
+    for piece, logit in mass.items():
+        token = table.token_id(piece) if piece != EOS_KEY else next(iter(table.eos_ids))
+        assert token is not None, piece
+        logits[token] = logit
+    return MemberDist(name, table, logits)
+
+
+def test_unite_rescores_a_missing_word_through_the_first_subtoken() -> None:
+    from shared_engine.fusion import UniteFusion
+
+    byte_level = _dist("bl", "byte_level", {b" Sofia": 5.0, b" Paris": 3.0})
+    metaspace = _dist("ms", "metaspace", {b" So": 4.0, b" Paris": 4.0})
+    fused = UniteFusion(top_k=2)([byte_level, metaspace], torch.tensor([0.5, 0.5]))
+    assert set(fused.keys) == {b" Sofia", b" Paris", b" So"}
+    sofia, so = fused.keys.index(b" Sofia"), fused.keys.index(b" So")
+    # metaspace has no " Sofia" token: it is scored by its first sub-token " So", so both get equal mass
+    assert torch.isclose(fused.member_probs[1, sofia], fused.member_probs[1, so])
+    assert torch.allclose(fused.member_probs.sum(dim=1), torch.ones(2))
+    assert fused.keys[int(torch.argmax(fused.fused))] == b" Sofia"
+
+
+def test_gac_union_matches_exact_strings_and_pools_eos() -> None:
+    from shared_engine.fusion import GacFusion
+
+    byte_level = _dist("bl", "byte_level", {b" Sofia": 5.0, EOS_KEY: 5.0})
+    metaspace = _dist("ms", "metaspace", {b" So": 5.0, EOS_KEY: 5.0})
+    fused = GacFusion(num_candidates=4)([byte_level, metaspace], torch.tensor([0.5, 0.5]))
+    probs = dict(zip(fused.keys, fused.fused.tolist()))
+    # no string match for " Sofia" in metaspace: GaC only transfers exact strings
+    assert probs[b" Sofia"] == pytest.approx(0.25, abs=1e-3)
+    assert probs[b" So"] == pytest.approx(0.25, abs=1e-3)
+    assert probs[EOS_KEY] == pytest.approx(0.5, abs=1e-3)  # "end of answer" is one candidate
