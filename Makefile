@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PROMPT ?= What is 17 + 25? Answer briefly.
-MODELS ?= qwen2.5-coder-0.5b-instruct
+MODELS ?= qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct
 
 .PHONY: setup run test bench clean
 

@@ -97,20 +97,32 @@ class HFSession:
         if lcp == len(target) == len(self.ids) and reuse_last:
             return self.next_logits.unsqueeze(0)
         keep = self._truncate(keep)
+        window = self.member.sliding_window
+        if self._fresh and window and len(target) >= window and first_row - 1 > keep:
+            # Prefill the part that is never rolled back on its own: sliding-window layers keep
+            # only their window of a forward run before rollback is enabled.
+            self._forward(target[keep:first_row - 1], 1)
+            keep = first_row - 1
         feed = target[keep:]
         rows_needed = len(target) - first_row + (0 if reuse_last else 1)
+        self.ids = list(target[:keep])
+        logits = self._forward(feed, max(1, rows_needed))
+        rows = torch.cat([self.next_logits.unsqueeze(0), logits]) if reuse_last else logits
+        self.next_logits = rows[-1]
+        return rows
+
+    def _forward(self, feed: list[int], rows: int) -> torch.Tensor:
+        """Feed ``feed`` after ``self.ids``; returns the last ``rows`` logits rows."""
         logits, self.cache = kv.forward_logits(self.member.model, self.member.cache_kwarg,
-                                               self.cache, feed, max(1, rows_needed))
+                                               self.cache, feed, rows)
+        self.num_forwards += 1
+        self.ids = self.ids + list(feed)
         if self._fresh:
             self._fresh = False
             kv.enable_rollback(self.cache)
             window = self.member.sliding_window
-            self._rollback_floor = len(target) if window and len(target) >= window else 0
-        self.num_forwards += 1
-        self.ids = list(target)
-        rows = torch.cat([self.next_logits.unsqueeze(0), logits]) if reuse_last else logits
-        self.next_logits = rows[-1]
-        return rows
+            self._rollback_floor = len(self.ids) if window and len(self.ids) >= window else 0
+        return logits
 
     def _truncate(self, keep: int) -> int:
         """Crop the cache to ``keep`` positions; returns the positions really kept."""
