@@ -1,0 +1,458 @@
+"""``EnsembleLLM``: a LlamaIndex ``FunctionCallingLLM`` over ``shared_engine.EnsembleEngine``.
+
+    llm = EnsembleLLM(models=["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"], max_tokens=128)
+    print(llm.complete("What is 17 + 25?"))
+    Settings.llm = llm                                   # query engines, chat engines, agents
+
+Design:
+- The async methods drive ``engine.astream`` on the caller's loop; the sync ones drive the same
+  stream through ``shared_engine.engine.iterate_sync`` (a helper thread, safe inside a running
+  loop). All eight share one undecorated core, so every public call sends exactly one set of
+  LlamaIndex LLM events.
+- Ensemble decisions are sent as ``EnsembleDecisionEvent``/``EnsembleFinishEvent`` on the span of
+  the LLM call (see ``events.py``); usage is in ``raw["usage"]`` of the final response and the
+  ensemble statistics in ``raw["ensemble"]``.
+- Tools are rendered into the system message and parsed back from the text (see ``tools.py``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from llama_index.core.base.llms.types import (ChatMessage, ChatResponse, ChatResponseAsyncGen, ChatResponseGen,
+                                              CompletionResponse, CompletionResponseAsyncGen,
+                                              CompletionResponseGen, LLMMetadata, MessageRole, TextBlock,
+                                              ThinkingBlock, ToolCallBlock)
+from llama_index.core.instrumentation.span import active_span_id
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import ToolSelection
+from pydantic import Field, PrivateAttr
+
+from shared_engine import EnsembleEngine, InvalidRequestError
+from shared_engine.engine import iterate_sync
+from shared_engine.events import Event, FinishEvent
+from shared_engine.members import Member
+from shared_engine.members.chat import normalize_messages
+from shared_engine.options import GenerationParams, validated
+
+from .events import EnsembleDecisionEvent, EnsembleFinishEvent, EnsembleStepEvent, dispatcher
+from .tools import DEFAULT_TOOL_RESULT_HINT, parse_tool_calls, streamable_text, tool_call_text, tools_system_prompt
+
+if TYPE_CHECKING:
+    from llama_index.core.tools.types import BaseTool
+
+_ROLES = {MessageRole.SYSTEM: "system", MessageRole.DEVELOPER: "system", MessageRole.USER: "user",
+          MessageRole.ASSISTANT: "assistant", MessageRole.CHATBOT: "assistant", MessageRole.MODEL: "assistant",
+          MessageRole.TOOL: "tool", MessageRole.FUNCTION: "tool"}
+_PARAM_ALIASES = {"max_tokens": "max_new_tokens"}
+_SKIPPED_BLOCKS = ("thinking", "cache")  # carry nothing the members should read
+
+
+@dataclass
+class _Request:
+    """One validated call: engine messages, generation parameters, offered tool names."""
+
+    messages: list[dict[str, str]]
+    params: dict[str, Any]
+    tool_names: list[str] | None  # None: no tools offered, the answer is plain text
+
+
+@dataclass
+class _Turn:
+    """One answer in progress: engine events in, cumulative text and the final payload out."""
+
+    request: _Request
+    raw_text: str = ""
+    text: str = ""
+    finish: FinishEvent | None = None
+    tool_calls: list[ToolCallBlock] = field(default_factory=list)
+    invalid_tool_calls: list[str] = field(default_factory=list)
+    call_prefix: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+    def add(self, piece: str) -> str:
+        """Append engine text; return the new visible delta (tool-call markup held back)."""
+        self.raw_text += piece
+        shown = self.raw_text if self.request.tool_names is None else streamable_text(self.raw_text)
+        delta, self.text = shown[len(self.text):], shown
+        return delta
+
+    def close(self, finish: FinishEvent) -> str:
+        """Settle the answer: parse tool calls, return the last delta (a released partial tag)."""
+        self.finish = finish
+        if self.request.tool_names is None:
+            return ""
+        text, calls, self.invalid_tool_calls = parse_tool_calls(self.raw_text, self.request.tool_names)
+        self.tool_calls = [ToolCallBlock(tool_call_id=f"call_{self.call_prefix}_{i}", tool_name=c.name,
+                                         tool_kwargs=c.arguments) for i, c in enumerate(calls)]
+        delta = text[len(self.text):] if text.startswith(self.text) else ""
+        self.text = text
+        return delta
+
+    @property
+    def raw(self) -> dict[str, Any] | None:
+        """OpenAI-style usage plus the ensemble statistics; only on the final response."""
+        if self.finish is None:
+            return None
+        stats = self.finish.stats
+        return {"usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.tokens,
+                          "total_tokens": stats.prompt_tokens + stats.tokens},
+                "finish_reason": self.finish.reason, "ensemble": stats.model_dump()}
+
+    @property
+    def additional_kwargs(self) -> dict[str, Any]:
+        if self.finish is None:
+            return {}
+        extra: dict[str, Any] = {"finish_reason": self.finish.reason,
+                                 "ensemble_rate": self.finish.stats.ensemble_rate}
+        if self.invalid_tool_calls:
+            extra["invalid_tool_calls"] = self.invalid_tool_calls
+        return extra
+
+
+class EnsembleLLM(FunctionCallingLLM):
+    """Several local LLMs with different tokenizers answering as one LlamaIndex LLM (SAFE by default).
+
+    ``EnsembleLLM(models=[...], method="safe", max_tokens=256, temperature=0.0, **engine_options)``:
+    ``engine_options`` are ``shared_engine.EngineOptions`` (``drafter``, ``draft_length``, ``fusion``,
+    ``weights``, ...); LlamaIndex ``LLM`` fields (``system_prompt``, ``callback_manager``, ...) are
+    recognised by name. Members load on first use (once per process).
+    """
+
+    models: list[str] = Field(description="Member names (zoo names, local folders or .gguf paths).")
+    method: str = Field("safe", description="safe | every-token | gac-threshold | single")
+    max_tokens: int = Field(256, ge=1, description="Default answer length cap (drafter tokens).")
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy.")
+    context_window: int | None = Field(
+        None, description="Override; default: the smallest member's context window (loads the members).")
+    engine_options: dict[str, Any] = Field(default_factory=dict, description="Extra EnsembleEngine options.")
+    step_events: bool = Field(False, description="Also send draft/verify/cache_sync as EnsembleStepEvent.")
+    tool_result_hint: str | None = Field(
+        DEFAULT_TOOL_RESULT_HINT,
+        description="User turn added after tool results when tools are offered: small members otherwise "
+                    "repeat the call instead of answering. None disables it (multi-step tool chains).")
+
+    _engine: EnsembleEngine = PrivateAttr()
+
+    def __init__(self, models: Sequence[str | Member], method: str = "safe", max_tokens: int = 256,
+                 temperature: float = 0.0, context_window: int | None = None, step_events: bool = False,
+                 **kwargs: Any) -> None:
+        engine_options = dict(kwargs.pop("engine_options", None) or {})
+        fields = {k: kwargs.pop(k) for k in list(kwargs) if k in type(self).model_fields}
+        engine_options.update(kwargs)  # whatever is not a field is an engine option
+        members = list(models)
+        names = [m if isinstance(m, str) else getattr(m, "name", str(m)) for m in members]
+        super().__init__(models=names, method=method, max_tokens=max_tokens, temperature=temperature,
+                         context_window=context_window, engine_options=engine_options,
+                         step_events=step_events, **fields)
+        # Validates method, options and member count now (InvalidRequestError); loads nothing yet.
+        self._engine = EnsembleEngine(members, method=method, max_new_tokens=max_tokens,
+                                      temperature=temperature, **engine_options)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "EnsembleLLM"
+
+    @property
+    def engine(self) -> EnsembleEngine:
+        """The underlying engine (shared by every call; members are loaded once per process)."""
+        return self._engine
+
+    @property
+    def model_name(self) -> str:
+        return f"{self.method}({'+'.join(self.models)})"
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        window = self.context_window or min(m.context_window for m in self._engine.members)
+        return LLMMetadata(context_window=window, num_output=self.max_tokens, is_chat_model=True,
+                           is_function_calling_model=True, model_name=self.model_name)
+
+    def to_payload(self) -> dict[str, Any]:
+        """What LlamaIndex puts in its LLM events; unlike ``metadata`` it never loads the members."""
+        return {"class_name": self.class_name(), "model_name": self.model_name, "models": self.models,
+                "method": self.method, "max_tokens": self.max_tokens, "temperature": self.temperature,
+                "engine_options": self.engine_options, "is_chat_model": True, "is_function_calling_model": True}
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> _Request:
+        """Validate now, so bad input fails at call time even for streams (InvalidRequestError)."""
+        kwargs = dict(kwargs)
+        tools = kwargs.pop("tools", None)
+        tool_choice = kwargs.pop("tool_choice", None)
+        tool_required = bool(kwargs.pop("tool_required", False))
+        # Fields are read per request, so ``llm.max_tokens = 64`` after construction takes effect.
+        params: dict[str, Any] = {"max_new_tokens": self.max_tokens, "temperature": self.temperature}
+        for key, value in kwargs.items():
+            name = _PARAM_ALIASES.get(key, key)
+            if name not in GenerationParams.model_fields:
+                accepted = sorted({*GenerationParams.model_fields, *_PARAM_ALIASES, "tools", "tool_choice",
+                                   "tool_required"})
+                raise InvalidRequestError(f"unknown argument {key!r} for EnsembleLLM; accepted: {accepted}")
+            if value is not None:
+                params[name] = value
+        validated(GenerationParams, **params)
+        converted = to_engine_messages(messages)
+        tool_names = None
+        if tools:
+            converted, tool_names = self._offer_tools(converted, tools, tool_choice, tool_required)
+        return _Request(normalize_messages(converted), params, tool_names)
+
+    def _offer_tools(self, messages: list[dict[str, str]], tools: Sequence[Any], tool_choice: Any,
+                     tool_required: bool) -> tuple[list[dict[str, str]], list[str]]:
+        """Render the tools into the (first) system message; nudge an answer after tool results."""
+        specs = [_tool_spec(t) for t in tools]
+        names = [s["function"]["name"] for s in specs]
+        choice = _tool_choice_name(tool_choice)
+        if choice and choice not in names:
+            raise InvalidRequestError(f"tool_choice {choice!r} is not one of the tools {names}")
+        required = tool_required or tool_choice == "required"
+        system = messages.pop(0)["content"] if messages and messages[0]["role"] == "system" else None
+        messages.insert(0, {"role": "system", "content": tools_system_prompt(specs, system, choice, required)})
+        if self.tool_result_hint and messages[-1]["role"] == "tool":
+            messages.append({"role": "user", "content": self.tool_result_hint})
+        return messages, names
+
+    def _completion_messages(self, prompt: str) -> list[ChatMessage]:
+        messages = [ChatMessage(role=MessageRole.USER, content=prompt)]
+        return self._extend_messages(messages)
+
+    # -- the shared core: engine events -> turns (no LlamaIndex callbacks here) ---------------
+
+    def _dispatch(self, event: Event, span_id: str | None) -> None:
+        """Forward an engine side-channel event on the LLM call's span."""
+        if event.type == "ensemble":
+            dispatcher.event(EnsembleDecisionEvent(
+                model_name=self.model_name, position=event.position, offset=event.offset, chosen=event.chosen,
+                drafted=event.drafted, changed=event.changed, sharpened=event.sharpened,
+                candidates=event.candidates, span_id=span_id))
+        elif event.type == "finish":
+            dispatcher.event(EnsembleFinishEvent(model_name=self.model_name, reason=event.reason,
+                                                 stats=event.stats, span_id=span_id))
+        elif self.step_events:
+            data = event.model_dump(exclude={"type"})
+            dispatcher.event(EnsembleStepEvent(model_name=self.model_name, name=event.type, data=data,
+                                               span_id=span_id))
+
+    def _step(self, turn: _Turn, event: Event, span_id: str | None) -> str | None:
+        """Apply one engine event; return a delta to publish (None: nothing to publish)."""
+        if event.type == "token":
+            delta = turn.add(event.text)
+            return delta or None
+        self._dispatch(event, span_id)
+        if event.type == "finish":
+            return turn.close(event)
+        return None
+
+    async def _aturns(self, request: _Request, span_id: str | None) -> AsyncIterator[tuple[_Turn, str]]:
+        turn = _Turn(request)
+        stream = self._engine.astream(request.messages, **request.params)
+        try:
+            async for event in stream:
+                delta = self._step(turn, event, span_id)
+                if delta is not None:
+                    yield turn, delta
+        finally:
+            await stream.aclose()  # cancels the engine request when the consumer stops early
+
+    def _turns(self, request: _Request, span_id: str | None) -> Iterator[tuple[_Turn, str]]:
+        turn = _Turn(request)
+        events = iterate_sync(self._engine.astream(request.messages, **request.params))
+        try:
+            for event in events:
+                delta = self._step(turn, event, span_id)
+                if delta is not None:
+                    yield turn, delta
+        finally:
+            events.close()
+
+    @staticmethod
+    def _chat_response(turn: _Turn, delta: str | None) -> ChatResponse:
+        blocks: list[Any] = [TextBlock(text=turn.text), *turn.tool_calls]
+        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks), delta=delta,
+                            raw=turn.raw, additional_kwargs=turn.additional_kwargs)
+
+    @staticmethod
+    def _completion_response(turn: _Turn, delta: str | None) -> CompletionResponse:
+        return CompletionResponse(text=turn.text, delta=delta, raw=turn.raw,
+                                  additional_kwargs=turn.additional_kwargs)
+
+    # -- the eight LlamaIndex entry points -----------------------------------------------------
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        request, span_id = self._request(messages, kwargs), active_span_id.get()
+        return self._chat_response(_last(self._turns(request, span_id)), None)
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        request, span_id = self._request(messages, kwargs), active_span_id.get()
+
+        def gen() -> ChatResponseGen:
+            for turn, delta in self._turns(request, span_id):
+                yield self._chat_response(turn, delta)
+
+        return gen()
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        request = self._request(self._completion_messages(prompt), kwargs)
+        return self._completion_response(_last(self._turns(request, active_span_id.get())), None)
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+        request = self._request(self._completion_messages(prompt), kwargs)
+        span_id = active_span_id.get()
+
+        def gen() -> CompletionResponseGen:
+            for turn, delta in self._turns(request, span_id):
+                yield self._completion_response(turn, delta)
+
+        return gen()
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        request, span_id = self._request(messages, kwargs), active_span_id.get()
+        return self._chat_response(await _alast(self._aturns(request, span_id)), None)
+
+    @llm_chat_callback()
+    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+        # A coroutine that *returns* the generator: the decorator then wraps it (see integrations.md §3.2).
+        request, span_id = self._request(messages, kwargs), active_span_id.get()
+
+        async def gen() -> ChatResponseAsyncGen:
+            async for turn, delta in self._aturns(request, span_id):
+                yield self._chat_response(turn, delta)
+
+        return gen()
+
+    @llm_completion_callback()
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        request = self._request(self._completion_messages(prompt), kwargs)
+        return self._completion_response(await _alast(self._aturns(request, active_span_id.get())), None)
+
+    @llm_completion_callback()
+    async def astream_complete(self, prompt: str, formatted: bool = False,
+                               **kwargs: Any) -> CompletionResponseAsyncGen:
+        request = self._request(self._completion_messages(prompt), kwargs)
+        span_id = active_span_id.get()
+
+        async def gen() -> CompletionResponseAsyncGen:
+            async for turn, delta in self._aturns(request, span_id):
+                yield self._completion_response(turn, delta)
+
+        return gen()
+
+    # -- tools -------------------------------------------------------------------------------
+
+    def _prepare_chat_with_tools(self, tools: Sequence[BaseTool], user_msg: str | ChatMessage | None = None,
+                                 chat_history: list[ChatMessage] | None = None, verbose: bool = False,
+                                 allow_parallel_tool_calls: bool = False, tool_required: bool = False,
+                                 **kwargs: Any) -> dict[str, Any]:
+        """Chat kwargs for ``chat``/``achat``/...: the tools travel as ``tools=`` and are rendered there."""
+        messages = list(chat_history or [])
+        if user_msg is not None:
+            messages.append(ChatMessage(role=MessageRole.USER, content=user_msg)
+                            if isinstance(user_msg, str) else user_msg)
+        tool_choice = kwargs.pop("tool_choice", None)
+        prepared: dict[str, Any] = {"messages": messages, "tools": list(tools) or None, **kwargs}
+        if tool_choice is not None:
+            prepared["tool_choice"] = tool_choice
+        if tool_required and tools:
+            prepared["tool_required"] = True
+        return prepared
+
+    def _validate_chat_with_tools_response(self, response: ChatResponse, tools: Sequence[BaseTool],
+                                           allow_parallel_tool_calls: bool = False,
+                                           **kwargs: Any) -> ChatResponse:
+        """Keep only the first tool call unless parallel calls are allowed (as the OpenAI adapter does)."""
+        if not allow_parallel_tool_calls:
+            calls = [b for b in response.message.blocks if isinstance(b, ToolCallBlock)]
+            for extra in calls[1:]:
+                response.message.blocks.remove(extra)
+        return response
+
+    def get_tool_calls_from_response(self, response: ChatResponse, error_on_no_tool_call: bool = True,
+                                     **kwargs: Any) -> list[ToolSelection]:
+        """The ``ToolCallBlock``s parsed from the answer, as ``ToolSelection``s."""
+        calls = [b for b in response.message.blocks if isinstance(b, ToolCallBlock)]
+        if not calls and error_on_no_tool_call:
+            raise ValueError(f"Expected at least one tool call, but got 0 tool calls; the answer was: "
+                             f"{response.message.content!r}")
+        return [ToolSelection(tool_id=c.tool_call_id or f"call_{i}", tool_name=c.tool_name,
+                              tool_kwargs=c.tool_kwargs if isinstance(c.tool_kwargs, dict) else {})
+                for i, c in enumerate(calls)]
+
+
+def _last(turns: Iterator[tuple[_Turn, str]]) -> _Turn:
+    """Drain a turn stream; the engine always ends with ``finish``, so there is a last turn."""
+    last = None
+    for last, _ in turns:
+        pass
+    assert last is not None and last.finish is not None
+    return last
+
+
+async def _alast(turns: AsyncIterator[tuple[_Turn, str]]) -> _Turn:
+    last = None
+    async for last, _ in turns:
+        pass
+    assert last is not None and last.finish is not None
+    return last
+
+
+def to_engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+    """LlamaIndex messages -> the engine's OpenAI-style dicts (text only; tool calls as text)."""
+    if isinstance(messages, (str, ChatMessage)) or not isinstance(messages, Sequence):
+        raise InvalidRequestError(f"messages must be a sequence of ChatMessage, got {type(messages).__name__}")
+    converted = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, ChatMessage):
+            raise InvalidRequestError(f"message {i} is a {type(message).__name__}, not a ChatMessage")
+        role = _ROLES.get(message.role)
+        if role is None:  # pragma: no cover - every MessageRole is mapped
+            raise InvalidRequestError(f"message {i} has unsupported role {message.role!r}")
+        texts: list[str] = []
+        for block in message.blocks:
+            if isinstance(block, TextBlock):
+                texts.append(block.text)
+            elif isinstance(block, ToolCallBlock):
+                texts.append(tool_call_text(block.tool_name, block.tool_kwargs))
+            elif isinstance(block, ThinkingBlock) or block.block_type in _SKIPPED_BLOCKS:
+                continue
+            else:
+                raise InvalidRequestError(f"message {i} has a {block.block_type!r} block; EnsembleLLM is "
+                                          "text-only (text and tool-call blocks)")
+        for call in message.additional_kwargs.get("tool_calls") or []:  # legacy OpenAI-style field
+            function = call.get("function", call) if isinstance(call, Mapping) else getattr(call, "function", call)
+            name = function.get("name") if isinstance(function, Mapping) else getattr(function, "name", None)
+            args = function.get("arguments") if isinstance(function, Mapping) else getattr(function, "arguments", {})
+            if name:
+                texts.append(tool_call_text(name, args or {}))
+        converted.append({"role": role, "content": "\n".join(t for t in texts if t.strip()) or "".join(texts)})
+    return converted
+
+
+def _tool_spec(tool: Any) -> dict[str, Any]:
+    """An OpenAI tool dict from a LlamaIndex tool (or a ready-made dict)."""
+    if isinstance(tool, Mapping):
+        if "function" not in tool or "name" not in tool["function"]:
+            raise InvalidRequestError("a tool dict must look like {'type': 'function', 'function': {'name': ...}}")
+        return dict(tool)
+    metadata = getattr(tool, "metadata", None)
+    if metadata is None or not hasattr(metadata, "to_openai_tool"):
+        raise InvalidRequestError(f"not a LlamaIndex tool: {tool!r}")
+    return metadata.to_openai_tool(skip_length_check=True)
+
+
+def _tool_choice_name(tool_choice: Any) -> str | None:
+    """A forced tool name from ``"name"`` or ``{"function": {"name": ...}}``; None for auto/none/required."""
+    if isinstance(tool_choice, Mapping):
+        return (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+    if isinstance(tool_choice, str) and tool_choice not in ("auto", "none", "required", "any"):
+        return tool_choice
+    return None

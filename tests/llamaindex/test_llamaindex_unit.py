@@ -1,0 +1,312 @@
+"""EnsembleLLM without models: class contract, message conversion, tool parsing, the eight methods
+over a scripted engine (events, spans, usage), and a FunctionAgent round trip."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+from pydantic import BaseModel
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from llama_index.core.agent.workflow import FunctionAgent
+from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
+from llama_index.core.prompts import PromptTemplate
+from llama_index.core.base.llms.base import BaseLLM
+from llama_index.core.base.llms.types import ChatMessage, ImageBlock, MessageRole, TextBlock, ToolCallBlock
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.tools import FunctionTool
+
+import llamaindex_ensemble
+from llamaindex_ensemble import EnsembleDecisionEvent, EnsembleFinishEvent, EnsembleLLM, to_engine_messages
+from llamaindex_ensemble.tools import DEFAULT_TOOL_RESULT_HINT, parse_tool_calls, streamable_text
+from shared_engine import InvalidRequestError
+
+from .conftest import scripted_llm
+
+USER = [ChatMessage(role=MessageRole.USER, content="Hi there")]
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers and return the product."""
+    return a * b
+
+
+MULTIPLY = FunctionTool.from_defaults(fn=multiply)
+
+
+# --- contract -----------------------------------------------------------------------------------
+
+def test_embedding_class() -> None:  # the name the official llama-index-llms-* tests use
+    names = [b.__name__ for b in EnsembleLLM.__mro__]
+    assert BaseLLM.__name__ in names and FunctionCallingLLM.__name__ in names
+
+
+def test_public_api() -> None:
+    assert set(llamaindex_ensemble.__all__) == {
+        "EnsembleDecisionEvent", "EnsembleFinishEvent", "EnsembleLLM", "EnsembleStepEvent", "parse_tool_calls",
+        "to_engine_messages", "tools_system_prompt"}
+
+
+def test_constructor_splits_llm_fields_from_engine_options() -> None:
+    llm = EnsembleLLM(models=["a", "b"], max_tokens=32, temperature=0.5, draft_length=3, fusion="gac",
+                      system_prompt="Be brief.", context_window=2048)
+    assert llm.engine.options.draft_length == 3 and llm.engine.options.fusion == "gac"
+    assert llm.engine.options.max_new_tokens == 32 and llm.engine.options.temperature == 0.5
+    assert llm.engine_options == {"draft_length": 3, "fusion": "gac"} and llm.system_prompt == "Be brief."
+    meta = llm.metadata  # context_window given: no member is loaded
+    assert (meta.context_window, meta.num_output, meta.is_chat_model, meta.is_function_calling_model) == \
+        (2048, 32, True, True)
+    assert meta.model_name == "safe(a+b)" and llm.class_name() == "EnsembleLLM"
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"models": []}, "at least one member"),
+    ({"models": ["a"]}, "at least two members"),
+    ({"models": ["a", "b"], "method": "vote"}, "method"),
+    ({"models": ["a", "b"], "draft_lenght": 3}, "draft_lenght"),
+    ({"models": ["a", "b"], "weights": [1.0]}, "weights"),
+])
+def test_bad_construction_is_a_clear_value_error(kwargs: dict, match: str) -> None:
+    with pytest.raises(InvalidRequestError, match=match):
+        EnsembleLLM(**kwargs)
+
+
+# --- message conversion ---------------------------------------------------------------------------
+
+def test_messages_with_tool_calls_and_results_become_engine_dicts() -> None:
+    messages = [
+        ChatMessage(role=MessageRole.SYSTEM, content="sys"),
+        ChatMessage(role=MessageRole.USER, content="What is 6 times 7?"),
+        ChatMessage(role=MessageRole.ASSISTANT, blocks=[
+            TextBlock(text=""), ToolCallBlock(tool_call_id="c1", tool_name="multiply", tool_kwargs={"a": 6, "b": 7})]),
+        ChatMessage(role=MessageRole.TOOL, content="42", additional_kwargs={"tool_call_id": "c1"}),
+        ChatMessage(role=MessageRole.ASSISTANT, content="",
+                    additional_kwargs={"tool_calls": [{"function": {"name": "f", "arguments": '{"x": 1}'}}]}),
+    ]
+    converted = to_engine_messages(messages)
+    assert [m["role"] for m in converted] == ["system", "user", "assistant", "tool", "assistant"]
+    assert converted[2]["content"] == '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n</tool_call>'
+    assert converted[3]["content"] == "42"
+    assert converted[4]["content"] == '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+
+
+def test_non_text_blocks_are_rejected() -> None:
+    with pytest.raises(InvalidRequestError, match="text-only"):
+        to_engine_messages([ChatMessage(role=MessageRole.USER, blocks=[ImageBlock(url="http://x/y.png")])])
+    with pytest.raises(InvalidRequestError, match="sequence of ChatMessage"):
+        to_engine_messages("hello")  # type: ignore[arg-type]
+
+
+def test_requests_are_validated_at_call_time() -> None:
+    llm, engine = scripted_llm(["x"])
+    with pytest.raises(InvalidRequestError, match="unknown argument 'frequency_penalty'"):
+        llm.stream_chat(USER, frequency_penalty=1.0)
+    with pytest.raises(InvalidRequestError, match="temperature"):
+        llm.chat(USER, temperature=-1)
+    with pytest.raises(InvalidRequestError, match="empty"):
+        llm.chat([ChatMessage(role=MessageRole.USER, content="  ")])
+    with pytest.raises(InvalidRequestError, match="tool_choice 'divide'"):
+        llm.chat(USER, tools=[MULTIPLY], tool_choice="divide")
+    assert engine.requests == []
+    llm.chat(USER, max_tokens=5, stop="\n", seed=1)
+    assert engine.requests[0][1] == {"max_new_tokens": 5, "temperature": 0.0, "stop": "\n", "seed": 1}
+    llm.max_tokens, llm.temperature = 9, 0.7  # fields are read per request
+    llm.chat(USER)
+    assert engine.requests[1][1] == {"max_new_tokens": 9, "temperature": 0.7}
+
+
+def test_tools_are_rendered_into_the_system_message_and_hint_follows_results() -> None:
+    llm, engine = scripted_llm(["ok"])
+    history = [ChatMessage(role=MessageRole.SYSTEM, content="You are a calculator."), *USER,
+               ChatMessage(role=MessageRole.ASSISTANT, blocks=[ToolCallBlock(tool_name="multiply", tool_kwargs={})]),
+               ChatMessage(role=MessageRole.TOOL, content="42")]
+    llm.chat(history, tools=[MULTIPLY], tool_choice="multiply")
+    messages = engine.requests[0][0]
+    system = messages[0]["content"]
+    assert system.startswith("You are a calculator.\n\n# Tools") and '"name": "multiply"' in system
+    assert system.endswith("Call the function multiply now.")
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "user"]
+    assert messages[-1]["content"] == DEFAULT_TOOL_RESULT_HINT
+    llm.tool_result_hint = None
+    llm.chat(history, tools=[MULTIPLY])
+    assert engine.requests[1][0][-1]["role"] == "tool"
+
+
+# --- tool-call parsing ------------------------------------------------------------------------------
+
+NAMES = ["multiply", "get_weather"]
+
+
+@pytest.mark.parametrize("raw, text, calls", [
+    ('<tool_call>\n{"name": "multiply", "arguments": {"a": 2, "b": 3}}\n</tool_call>', "", [("multiply", {"a": 2, "b": 3})]),
+    ('Sure.<tool_call>{"name": "multiply", "arguments": {"a": 1, "b": 1}}', "Sure.", [("multiply", {"a": 1, "b": 1})]),
+    ('<tool_call>{"name": "f", "parameters": "{\\"x\\": 1}"}</tool_call><tool_call>{"name": "g"}</tool_call>',
+     "", [("f", {"x": 1}), ("g", {})]),
+    ("<tool_call>{'name': 'get_weather', 'arguments': {'city': 'Oslo', 'metric': True}}</tool_call>", "",
+     [("get_weather", {"city": "Oslo", "metric": True})]),
+    ('{"name": "multiply", "arguments": {"a": 1234, "b": 5678}}', "", [("multiply", {"a": 1234, "b": 5678})]),
+    ('```json\n{name: "get_weather", arguments: {"city": "Osaka"}}\n```', "", [("get_weather", {"city": "Osaka"})]),
+    ('{"name": "multiply", "arguments": {"a": 1, "b": 2}}\n{"type": "function", "function": {"na',
+     "", [("multiply", {"a": 1, "b": 2})]),
+    ('```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Rome"}\n}\n```', "", [("get_weather", {"city": "Rome"})]),
+    ('I will call it.\n{"function": {"name": "get_weather", "arguments": "{\\"city\\": \\"Rome\\"}"}}',
+     "I will call it.\n", [("get_weather", {"city": "Rome"})]),
+    ('[{"name": "multiply", "arguments": {"a": 1, "b": 2}}, {"name": "get_weather", "arguments": {"city": "X"}}]',
+     "", [("multiply", {"a": 1, "b": 2}), ("get_weather", {"city": "X"})]),
+    ('{"name": "delete_everything", "arguments": {}}', '{"name": "delete_everything", "arguments": {}}', []),
+    ("The answer is 42.", "The answer is 42.", []),
+    ("Code:\n```python\nprint(1)\n```", "Code:\n```python\nprint(1)\n```", []),
+])
+def test_parse_tool_calls(raw: str, text: str, calls: list) -> None:
+    parsed_text, parsed, invalid = parse_tool_calls(raw, NAMES)
+    assert parsed_text == text and invalid == []
+    assert [(c.name, c.arguments) for c in parsed] == calls
+
+
+def test_unreadable_tagged_calls_are_reported_not_guessed() -> None:
+    text, calls, invalid = parse_tool_calls("<tool_call>multiply 2 3</tool_call>", NAMES)
+    assert (text, calls, invalid) == ("", [], ["multiply 2 3"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["<tool_call>", "</tool_call>", "<tool", "_call>", "`", "```", "\n", " ", "{",
+                                 "}", "[", '"name": "multiply"', '"arguments": {}', "hi", "json"]), max_size=14))
+def test_streamed_text_only_grows_and_prefixes_the_final_text(pieces: list[str]) -> None:
+    raw, shown = "", ""
+    for piece in pieces:
+        raw += piece
+        now = streamable_text(raw)
+        assert now.startswith(shown)
+        shown = now
+    final, _, _ = parse_tool_calls(raw, NAMES)
+    assert final.startswith(shown)
+
+
+# --- the eight methods over a scripted engine ------------------------------------------------------
+
+PIECES = ["The", " answer", " is", " 42", "."]
+START = {"chat": "LLMChatStartEvent", "completion": "LLMCompletionStartEvent"}
+END = {"chat": "LLMChatEndEvent", "completion": "LLMCompletionEndEvent"}
+
+
+async def _call(llm: EnsembleLLM, method: str) -> list:
+    """Run one public method; return its responses (one for non-streaming methods)."""
+    arg = "Question?" if "complete" in method else USER
+    result = getattr(llm, method)(arg)
+    if inspect.iscoroutine(result):
+        result = await result
+    if method.startswith("astream"):
+        return [r async for r in result]
+    if method.startswith("stream"):
+        return list(result)
+    return [result]
+
+
+@pytest.mark.parametrize("method", ["chat", "stream_chat", "complete", "stream_complete",
+                                    "achat", "astream_chat", "acomplete", "astream_complete"])
+async def test_each_method_streams_usage_and_events_once(method: str, collector) -> None:
+    llm, _ = scripted_llm(PIECES)
+    responses = await _call(llm, method)
+    final = responses[-1]
+    text = final.text if "complete" in method else final.message.content
+    assert text == "The answer is 42."
+    if "stream" in method:
+        assert all(r.delta is not None for r in responses)
+        assert "".join(r.delta for r in responses) == text
+        assert all(r.raw is None for r in responses[:-1])
+    assert final.raw["usage"] == {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
+    assert final.raw["ensemble"]["ensembled_tokens"] == 1 and final.additional_kwargs["finish_reason"] == "eos"
+
+    kind = "completion" if "complete" in method else "chat"
+    starts, ends = collector.named(START[kind]), collector.named(END[kind])
+    assert len(starts) == 1 and len(ends) == 1, "each public call sends exactly one start/end pair"
+    assert collector.named(START["chat" if kind == "completion" else "completion"]) == []
+    span = starts[0].span_id
+    assert span and span.startswith(f"EnsembleLLM.{method}-")
+    decisions = collector.named("EnsembleDecisionEvent")
+    finishes = collector.named("EnsembleFinishEvent")
+    assert len(decisions) == 1 and len(finishes) == 1
+    assert {e.span_id for e in decisions + finishes} == {span}
+    decision: EnsembleDecisionEvent = decisions[0]
+    assert decision.chosen == " answer" and decision.model_name == "safe(drafter+verifier)"
+    assert isinstance(finishes[0], EnsembleFinishEvent) and finishes[0].stats.tokens == 5
+    order = [e.class_name() for e in collector.events]
+    assert order.index("EnsembleDecisionEvent") < order.index(END[kind])
+
+
+async def test_sync_methods_work_inside_a_running_loop() -> None:
+    llm, _ = scripted_llm(PIECES)
+    assert llm.chat(USER).message.content == "The answer is 42."
+    assert "".join(r.delta for r in llm.stream_complete("Q")) == "The answer is 42."
+
+
+async def test_stopping_a_stream_early_closes_the_engine_stream() -> None:
+    llm, engine = scripted_llm(PIECES, PIECES)
+    stream = await llm.astream_chat(USER)
+    async for first in stream:
+        break
+    await stream.aclose()
+    assert first.delta == "The"
+    assert (await llm.achat(USER)).message.content == "The answer is 42."
+
+
+async def test_streamed_tool_call_markup_is_held_back() -> None:
+    llm, _ = scripted_llm(["Let me check.", "\n<tool", "_call>\n", '{"name": "multiply", ',
+                           '"arguments": {"a": 6, "b": 7}}', "\n</tool_call>"])
+    responses = [r async for r in await llm.astream_chat_with_tools([MULTIPLY], user_msg="6*7?")]
+    assert [r.delta for r in responses] == ["Let me check.", "\n", ""]
+    final = responses[-1]
+    assert final.message.content == "Let me check.\n"
+    calls = llm.get_tool_calls_from_response(final)
+    assert [(c.tool_name, c.tool_kwargs) for c in calls] == [("multiply", {"a": 6, "b": 7})]
+    assert calls[0].tool_id.startswith("call_")
+
+
+def test_chat_with_tools_and_errors_without_calls() -> None:
+    llm, _ = scripted_llm(['{"name": "multiply", "arguments": {"a": 2, "b": 3}}'], ["No tool needed."])
+    response = llm.chat_with_tools([MULTIPLY], user_msg="2*3?")
+    assert [c.tool_kwargs for c in llm.get_tool_calls_from_response(response)] == [{"a": 2, "b": 3}]
+    response = llm.chat_with_tools([MULTIPLY], user_msg="hi")
+    assert llm.get_tool_calls_from_response(response, error_on_no_tool_call=False) == []
+    with pytest.raises(ValueError, match="Expected at least one tool call"):
+        llm.get_tool_calls_from_response(response)
+
+
+def test_single_tool_call_unless_parallel_allowed() -> None:
+    two = '<tool_call>{"name": "multiply", "arguments": {"a": 1, "b": 2}}</tool_call>' * 2
+    llm, _ = scripted_llm([two], [two])
+    assert len(llm.get_tool_calls_from_response(llm.chat_with_tools([MULTIPLY], user_msg="x"))) == 1
+    response = llm.chat_with_tools([MULTIPLY], user_msg="x", allow_parallel_tool_calls=True)
+    assert len(llm.get_tool_calls_from_response(response)) == 2
+
+
+async def test_function_agent_round_trip_with_scripted_answers() -> None:
+    llm, engine = scripted_llm(['{"name": "multiply", "arguments": {"a": 6, "b": 7}}'], ["6 times 7 is ", "42."])
+    agent = FunctionAgent(tools=[MULTIPLY], llm=llm)
+    result = await agent.run("What is 6 times 7?")
+    assert str(result) == "6 times 7 is 42."
+    second = engine.requests[1][0]
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "tool", "user"]
+    assert json.loads(second[2]["content"].split("\n")[1]) == {"name": "multiply", "arguments": {"a": 6, "b": 7}}
+    assert second[3]["content"] == "42"
+
+
+def test_structured_predict_goes_through_a_forced_tool_call() -> None:
+    class City(BaseModel):
+        name: str
+        country: str
+
+    llm, engine = scripted_llm(['{"name": "City", "arguments": {"name": "Paris", "country": "France"}}'])
+    city = llm.structured_predict(City, PromptTemplate("Extract the city from: {text}"), text="I live in Paris.")
+    assert city == City(name="Paris", country="France")
+    assert engine.requests[0][0][0]["content"].endswith("You must call one of these functions now.")
+
+
+async def test_token_counting_handler_reads_the_usage() -> None:
+    counter = TokenCountingHandler()
+    llm, _ = scripted_llm(PIECES, PIECES, callback_manager=CallbackManager([counter]))
+    llm.chat(USER)
+    [r async for r in await llm.astream_chat(USER)]
+    assert counter.prompt_llm_token_count == 14 and counter.completion_llm_token_count == 10
