@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 PROMPT ?= What is 17 + 25? Answer briefly.
 MODELS ?= qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test test-fast bench clean
 
 setup: $(STAMP)
 
@@ -22,6 +22,9 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not zoo"
 
 bench: setup
 	$(VENV)/bin/safe-ensemble bench --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct --prompts 4 --json bench.json
