@@ -44,12 +44,13 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     prompts = gsm8k_questions(args.data, args.prompts)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     results: dict[str, Any] = {"models": args.models, "prompts": len(prompts),
-                               "max_new_tokens": args.max_new_tokens, "methods": {}}
+                               "max_new_tokens": args.max_new_tokens, "draft_length": args.draft_length,
+                               "fusion": args.fusion, "sharpen": args.sharpen,
+                               "drafter_confidence": args.drafter_confidence, "methods": {}}
     for method in methods:
-        engine = EnsembleEngine(args.models, method=method, drafter=args.drafter,
-                                draft_length=args.draft_length, fusion=args.fusion,
-                                sharpen=None if args.sharpen == "none" else args.sharpen,
-                                max_new_tokens=args.max_new_tokens)
+        from .cli import _engine  # one place builds engines from CLI arguments
+
+        engine = _engine(args, method)
         engine.generate("Say hi.", max_new_tokens=4)  # warm-up: loads members, builds token tables
         tokens = elapsed = ensembled = 0.0
         forwards: dict[str, int] = {}

@@ -32,12 +32,14 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fusion", choices=["unite", "gac"], default="unite")
     parser.add_argument("--sharpen", choices=["heur", "geom", "none"], default="heur")
     parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--drafter-confidence", type=float,
+                        help="safe: skip fusion where the drafter's probability is >= this (e.g. 0.5)")
 
 
 def _engine(args: argparse.Namespace, method: str) -> EnsembleEngine:
     return EnsembleEngine(args.models, method=method, drafter=args.drafter, draft_length=args.draft_length,
                           fusion=args.fusion, sharpen=None if args.sharpen == "none" else args.sharpen,
-                          max_new_tokens=args.max_new_tokens)
+                          drafter_confidence=args.drafter_confidence, max_new_tokens=args.max_new_tokens)
 
 
 async def _run(args: argparse.Namespace) -> int:
