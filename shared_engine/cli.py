@@ -12,7 +12,7 @@ import sys
 
 from .engine import EnsembleEngine
 from .errors import EnsembleError
-from .policies import METHODS
+from .options import METHODS
 
 _HIGHLIGHT, _RESET = "\033[1;33m", "\033[0m"
 

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from .decoding import FusionSettings, RequestState, decode_round
 from .errors import ContextLengthError, InvalidRequestError
 from .events import Event, FinishEvent, Stats
-from .fusion import FUSERS
+from .fusion import make_fuser
 from .members import Member, load_member
 from .members.chat import Message, normalize_messages
 from .options import EngineOptions, GenerationParams, validated
@@ -56,8 +56,7 @@ class EnsembleEngine:
         if self.options.weights is not None and len(self.options.weights) != len(self._specs):
             raise InvalidRequestError(f"{len(self.options.weights)} weights for {len(self._specs)} members")
         self._order = self._drafter_first(self.options.drafter)
-        self.fuser = FUSERS[self.options.fusion](self.options.top_k) if self.options.fusion == "unite" \
-            else FUSERS["gac"]()
+        self.fuser = make_fuser(self.options.fusion, self.options.top_k)
 
     def _drafter_first(self, drafter: str | int | None) -> list[int]:
         names = [s if isinstance(s, str) else s.name for s in self._specs]

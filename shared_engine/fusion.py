@@ -155,7 +155,13 @@ class GacFusion:
         return Fused([union.keys[i] for i in top.tolist()], full[:, top], fused_full[top])
 
 
-FUSERS: dict[str, type] = {"unite": UniteFusion, "gac": GacFusion}
+def make_fuser(name: str, top_k: int = 10) -> Fuser:
+    """The fuser for an ``EngineOptions.fusion`` value."""
+    if name == "unite":
+        return UniteFusion(top_k)
+    if name == "gac":
+        return GacFusion()
+    raise ValueError(f"unknown fusion {name!r}")
 SharpenMode = Literal["heur", "geom"] | None
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import InvalidRequestError
 
 Method = Literal["safe", "every-token", "gac-threshold", "single"]
+METHODS: tuple[str, ...] = get_args(Method)
 
 
 class GenerationParams(BaseModel):

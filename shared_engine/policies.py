@@ -62,5 +62,3 @@ def make_policy(method: str, draft_length: int, gate_threshold: float,
                       skip_consensus=False, uses_verifiers=False)
     raise ValueError(f"unknown method {method!r}")
 
-
-METHODS = ("safe", "every-token", "gac-threshold", "single")

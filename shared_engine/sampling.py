@@ -13,7 +13,10 @@ class Sampler:
         self.temperature = temperature
         self.top_p = top_p
         self.generator = torch.Generator()
-        self.generator.manual_seed(seed if seed is not None else torch.seed() % (2**63))
+        if seed is None:
+            self.generator.seed()  # non-deterministic, and leaves torch's global RNG alone
+        else:
+            self.generator.manual_seed(seed)
 
     @property
     def greedy(self) -> bool:

