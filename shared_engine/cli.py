@@ -1,4 +1,5 @@
-"""Command line: ``safe-ensemble run`` streams an answer, ``safe-ensemble bench`` measures speed.
+"""Command line: ``safe-ensemble run`` streams an answer, ``safe-ensemble bench`` measures speed,
+``safe-ensemble eval`` measures accuracy on a benchmark (shared_engine/evaluation/).
 
 Argument parsing and printing only; all logic lives in the engine.
 """
@@ -87,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--methods", default="single,safe,every-token")
     bench.add_argument("--json", help="write the results here")
     bench.set_defaults(max_new_tokens=128)
+
+    from .evaluation.cli import add_eval_parser  # `safe-ensemble eval`: shared_engine/evaluation/
+    add_eval_parser(sub)
     return parser
 
 
@@ -95,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return asyncio.run(_run(args))
+        if args.command == "eval":
+            from .evaluation.cli import run_eval_command
+            return run_eval_command(args)
         from .bench import run_bench
         results = run_bench(args)
         text = json.dumps(results, indent=2)

@@ -1,0 +1,131 @@
+"""The benchmark registry: for each name, where its data is, how to load, prompt and score it.
+
+``--data`` may point at the data folder, the benchmark's folder or file, or a file of the same
+format elsewhere; exemplar files (GSM8K train, ARC dev, BBH cot-prompts, AdaFuse prompt files) are
+looked for next to it first, then in the default data folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+from ..bench import default_data_dir
+from ..errors import InvalidRequestError
+from . import datasets, prompts, scoring
+from .datasets import Dataset, Record
+from .math_answers import score_math
+from .scoring import Score
+
+BENCHMARKS = ("gsm8k", "math500", "arc-challenge", "mmlu-redux", "bbh", "nq", "triviaqa", "squad", "flores")
+FLORES_PAIRS = ("en-de", "de-en", "en-ro")
+_FLORES_PROMPTS = {"en-de": "flores_en2deu_prompt.txt", "de-en": "flores_deu2en_prompt.txt",
+                   "en-ro": "flores_en2ron_prompt.txt"}
+_QA = {"nq": ("nq_open/test.jsonl", "nq_prompt.txt"), "triviaqa": ("triviaqa/test.jsonl", "triviaqa_prompt.txt"),
+       "squad": ("squad/test.jsonl", "squad_prompt.txt")}
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    path: Path
+    metric: str                       # "accuracy", "exact_match" (with F1) or "chrf" (with BLEU)
+    max_new_tokens: int
+    load: Callable[[Path], Dataset]
+    messages: Callable[[Record], list[dict[str, str]]]
+    score: Callable[[str, Record], Score]
+    stop: tuple[str, ...] = ()
+    exclude: Callable[[Record], bool] | None = field(default=None)   # e.g. a record used as an exemplar
+
+    def dataset(self) -> Dataset:
+        data = self.load(self.path)
+        if self.exclude is None:
+            return data
+        kept = [r for r in data.records if not self.exclude(r)]
+        skipped = dict(data.skipped)
+        if len(kept) < len(data.records):
+            skipped["exemplar in the few-shot prompt"] = len(data.records) - len(kept)
+        return data.model_copy(update={"records": kept, "skipped": skipped})
+
+
+def _default_root() -> Path | None:
+    try:
+        return default_data_dir()
+    except InvalidRequestError:
+        return None
+
+
+def _main_path(data: str | None, relative: str) -> Path:
+    if data is None:
+        root = _default_root()
+        if root is None:
+            raise InvalidRequestError("benchmark data not found: set SAFE_ENSEMBLE_DATA or pass --data")
+        return root / relative
+    given = Path(data).expanduser()
+    if given.is_dir():
+        for candidate in (given / relative, given / Path(relative).name):
+            if candidate.exists():
+                return candidate
+    return given
+
+
+def _aux(main: Path, beside: str, default_relative: str) -> Path:
+    """An exemplar file next to the data (``beside`` relative to the data's folder), else the default."""
+    folder = main if main.is_dir() else main.parent
+    candidates = [folder / beside]
+    root = _default_root()
+    if root is not None:
+        candidates.append(root / default_relative)
+    return next((c for c in candidates if c.exists()), candidates[0])
+
+
+def _choice_score(output: str, record: Record) -> Score:
+    return scoring.score_choice(output, record.answers[0], "".join(c.label for c in record.choices))
+
+
+def get_benchmark(name: str, data: str | None = None, pair: str = "en-de") -> Benchmark:
+    if name == "gsm8k":
+        path = _main_path(data, "gsm8k/test.jsonl")
+        train = _aux(path, "train.jsonl", "gsm8k/train.jsonl")
+        return Benchmark(name, path, "accuracy", 512, datasets.load_gsm8k,
+                         partial(prompts.gsm8k_messages, train_file=train),
+                         lambda out, r: scoring.score_number(out, r.answers[0]), stop=("\nQuestion:",))
+    if name == "math500":
+        path = _main_path(data, "math500/test.jsonl")
+        return Benchmark(name, path, "accuracy", 1024, datasets.load_math500, prompts.math_messages,
+                         lambda out, r: score_math(out, r.answers[0]))
+    if name == "arc-challenge":
+        path = _main_path(data, "arc_challenge/test.jsonl")
+        dev = _aux(path, "dev.jsonl", "arc_challenge/dev.jsonl")
+        return Benchmark(name, path, "accuracy", 128, datasets.load_arc,
+                         partial(prompts.arc_messages, dev_file=dev), _choice_score)
+    if name == "mmlu-redux":
+        path = _main_path(data, "mmlu_redux")
+        return Benchmark(name, path, "accuracy", 384, datasets.load_mmlu_redux, prompts.mmlu_messages, _choice_score)
+    if name == "bbh":
+        path = _main_path(data, "bbh")
+        cot = _aux(path, "cot-prompts", "bbh/cot-prompts")
+        return Benchmark(name, path, "accuracy", 384, datasets.load_bbh, partial(prompts.bbh_messages, cot_dir=cot),
+                         lambda out, r: scoring.score_bbh(out, r.answers[0]), stop=("\nQ:",))
+    if name in _QA:
+        relative, prompt_name = _QA[name]
+        path = _main_path(data, relative)
+        prompt = _aux(path, f"../prompts/adafuse/{prompt_name}", f"prompts/adafuse/{prompt_name}")
+        return Benchmark(name, path, "exact_match", 32, partial(datasets.load_qa, name=name),
+                         partial(prompts.qa_messages, prompt_file=prompt),
+                         lambda out, r: scoring.score_qa(out, r.answers), stop=("\nQuestion:",),
+                         exclude=lambda r: prompts.in_prompt(r, prompt))
+    if name == "flores":
+        if pair not in FLORES_PAIRS:
+            raise InvalidRequestError(f"unknown FLORES pair {pair!r}; choose one of {FLORES_PAIRS}")
+        path = _main_path(data, f"flores/{pair}.jsonl")
+        if path.is_dir():
+            path = path / f"{pair}.jsonl"
+        prompt = _aux(path, f"../prompts/adafuse/{_FLORES_PROMPTS[pair]}", f"prompts/adafuse/{_FLORES_PROMPTS[pair]}")
+        return Benchmark(f"flores-{pair}", path, "chrf", 256, partial(datasets.load_flores, pair=pair),
+                         partial(prompts.flores_messages, prompt_file=prompt),
+                         lambda out, r: scoring.score_translation(out, r.answers[0]))
+    raise InvalidRequestError(f"unknown benchmark {name!r}; choose one of {BENCHMARKS}")
+

@@ -1,0 +1,78 @@
+"""``safe-ensemble eval``: run a benchmark, or ``eval compare DIR...`` to tabulate and plot runs.
+
+    safe-ensemble eval --bench gsm8k --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct \\
+        --method safe --limit 100 --out runs/gsm8k-safe [--resume]
+    safe-ensemble eval compare runs/gsm8k-* --plots runs/plots
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from ..errors import InvalidRequestError
+from ..options import METHODS
+from .benchmarks import BENCHMARKS, FLORES_PAIRS, get_benchmark
+from .runner import RunConfig, evaluate
+
+
+def add_eval_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from ..cli import _add_engine_args  # the engine flags are the same as for run / bench
+
+    parser = sub.add_parser("eval", help="accuracy / speed of a method on a benchmark (or: eval compare DIR...)",
+                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_engine_args(parser)
+    for action in parser._actions:  # not needed by `eval compare`; checked in run_eval_command
+        if action.dest == "models":
+            action.required = False
+    parser.set_defaults(max_new_tokens=None)
+    parser.add_argument("--bench", choices=BENCHMARKS)
+    parser.add_argument("--method", choices=METHODS, help="default: safe (single with one model)")
+    parser.add_argument("--pair", choices=FLORES_PAIRS, default="en-de", help="flores language pair")
+    parser.add_argument("--limit", type=int, help="first N questions (BBH / MMLU-Redux: interleaved over tasks)")
+    parser.add_argument("--data", help="benchmark file or folder (default: $SAFE_ENSEMBLE_DATA or ../shared/data)")
+    parser.add_argument("--out", help="output folder (default: eval-runs/BENCH-METHOD-MODELS)")
+    parser.add_argument("--resume", action="store_true", help="continue a run: skip questions already answered")
+    parser.add_argument("--no-progress", action="store_true")
+    commands = parser.add_subparsers(dest="eval_command")
+    compare = commands.add_parser("compare", help="table and PNG plots of several eval folders")
+    compare.add_argument("dirs", nargs="+", help="folders holding summary.json")
+    compare.add_argument("--plots", default="eval-plots", help="folder for the PNG plots")
+    compare.add_argument("--json", help="also write the rows as JSON here")
+
+
+def _short(model: str) -> str:
+    return Path(model).name.split("-")[0]
+
+
+def run_eval_command(args: argparse.Namespace) -> int:
+    if args.eval_command == "compare":
+        from .compare import compare_runs
+
+        print(compare_runs([Path(d) for d in args.dirs], Path(args.plots), args.json))
+        return 0
+    if not args.bench or not args.models:
+        raise InvalidRequestError("eval needs --bench and --models (or: eval compare DIR...)")
+    from ..cli import _engine
+
+    method = args.method or ("single" if len(args.models) == 1 else "safe")
+    bench = get_benchmark(args.bench, args.data, args.pair)
+    args.max_new_tokens = args.max_new_tokens or bench.max_new_tokens
+    engine = _engine(args, method)
+    options = engine.options.model_dump(include={"drafter", "draft_length", "fusion", "sharpen", "weights",
+                                                 "drafter_confidence", "gate_threshold", "top_k"})
+    config = RunConfig(bench=bench.name, models=args.models, method=method, max_new_tokens=args.max_new_tokens,
+                       engine_options=options)
+    out = Path(args.out or f"eval-runs/{bench.name}-{method}-{'+'.join(_short(m) for m in args.models)}")
+    summary = asyncio.run(evaluate(engine, bench, config, out, limit=args.limit, resume=args.resume,
+                                   progress=not args.no_progress))
+    score = summary["score"]
+    ci = summary["ci95"]
+    line = (f"{bench.name} {method} {'+'.join(args.models)}: n={summary['n']} {bench.metric}="
+            f"{score if score is not None else '-'}")
+    if bench.metric != "chrf":
+        line += f" (95% CI {ci[0]:.3f}-{ci[1]:.3f})"
+    print(f"{line} ensemble_rate={summary['ensemble_rate']:.1%} {summary['tokens_per_s']} tok/s "
+          f"truncated={summary['truncated']} failures={summary['failures']} skipped={summary['skipped']} -> {out}")
+    return 0

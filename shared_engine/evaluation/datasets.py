@@ -1,0 +1,254 @@
+"""Benchmark loaders: read the published files as they are and return typed records.
+
+Every loader takes a path (a file, or a folder where the benchmark is a folder of files) and
+returns a :class:`Dataset`: the records in file order plus the number of rows skipped and why, so a
+report can say exactly what was measured. The files are not cleaned beforehand; the quirks are
+handled here (MMLU-Redux: ``;`` or ``,`` delimiters, a Mac Roman file, varying column order,
+un-normalised ``error_type`` labels).
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import io
+import json
+import re
+from collections import Counter
+from collections.abc import Iterator
+from itertools import zip_longest
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import InvalidRequestError
+
+LETTERS = "ABCDEFGHIJ"
+
+
+class Choice(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    label: str
+    text: str
+
+
+class Record(BaseModel):
+    """One benchmark question with its reference answer(s)."""
+
+    model_config = ConfigDict(frozen=True)
+    id: str = Field(description="Stable within the file: resumed runs match samples by it.")
+    question: str
+    answers: list[str] = Field(description="Gold answer, or every accepted alias (NQ, TriviaQA, SQuAD).")
+    choices: list[Choice] = Field(default_factory=list, description="Multiple choice options, labelled A, B, ...")
+    group: str | None = Field(None, description="Subject (MMLU-Redux), task (BBH), subject (MATH-500).")
+    solution: str | None = Field(None, description="Worked solution where the file has one.")
+
+
+class Dataset(BaseModel):
+    name: str
+    source: str
+    records: list[Record]
+    skipped: dict[str, int] = Field(default_factory=dict, description="Rows left out, by reason.")
+
+
+def _jsonl(path: Path, skipped: Counter[str]) -> Iterator[dict[str, Any]]:
+    """JSON lines. A record whose string holds a raw line break spans lines and is read as one
+    (TriviaQA has such records); a line that is only the tail of such a record, whose head is not
+    in the file (the 70% split cut it off), is skipped and counted."""
+    pending, start = "", 0
+    with path.open(encoding="utf-8", newline="\n") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if pending and line.lstrip().startswith("{"):  # a head whose tail never came
+                skipped["malformed line"] += 1
+                pending = ""
+            pending, start = pending + line, start if pending else number
+            try:
+                yield json.loads(pending, strict=False)
+            except json.JSONDecodeError as err:
+                if "Unterminated string" in err.msg and pending.lstrip().startswith("{"):
+                    continue
+                skipped["malformed line"] += 1
+            pending = ""
+    if pending.strip():
+        skipped["malformed line"] += 1
+
+
+def _rows(path: Path, keys: tuple[str, ...], skipped: Counter[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Numbered JSON rows holding ``keys``; an error if the file has none (not this format)."""
+    count = 0
+    for row in _jsonl(_need_file(path), skipped):
+        if not isinstance(row, dict) or any(k not in row for k in keys):
+            skipped["missing fields"] += 1
+            continue
+        yield count, row
+        count += 1
+    if count == 0:
+        raise InvalidRequestError(f"{path}: no JSON lines with the fields {list(keys)}")
+
+
+def _need_file(path: Path) -> Path:
+    if not path.is_file():
+        raise InvalidRequestError(f"benchmark file not found: {path}")
+    return path
+
+
+# --- GSM8K ---------------------------------------------------------------------------------------
+
+def gsm8k_final_answer(solution: str) -> str:
+    """The number after ``####`` in a GSM8K worked solution, without thousands separators."""
+    if "####" not in solution:
+        raise InvalidRequestError(f"GSM8K solution without '####': {solution[-80:]!r}")
+    return solution.rsplit("####", 1)[1].strip().replace(",", "")
+
+
+def load_gsm8k(path: Path) -> Dataset:
+    records, skipped = [], Counter[str]()
+    for i, row in _rows(path, ("question", "answer"), skipped):
+        records.append(Record(id=str(i), question=row["question"], answers=[gsm8k_final_answer(row["answer"])],
+                              solution=row["answer"]))
+    return Dataset(name="gsm8k", source=str(path), records=records, skipped=dict(skipped))
+
+
+# --- MATH-500 ------------------------------------------------------------------------------------
+
+def load_math500(path: Path) -> Dataset:
+    records, skipped = [], Counter[str]()
+    for i, row in _rows(path, ("problem", "answer"), skipped):
+        records.append(Record(id=row.get("unique_id") or str(i), question=row["problem"], answers=[row["answer"]],
+                              group=row.get("subject"), solution=row.get("solution")))
+    return Dataset(name="math500", source=str(path), records=records, skipped=dict(skipped))
+
+
+# --- ARC -----------------------------------------------------------------------------------------
+
+def _arc_label(label: str, index: int) -> str:
+    """Numeric labels (some NYSED items use 1-4) become letters, as in the re-keyed test file."""
+    return LETTERS[int(label) - 1] if label.isdigit() else label or LETTERS[index]
+
+
+def load_arc(path: Path) -> Dataset:
+    """Both schemas: the re-keyed test file (``options``, ``answer``) and AI2's own (``question.stem``)."""
+    records, skipped = [], Counter[str]()
+    for i, row in _rows(path, ("question",), skipped):
+        if isinstance(row["question"], dict) and "answerKey" in row:  # AI2 schema (dev split)
+            stem, options, answer = row["question"]["stem"], row["question"]["choices"], row["answerKey"]
+        elif "options" in row and "answer" in row:
+            stem, options, answer = row["question"], row["options"], row["answer"]
+        else:
+            raise InvalidRequestError(f"{path} row {i}: neither ARC schema (options/answer or question.stem/answerKey)")
+        choices = [Choice(label=_arc_label(str(o["label"]), j), text=o["text"]) for j, o in enumerate(options)]
+        answer = _arc_label(str(answer), 0)
+        if answer not in {c.label for c in choices}:
+            raise InvalidRequestError(f"{path} row {i}: answer {answer!r} is not an option label")
+        records.append(Record(id=str(row.get("id", i)), question=stem, answers=[answer], choices=choices))
+    return Dataset(name="arc-challenge", source=str(path), records=records, skipped=dict(skipped))
+
+
+# --- MMLU-Redux ----------------------------------------------------------------------------------
+
+MMLU_SKIPPED_ERRORS = frozenset({"wrong groundtruth"})
+"""Annotated error types whose gold answer is known to be wrong: those questions are not scored."""
+
+
+def normalize_error_type(label: str | None) -> str:
+    """``Wrong Groundtruth`` / ``wrong_groundtruth`` / ``OK`` -> ``wrong groundtruth`` / ``ok``."""
+    return re.sub(r"\s+", " ", (label or "").replace("_", " ")).strip().lower()
+
+
+def _decode(raw: bytes) -> str:
+    """UTF-8 (with or without BOM); the one Mac Roman annotation sheet otherwise."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return raw.decode("mac_roman")
+
+
+def _parse_choices(value: str, where: str) -> list[str]:
+    try:
+        choices = ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError):
+        raise InvalidRequestError(f"{where}: choices are not a list literal: {value[:80]!r}") from None
+    if not isinstance(choices, (list, tuple)) or not choices:
+        raise InvalidRequestError(f"{where}: choices are not a list: {value[:80]!r}")
+    return [str(c) for c in choices]
+
+
+def _mmlu_rows(path: Path) -> list[dict[str, str]]:
+    text = _decode(path.read_bytes())
+    header = text.split("\n", 1)[0]
+    delimiter = ";" if header.count(";") > header.count(",") else ","
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
+    if not reader.fieldnames or not {"question", "choices", "answer"} <= {f.strip() for f in reader.fieldnames}:
+        raise InvalidRequestError(f"{path}: not an MMLU-Redux sheet (header {reader.fieldnames})")
+    # columns are found by name (order varies); empty extra columns are dropped
+    return [{(k or "").strip(): (v or "") for k, v in row.items() if k and k.strip()} for row in reader]
+
+
+def load_mmlu_redux(path: Path) -> Dataset:
+    """One subject CSV, or a folder of them (records interleaved across subjects, so ``--limit``
+    samples every subject)."""
+    files = sorted(path.glob("*.csv")) if path.is_dir() else [_need_file(path)]
+    if not files:
+        raise InvalidRequestError(f"no MMLU-Redux .csv files in {path}")
+    skipped: Counter[str] = Counter()
+    per_subject: list[list[Record]] = []
+    for file in files:
+        subject = file.stem.removeprefix("mmlu_")
+        records = []
+        for i, row in enumerate(_mmlu_rows(file)):
+            where = f"{file.name} row {i}"
+            error = normalize_error_type(row.get("error_type"))
+            if error in MMLU_SKIPPED_ERRORS:
+                skipped[error] += 1
+                continue
+            choices = _parse_choices(row["choices"], where)
+            answer = row["answer"].strip()
+            if not answer.isdigit() or int(answer) >= len(choices):
+                raise InvalidRequestError(f"{where}: answer {answer!r} is not a 0-based index into {len(choices)} choices")
+            records.append(Record(
+                id=f"{subject}/{i}", question=row["question"].strip(), answers=[LETTERS[int(answer)]],
+                choices=[Choice(label=LETTERS[j], text=c) for j, c in enumerate(choices)], group=subject))
+        per_subject.append(records)
+    return Dataset(name="mmlu-redux", source=str(path), records=_interleave(per_subject), skipped=dict(skipped))
+
+
+def _interleave(groups: list[list[Record]]) -> list[Record]:
+    return [r for batch in zip_longest(*groups) for r in batch if r is not None]
+
+
+# --- BBH -----------------------------------------------------------------------------------------
+
+def load_bbh(path: Path) -> Dataset:
+    """One task JSON, or the folder of them (records interleaved across tasks)."""
+    files = sorted(path.glob("*.json")) if path.is_dir() else [_need_file(path)]
+    if not files:
+        raise InvalidRequestError(f"no BBH task .json files in {path}")
+    per_task = []
+    for file in files:
+        data = json.loads(file.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or "examples" not in data:
+            raise InvalidRequestError(f"{file}: not a BBH task file (no 'examples')")
+        per_task.append([Record(id=f"{file.stem}/{i}", question=ex["input"], answers=[str(ex["target"])], group=file.stem)
+                         for i, ex in enumerate(data["examples"])])
+    return Dataset(name="bbh", source=str(path), records=_interleave(per_task))
+
+
+# --- Open QA and translation ----------------------------------------------------------------------
+
+def load_qa(path: Path, name: str) -> Dataset:
+    """NQ-open, TriviaQA, SQuAD: ``question`` and ``answer`` (one string or a list of aliases)."""
+    records, skipped = [], Counter[str]()
+    for i, row in _rows(path, ("question", "answer"), skipped):
+        answers = row["answer"] if isinstance(row["answer"], list) else [row["answer"]]
+        records.append(Record(id=str(i), question=row["question"], answers=[str(a) for a in answers]))
+    return Dataset(name=name, source=str(path), records=records, skipped=dict(skipped))
+
+
+def load_flores(path: Path, pair: str) -> Dataset:
+    records, skipped = [], Counter[str]()
+    for i, row in _rows(path, ("question", "answer"), skipped):
+        records.append(Record(id=str(row.get("id", i)), question=row["question"], answers=[row["answer"]]))
+    return Dataset(name=f"flores-{pair}", source=str(path), records=records, skipped=dict(skipped))

@@ -1,0 +1,174 @@
+"""MATH-500: the boxed answer, LaTeX normalisation and equivalence.
+
+Two answers are equal when their normalised strings match (``\\dfrac{1}{2}`` = ``\\frac12``,
+``90^\\circ`` = ``90``, ``5.4 \\text{ cents}`` = ``5.4``, ``10,\\!080`` = ``10080``), when they are
+tuples / intervals / matrices whose parts are equal one by one, or when both parse to the same
+value or expression with sympy (``0.5`` = ``\\frac{1}{2}``, ``2\\sqrt{5}`` = ``\\sqrt{20}``,
+``1+2x`` = ``2x+1``). Only strings made of digits, operators, single-letter variables and known
+function names reach sympy, so a model's output is never evaluated as code.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .scoring import Score
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (balanced braces) or ``\\boxed 5``."""
+    starts = [m.end() for m in _BOXED.finditer(text)]
+    for start in reversed(starts):
+        if start < len(text) and text[start] == "{":
+            depth = 0
+            for i in range(start, len(text)):
+                depth += {"{": 1, "}": -1}.get(text[i], 0)
+                if depth == 0:
+                    return text[start + 1:i]
+            continue  # unbalanced (cut off): try an earlier one
+        match = re.match(r"([^\s$]+)", text[start:])
+        if match:
+            return match.group(1)
+    return None
+
+
+def extract_math(output: str) -> str | None:
+    boxed = last_boxed(output)
+    if boxed is not None:
+        return boxed.strip()
+    match = re.findall(r"answer is:?\s*\$*([^$\n]+?)\$*\s*(?:\.\s*)?(?:\n|$)", output, flags=re.IGNORECASE)
+    return match[-1].strip() if match else None
+
+
+def _unwrap(text: str, command: str) -> str:
+    """``\\text{abc}`` -> ``abc`` (balanced braces)."""
+    out, i = [], 0
+    while (j := text.find(command + "{", i)) != -1:
+        out.append(text[i:j])
+        depth, k = 0, j + len(command)
+        while k < len(text):
+            depth += {"{": 1, "}": -1}.get(text[k], 0)
+            if depth == 0:
+                break
+            k += 1
+        out.append(text[j + len(command) + 1:k])
+        i = k + 1
+    out.append(text[i:])
+    return "".join(out)
+
+
+_UNIT_WORDS = (r"(?:degrees?|cents?|dollars?|units?|inches|inch|feet|foot|ft|meters?|cm|mm|km|m|miles?|hours?|"
+               r"minutes?|seconds?|days?|weeks?|years?|sq|square|cubic|points?|people|students|pounds?|ounces?)")
+
+
+def normalize_math(answer: str) -> str:
+    s = answer.strip()
+    s = re.sub(r"\\(?:mbox|text|textbf|mathrm)\{\s*" + _UNIT_WORDS + r"(?:\s+" + _UNIT_WORDS + r")*\s*\}(\^\{?\d\}?)?",
+               "", s) if re.search(r"\d", s) else s
+    for command in (r"\text", r"\textbf", r"\mbox", r"\mathrm", r"\mathbf"):
+        s = _unwrap(s, command)
+    s = s.replace("\\!", "").replace("\\,", "").replace("\\;", "").replace("\\:", "").replace("\\ ", "")
+    s = s.replace("\\left", "").replace("\\right", "").replace("\\displaystyle", "")
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = re.sub(r"\^\s*\{?\\circ\}?", "", s).replace("°", "")
+    s = s.replace("\\%", "").replace("%", "").replace("\\$", "").replace("$", "")
+    s = re.sub(r"\s+", "", s)
+    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)          # \frac12
+    s = re.sub(r"\\frac\{([^{}]*)\}(\d)", r"\\frac{\1}{\2}", s)   # \frac{270}7
+    s = re.sub(r"\\frac(\d)\{", r"\\frac{\1}{", s)                # \frac3{4}
+    s = re.sub(r"\\sqrt(\d+)", r"\\sqrt{\1}", s)                  # \sqrt2
+    if re.fullmatch(r"[a-zA-Z]=[^=,]+", s) and not re.fullmatch(r"[a-zA-Z]=-?[a-zA-Z]", s):
+        s = s.split("=", 1)[1]                                     # x=5 -> 5 (not an equation like y=-2x)
+    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
+        s = s.replace(",", "")                                     # 58,500
+    s = re.sub(r"^(-?)\.(\d)", r"\g<1>0.\2", s)                    # .35 -> 0.35
+    s = s.rstrip(".")
+    option = re.fullmatch(r"\(?([A-E])\)?", s)
+    return option.group(1) if option else s
+
+
+_ALLOWED = re.compile(r"[0-9a-z+\-*/().^ ]*")
+_FUNCTIONS = {"sqrt", "pi", "sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp", "oo"}
+
+
+def _to_sympy_text(s: str) -> str | None:
+    t = s
+    for _ in range(5):  # nested \frac / \sqrt
+        t = re.sub(r"\\frac\{([^{}]*)\}\{([^{}]*)\}", r"((\1)/(\2))", t)
+        t = re.sub(r"\\sqrt\{([^{}]*)\}", r"sqrt(\1)", t)
+    t = t.replace("\\pi", " pi ").replace("\\infty", " oo ").replace("\\cdot", "*").replace("\\times", "*")
+    for name in ("sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp"):
+        t = t.replace("\\" + name, f" {name} ")
+    t = t.replace("{", "(").replace("}", ")")
+    if "\\" in t or not _ALLOWED.fullmatch(t) or len(t) > 120:
+        return None
+    words = set(re.findall(r"[a-z]{2,}", t))
+    return t if words <= _FUNCTIONS else None
+
+
+def _sympy_equal(a: str, b: str) -> bool:
+    ta, tb = _to_sympy_text(a), _to_sympy_text(b)
+    if ta is None or tb is None:
+        return False
+    try:
+        import sympy
+        from sympy.parsing.sympy_parser import (convert_xor, implicit_multiplication_application,
+                                                parse_expr, standard_transformations)
+
+        transformations = standard_transformations + (implicit_multiplication_application, convert_xor)
+        ea, eb = (parse_expr(t, transformations=transformations, evaluate=True) for t in (ta, tb))
+        difference = sympy.simplify(ea - eb)
+        if difference == 0:
+            return True
+        value = complex(difference.evalf()) if not difference.free_symbols else None
+        return value is not None and abs(value) < 1e-6 * max(1.0, abs(complex(eb.evalf())))
+    except Exception:  # noqa: BLE001 - anything sympy cannot read is simply "not shown equal"
+        return False
+
+
+def _split_top_level(s: str) -> list[str]:
+    parts, depth, current = [], 0, []
+    for ch in s:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current))
+    return parts
+
+
+def _matrix_entries(s: str) -> list[str] | None:
+    match = re.fullmatch(r"\\begin\{[pb]matrix\}(.*)\\end\{[pb]matrix\}", s)
+    return re.split(r"\\\\|&", match.group(1)) if match else None
+
+
+def math_equal(prediction: str, gold: str) -> bool:
+    a, b = normalize_math(prediction), normalize_math(gold)
+    if a == b or (a.isalpha() and a.lower() == b.lower()):
+        return True
+    ma, mb = _matrix_entries(a), _matrix_entries(b)
+    if ma is not None and mb is not None:
+        return len(ma) == len(mb) and all(math_equal(x, y) for x, y in zip(ma, mb))
+    brackets = re.compile(r"^([(\[])(.*)([)\]])$")
+    ba, bb = brackets.match(a), brackets.match(b)
+    if ba and bb and "," in a and "," in b:  # tuples and intervals: the brackets must match too
+        if (ba.group(1), ba.group(3)) != (bb.group(1), bb.group(3)):
+            return False
+        a, b = ba.group(2), bb.group(2)
+    pa, pb = _split_top_level(a), _split_top_level(b)
+    if len(pa) > 1 or len(pb) > 1:
+        return len(pa) == len(pb) and all(math_equal(x, y) for x, y in zip(pa, pb))
+    return _sympy_equal(a, b)
+
+
+def score_math(output: str, gold: str) -> Score:
+    extracted = extract_math(output)
+    correct = extracted is not None and math_equal(extracted, gold)
+    return Score(extracted=extracted, correct=correct, value=float(correct))

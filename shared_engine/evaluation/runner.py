@@ -1,0 +1,185 @@
+"""Run an engine over a benchmark: per-sample JSONL as it goes, resumable, then ``summary.json``.
+
+``DIR/config.json`` records what the run is (benchmark, models, method, engine options,
+max_new_tokens, prompt version); ``DIR/samples.jsonl`` gets one line per answered question,
+flushed at once, so an interrupted run loses at most the question in flight and ``resume=True``
+continues with the questions not yet in the file (greedy decoding makes the result the same as an
+uninterrupted run). The summary is always recomputed from the whole JSONL.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+from tqdm import tqdm
+
+from ..engine import EnsembleEngine
+from ..errors import EnsembleError, InvalidRequestError
+from .benchmarks import Benchmark
+from .datasets import Record
+from .prompts import PROMPT_VERSION
+from .scoring import corpus_translation
+
+SAMPLES, SUMMARY, CONFIG = "samples.jsonl", "summary.json", "config.json"
+
+
+class RunConfig(BaseModel):
+    """What makes two runs comparable; ``resume`` refuses a directory written with another config."""
+
+    bench: str
+    models: list[str]
+    method: str
+    max_new_tokens: int
+    engine_options: dict[str, Any] = Field(default_factory=dict)
+    prompt_version: str = PROMPT_VERSION
+
+
+class Sample(BaseModel):
+    id: str
+    group: str | None = None
+    prompt: list[dict[str, str]]
+    output: str
+    gold: list[str]
+    extracted: str | None
+    correct: bool
+    value: float = Field(description="1/0, or sentence chrF/100 for translation.")
+    f1: float | None = None
+    finish_reason: str
+    stats: dict[str, Any] | None = Field(None, description="The finish event's stats.")
+    error: str | None = None
+    prompt_version: str = PROMPT_VERSION
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95% Wilson score interval: sensible at 0 / n successes and small n, unlike the normal one."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def read_samples(path: Path) -> list[Sample]:
+    """Complete lines of a samples file; a line cut off by an interruption is dropped (and removed)."""
+    if not path.exists():
+        return []
+    samples, good = [], []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        try:
+            samples.append(Sample.model_validate_json(line))
+            good.append(line if line.endswith("\n") else line + "\n")
+        except ValueError:
+            continue
+    text = "".join(good)
+    if text != path.read_text(encoding="utf-8"):
+        path.write_text(text, encoding="utf-8")
+    return samples
+
+
+def summarize(samples: list[Sample], config: RunConfig, bench: Benchmark, skipped: dict[str, int],
+              total: int) -> dict[str, Any]:
+    n = len(samples)
+    correct = sum(s.correct for s in samples)
+    stats = [s.stats for s in samples if s.stats]
+    tokens = sum(s["tokens"] for s in stats)
+    elapsed = sum(s["elapsed_s"] for s in stats)
+    ensembled = sum(s["ensembled_tokens"] for s in stats)
+    low, high = wilson_interval(correct, n)
+    summary: dict[str, Any] = {
+        **config.model_dump(), "data": str(bench.path), "metric": bench.metric,
+        "n": n, "of": total, "skipped": skipped, "correct": correct,
+        "accuracy": round(correct / n, 4) if n else None,
+        "ci95": [round(low, 4), round(high, 4)],
+        "score": None,
+        "ensemble_rate": round(ensembled / tokens, 4) if tokens else 0.0,
+        "tokens_per_s": round(tokens / elapsed, 3) if elapsed else 0.0,
+        "mean_output_tokens": round(tokens / len(stats), 1) if stats else 0.0,
+        "truncated": sum(s.finish_reason == "length" for s in samples),
+        "failures": sum(s.error is not None for s in samples),
+        "elapsed_s": round(elapsed, 1),
+    }
+    if bench.metric == "exact_match":
+        summary["f1"] = round(sum(s.f1 or 0.0 for s in samples) / n, 4) if n else None
+    if bench.metric == "chrf":
+        summary.update(corpus_translation([s.extracted or "" for s in samples], [s.gold[0] for s in samples]))
+        summary["score"] = summary["chrf"]
+    else:
+        summary["score"] = summary["accuracy"]
+    groups: dict[str, list[bool]] = defaultdict(list)
+    for s in samples:
+        if s.group:
+            groups[s.group].append(s.correct)
+    if groups:
+        summary["by_group"] = {g: {"n": len(v), "accuracy": round(sum(v) / len(v), 4)} for g, v in sorted(groups.items())}
+    return summary
+
+
+def _check_config(out: Path, config: RunConfig, resume: bool) -> None:
+    config_file, samples_file = out / CONFIG, out / SAMPLES
+    if samples_file.exists() and samples_file.stat().st_size and not resume:
+        raise InvalidRequestError(f"{samples_file} already has samples: pass --resume to continue it, or another --out")
+    if resume and config_file.exists():
+        previous = RunConfig.model_validate_json(config_file.read_text())
+        if previous != config:
+            diff = {k: (v, getattr(config, k)) for k, v in previous.model_dump().items() if getattr(config, k) != v}
+            raise InvalidRequestError(f"cannot resume {out}: it was run with different settings {diff}")
+    out.mkdir(parents=True, exist_ok=True)
+    config_file.write_text(config.model_dump_json(indent=2) + "\n")
+
+
+async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, out: Path, *,
+                   limit: int | None = None, resume: bool = False, progress: bool = True,
+                   on_sample: Callable[[Sample], None] | None = None) -> dict[str, Any]:
+    """Answer the first ``limit`` questions (those not yet in ``out`` when resuming); return the summary."""
+    _check_config(out, config, resume)
+    dataset = bench.dataset()
+    records: list[Record] = dataset.records[:limit] if limit is not None else dataset.records
+    wanted = {r.id for r in records}
+    samples_file = out / SAMPLES
+    done = {s.id: s for s in read_samples(samples_file) if s.id in wanted}
+    todo = [r for r in records if r.id not in done]
+    correct = sum(s.correct for s in done.values())
+    tokens = sum((s.stats or {}).get("tokens", 0) for s in done.values())
+    elapsed = sum((s.stats or {}).get("elapsed_s", 0.0) for s in done.values())
+    bar = tqdm(total=len(records), initial=len(done), desc=f"{config.bench} {config.method}", unit="q",
+               file=sys.stderr, disable=not progress, dynamic_ncols=True)
+    with samples_file.open("a", encoding="utf-8") as f:
+        for record in todo:
+            sample = await _answer(engine, bench, config, record)
+            f.write(sample.model_dump_json() + "\n")
+            f.flush()
+            done[sample.id] = sample
+            correct += sample.correct
+            tokens += (sample.stats or {}).get("tokens", 0)
+            elapsed += (sample.stats or {}).get("elapsed_s", 0.0)
+            bar.update(1)
+            bar.set_postfix(acc=f"{correct / len(done):.3f}", tok_s=f"{tokens / elapsed:.1f}" if elapsed else "-")
+            if on_sample is not None:
+                on_sample(sample)
+    bar.close()
+    ordered = [done[r.id] for r in records if r.id in done]
+    summary = summarize(ordered, config, bench, dataset.skipped, len(dataset.records))
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+async def _answer(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, record: Record) -> Sample:
+    messages = bench.messages(record)
+    base = {"id": record.id, "group": record.group, "prompt": messages, "gold": record.answers}
+    try:
+        result = await engine.agenerate(messages, max_new_tokens=config.max_new_tokens, stop=list(bench.stop))
+    except EnsembleError as err:  # e.g. a prompt longer than a member's context: counted, not fatal
+        return Sample(**base, output="", extracted=None, correct=False, value=0.0, finish_reason="error",
+                      error=f"{type(err).__name__}: {err}")
+    score = bench.score(result.text, record)
+    return Sample(**base, output=result.text, extracted=score.extracted, correct=score.correct, value=score.value,
+                  f1=score.f1, finish_reason=result.finish_reason, stats=result.stats.model_dump())
