@@ -69,7 +69,7 @@ def normalize_math(answer: str) -> str:
                "", s) if re.search(r"\d", s) else s
     for command in (r"\text", r"\textbf", r"\mbox", r"\mathrm", r"\mathbf"):
         s = _unwrap(s, command)
-    s = s.replace("\\!", "").replace("\\,", "").replace("\\;", "").replace("\\:", "").replace("\\ ", "")
+    s = re.sub(r"(?<!\\)\\[!,;: ]", "", s)                      # thin spaces (a matrix row break stays)
     s = s.replace("\\left", "").replace("\\right", "").replace("\\displaystyle", "")
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = re.sub(r"\^\s*\{?\\circ\}?", "", s).replace("°", "")
@@ -79,8 +79,9 @@ def normalize_math(answer: str) -> str:
     s = re.sub(r"\\frac\{([^{}]*)\}(\d)", r"\\frac{\1}{\2}", s)   # \frac{270}7
     s = re.sub(r"\\frac(\d)\{", r"\\frac{\1}{", s)                # \frac3{4}
     s = re.sub(r"\\sqrt(\d+)", r"\\sqrt{\1}", s)                  # \sqrt2
+    s = re.sub(r"^[a-zA-Z]\\in", "", s)                          # x \in [-2,7] -> [-2,7]
     if re.fullmatch(r"[a-zA-Z]=[^=,]+", s) and not re.fullmatch(r"[a-zA-Z]=-?[a-zA-Z]", s):
-        s = s.split("=", 1)[1]                                     # x=5 -> 5 (not an equation like y=-2x)
+        s = s.split("=", 1)[1]                                     # x=5 -> 5
     if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
         s = s.replace(",", "")                                     # 58,500
     s = re.sub(r"^(-?)\.(\d)", r"\g<1>0.\2", s)                    # .35 -> 0.35

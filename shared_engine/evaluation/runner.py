@@ -102,6 +102,9 @@ def summarize(samples: list[Sample], config: RunConfig, bench: Benchmark, skippe
         "score": None,
         "ensemble_rate": round(ensembled / tokens, 4) if tokens else 0.0,
         "tokens_per_s": round(tokens / elapsed, 3) if elapsed else 0.0,
+        "mean_time_to_first_token_s": round(sum(s.get("time_to_first_token_s") or 0.0 for s in stats) / len(stats), 2)
+        if stats else 0.0,
+        "seconds_per_question": round(elapsed / len(stats), 2) if stats else 0.0,
         "mean_output_tokens": round(tokens / len(stats), 1) if stats else 0.0,
         "truncated": sum(s.finish_reason == "length" for s in samples),
         "failures": sum(s.error is not None for s in samples),

@@ -1,0 +1,115 @@
+"""``safe-ensemble eval compare DIR...``: one table row per run, and three PNG plots per benchmark
+(score per run with its 95% interval; score vs ensemble rate; tokens/s per run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidRequestError
+from .runner import SUMMARY
+
+_SHORT = {"qwen2.5-coder-0.5b-instruct": "qwen", "smollm2-135m-instruct": "smol", "gemma-3-270m": "gemma"}
+
+
+def run_label(summary: dict[str, Any]) -> str:
+    models = "+".join(_SHORT.get(m, Path(m).name) for m in summary["models"])
+    confidence = summary.get("engine_options", {}).get("drafter_confidence")
+    return f"{summary['method']} ({models})" + (f" dc={confidence}" if confidence else "")
+
+
+def load_summaries(dirs: list[Path]) -> list[dict[str, Any]]:
+    summaries = []
+    for folder in dirs:
+        file = folder / SUMMARY if folder.is_dir() else folder
+        if not file.is_file():
+            raise InvalidRequestError(f"no {SUMMARY} in {folder}")
+        summary = json.loads(file.read_text())
+        summary["label"] = run_label(summary)
+        summary["dir"] = str(folder)
+        summaries.append(summary)
+    return summaries
+
+
+def table(summaries: list[dict[str, Any]]) -> str:
+    """A Markdown table (README-ready)."""
+    header = ("| benchmark | run | N | score | 95% CI | ensemble rate | tokens/s | mean output tokens | "
+              "s/question | truncated | failures | max_new_tokens |")
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for s in summaries:
+        score = s["score"]
+        shown = "-" if score is None else (f"{score:.1f} chrF" if s["metric"] == "chrf" else f"{score:.1%}")
+        if s["metric"] == "exact_match" and s.get("f1") is not None:
+            shown += f" EM, F1 {s['f1']:.1%}"
+        ci = "-" if s["metric"] == "chrf" else f"{s['ci95'][0]:.1%}–{s['ci95'][1]:.1%}"
+        lines.append(f"| {s['bench']} | {s['label']} | {s['n']} | {shown} | {ci} | {s['ensemble_rate']:.1%} | "
+                     f"{s['tokens_per_s']:.2f} | {s['mean_output_tokens']:.0f} | {s.get('seconds_per_question', '-')} | {s['truncated']} | {s['failures']} | "
+                     f"{s['max_new_tokens']} |")
+    return "\n".join(lines)
+
+
+def plot(summaries: list[dict[str, Any]], folder: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for bench in sorted({s["bench"] for s in summaries}):
+        runs = [s for s in summaries if s["bench"] == bench and s["n"]]
+        if not runs:
+            continue
+        labels = [s["label"] for s in runs]
+        chrf = runs[0]["metric"] == "chrf"
+        scores = [s["score"] if chrf else 100 * s["score"] for s in runs]
+        unit = "chrF" if chrf else "accuracy (%)"
+        n = "/".join(sorted({str(s["n"]) for s in runs}))
+
+        fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(runs)), 4))
+        if chrf:
+            ax.bar(labels, scores, color="tab:blue")
+        else:
+            low = [100 * (s["score"] - s["ci95"][0]) for s in runs]
+            high = [100 * (s["ci95"][1] - s["score"]) for s in runs]
+            ax.bar(labels, scores, yerr=[low, high], capsize=4, color="tab:blue")
+        ax.set_ylabel(unit)
+        ax.set_title(f"{bench}: {unit} per run (N={n}{'' if chrf else ', 95% Wilson CI'})")
+        ax.tick_params(axis="x", rotation=20)
+        written.append(_save(fig, folder / f"{bench}-accuracy.png"))
+
+        fig, ax = plt.subplots(figsize=(5.5, 4))
+        for s, score in zip(runs, scores):
+            ax.scatter(100 * s["ensemble_rate"], score, s=40)
+            ax.annotate(s["label"], (100 * s["ensemble_rate"], score), fontsize=7, xytext=(4, 3),
+                        textcoords="offset points")
+        ax.set_xlabel("ensemble rate (% of tokens fused)")
+        ax.set_ylabel(unit)
+        ax.set_title(f"{bench}: {unit} vs ensemble rate")
+        written.append(_save(fig, folder / f"{bench}-vs-ensemble-rate.png"))
+
+        fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(runs)), 4))
+        ax.bar(labels, [s["tokens_per_s"] for s in runs], color="tab:orange")
+        ax.set_ylabel("tokens/s (generation incl. prefill)")
+        ax.set_title(f"{bench}: speed per run")
+        ax.tick_params(axis="x", rotation=20)
+        written.append(_save(fig, folder / f"{bench}-tokens-per-s.png"))
+    return written
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None) -> str:
+    summaries = load_summaries(dirs)
+    written = plot(summaries, plots)
+    if json_out:
+        Path(json_out).write_text(json.dumps(summaries, indent=2) + "\n")
+    return table(summaries) + "\n\nplots: " + ", ".join(str(p) for p in written)
