@@ -6,7 +6,7 @@ sample and summary, and ``--resume`` refuses to mix versions.
 |---|---|---|
 | gsm8k | first 4 of GSM8K train, worked solutions with ``<<calc>>`` notes removed, ``#### N`` -> ``The answer is N.`` | step by step, end with "The answer is N." |
 | math500 | none (no train split here) | step by step, final answer in ``\\boxed{}`` |
-| arc-challenge | first 3 of ARC-Challenge dev (no rationales there): "The answer is (X) <option text>." | choose one option; may reason briefly; end with "The answer is (X)." |
+| arc-challenge | 4 from ARC-Challenge dev, the first with each answer letter A-D (no rationales there): "The answer is (X) <option text>." | choose one option; may reason briefly; end with "The answer is (X)." |
 | mmlu-redux | none (no dev split here) | step by step, end with "The answer is (X)." |
 | bbh | the task's 3 cot-prompts (chain-of-thought written by the BBH authors) | the task description from the cot-prompt file |
 | nq, triviaqa, squad | AdaFuse's few-shot prompt files (``prompts/adafuse/*_prompt.txt``) | their instruction text |
@@ -27,11 +27,11 @@ from pathlib import Path
 from ..errors import InvalidRequestError
 from .datasets import Record, load_arc
 
-PROMPT_VERSION = "eval-prompts-v1"
+PROMPT_VERSION = "eval-prompts-v2"
 
 Messages = list[dict[str, str]]
 
-GSM8K_SHOTS, ARC_SHOTS = 4, 3
+GSM8K_SHOTS, ARC_SHOTS = 4, 4
 
 GSM8K_SYSTEM = ("Solve the math word problem step by step. Finish with a line of the form "
                 "'The answer is N.' where N is the final number.")
@@ -83,11 +83,16 @@ def math_messages(record: Record) -> Messages:
 def arc_shots(dev_file: Path) -> tuple[tuple[str, str], ...]:
     if not dev_file.is_file():
         raise InvalidRequestError(f"ARC exemplars need the dev split: {dev_file} not found")
-    shots = []
-    for record in load_arc(dev_file).records[:ARC_SHOTS]:
-        answer = record.answers[0]
+    shots, letters = [], set()
+    for record in load_arc(dev_file).records:  # one exemplar per answer letter: tiny models copy the
+        answer = record.answers[0]              # exemplars' letters (3 plain first shots gave 80% "C")
+        if answer in letters or len(record.choices) != 4:
+            continue
+        letters.add(answer)
         text = next(c.text for c in record.choices if c.label == answer)
         shots.append((format_choices(record), f"The answer is ({answer}) {text}."))
+        if len(shots) == ARC_SHOTS:
+            break
     return tuple(shots)
 
 

@@ -1,0 +1,136 @@
+"""The eval runner on toy members (fast): JSONL as it goes, resume after an interruption, config
+checks, failures, the summary's interval, the CLI wiring and ``eval compare``'s table and plots."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from shared_engine import EnsembleEngine, InvalidRequestError
+from shared_engine.cli import build_parser
+from shared_engine.evaluation import RunConfig, evaluate, get_benchmark, wilson_interval
+from shared_engine.evaluation.compare import compare_runs
+from shared_engine.evaluation.datasets import Dataset, Record
+from shared_engine.evaluation.runner import SAMPLES, SUMMARY
+from shared_engine.evaluation.scoring import score_number
+from shared_engine.options import METHODS
+from tests.toy import toy_member
+
+TIMING = {"tokens_per_s", "elapsed_s", "seconds_per_question", "mean_time_to_first_token_s"}
+
+
+def toy_bench(tmp_path: Path, questions: int = 3):  # noqa: ANN201 - a Benchmark
+    """GSM8K-style records short enough for the toy models' 512-token window."""
+    records = [Record(id=str(i), question=f"Q: What is {i} + {i}?", answers=[str(2 * i)]) for i in range(questions)]
+    data = Dataset(name="toy", source="memory", records=records)
+    return dataclasses.replace(
+        get_benchmark("gsm8k", data=str(_gsm8k_file(tmp_path))), name="toy", load=lambda _path: data,
+        messages=lambda r: [{"role": "user", "content": r.question}],
+        score=lambda out, r: score_number(out, r.answers[0]))
+
+
+def _gsm8k_file(tmp_path: Path) -> Path:
+    file = tmp_path / "gsm8k.jsonl"
+    file.write_text(json.dumps({"question": "1 + 1?", "answer": "#### 2"}) + "\n")
+    return file
+
+
+def engine() -> EnsembleEngine:
+    return EnsembleEngine([toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)],
+                          method="safe")
+
+
+def config(method: str = "safe", max_new_tokens: int = 12) -> RunConfig:
+    return RunConfig(bench="toy", models=["a", "b"], method=method, max_new_tokens=max_new_tokens)
+
+
+def _comparable(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k not in TIMING}
+
+
+def _without_timing(sample: dict) -> dict:
+    stats = {k: v for k, v in sample["stats"].items() if k not in ("elapsed_s", "tokens_per_s", "time_to_first_token_s")}
+    return {**sample, "stats": stats}
+
+
+async def test_resume_after_an_interruption_gives_the_uninterrupted_result(tmp_path: Path) -> None:
+    bench = toy_bench(tmp_path)
+    full = await evaluate(engine(), bench, config(), tmp_path / "full", progress=False)
+
+    class Interrupted(Exception):
+        pass
+
+    def crash_after_two(sample) -> None:  # noqa: ANN001
+        if sample.id == "1":
+            raise Interrupted
+
+    out = tmp_path / "resumed"
+    with pytest.raises(Interrupted):
+        await evaluate(engine(), bench, config(), out, progress=False, on_sample=crash_after_two)
+    assert len((out / SAMPLES).read_text().splitlines()) == 2     # both written before the crash
+    with open(out / SAMPLES, "a") as f:
+        f.write('{"id": "2", "prompt": [{"ro')                       # a line cut off mid-write
+    answered = []
+    resumed = await evaluate(engine(), bench, config(), out, resume=True, progress=False,
+                             on_sample=lambda s: answered.append(s.id))
+    assert answered == ["2"]                                        # only the missing question ran
+    assert _comparable(resumed) == _comparable(full)
+    assert resumed["n"] == 3 and resumed["method"] == "safe" and resumed["prompt_version"]
+    lines = [json.loads(x) for x in (out / SAMPLES).read_text().splitlines()]
+    expected = [json.loads(x) for x in (tmp_path / "full" / SAMPLES).read_text().splitlines()]
+    assert [_without_timing(x) for x in lines] == [_without_timing(x) for x in expected]
+    assert json.loads((out / SUMMARY).read_text()) == resumed
+
+
+async def test_runs_refuse_to_mix(tmp_path: Path) -> None:
+    bench = toy_bench(tmp_path, questions=1)
+    await evaluate(engine(), bench, config(), tmp_path, progress=False)
+    with pytest.raises(InvalidRequestError, match="--resume"):
+        await evaluate(engine(), bench, config(), tmp_path, progress=False)
+    with pytest.raises(InvalidRequestError, match="max_new_tokens"):
+        await evaluate(engine(), bench, config(max_new_tokens=5), tmp_path, resume=True, progress=False)
+
+
+async def test_a_question_the_engine_rejects_is_a_counted_failure(tmp_path: Path) -> None:
+    """Real GSM8K few-shot prompts exceed the toy models' 512-token window: each is recorded as a
+    failure (scored wrong) and the run goes on."""
+    bench = get_benchmark("gsm8k")
+    if not bench.path.exists():
+        pytest.skip("benchmark data folder not found (set SAFE_ENSEMBLE_DATA)")
+    summary = await evaluate(engine(), bench, config(), tmp_path, limit=2, progress=False)
+    assert summary["failures"] == 2 and summary["n"] == 2 and summary["accuracy"] == 0.0
+    sample = json.loads((tmp_path / SAMPLES).read_text().splitlines()[0])
+    assert sample["error"].startswith("ContextLengthError") and sample["finish_reason"] == "error"
+
+
+def test_wilson_interval() -> None:
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson_interval(100, 100)[1] == 1.0 and wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_cli_offers_every_engine_method_and_both_eval_forms() -> None:
+    parser = build_parser()
+    method = next(a for a in parser._subparsers._group_actions[0].choices["eval"]._actions if a.dest == "method")
+    assert tuple(method.choices) == METHODS            # a method added to options.METHODS shows up here
+    args = parser.parse_args(["eval", "--bench", "flores", "--pair", "de-en", "--models", "a,b", "--limit", "3"])
+    assert (args.bench, args.pair, args.models, args.limit, args.eval_command) == ("flores", "de-en", ["a", "b"], 3, None)
+    args = parser.parse_args(["eval", "compare", "x", "y", "--plots", "p"])
+    assert (args.eval_command, args.dirs, args.plots) == ("compare", ["x", "y"], "p")
+
+
+async def test_compare_prints_a_table_and_draws_three_plots(tmp_path: Path) -> None:
+    bench = toy_bench(tmp_path, questions=2)
+    await evaluate(engine(), bench, config(), tmp_path / "safe", progress=False)
+    single = EnsembleEngine([toy_member("a", "byte_level", "llama", 1)], method="single")
+    await evaluate(single, bench, config("single"), tmp_path / "single", progress=False)
+    text = compare_runs([tmp_path / "safe", tmp_path / "single"], tmp_path / "plots")
+    assert "| toy | safe (a+b) | 2 |" in text and "| toy | single (a+b) | 2 |" in text
+    pngs = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
+    assert pngs == ["toy-accuracy.png", "toy-tokens-per-s.png", "toy-vs-ensemble-rate.png"]
+    assert all((tmp_path / "plots" / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
+    with pytest.raises(InvalidRequestError, match="summary.json"):
+        compare_runs([tmp_path / "nowhere"], tmp_path / "plots")
