@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned: this takes the local CPU wheel instead of a CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[langchain,llamaindex,test]'
+	$(PY) -m pip install -q -e '.[langchain,llamaindex,eval,test]'
 	touch $(STAMP)
 
 run: setup

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidRequestError
+from ..errors import EnsembleError, InvalidRequestError
 from .runner import SUMMARY
 
 _SHORT = {"qwen2.5-coder-0.5b-instruct": "qwen", "smollm2-135m-instruct": "smol", "gemma-3-270m": "gemma"}
@@ -50,8 +50,10 @@ def table(summaries: list[dict[str, Any]]) -> str:
 
 
 def plot(summaries: list[dict[str, Any]], folder: Path) -> list[Path]:
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError:
+        raise EnsembleError("the plots need matplotlib: pip install 'safe-ensemble[eval]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -14,6 +14,8 @@ from fractions import Fraction
 
 from pydantic import BaseModel, ConfigDict
 
+from ..errors import EnsembleError
+
 
 class Score(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -153,17 +155,23 @@ def extract_translation(output: str) -> str:
 
 def score_translation(output: str, reference: str) -> Score:
     """Sentence chrF as the per-sample value; BLEU and chrF proper are corpus-level (see corpus_translation)."""
-    import sacrebleu
-
+    sacrebleu = _sacrebleu()
     hypothesis = extract_translation(output)
     chrf = sacrebleu.sentence_chrf(hypothesis, [reference]).score
     return Score(extracted=hypothesis, correct=False, value=chrf / 100)
 
 
 def corpus_translation(hypotheses: list[str], references: list[str]) -> dict[str, float]:
-    import sacrebleu
-
+    sacrebleu = _sacrebleu()
     if not hypotheses:
         return {"bleu": 0.0, "chrf": 0.0}
     return {"bleu": round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2),
             "chrf": round(sacrebleu.corpus_chrf(hypotheses, [references]).score, 2)}
+
+
+def _sacrebleu():  # noqa: ANN202 - the module
+    try:
+        import sacrebleu
+    except ImportError:
+        raise EnsembleError("FLORES scoring needs sacrebleu: pip install 'safe-ensemble[eval]'") from None
+    return sacrebleu
