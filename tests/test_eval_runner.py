@@ -11,7 +11,7 @@ import pytest
 
 from shared_engine import EnsembleEngine, InvalidRequestError
 from shared_engine.cli import build_parser
-from shared_engine.evaluation import RunConfig, evaluate, get_benchmark, wilson_interval
+from shared_engine.evaluation import RunConfig, Sample, evaluate, get_benchmark, summarize, wilson_interval
 from shared_engine.evaluation.compare import compare_runs
 from shared_engine.evaluation.datasets import Dataset, Record
 from shared_engine.evaluation.runner import SAMPLES, SUMMARY
@@ -134,3 +134,29 @@ async def test_compare_prints_a_table_and_draws_three_plots(tmp_path: Path) -> N
     assert all((tmp_path / "plots" / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
     with pytest.raises(InvalidRequestError, match="summary.json"):
         compare_runs([tmp_path / "nowhere"], tmp_path / "plots")
+
+
+def test_translation_summary_is_corpus_chrf_and_bleu_not_accuracy() -> None:
+    bench = get_benchmark("flores", data=None, pair="de-en") if _has_data() else None
+    if bench is None:
+        pytest.skip("benchmark data folder not found (set SAFE_ENSEMBLE_DATA)")
+    records = bench.dataset().records[:3]
+    samples = []
+    for i, record in enumerate(records):
+        output = record.answers[0] if i < 2 else "Something else entirely."
+        score = bench.score(output, record)
+        samples.append(Sample(id=record.id, prompt=bench.messages(record), output=output, gold=record.answers,
+                              extracted=score.extracted, correct=score.correct, value=score.value,
+                              finish_reason="eos", stats={"tokens": 10, "elapsed_s": 1.0, "ensembled_tokens": 2}))
+    summary = summarize(samples, RunConfig(bench=bench.name, models=["m"], method="single", max_new_tokens=8),
+                        bench, {}, len(records))
+    assert summary["accuracy"] is None and summary["ci95"] is None and summary["metric"] == "chrf"
+    assert 50 < summary["chrf"] < 100 and summary["score"] == summary["chrf"] and 0 < summary["bleu"] < 100
+    assert summary["ensemble_rate"] == 0.2 and summary["tokens_per_s"] == 10.0
+
+
+def _has_data() -> bool:
+    try:
+        return get_benchmark("flores").path.exists()
+    except InvalidRequestError:
+        return False

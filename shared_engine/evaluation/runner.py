@@ -112,9 +112,9 @@ def summarize(samples: list[Sample], config: RunConfig, bench: Benchmark, skippe
     }
     if bench.metric == "exact_match":
         summary["f1"] = round(sum(s.f1 or 0.0 for s in samples) / n, 4) if n else None
-    if bench.metric == "chrf":
+    if bench.metric == "chrf":  # no right/wrong in translation: corpus chrF (and BLEU) instead
         summary.update(corpus_translation([s.extracted or "" for s in samples], [s.gold[0] for s in samples]))
-        summary["score"] = summary["chrf"]
+        summary.update(score=summary["chrf"], accuracy=None, correct=None, ci95=None)
     else:
         summary["score"] = summary["accuracy"]
     groups: dict[str, list[bool]] = defaultdict(list)
@@ -150,7 +150,7 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
     samples_file = out / SAMPLES
     done = {s.id: s for s in read_samples(samples_file) if s.id in wanted}
     todo = [r for r in records if r.id not in done]
-    correct = sum(s.correct for s in done.values())
+    correct = sum(s.value for s in done.values())  # running accuracy (mean sentence chrF for translation)
     tokens = sum((s.stats or {}).get("tokens", 0) for s in done.values())
     elapsed = sum((s.stats or {}).get("elapsed_s", 0.0) for s in done.values())
     bar = tqdm(total=len(records), initial=len(done), desc=f"{config.bench} {config.method}", unit="q",
@@ -161,11 +161,12 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
             f.write(sample.model_dump_json() + "\n")
             f.flush()
             done[sample.id] = sample
-            correct += sample.correct
+            correct += sample.value
             tokens += (sample.stats or {}).get("tokens", 0)
             elapsed += (sample.stats or {}).get("elapsed_s", 0.0)
             bar.update(1)
-            bar.set_postfix(acc=f"{correct / len(done):.3f}", tok_s=f"{tokens / elapsed:.1f}" if elapsed else "-")
+            bar.set_postfix({"chrF" if bench.metric == "chrf" else "acc": f"{correct / len(done):.3f}",
+                             "tok/s": f"{tokens / elapsed:.1f}" if elapsed else "-"})
             if on_sample is not None:
                 on_sample(sample)
     bar.close()
