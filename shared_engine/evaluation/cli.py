@@ -46,6 +46,12 @@ def _short(model: str) -> str:
     return Path(model).name.split("-")[0]
 
 
+def _drafter(args: argparse.Namespace) -> str:
+    if args.drafter is None:
+        return args.models[0]
+    return args.models[int(args.drafter)] if args.drafter.isdigit() else args.drafter
+
+
 def run_eval_command(args: argparse.Namespace) -> int:
     if args.eval_command == "compare":
         from .compare import compare_runs
@@ -62,14 +68,15 @@ def run_eval_command(args: argparse.Namespace) -> int:
     engine = _engine(args, method)
     options = engine.options.model_dump(include={"drafter", "draft_length", "fusion", "sharpen", "weights",
                                                  "drafter_confidence", "gate_threshold", "top_k"})
-    config = RunConfig(bench=bench.name, models=args.models, method=method, max_new_tokens=args.max_new_tokens,
+    models = [_drafter(args)] if method == "single" else args.models  # `single` runs the drafter alone
+    config = RunConfig(bench=bench.name, models=models, method=method, max_new_tokens=args.max_new_tokens,
                        engine_options=options)
-    out = Path(args.out or f"eval-runs/{bench.name}-{method}-{'+'.join(_short(m) for m in args.models)}")
+    out = Path(args.out or f"eval-runs/{bench.name}-{method}-{'+'.join(_short(m) for m in models)}")
     summary = asyncio.run(evaluate(engine, bench, config, out, limit=args.limit, resume=args.resume,
                                    progress=not args.no_progress))
     score = summary["score"]
     ci = summary["ci95"]
-    line = (f"{bench.name} {method} {'+'.join(args.models)}: n={summary['n']} {bench.metric}="
+    line = (f"{bench.name} {method} {'+'.join(models)}: n={summary['n']} {bench.metric}="
             f"{score if score is not None else '-'}")
     if bench.metric != "chrf":
         line += f" (95% CI {ci[0]:.3f}-{ci[1]:.3f})"
