@@ -184,7 +184,9 @@ def test_number_scoring() -> None:
 
 def test_choice_scoring() -> None:
     assert extract_choice("I think (B) is wrong. The answer is (C).", "ABCD") == "C"
-    assert extract_choice("Answer: d", "ABCD") == "D"
+    assert extract_choice("Answer: D) because", "ABCD") == "D"
+    assert extract_choice("Answer: a plant makes sugar.", "ABCD") is None       # an article, not option A
+    assert extract_choice("A crab is an animal.", "ABCD") is None
     assert extract_choice("B", "ABCD") == "B"
     assert extract_choice("The answer is (E).", "ABCD") is None
     assert not score_choice("A crab is an animal", "C", "ABCD").correct

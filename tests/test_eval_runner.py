@@ -160,3 +160,14 @@ def _has_data() -> bool:
         return get_benchmark("flores").path.exists()
     except InvalidRequestError:
         return False
+
+
+async def test_resume_rescores_stored_answers_with_the_current_scorer(tmp_path: Path) -> None:
+    bench = toy_bench(tmp_path, questions=2)
+    first = await evaluate(engine(), bench, config(), tmp_path, progress=False)
+    lenient = dataclasses.replace(bench, score=lambda out, r: score_number("The answer is " + r.answers[0], r.answers[0]))
+    answered = []
+    again = await evaluate(engine(), lenient, config(), tmp_path, resume=True, progress=False,
+                           on_sample=lambda s: answered.append(s.id))
+    assert answered == [] and again["correct"] == 2 and first["n"] == again["n"] == 2
+    assert all(json.loads(line)["correct"] for line in (tmp_path / SAMPLES).read_text().splitlines())

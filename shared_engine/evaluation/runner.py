@@ -4,7 +4,8 @@
 max_new_tokens, prompt version); ``DIR/samples.jsonl`` gets one line per answered question,
 flushed at once, so an interrupted run loses at most the question in flight and ``resume=True``
 continues with the questions not yet in the file (greedy decoding makes the result the same as an
-uninterrupted run). The summary is always recomputed from the whole JSONL.
+uninterrupted run). On resume the stored answers are scored again with the current scorer, and the
+summary is always recomputed from the whole JSONL.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
     records: list[Record] = dataset.records[:limit] if limit is not None else dataset.records
     wanted = {r.id for r in records}
     samples_file = out / SAMPLES
-    done = {s.id: s for s in read_samples(samples_file) if s.id in wanted}
+    done = {s.id: s for s in _rescored(read_samples(samples_file), records, bench, samples_file) if s.id in wanted}
     todo = [r for r in records if r.id not in done]
     correct = sum(s.value for s in done.values())  # running accuracy (mean sentence chrF for translation)
     tokens = sum((s.stats or {}).get("tokens", 0) for s in done.values())
@@ -174,6 +175,23 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
     summary = summarize(ordered, config, bench, dataset.skipped, len(dataset.records))
     (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _rescored(samples: list[Sample], records: list[Record], bench: Benchmark, file: Path) -> list[Sample]:
+    """Stored answers scored again with the current scorer (a scoring fix needs no new generation);
+    the file is rewritten only if a verdict changed."""
+    by_id = {r.id: r for r in records}
+    updated = []
+    for sample in samples:
+        record = by_id.get(sample.id)
+        if record is not None and sample.error is None:
+            score = bench.score(sample.output, record)
+            sample = sample.model_copy(update={"extracted": score.extracted, "correct": score.correct,
+                                               "value": score.value, "f1": score.f1})
+        updated.append(sample)
+    if updated != samples:
+        file.write_text("".join(s.model_dump_json() + "\n" for s in updated), encoding="utf-8")
+    return updated
 
 
 async def _answer(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, record: Record) -> Sample:

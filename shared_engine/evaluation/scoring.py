@@ -60,22 +60,18 @@ def score_number(output: str, gold: str) -> Score:
 # --- multiple choice (ARC, MMLU-Redux, BBH options) ------------------------------------------------
 
 def extract_choice(output: str, labels: str) -> str | None:
-    """The chosen option letter among ``labels``: the last 'answer is (X)' / 'Answer: X', else the last
-    '(X)', else a lone letter that is the whole answer."""
+    """The chosen option letter among ``labels`` (capital letters only: "a" is an article): the last
+    'answer is (X)' / 'Answer: X', else the last '(X)', else a first line that is only the letter."""
     set_ = re.escape(labels)
-    patterns = [
-        rf"answer is\s*:?\s*\(?\s*([{set_}])\b",
-        rf"answer\s*:\s*\(?\s*([{set_}])\b",
-        rf"\(([{set_}])\)",
-        rf"^\s*\(?([{set_}])\)?[.:]?(?:\s|$)",
-    ]
+    patterns = [rf"(?i:answer is)\s*:?\s*\(?\s*([{set_}])\b", rf"(?i:answer)\s*:\s*\(?\s*([{set_}])\b",
+                rf"\(([{set_}])\)"]
     for pattern in patterns:
-        matches = re.findall(pattern, output, flags=re.IGNORECASE | re.MULTILINE if "^" in pattern else re.IGNORECASE)
+        matches = re.findall(pattern, output)
         if matches:
-            letter = matches[-1].upper()
-            if letter in labels:
-                return letter
-    return None
+            return matches[-1]
+    first_line = output.strip().split("\n", 1)[0].strip()
+    lone = re.fullmatch(rf"\(?([{set_}])\)?[.:]?", first_line)
+    return lone.group(1) if lone else None
 
 
 def score_choice(output: str, gold: str, labels: str) -> Score:
