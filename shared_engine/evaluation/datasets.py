@@ -56,15 +56,15 @@ def _jsonl(path: Path, skipped: Counter[str]) -> Iterator[dict[str, Any]]:
     """JSON lines. A record whose string holds a raw line break spans lines and is read as one
     (TriviaQA has such records); a line that is only the tail of such a record, whose head is not
     in the file (the 70% split cut it off), is skipped and counted."""
-    pending, start = "", 0
+    pending = ""
     with path.open(encoding="utf-8", newline="\n") as f:
-        for number, line in enumerate(f, 1):
+        for line in f:
             if not line.strip():
                 continue
             if pending and line.lstrip().startswith("{"):  # a head whose tail never came
                 skipped["malformed line"] += 1
                 pending = ""
-            pending, start = pending + line, start if pending else number
+            pending += line
             try:
                 yield json.loads(pending, strict=False)
             except json.JSONDecodeError as err:
