@@ -34,12 +34,23 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--drafter-confidence", type=float,
                         help="safe: skip fusion where the drafter's probability is >= this (e.g. 0.5)")
+    parser.add_argument("--uncertainty", choices=["margin", "entropy"], default="margin",
+                        help="adafuse: how a member's uncertainty is measured")
+    parser.add_argument("--threshold", type=float,
+                        help="adafuse: sure when margin >= this (default 0.7) or entropy <= this (0.6)")
+    parser.add_argument("--max-words", type=int, default=3, help="adafuse: words per confident span")
+    parser.add_argument("--num-candidates", type=int, default=3,
+                        help="adafuse: continuations each member proposes where unsure")
+    parser.add_argument("--candidate-temperature", type=float, default=0.0,
+                        help="adafuse: sample candidates past their first token at this temperature")
 
 
 def _engine(args: argparse.Namespace, method: str) -> EnsembleEngine:
     return EnsembleEngine(args.models, method=method, drafter=args.drafter, draft_length=args.draft_length,
                           fusion=args.fusion, sharpen=None if args.sharpen == "none" else args.sharpen,
-                          drafter_confidence=args.drafter_confidence, max_new_tokens=args.max_new_tokens)
+                          drafter_confidence=args.drafter_confidence, max_new_tokens=args.max_new_tokens,
+                          uncertainty=args.uncertainty, threshold=args.threshold, max_words=args.max_words,
+                          num_candidates=args.num_candidates, candidate_temperature=args.candidate_temperature)
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -80,11 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-color", action="store_true", help="do not highlight ensembled tokens")
     run.add_argument("prompt")
 
-    bench = sub.add_parser("bench", help="drafter alone vs SAFE vs every-token on the same prompts")
+    bench = sub.add_parser("bench", help="drafter alone vs SAFE vs every-token vs AdaFuse on the same prompts")
     _add_engine_args(bench)
     bench.add_argument("--prompts", type=int, default=4, help="number of GSM8K questions")
     bench.add_argument("--data", help="a GSM8K-format JSONL file (default: ../shared/data/gsm8k/test.jsonl)")
-    bench.add_argument("--methods", default="single,safe,every-token")
+    bench.add_argument("--methods", default="single,safe,every-token,adafuse")
     bench.add_argument("--json", help="write the results here")
     bench.set_defaults(max_new_tokens=128)
     return parser
