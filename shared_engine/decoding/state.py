@@ -153,6 +153,8 @@ class RequestState:
         stats = self.stats
         stats.elapsed_s = time.perf_counter() - self.started
         stats.forward_passes = {n: s.num_forwards for n, s in zip(self.labels, self.sessions)}
-        stats.ensemble_rate = stats.ensembled_tokens / stats.tokens if stats.tokens else 0.0
+        # The position where the answer ended with EOS was decided too (and may have been fused).
+        positions = stats.tokens + (1 if self.finish_reason == "eos" else 0)
+        stats.ensemble_rate = stats.ensembled_tokens / positions if positions else 0.0
         stats.tokens_per_s = stats.tokens / stats.elapsed_s if stats.elapsed_s > 0 else 0.0
         return stats
