@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -84,6 +89,16 @@ def test_streamed_and_whole_answers_match_the_engine(base_url: str) -> None:
     positions = [d["position"] for d in decisions]
     assert len(positions) == expected.stats.ensembled_tokens and positions == sorted(set(positions))
     assert {"candidates", "chosen", "sharpened", "changed"} <= decisions[0].keys()
+
+
+def test_text_parts_and_the_developer_role_are_read_like_plain_messages(base_url: str) -> None:
+    plain = post(base_url, {"model": MODEL, "max_tokens": 6, "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sofia walked to the park"}]})
+    parts = post(base_url, {"model": MODEL, "max_tokens": 6, "messages": [
+        {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Sofia walked "}, {"type": "text", "text": "to the park"}]}]})
+    assert plain.status_code == parts.status_code == 200
+    assert parts.json()["choices"] == plain.json()["choices"]
 
 
 def test_ensemble_events_can_be_turned_off(base_url: str) -> None:
@@ -291,3 +306,40 @@ def test_overload_is_a_429_and_a_queued_client_that_leaves_frees_its_place(
         assert first and first[0].status_code == 200
         assert admission.load().active == 0
         assert post(url, body).status_code == 200
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def test_serve_command_serves_local_model_folders(tmp_path: Path) -> None:
+    folders = []
+    for name, member in zip(("toy-a", "toy-b"), toy_members()):
+        folder = tmp_path / name
+        member.model.save_pretrained(folder)
+        member.tokenizer.save_pretrained(folder)
+        folders.append(str(folder))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "shared_engine.cli", "serve", "--models", ",".join(folders),
+               "--method", "every-token", "--port", str(port), "--max-new-tokens", "6"]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.communicate()[0]
+            assert time.monotonic() < deadline, "the server did not come up"
+            try:
+                health = httpx.get(f"{url}/health", timeout=2).json()
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert health["members"] == ["toy-a", "toy-b"] and health["model"] == MODEL
+        answer = post(url, {"model": MODEL, "messages": USER}).json()
+        assert answer["usage"]["completion_tokens"] <= 6  # --max-new-tokens is the request default
+    finally:
+        server.send_signal(signal.SIGINT)
+        output = server.communicate(timeout=30)[0]
+    assert server.returncode == 0, output
+    assert f"http://127.0.0.1:{port}/" in output
