@@ -4,6 +4,7 @@ and an immediate "overloaded" answer beyond that (a client should retry later, n
 from __future__ import annotations
 
 import asyncio
+from typing import Self
 
 from pydantic import BaseModel
 
@@ -50,7 +51,7 @@ class Ticket:
         self._running = False
         self._closed = False
 
-    async def __aenter__(self) -> Ticket:
+    async def __aenter__(self) -> Self:
         await self._admission._slots.acquire()
         self._running = True
         self._admission._active += 1

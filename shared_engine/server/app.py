@@ -101,10 +101,9 @@ async def _events(engine: EnsembleEngine, ticket: Ticket, messages: list[dict[st
                   params: dict[str, Any]) -> AsyncIterator[Event]:
     """The engine's event stream for one request, run while holding an admission slot."""
     try:
-        async with ticket:
-            async with aclosing(engine.astream(messages, **params)) as stream:  # type: ignore[type-var]
-                async for event in stream:
-                    yield event
+        async with ticket, aclosing(engine.astream(messages, **params)) as stream:  # type: ignore[type-var]
+            async for event in stream:
+                yield event
     finally:
         ticket.close()
 
@@ -209,6 +208,9 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
         return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
                         code=kind, headers=exc.headers).response()
 
+    async def server_error(request: Request, exc: Exception) -> Response:
+        return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error").response()
+
     routes = [
         Route("/", page, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
@@ -216,6 +218,6 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={ApiError: api_error, HTTPException: http_error})
+                    exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error})
     app.state.engine, app.state.admission, app.state.model_name = engine, admission, name
     return app
