@@ -1,4 +1,5 @@
-"""Command line: ``safe-ensemble run`` streams an answer, ``safe-ensemble bench`` measures speed.
+"""Command line: ``safe-ensemble run`` streams an answer, ``safe-ensemble bench`` measures speed,
+``safe-ensemble serve`` runs the OpenAI-compatible server (shared_engine/server).
 
 Argument parsing and printing only; all logic lives in the engine.
 """
@@ -13,6 +14,7 @@ import sys
 from .engine import EnsembleEngine
 from .errors import EnsembleError
 from .options import METHODS
+from .server.command import add_serve_command
 
 _HIGHLIGHT, _RESET = "\033[1;33m", "\033[0m"
 
@@ -98,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--methods", default="single,safe,every-token,adafuse")
     bench.add_argument("--json", help="write the results here")
     bench.set_defaults(max_new_tokens=128)
+
+    add_serve_command(sub, _add_engine_args)
     return parser
 
 
@@ -106,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return asyncio.run(_run(args))
+        if args.command == "serve":
+            from .server.command import serve
+            return serve(args, _engine(args, args.method))
         from .bench import run_bench
         results = run_bench(args)
         text = json.dumps(results, indent=2)
