@@ -27,7 +27,7 @@ import json
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from langchain_core.callbacks import (
     AsyncCallbackManager,
