@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 PROMPT ?= What is 17 + 25? Answer briefly.
 MODELS ?= qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct
 
-.PHONY: setup run test test-fast bench clean
+.PHONY: setup browser run test test-fast bench clean
 
 setup: $(STAMP)
 
@@ -14,13 +14,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned: this takes the local CPU wheel instead of a CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[langchain,llamaindex,eval,test]'
+	$(PY) -m pip install -q -e '.[langchain,llamaindex,server,eval,test]'
 	touch $(STAMP)
+
+# Debian's chromium for the server page's browser test (tests/test_server_zoo.py), which skips
+# with a reason if it is still missing (e.g. no root to run apt-get).
+browser:
+	@test -x /usr/bin/chromium || { (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq chromium) >/dev/null 2>&1 || echo "note: could not install chromium"; }
 
 run: setup
 	$(VENV)/bin/safe-ensemble run --models $(MODELS) --max-new-tokens 64 "$(PROMPT)"
 
-test: setup
+test: setup browser
 	$(PY) -m pytest -q
 
 test-fast: setup

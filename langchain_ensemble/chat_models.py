@@ -27,7 +27,7 @@ import json
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from langchain_core.callbacks import (
     AsyncCallbackManager,
@@ -61,6 +61,7 @@ from shared_engine import EngineOptions, EnsembleEngine, GenerationParams, Inval
 from shared_engine.engine import iterate_sync
 from shared_engine.events import Event, FinishEvent
 from shared_engine.members import load_member
+from shared_engine.options import Method
 
 from ._tools import (
     TOOL_CALL_CLOSE,
@@ -74,7 +75,7 @@ from ._tools import (
     tool_names,
 )
 
-EVENT_TYPES = ("token", "draft", "verify", "ensemble", "cache_sync", "finish")
+EVENT_TYPES = ("token", "draft", "verify", "ensemble", "adafuse", "cache_sync", "finish")
 """Engine event types that can be forwarded as ``ensemble.<type>`` custom events."""
 
 _ENGINE_OPTION_KEYS = frozenset(EngineOptions.model_fields) - frozenset(GenerationParams.model_fields) - {"method"}
@@ -141,7 +142,7 @@ class ChatEnsemble(BaseChatModel):
 
     models: list[str] = Field(min_length=1)
     """Member names (zoo names, local Hugging Face folders or .gguf paths); the first drafts."""
-    method: Literal["safe", "every-token", "gac-threshold", "single"] = "safe"
+    method: Method = "safe"
     """How the ensemble decodes (see the engine's README)."""
     max_tokens: int = Field(256, ge=1)
     """Answer length cap, in drafter tokens."""
@@ -155,9 +156,9 @@ class ChatEnsemble(BaseChatModel):
     """Default stop strings; a call's own ``stop`` replaces them."""
     streaming: bool = False
     """Make ``invoke`` use the streaming path (LangChain convention)."""
-    custom_events: list[str] = Field(default_factory=lambda: ["ensemble", "finish"])
+    custom_events: list[str] = Field(default_factory=lambda: ["ensemble", "adafuse", "finish"])
     """Engine event types sent as ``ensemble.<type>`` custom events; any of ``EVENT_TYPES``.
-    The default sends fusion decisions and the final stats, not every token or draft."""
+    The default sends fusion decisions (SAFE's and AdaFuse's) and the final stats, not every token or draft."""
     engine_options: dict[str, Any] = Field(default_factory=dict)
     """Extra ``EngineOptions`` (drafter, draft_length, fusion, ...); keywords are collected here."""
 

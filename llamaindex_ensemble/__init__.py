@@ -10,10 +10,11 @@ except ImportError as err:  # pragma: no cover - depends on the install
     raise ImportError("llamaindex_ensemble needs llama-index-core: pip install 'safe-ensemble[llamaindex]'") from err
 
 from .base import EnsembleLLM, to_engine_messages
-from .events import EnsembleDecisionEvent, EnsembleFinishEvent, EnsembleStepEvent
+from .events import EnsembleDecisionEvent, EnsembleFinishEvent, EnsembleSpanEvent, EnsembleStepEvent
 from .tools import parse_tool_calls, tools_system_prompt
 
 __all__ = [
-    "EnsembleDecisionEvent", "EnsembleFinishEvent", "EnsembleLLM", "EnsembleStepEvent", "parse_tool_calls",
+    "EnsembleDecisionEvent", "EnsembleFinishEvent", "EnsembleLLM", "EnsembleSpanEvent", "EnsembleStepEvent",
+    "parse_tool_calls",
     "to_engine_messages", "tools_system_prompt",
 ]

@@ -39,7 +39,7 @@ from shared_engine.members import Member
 from shared_engine.members.chat import normalize_messages
 from shared_engine.options import GenerationParams, validated
 
-from .events import EnsembleDecisionEvent, EnsembleFinishEvent, EnsembleStepEvent, dispatcher
+from .events import EnsembleDecisionEvent, EnsembleFinishEvent, EnsembleSpanEvent, EnsembleStepEvent, dispatcher
 from .tools import DEFAULT_TOOL_RESULT_HINT, parse_tool_calls, streamable_text, tool_call_text, tools_system_prompt
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ class EnsembleLLM(FunctionCallingLLM):
     """
 
     models: list[str] = Field(description="Member names (zoo names, local folders or .gguf paths).")
-    method: str = Field("safe", description="safe | every-token | gac-threshold | single")
+    method: str = Field("safe", description="safe | every-token | gac-threshold | single | adafuse")
     max_tokens: int = Field(256, ge=1, description="Default answer length cap (drafter tokens).")
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy.")
     context_window: int | None = Field(
@@ -230,6 +230,11 @@ class EnsembleLLM(FunctionCallingLLM):
                 model_name=self.model_name, position=event.position, offset=event.offset, chosen=event.chosen,
                 drafted=event.drafted, changed=event.changed, sharpened=event.sharpened,
                 candidates=event.candidates, span_id=span_id))
+        elif event.type == "adafuse":
+            dispatcher.event(EnsembleSpanEvent(
+                model_name=self.model_name, position=event.position, offset=event.offset, fused=event.fused,
+                leader=event.leader, member_uncertainty=event.member_uncertainty,
+                candidates=event.candidates, chosen=event.chosen, span_id=span_id))
         elif event.type == "finish":
             dispatcher.event(EnsembleFinishEvent(model_name=self.model_name, reason=event.reason,
                                                  stats=event.stats, span_id=span_id))

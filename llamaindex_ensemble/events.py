@@ -29,7 +29,7 @@ from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events import BaseEvent
 from pydantic import Field
 
-from shared_engine.events import Candidate, Stats
+from shared_engine.events import Candidate, SpanCandidate, Stats
 
 dispatcher = get_dispatcher("llamaindex_ensemble")
 
@@ -49,6 +49,24 @@ class EnsembleDecisionEvent(BaseEvent):
     @classmethod
     def class_name(cls) -> str:
         return "EnsembleDecisionEvent"
+
+
+class EnsembleSpanEvent(BaseEvent):
+    """An AdaFuse decision (the engine's ``adafuse`` event): a confident member's span, or a span
+    the members voted on."""
+
+    model_name: str
+    position: int = Field(description="Index in the answer (drafter tokens) where the span starts.")
+    offset: int = Field(description="Byte offset in the answer where the span starts.")
+    fused: bool = Field(description="True: voted on by every member; False: the leader was sure.")
+    leader: str
+    member_uncertainty: dict[str, float]
+    candidates: list[SpanCandidate]
+    chosen: str
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "EnsembleSpanEvent"
 
 
 class EnsembleFinishEvent(BaseEvent):

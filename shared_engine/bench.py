@@ -52,13 +52,15 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 
         engine = _engine(args, method)
         engine.generate("Say hi.", max_new_tokens=4)  # warm-up: loads members, builds token tables
-        tokens = elapsed = ensembled = 0.0
+        tokens = elapsed = ensembled = spans = fused_spans = 0.0
         forwards: dict[str, int] = {}
         for prompt in tqdm(prompts, desc=method, file=sys.stderr):
             stats = engine.generate(prompt).stats
             tokens += stats.tokens
             elapsed += stats.elapsed_s
             ensembled += stats.ensembled_tokens
+            spans += stats.spans
+            fused_spans += stats.fused_spans
             for name, count in stats.forward_passes.items():
                 forwards[name] = forwards.get(name, 0) + count
         results["methods"][method] = {
@@ -66,10 +68,12 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "tokens_per_s": round(tokens / elapsed, 3) if elapsed else 0.0,
             "ensemble_rate": round(ensembled / tokens, 4) if tokens else 0.0,
             "forward_passes": forwards,
+            **({"fused_span_rate": round(fused_spans / spans, 4)} if spans else {}),
             "forward_passes_per_token": {k: round(v / tokens, 3) for k, v in forwards.items()} if tokens else {},
         }
     by_method = results["methods"]
-    for method, key in (("single", "single"), ("safe", "safe"), ("every-token", "every_token")):
+    for method, key in (("single", "single"), ("safe", "safe"), ("every-token", "every_token"),
+                        ("adafuse", "adafuse")):
         if method in by_method:
             results[f"{key}_tokens_per_s"] = by_method[method]["tokens_per_s"]
     if "safe" in by_method:
@@ -79,5 +83,10 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         if "every-token" in by_method and by_method["every-token"]["tokens_per_s"]:
             results["safe_vs_every_token"] = round(
                 by_method["safe"]["tokens_per_s"] / by_method["every-token"]["tokens_per_s"], 3)
+    if "adafuse" in by_method:
+        results["adafuse_fused_span_rate"] = by_method["adafuse"].get("fused_span_rate", 0.0)
+        if "single" in by_method and by_method["single"]["tokens_per_s"]:
+            results["adafuse_vs_single"] = round(
+                by_method["adafuse"]["tokens_per_s"] / by_method["single"]["tokens_per_s"], 3)
     results["forward_passes_per_token"] = {m: r["forward_passes_per_token"] for m, r in by_method.items()}
     return results

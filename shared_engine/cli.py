@@ -1,4 +1,5 @@
 """Command line: ``safe-ensemble run`` streams an answer, ``safe-ensemble bench`` measures speed,
+``safe-ensemble serve`` runs the OpenAI-compatible server (shared_engine/server),
 ``safe-ensemble eval`` measures accuracy on a benchmark (shared_engine/evaluation/).
 
 Argument parsing and printing only; all logic lives in the engine.
@@ -14,6 +15,7 @@ import sys
 from .engine import EnsembleEngine
 from .errors import EnsembleError
 from .options import METHODS
+from .server.command import add_serve_command
 
 _HIGHLIGHT, _RESET = "\033[1;33m", "\033[0m"
 
@@ -35,12 +37,23 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--drafter-confidence", type=float,
                         help="safe: skip fusion where the drafter's probability is >= this (e.g. 0.5)")
+    parser.add_argument("--uncertainty", choices=["margin", "entropy"], default="margin",
+                        help="adafuse: how a member's uncertainty is measured")
+    parser.add_argument("--threshold", type=float,
+                        help="adafuse: sure when margin >= this (default 0.7) or entropy <= this (0.6)")
+    parser.add_argument("--max-words", type=int, default=3, help="adafuse: words per confident span")
+    parser.add_argument("--num-candidates", type=int, default=3,
+                        help="adafuse: continuations each member proposes where unsure")
+    parser.add_argument("--candidate-temperature", type=float, default=0.0,
+                        help="adafuse: sample candidates past their first token at this temperature")
 
 
 def _engine(args: argparse.Namespace, method: str) -> EnsembleEngine:
     return EnsembleEngine(args.models, method=method, drafter=args.drafter, draft_length=args.draft_length,
                           fusion=args.fusion, sharpen=None if args.sharpen == "none" else args.sharpen,
-                          drafter_confidence=args.drafter_confidence, max_new_tokens=args.max_new_tokens)
+                          drafter_confidence=args.drafter_confidence, max_new_tokens=args.max_new_tokens,
+                          uncertainty=args.uncertainty, threshold=args.threshold, max_words=args.max_words,
+                          num_candidates=args.num_candidates, candidate_temperature=args.candidate_temperature)
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -81,14 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-color", action="store_true", help="do not highlight ensembled tokens")
     run.add_argument("prompt")
 
-    bench = sub.add_parser("bench", help="drafter alone vs SAFE vs every-token on the same prompts")
+    bench = sub.add_parser("bench", help="drafter alone vs SAFE vs every-token vs AdaFuse on the same prompts")
     _add_engine_args(bench)
     bench.add_argument("--prompts", type=int, default=4, help="number of GSM8K questions")
     bench.add_argument("--data", help="a GSM8K-format JSONL file (default: ../shared/data/gsm8k/test.jsonl)")
-    bench.add_argument("--methods", default="single,safe,every-token")
+    bench.add_argument("--methods", default="single,safe,every-token,adafuse")
     bench.add_argument("--json", help="write the results here")
     bench.set_defaults(max_new_tokens=128)
 
+    add_serve_command(sub, _add_engine_args)
     from .evaluation.cli import add_eval_parser  # `safe-ensemble eval`: shared_engine/evaluation/
     add_eval_parser(sub)
     return parser
@@ -99,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return asyncio.run(_run(args))
+        if args.command == "serve":
+            from .server.command import serve
+            return serve(args, _engine(args, args.method))
         if args.command == "eval":
             from .evaluation.cli import run_eval_command
             return run_eval_command(args)

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from .decoding import FusionSettings, RequestState, decode_round
+from .decoding import AdaFuseSettings, FusionSettings, RequestState, adafuse_round, decode_round
+from .decoding.adafuse import DEFAULT_THRESHOLD
 from .errors import ContextLengthError, InvalidRequestError
 from .events import Event, FinishEvent, Stats
 from .fusion import make_fuser
@@ -114,16 +115,27 @@ class EnsembleEngine:
         stops = tuple(gen.stop) + tuple(s for m in members for s in m.stop_strings)
         state = RequestState(members, self.labels, [m.new_session() for m in members], prompt_ids,
                              gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)))
-        policy = make_policy(self.options.method, self.options.draft_length, self.options.gate_threshold,
-                             self.options.drafter_confidence)
-        fusion = FusionSettings(self.fuser, self._weights(), self.options.sharpen)
         sampler = Sampler(gen.temperature, gen.top_p, gen.seed)
+        next_round = self._round_function()
         while not state.finish_reason:
-            async for event in decode_round(state, policy, fusion, sampler):
+            async for event in next_round(state, sampler):
                 yield event
         for event in state.flush():
             yield event
         yield FinishEvent(reason=state.finish_reason, text=state.text, stats=state.finalize_stats())
+
+    def _round_function(self) -> Any:
+        """The method's decoding round, bound to its settings: ``(state, sampler) -> events``."""
+        opts = self.options
+        if opts.method == "adafuse":
+            settings = AdaFuseSettings(
+                self._weights(), opts.uncertainty,
+                DEFAULT_THRESHOLD[opts.uncertainty] if opts.threshold is None else opts.threshold,
+                opts.max_words, opts.num_candidates, opts.candidate_temperature)
+            return lambda state, sampler: adafuse_round(state, settings, sampler)
+        policy = make_policy(opts.method, opts.draft_length, opts.gate_threshold, opts.drafter_confidence)
+        fusion = FusionSettings(self.fuser, self._weights(), opts.sharpen)
+        return lambda state, sampler: decode_round(state, policy, fusion, sampler)
 
     async def agenerate(self, messages_or_prompt: str | Sequence[Message], *, keep_events: bool = False,
                         **params: Any) -> GenerationResult:

@@ -1,6 +1,6 @@
 """Typed events streamed by the engine (pydantic, JSON-serialisable, stable ``type`` names).
 
-A stream is: ``draft``/``verify``/``ensemble``/``cache_sync`` events as decisions happen, a
+A stream is: ``draft``/``verify``/``ensemble``/``adafuse``/``cache_sync`` events as decisions happen, a
 ``token`` event for every piece of committed text, and exactly one ``finish`` event at the end.
 Concatenating the ``text`` of all ``token`` events gives the answer.
 """
@@ -61,6 +61,30 @@ class EnsembleEvent(_Event):
     changed: bool = Field(description="The fused choice differs from the drafted token.")
 
 
+class SpanCandidate(BaseModel):
+    text: str = Field(description="The candidate span ('<eos>' for ending the answer).")
+    proposed_by: list[str] = Field(description="Members whose continuations gave this span.")
+    member_nll: dict[str, float] = Field(description="Mean token NLL of the span under each member.")
+    score: float = Field(description="Weighted mean of member_nll; the lowest wins.")
+
+
+class AdaFuseEvent(_Event):
+    """One AdaFuse decision: a confident member's span, or a span voted on by every member."""
+
+    type: Literal["adafuse"] = "adafuse"
+    position: int = Field(description="Index in the answer (drafter tokens) where the span starts.")
+    offset: int = Field(description="Byte offset in the answer where the span starts.")
+    uncertainty: Literal["margin", "entropy"]
+    member_uncertainty: dict[str, float] = Field(
+        description="Each member's top-1 margin (higher = surer) or entropy in nats (lower = surer).")
+    leader: str = Field(description="The most confident member.")
+    fused: bool = Field(description="True: the members voted (test-time scaling); False: the "
+                                    "leader was sure and its span was committed as is.")
+    words: int = Field(description="Words in the committed span.")
+    candidates: list[SpanCandidate]
+    chosen: str
+
+
 class CacheSyncEvent(_Event):
     type: Literal["cache_sync"] = "cache_sync"
     member: str
@@ -79,6 +103,8 @@ class Stats(BaseModel):
     chosen_tokens: int = Field(0, description="Tokens committed from a fused choice that differed "
                                               "from the draft (tokens == accepted + chosen).")
     rounds: int = 0
+    spans: int = Field(0, description="AdaFuse: spans committed.")
+    fused_spans: int = Field(0, description="AdaFuse: spans chosen by the members' vote.")
     forward_passes: dict[str, int] = Field(default_factory=dict)
     time_to_first_token_s: float | None = None
     elapsed_s: float = 0.0
@@ -92,5 +118,6 @@ class FinishEvent(_Event):
     stats: Stats
 
 
-Event = Annotated[TokenEvent | DraftEvent | VerifyEvent | EnsembleEvent | CacheSyncEvent | FinishEvent,
+Event = Annotated[TokenEvent | DraftEvent | VerifyEvent | EnsembleEvent | AdaFuseEvent | CacheSyncEvent
+                  | FinishEvent,
                   Field(discriminator="type")]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InvalidRequestError
 
-Method = Literal["safe", "every-token", "gac-threshold", "single"]
+Method = Literal["safe", "every-token", "gac-threshold", "single", "adafuse"]
 METHODS: tuple[str, ...] = get_args(Method)
 
 
@@ -39,7 +39,7 @@ class GenerationParams(BaseModel):
 class EngineOptions(GenerationParams):
     """How the ensemble decodes. Generation parameters given here are the request defaults."""
 
-    method: Method = Field("safe", description="safe | every-token | gac-threshold | single")
+    method: Method = Field("safe", description="safe | every-token | gac-threshold | single | adafuse")
     drafter: str | int | None = Field(None, description="Member name or index that drafts (default: the first).")
     draft_length: int = Field(5, ge=1, le=64, description="Tokens drafted per round (SAFE's gamma).")
     fusion: Literal["unite", "gac"] = Field("unite", description="Cross-vocabulary fusion.")
@@ -51,6 +51,23 @@ class EngineOptions(GenerationParams):
         description="safe: skip fusion where the drafter's probability of its token is >= this "
                     "(SAFE's GaC variant uses 0.5); None = the paper's UniTE rule.")
     top_k: int = Field(10, ge=1, le=100, description="UniTE's top-k per member.")
+    uncertainty: Literal["margin", "entropy"] = Field(
+        "margin", description="adafuse: top-1 margin p1-p2 (the paper's) or entropy in nats.")
+    threshold: float | None = Field(
+        None, ge=0.0, description="adafuse: sure when margin >= this (default 0.7) or entropy <= this "
+                                  "(default 0.6 nats).")
+    max_words: int = Field(3, ge=1, le=16, description="adafuse: most words committed per confident span.")
+    num_candidates: int = Field(3, ge=1, le=16,
+                                description="adafuse: continuations each member proposes where unsure.")
+    candidate_temperature: float = Field(
+        0.0, ge=0.0, description="adafuse: sample candidates past their first token at this temperature "
+                                 "(0: complete each first-token branch greedily).")
+
+    @model_validator(mode="after")
+    def _margin_at_most_one(self) -> EngineOptions:
+        if self.uncertainty == "margin" and self.threshold is not None and self.threshold > 1.0:
+            raise ValueError(f"a margin threshold must be in [0, 1], got {self.threshold}")
+        return self
 
 
 def validated(model: type[BaseModel], **values: object) -> BaseModel:

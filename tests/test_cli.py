@@ -48,6 +48,9 @@ def test_bench_writes_the_documented_keys(tmp_path) -> None:  # noqa: ANN001
     assert result.returncode == 0, result.stderr
     data = json.loads(out.read_text())
     for key in ("single_tokens_per_s", "safe_tokens_per_s", "every_token_tokens_per_s",
-                "safe_ensemble_rate", "forward_passes_per_token", "safe_vs_single", "safe_vs_every_token"):
+                "safe_ensemble_rate", "forward_passes_per_token", "safe_vs_single", "safe_vs_every_token",
+                "adafuse_tokens_per_s", "adafuse_fused_span_rate", "adafuse_vs_single"):
         assert key in data, key
     assert data["safe_ensemble_rate"] == 0.0  # identical members never disagree
+    assert 0.0 <= data["adafuse_fused_span_rate"] <= 1.0
+    assert data["methods"]["adafuse"]["forward_passes_per_token"]

@@ -92,6 +92,11 @@ async def test_runs_refuse_to_mix(tmp_path: Path) -> None:
         await evaluate(engine(), bench, config(), tmp_path, progress=False)
     with pytest.raises(InvalidRequestError, match="max_new_tokens"):
         await evaluate(engine(), bench, config(max_new_tokens=5), tmp_path, resume=True, progress=False)
+    newer = config().model_copy(update={"engine_options": {"draft_length": 5}})   # an option added later, at its default
+    await evaluate(engine(), bench, newer, tmp_path, resume=True, progress=False)
+    changed = config().model_copy(update={"engine_options": {"draft_length": 4}})
+    with pytest.raises(InvalidRequestError, match="draft_length"):
+        await evaluate(engine(), bench, changed, tmp_path, resume=True, progress=False)
 
 
 async def test_a_question_the_engine_rejects_is_a_counted_failure(tmp_path: Path) -> None:

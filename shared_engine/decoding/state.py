@@ -13,9 +13,25 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..alignment import TokenizedText
+from ..alignment import TokenizedText, TokenTable
 from ..events import CacheSyncEvent, Stats, TokenEvent
 from ..members import Member, Session
+
+
+def spell_bytes(table: TokenTable, piece: bytes, member: str = "member") -> list[int]:
+    """Ids of ``table`` spelling exactly ``piece``: one token if the vocabulary has it, else the
+    canonical spelling of the text, else single-byte tokens (for bytes that are not valid UTF-8)."""
+    token = table.token_id(piece)
+    if token is not None:
+        return [token]
+    try:
+        return table.spell(piece.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        pass
+    singles = [table.token_id(bytes([b])) for b in piece]
+    if any(t is None for t in singles):
+        raise ValueError(f"{member} cannot spell {piece!r}")
+    return [t for t in singles if t is not None]
 
 
 @dataclass
@@ -29,6 +45,7 @@ class RequestState:
     answer: bytearray = field(default_factory=bytearray)
     drafter_ids: list[int] = field(default_factory=list)
     texts: list[TokenizedText] = field(default_factory=list)  # verifiers' tokenizations
+    drafter_text: TokenizedText | None = None  # the drafter's canonical tokenization (span decoders)
     text: str = ""  # decoded answer (complete characters only)
     emitted: int = 0  # characters of ``text`` already sent as token events
     finish_reason: str | None = None
@@ -39,6 +56,7 @@ class RequestState:
 
     def __post_init__(self) -> None:
         self.texts = [TokenizedText(m.table) for m in self.members[1:]]
+        self.drafter_text = TokenizedText(self.drafter.table)
         self.stats.prompt_tokens = len(self.prompt_ids[0])
 
     @property
@@ -50,18 +68,23 @@ class RequestState:
 
     def ids_for_piece(self, piece: bytes) -> list[int]:
         """Drafter ids spelling ``piece`` (a candidate that may come from another vocabulary)."""
-        table = self.drafter.table
-        token = table.token_id(piece)
-        if token is not None:
-            return [token]
-        try:
-            return table.spell(piece.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            pass
-        singles = [table.token_id(bytes([b])) for b in piece]
-        if any(t is None for t in singles):
-            raise ValueError(f"drafter {self.drafter.name} cannot spell {piece!r}")
-        return [t for t in singles if t is not None]
+        return spell_bytes(self.drafter.table, piece, self.drafter.name)
+
+    def member_context(self, index: int) -> list[int]:
+        """Prompt + answer in member ``index``'s ids: the drafter's own ids for the drafter, the
+        canonical re-tokenization of the answer for every other member."""
+        if index == 0:
+            return self.drafter_target()
+        tokens = self.texts[index - 1]
+        tokens.set_text(bytes(self.answer))
+        return self.prompt_ids[index] + tokens.ids
+
+    def canonical_texts(self) -> list[TokenizedText]:
+        """Every member's canonical tokenization of the answer (for boundary checks)."""
+        assert self.drafter_text is not None
+        for tokens in [self.drafter_text, *self.texts]:
+            tokens.set_text(bytes(self.answer))
+        return [self.drafter_text, *self.texts]
 
     def commit(self, ids: list[int], source: str) -> list[TokenEvent]:
         """Append drafter ids to the answer; returns the token events to stream. Sets
@@ -130,6 +153,8 @@ class RequestState:
         stats = self.stats
         stats.elapsed_s = time.perf_counter() - self.started
         stats.forward_passes = {n: s.num_forwards for n, s in zip(self.labels, self.sessions)}
-        stats.ensemble_rate = stats.ensembled_tokens / stats.tokens if stats.tokens else 0.0
+        # The position where the answer ended with EOS was decided too (and may have been fused).
+        positions = stats.tokens + (1 if self.finish_reason == "eos" else 0)
+        stats.ensemble_rate = stats.ensembled_tokens / positions if positions else 0.0
         stats.tokens_per_s = stats.tokens / stats.elapsed_s if stats.elapsed_s > 0 else 0.0
         return stats

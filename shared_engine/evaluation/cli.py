@@ -12,7 +12,7 @@ import asyncio
 from pathlib import Path
 
 from ..errors import InvalidRequestError
-from ..options import METHODS
+from ..options import METHODS, GenerationParams
 from .benchmarks import BENCHMARKS, FLORES_PAIRS, get_benchmark
 from .runner import RunConfig, evaluate
 
@@ -66,8 +66,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     bench = get_benchmark(args.bench, args.data, args.pair)
     args.max_new_tokens = args.max_new_tokens or bench.max_new_tokens
     engine = _engine(args, method)
-    options = engine.options.model_dump(include={"drafter", "draft_length", "fusion", "sharpen", "weights",
-                                                 "drafter_confidence", "gate_threshold", "top_k"})
+    options = engine.options.model_dump(exclude=set(GenerationParams.model_fields) | {"method"})  # any method's
     models = [_drafter(args)] if method == "single" else args.models  # `single` runs the drafter alone
     config = RunConfig(bench=bench.name, models=models, method=method, max_new_tokens=args.max_new_tokens,
                        engine_options=options)

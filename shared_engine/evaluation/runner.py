@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from ..engine import EnsembleEngine
 from ..errors import EnsembleError, InvalidRequestError
+from ..options import EngineOptions
 from .benchmarks import Benchmark
 from .datasets import Record
 from .prompts import PROMPT_VERSION
@@ -133,6 +134,9 @@ def _check_config(out: Path, config: RunConfig, resume: bool) -> None:
         raise InvalidRequestError(f"{samples_file} already has samples: pass --resume to continue it, or another --out")
     if resume and config_file.exists():
         previous = RunConfig.model_validate_json(config_file.read_text())
+        defaults = EngineOptions().model_dump()  # options the engine gained since, at their defaults, still match
+        previous.engine_options |= {k: v for k, v in config.engine_options.items()
+                                    if k not in previous.engine_options and v == defaults.get(k)}
         if previous != config:
             diff = {k: (v, getattr(config, k)) for k, v in previous.model_dump().items() if getattr(config, k) != v}
             raise InvalidRequestError(f"cannot resume {out}: it was run with different settings {diff}")

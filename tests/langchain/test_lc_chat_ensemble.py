@@ -210,3 +210,21 @@ async def test_context_longer_than_the_smallest_window_is_a_clear_error() -> Non
         list(llm.stream("hi", max_tokens=1_000_000))
     with pytest.raises(InvalidRequestError, match="temperature"):
         llm.invoke("hi", temperature=-1)
+
+
+async def test_adafuse_decisions_are_custom_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real engine (tiny random members, two tokenizers) behind ChatEnsemble, method adafuse."""
+    from shared_engine import EnsembleEngine
+    from tests.toy import toy_member
+
+    engine = EnsembleEngine([toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)],
+                            method="adafuse", threshold=1.0)
+    monkeypatch.setattr(chat_models, "_shared_engine", lambda *args: engine)
+    llm = ChatEnsemble(models=["a", "b"], method="adafuse", max_tokens=8)
+    chain = RunnablePassthrough() | llm  # a bare model's astream_events drops custom events (see README)
+    seen = [ev async for ev in chain.astream_events("Hi", version="v2") if ev["event"] == "on_custom_event"]
+    names = [ev["name"] for ev in seen]
+    assert names[-1] == "ensemble.finish" and "ensemble.adafuse" in names
+    spans = [ev["data"] for ev in seen if ev["name"] == "ensemble.adafuse"]
+    assert all(s["fused"] and s["chosen"] == s["candidates"][0]["text"] for s in spans)
+    assert seen[-1]["data"]["stats"]["fused_spans"] == len(spans)

@@ -69,3 +69,13 @@ def test_breaking_out_of_a_sync_stream_stops_the_request(toy_llm: EnsembleLLM) -
         break
     assert expected.startswith(first.text)
     assert toy_llm.complete("Tell me about Sofia.").text == expected
+
+
+def test_adafuse_span_decisions_reach_instrumentation(toy_members: list, collector) -> None:
+    llm = EnsembleLLM(models=toy_members, method="adafuse", threshold=1.0, max_tokens=8)
+    response = llm.complete("Tell me about Sofia.")
+    spans = collector.named("EnsembleSpanEvent")
+    stats = response.raw["ensemble"]
+    assert spans and len(spans) == stats["fused_spans"] == stats["spans"]
+    assert all(s.fused and s.candidates and s.chosen == s.candidates[0].text for s in spans)
+    assert {s.span_id for s in spans} == {e.span_id for e in collector.named("LLMCompletionStartEvent")}

@@ -45,7 +45,8 @@ def test_embedding_class() -> None:  # the name the official llama-index-llms-* 
 
 def test_public_api() -> None:
     assert set(llamaindex_ensemble.__all__) == {
-        "EnsembleDecisionEvent", "EnsembleFinishEvent", "EnsembleLLM", "EnsembleStepEvent", "parse_tool_calls",
+        "EnsembleDecisionEvent", "EnsembleFinishEvent", "EnsembleLLM", "EnsembleSpanEvent", "EnsembleStepEvent",
+        "parse_tool_calls",
         "to_engine_messages", "tools_system_prompt"}
 
 

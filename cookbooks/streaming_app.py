@@ -1,0 +1,119 @@
+"""Cookbook: the ensemble as an OpenAI-compatible endpoint, from the `openai` client, curl and LangChain.
+
+Start a server (it loads the members once, then serves concurrent requests):
+
+    safe-ensemble serve --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct --method safe --port 8000
+
+and open http://127.0.0.1:8000/ to watch the ensemble at work: the answer streams in, tokens
+chosen by fusion are highlighted, and every decision (candidates, each member's probability, the
+fused score, the choice, whether sharpening fired) is listed beside it.
+
+Any OpenAI client then works with ``base_url="http://127.0.0.1:8000/v1"``, any API key, and
+``model="safe-ensemble"`` (the name ``GET /v1/models`` lists; ``--served-model-name`` changes it).
+From the shell:
+
+    curl -N http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' -d '{
+      "model": "safe-ensemble", "stream": true, "max_tokens": 32,
+      "messages": [{"role": "user", "content": "What is 17 + 25?"}]}'
+
+Each streamed ``chat.completion.chunk`` carries one extra field, ``ensemble``: ``source``
+("ensemble" when fusion chose this text over the drafter's token), ``position`` and the
+``decisions`` made since the previous chunk; the final chunk adds ``stats``. OpenAI clients keep
+unknown fields in ``model_extra``, so nothing breaks; send ``"ensemble_events": false`` to leave
+the decisions out.
+
+This script runs the three clients below. With ``--base-url`` it talks to a running server;
+without, it starts one in-process on a free loopback port (that is how CI runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+from contextlib import ExitStack
+
+import openai
+from langchain_openai import ChatOpenAI
+
+MEMBERS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
+QUESTION = "What is 17 + 25? Answer briefly."
+
+
+def with_openai(base_url: str, model: str, max_tokens: int) -> None:
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="not-needed")
+
+    # One answer at once; the ensemble's statistics ride along in `model_extra`.
+    completion = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=max_tokens, temperature=0)
+    stats = completion.model_extra["ensemble"]["stats"]
+    print(f"[openai] {completion.choices[0].message.content!r}")
+    print(f"[openai] finish={completion.choices[0].finish_reason} usage={completion.usage.total_tokens} tokens, "
+          f"ensemble rate {stats['ensemble_rate']:.0%}")
+
+    # Streamed: text arrives chunk by chunk; [brackets] mark text chosen by fusion.
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=max_tokens, temperature=0,
+        stream=True, stream_options={"include_usage": True})
+    decisions = 0
+    print("[openai stream] ", end="")
+    for chunk in stream:
+        extension = (chunk.model_extra or {}).get("ensemble") or {}
+        decisions += len(extension.get("decisions", []))
+        if chunk.choices and chunk.choices[0].delta.content:
+            text = chunk.choices[0].delta.content
+            print(f"[{text}]" if extension.get("source") == "ensemble" else text, end="", flush=True)
+        if chunk.usage:
+            print(f"\n[openai stream] {chunk.usage.completion_tokens} tokens, {decisions} ensemble decisions")
+
+
+def with_curl(base_url: str, model: str, max_tokens: int) -> None:
+    if shutil.which("curl") is None:
+        print("[curl] curl is not installed; skipped")
+        return
+    body = {"model": model, "stream": True, "max_tokens": max_tokens, "ensemble_events": False,
+            "messages": [{"role": "user", "content": QUESTION}]}
+    output = subprocess.run(["curl", "-sS", "-N", f"{base_url}/v1/chat/completions",
+                             "-H", "Content-Type: application/json", "-d", json.dumps(body)],
+                            capture_output=True, text=True, check=True, timeout=300).stdout
+    events = [line[6:] for line in output.splitlines() if line.startswith("data: ")]
+    text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "")
+                   for e in events[:-1] if json.loads(e)["choices"])
+    print(f"[curl] {len(events)} SSE events, last {events[-1]!r}: {text!r}")
+
+
+def with_langchain(base_url: str, model: str, max_tokens: int) -> None:
+    llm = ChatOpenAI(model=model, base_url=f"{base_url}/v1", api_key="not-needed", max_tokens=max_tokens,
+                     temperature=0, max_retries=0)
+    reply = llm.invoke(QUESTION)
+    print(f"[langchain] {reply.content!r} usage={reply.usage_metadata}")
+    print("[langchain stream] ", end="")
+    for chunk in llm.stream(QUESTION):
+        print(chunk.content, end="", flush=True)
+    print()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-url", help="a running server (default: start one here)")
+    parser.add_argument("--model", default="safe-ensemble")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    args = parser.parse_args()
+    with ExitStack() as stack:
+        base_url = args.base_url
+        if base_url is None:
+            from shared_engine import EnsembleEngine
+            from shared_engine.server import create_app
+            from shared_engine.server.background import serve_in_background
+
+            app = create_app(EnsembleEngine(MEMBERS, method="safe"), model_name=args.model)
+            base_url = stack.enter_context(serve_in_background(app))
+            print(f"serving {args.model} at {base_url}/v1 (page: {base_url}/)")
+        with_openai(base_url, args.model, args.max_tokens)
+        with_curl(base_url, args.model, args.max_tokens)
+        with_langchain(base_url, args.model, args.max_tokens)
+
+
+if __name__ == "__main__":
+    main()

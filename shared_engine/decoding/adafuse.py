@@ -1,0 +1,278 @@
+"""AdaFuse (Cui et al., arXiv 2601.06022) on the shared machinery: decide per *word span*.
+
+One round: every member looks at its next-token distribution after the committed answer and
+measures its uncertainty (top-1 margin, or entropy). If the most confident member (the *leader*)
+is sure, it writes on and commits up to ``max_words`` words, adding a word only while it stays sure
+at that word's first token. Otherwise the round is *fused*, with test-time scaling: every member
+proposes ``num_candidates`` one-word continuations (branching over its top first tokens, each
+completed greedily or, with ``candidate_temperature`` > 0, by sampling), the union of candidate
+texts is scored by every member (mean token NLL of the span through the member's own tokenizer,
+one forward that reuses the KV cache of the answer), and the weighted vote commits the best.
+
+Where this differs from the released code (ensembling.md §3), on purpose:
+- spans end where every member has a token boundary (``words.py``), not at a whitespace split,
+  and the committed text is exactly the chosen candidate's bytes (no ``" ".join``): code and CJK
+  survive;
+- KV caches are kept across rounds (``Session.sync``); the prefix is never re-encoded;
+- N members; entropy as an alternative to the margin.
+
+With identical members and ``num_candidates=1`` it is exactly single-model greedy decoding; with
+more candidates the vote may deliberately prefer a branch greedy decoding would not take (mean
+NLL is length-normalised), which is the point of test-time scaling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from ..alignment import EOS_KEY, TokenTable, valid_prefix_length
+from ..events import AdaFuseEvent, Event, SpanCandidate
+from ..members import Session
+from ..sampling import Sampler
+from ..words import SharedEnds, complete_word_ends, span_end, word_ends
+from .state import RequestState, spell_bytes
+
+Uncertainty = Literal["margin", "entropy"]
+DEFAULT_THRESHOLD: dict[str, float] = {"margin": 0.7, "entropy": 0.6}
+"""Margin: the paper's theta_delta. Entropy (nats): 0.6 is about a 0.85/0.15 split."""
+TOKENS_PER_WORD = 8
+"""Generation cap per word wanted (plus one word of lookahead), so a round always ends."""
+UNSPELLABLE_NLL = 50.0
+
+
+@dataclass(frozen=True, slots=True)
+class AdaFuseSettings:
+    weights: torch.Tensor  # [num_members], sums to 1
+    uncertainty: Uncertainty = "margin"
+    threshold: float = 0.7
+    max_words: int = 3
+    num_candidates: int = 3
+    candidate_temperature: float = 0.0
+
+    def measure(self, logits: torch.Tensor) -> float:
+        """Top-1 margin p1 - p2 (higher = surer) or entropy in nats (lower = surer)."""
+        probs = torch.softmax(logits.float(), dim=-1)
+        if self.uncertainty == "margin":
+            top = torch.topk(probs, 2).values
+            return float(top[0] - top[1])
+        return float(-(probs * torch.log(probs.clamp_min(1e-12))).sum())
+
+    def is_sure(self, value: float) -> bool:
+        return value >= self.threshold if self.uncertainty == "margin" else value <= self.threshold
+
+    def sureness(self, value: float) -> float:
+        return value if self.uncertainty == "margin" else -value
+
+
+@dataclass
+class Continuation:
+    """What one member wrote from the answer: its ids, their log-probs and byte offsets."""
+
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # of each id, under the writer
+    measures: list[float] = field(default_factory=list)  # uncertainty of the row each id came from
+    starts: list[int] = field(default_factory=list)  # byte offset of each id in ``data``
+    data: bytes = b""
+    eos: bool = False
+
+    def add(self, token: int, logits: torch.Tensor, table: TokenTable, settings: AdaFuseSettings) -> None:
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        eos = token in table.eos_ids
+        self.ids.append(token)
+        self.logprobs.append(float(torch.logsumexp(logp[list(table.eos_ids)], 0)) if eos else float(logp[token]))
+        self.measures.append(settings.measure(logits))
+        self.starts.append(len(self.data))
+        if eos:
+            self.eos = True
+        else:
+            self.data += table.pieces[token]
+
+    def ids_up_to(self, end: int) -> list[int] | None:
+        """Own ids spelling exactly ``data[:end]`` (None if a token straddles ``end``)."""
+        count = sum(1 for s in self.starts if s < end) if end else 0
+        spelled = b"".join(self._piece(i) for i in range(count))
+        return self.ids[:count] if len(spelled) == end else None
+
+    def _piece(self, index: int) -> bytes:
+        nxt = self.starts[index + 1] if index + 1 < len(self.starts) else len(self.data)
+        return self.data[self.starts[index]:nxt]
+
+    def nll_up_to(self, end: int) -> float | None:
+        ids = self.ids_up_to(end)
+        return -sum(self.logprobs[:len(ids)]) / len(ids) if ids else None
+
+    def sure_words(self, settings: AdaFuseSettings) -> tuple[int, bool]:
+        """Words the writer is sure of (the first always counts; a later word counts if the token
+        that starts it was sure), and whether that number can no longer grow."""
+        ends = complete_word_ends(self.data)
+        words = 1
+        while words < settings.max_words:
+            if len(ends) < words:
+                return words, self.eos
+            start = ends[words - 1]
+            if start not in self.starts or not settings.is_sure(self.measures[self.starts.index(start)]):
+                return words, True
+            words += 1
+        return words, len(ends) >= words or self.eos
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    key: bytes  # the span's bytes, or EOS_KEY
+    ids: list[int] | None  # the writer's own ids for it
+    nll: float | None  # its mean NLL under the writer
+    words: int
+
+
+def _next_logits(session: Session, context: list[int]) -> torch.Tensor:
+    return session.sync(context, len(context))[-1]
+
+
+def _write(session: Session, context: list[int], first: torch.Tensor, token: int, table: TokenTable,
+           settings: AdaFuseSettings, pick: Callable[[torch.Tensor], int], words: int | None,
+           shared: SharedEnds) -> Span:
+    """Blocking: write from ``context`` starting with ``token`` until a span of ``words`` words
+    (None: as many as the writer is sure of) ends where every member has a boundary."""
+    cont, logits = Continuation(), first
+    limit = TOKENS_PER_WORD * ((words or settings.max_words) + 1)
+    while True:
+        cont.add(token, logits, table, settings)
+        wanted, final = (words, len(complete_word_ends(cont.data)) >= words) if words \
+            else cont.sure_words(settings)
+        if cont.eos or len(cont.ids) >= limit:
+            break
+        if final and _has_end(cont.data, wanted, shared(cont.data)):
+            break
+        logits = session.sync(context + cont.ids, len(context) + len(cont.ids))[-1]
+        token = pick(logits)
+    if not cont.data and cont.eos:
+        return Span(EOS_KEY, cont.ids, -cont.logprobs[0], 1)
+    end = span_end(cont.data, wanted, shared(cont.data), finished=cont.eos) or valid_prefix_length(cont.data)
+    key = cont.data[:end]
+    return Span(key, cont.ids_up_to(end), cont.nll_up_to(end), len(word_ends(key.decode("utf-8", "ignore"))))
+
+
+def _has_end(data: bytes, words: int, shared: set[int]) -> bool:
+    ends = complete_word_ends(data)
+    return any(e in shared for e in ends[words - 1:])
+
+
+def _branches(session: Session, context: list[int], first: torch.Tensor, table: TokenTable,
+              settings: AdaFuseSettings, shared: SharedEnds, seed: int) -> list[Span]:
+    """Blocking: ``num_candidates`` one-word continuations from the member's top first tokens."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def pick(logits: torch.Tensor) -> int:
+        if settings.candidate_temperature <= 0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits.float() / settings.candidate_temperature, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=generator))
+
+    tops = torch.topk(first, min(settings.num_candidates, first.shape[-1])).indices.tolist()
+    return [_write(session, context, first, t, table, settings, pick if i else _argmax, 1, shared)
+            for i, t in enumerate(tops)]
+
+
+def _argmax(logits: torch.Tensor) -> int:
+    return int(torch.argmax(logits))
+
+
+def _score(session: Session, context: list[int], first: torch.Tensor, table: TokenTable,
+           keys: list[bytes], own: dict[bytes, float], name: str) -> list[float]:
+    """Blocking: mean token NLL of each candidate span under this member, through its own
+    tokenization, each in one forward on top of the cached answer (own spans reuse their
+    generation log-probs)."""
+    scores = []
+    for key in keys:
+        if key in own:
+            scores.append(own[key])
+        elif key == EOS_KEY:
+            logp = torch.log_softmax(first.float(), dim=-1)
+            scores.append(-float(torch.logsumexp(logp[list(table.eos_ids)], 0)))
+        else:
+            try:
+                ids = spell_bytes(table, key, name)
+            except ValueError:
+                scores.append(UNSPELLABLE_NLL)
+                continue
+            rows = session.sync(context + ids, len(context))
+            logp = torch.log_softmax(rows[:-1].float(), dim=-1)
+            scores.append(-float(logp[torch.arange(len(ids)), torch.tensor(ids)].mean()))
+    return scores
+
+
+async def adafuse_round(state: RequestState, settings: AdaFuseSettings, sampler: Sampler) -> AsyncIterator[Event]:
+    """One AdaFuse round; yields events and leaves the state advanced (or finished)."""
+    members, sessions, labels = state.members, state.sessions, state.labels
+    start, position = len(state.answer), state.stats.tokens
+    contexts = [state.member_context(i) for i in range(len(members))]
+    shared = SharedEnds(bytes(state.answer), state.canonical_texts())
+    firsts = await asyncio.gather(*(m.run(_next_logits, s, c) for m, s, c in zip(members, sessions, contexts)))
+    measures = [settings.measure(f) for f in firsts]
+    leader = max(range(len(members)), key=lambda i: (settings.sureness(measures[i]), -i))
+    state.stats.rounds += 1
+    state.stats.spans += 1
+
+    if settings.is_sure(measures[leader]):
+        member = members[leader]
+        span = await member.run(_write, sessions[leader], contexts[leader], firsts[leader],
+                                sampler.from_logits(firsts[leader]), member.table, settings,
+                                sampler.from_logits, None, shared)
+        chosen, spans = span.key, {leader: [span]}
+        candidates = [SpanCandidate(text=_show(span.key), proposed_by=[labels[leader]],
+                                    member_nll={labels[leader]: round(span.nll or 0.0, 4)},
+                                    score=round(span.nll or 0.0, 4))]
+    else:
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=sampler.generator))
+        proposals = await asyncio.gather(*(
+            m.run(_branches, s, c, f, m.table, settings, shared, seed + i)
+            for i, (m, s, c, f) in enumerate(zip(members, sessions, contexts, firsts))))
+        spans = dict(enumerate(proposals))
+        keys = list(dict.fromkeys(sp.key for props in proposals for sp in props if sp.key))
+        if not keys:  # nothing spellable came out (cannot happen with real text): take one token
+            keys = [state.drafter.table.pieces[int(torch.argmax(firsts[0]))]]
+        owns = [{sp.key: sp.nll for sp in props if sp.nll is not None} for props in proposals]
+        nlls = await asyncio.gather(*(
+            m.run(_score, s, c, f, m.table, keys, own, m.name)
+            for m, s, c, f, own in zip(members, sessions, contexts, firsts, owns)))
+        table = torch.tensor(nlls, dtype=torch.float32)  # [members, candidates]
+        scores = settings.weights @ table
+        chosen = keys[sampler.from_probs(torch.softmax(-scores, dim=0))]
+        candidates = [SpanCandidate(text=_show(k), member_nll={labels[m]: round(float(table[m, c]), 4)
+                                                               for m in range(len(members))},
+                                    proposed_by=[labels[i] for i, props in spans.items()
+                                                 if any(sp.key == k for sp in props)],
+                                    score=round(float(scores[c]), 4))
+                      for c, k in enumerate(keys)]
+        candidates.sort(key=lambda c: c.score)
+
+    fused = not settings.is_sure(measures[leader])
+    words = next((sp.words for sp in spans.get(0, []) + spans.get(leader, []) if sp.key == chosen), 1)
+    yield AdaFuseEvent(position=position, offset=start, uncertainty=settings.uncertainty,
+                       member_uncertainty={l: round(v, 4) for l, v in zip(labels, measures)},
+                       leader=labels[leader], fused=fused, words=words, candidates=candidates,
+                       chosen=_show(chosen))
+    if chosen == EOS_KEY:
+        state.finish_reason = "eos"
+        return
+    own = next((sp.ids for sp in spans.get(0, []) if sp.key == chosen and sp.ids), None)
+    # An empty span (a member wrote only text-less tokens) still has to move the answer on.
+    ids = own or (state.ids_for_piece(chosen) if chosen else [int(torch.argmax(firsts[0]))])
+    before = state.stats.tokens
+    for event in state.commit(ids, "ensemble" if fused else "draft"):
+        yield event
+    if fused:
+        state.stats.fused_spans += 1
+        state.stats.ensembled_tokens += state.stats.tokens - before
+        greedy = spans.get(0, [])[:1]
+        if greedy and greedy[0].key and greedy[0].key != chosen:
+            state.stats.changed_tokens += state.stats.tokens - before
+
+
+def _show(key: bytes) -> str:
+    return "<eos>" if key == EOS_KEY else key.decode("utf-8", "replace")

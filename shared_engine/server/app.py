@@ -1,0 +1,223 @@
+"""The OpenAI-compatible HTTP app over one shared ``EnsembleEngine``.
+
+    app = create_app(EnsembleEngine(["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]))
+    uvicorn.run(app, port=8000)          # or: safe-ensemble serve --models a,b
+
+Routes: ``POST /v1/chat/completions`` (streamed or not), ``GET /v1/models``, ``GET /health`` and
+``GET /`` (the live page). Every error is an OpenAI-style ``{"error": {message, type, param,
+code}}`` body. Requests share the engine (each has its own sessions; members serialise their
+forwards), at most ``max_active`` run at once and ``max_waiting`` more queue; beyond that a 429
+with ``Retry-After`` comes back at once. A client that disconnects, while queued or mid-answer,
+has its generation cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from ..engine import EnsembleEngine
+from ..errors import ContextLengthError, InvalidRequestError
+from ..events import Event
+from ..members.chat import normalize_messages
+from ..options import GenerationParams, validated
+from .admission import Admission, Overloaded, Ticket
+from .completions import collect, stream_chunks
+from .openai_schema import ChatCompletionRequest, ErrorBody, ErrorDetail, ModelCard, ModelList, completion_id
+from .sse import ClientGone, EventStreamResponse, cancel_on_disconnect
+
+MAX_BODY_BYTES = 1 << 20
+
+
+class ApiError(Exception):
+    """An error answered as OpenAI does: HTTP status plus ``{"error": {...}}``."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.headers = status, headers
+        self.detail = ErrorDetail(message=message, type=type, param=param, code=code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(ErrorBody(error=self.detail).model_dump(), self.status, headers=self.headers)
+
+
+def _engine_error(err: InvalidRequestError) -> ApiError:
+    if isinstance(err, ContextLengthError):
+        return ApiError(400, str(err), param="messages", code="context_length_exceeded")
+    return ApiError(400, str(err))
+
+
+def _validation_error(err: ValidationError) -> ApiError:
+    first = err.errors()[0]
+    param = ".".join(map(str, first["loc"])) or None
+    kind = first["type"]
+    code = ("missing_required_parameter" if kind == "missing" else
+            "invalid_type" if kind.endswith("_type") or kind == "model_attributes_type" else "invalid_value")
+    message = f"{param}: {first['msg']}" if param else first["msg"]
+    if len(err.errors()) > 1:
+        message += f" (and {len(err.errors()) - 1} more problems)"
+    return ApiError(400, message, param=param, code=code)
+
+
+async def _parse(request: Request) -> ChatCompletionRequest:
+    """The request body as a validated ``ChatCompletionRequest``, or an ``ApiError`` saying why not."""
+    if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes", code="request_too_large")
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes", code="request_too_large")
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ApiError(400, f"the request body is not valid UTF-8 ({err.reason} at byte {err.start})",
+                       code="invalid_encoding") from None
+    except json.JSONDecodeError as err:
+        raise ApiError(400, f"the request body is not valid JSON: {err}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the request body must be a JSON object, not {type(body).__name__}",
+                       code="invalid_type")
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as err:
+        raise _validation_error(err) from None
+
+
+async def _events(engine: EnsembleEngine, ticket: Ticket, messages: list[dict[str, str]],
+                  params: dict[str, Any]) -> AsyncIterator[Event]:
+    """The engine's event stream for one request, run while holding an admission slot."""
+    try:
+        async with ticket, aclosing(engine.astream(messages, **params)) as stream:  # type: ignore[type-var]
+            async for event in stream:
+                yield event
+    finally:
+        ticket.close()
+
+
+async def _first(events: AsyncIterator[Event]) -> Event:
+    return await anext(events)
+
+
+async def _prepend(first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[Event]:
+    async with aclosing(rest):  # type: ignore[type-var]
+        yield first
+        async for event in rest:
+            yield event
+
+
+@cache
+def _page() -> str:
+    return files(__package__).joinpath("static/index.html").read_text(encoding="utf-8")
+
+
+def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_active: int = 4,
+               max_waiting: int = 16) -> Starlette:
+    """An ASGI app serving ``engine`` under ``model_name`` (default ``"<method>-ensemble"``).
+
+    ``max_active`` requests generate at once (they interleave round by round on the shared
+    members); ``max_waiting`` more wait in a queue; any further request gets a 429."""
+    name = model_name or f"{engine.options.method}-ensemble"
+    admission = Admission(max_active, max_waiting)
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await asyncio.to_thread(lambda: engine.members)  # load weights before serving
+        yield
+
+    def members() -> list[str]:
+        return engine.labels
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "model": name, "method": engine.options.method,
+                             "members": members(), "load": admission.load().model_dump()})
+
+    async def models(request: Request) -> JSONResponse:
+        card = ModelCard(id=name, created=created, method=engine.options.method, members=members())
+        return JSONResponse(ModelList(data=[card]).model_dump())
+
+    async def page(request: Request) -> HTMLResponse:
+        return HTMLResponse(_page())
+
+    async def chat_completions(request: Request) -> Response:
+        req = await _parse(request)
+        if req.model != name:
+            raise ApiError(404, f"The model `{req.model}` does not exist; this server serves `{name}` "
+                                f"(GET /v1/models)", param="model", code="model_not_found")
+        if problem := req.unsupported():
+            raise ApiError(400, f"{problem[0]}: {problem[1]}", param=problem[0], code="unsupported_parameter")
+        try:
+            messages = normalize_messages([m.as_engine_message() for m in req.messages])
+            params = req.generation_params()
+            validated(GenerationParams, **params)
+        except InvalidRequestError as err:
+            raise _engine_error(err) from None
+        try:
+            ticket = admission.admit()
+        except Overloaded as err:
+            raise ApiError(429, f"the server is busy: {err}", type="rate_limit_error",
+                           code="too_many_requests", headers={"Retry-After": "1"}) from None
+
+        cid = completion_id()
+        events = _events(engine, ticket, messages, params)
+        started = False
+        try:
+            if not req.stream:
+                result = await cancel_on_disconnect(request.receive, collect(
+                    events, completion_id=cid, model=name, method=engine.options.method, members=members(),
+                    ensemble_events=req.ensemble_events))
+                return JSONResponse(result.model_dump(exclude_none=True))
+            # Wait for a slot and the first event before answering 200, so that a request the
+            # engine rejects (e.g. too long for a member's context) still gets a proper 400.
+            first = await cancel_on_disconnect(request.receive, _first(events))
+            started = True
+        except InvalidRequestError as err:
+            raise _engine_error(err) from None
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it; the work was cancelled
+        finally:
+            if not started:
+                await events.aclose()
+                ticket.close()
+        chunks = stream_chunks(_prepend(first, events), completion_id=cid, model=name,
+                               include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                               ensemble_events=req.ensemble_events)
+        return EventStreamResponse(chunks, on_close=ticket.close)
+
+    async def api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return exc.response()
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = "not_found" if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else None
+        return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                        code=kind, headers=exc.headers).response()
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error").response()
+
+    routes = [
+        Route("/", page, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error})
+    app.state.engine, app.state.admission, app.state.model_name = engine, admission, name
+    return app

@@ -1,0 +1,41 @@
+"""``safe-ensemble serve``: the subcommand's arguments and entry point (starlette and uvicorn are
+imported only when it runs)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from ..engine import EnsembleEngine
+from ..options import METHODS
+
+
+def add_serve_command(sub: argparse._SubParsersAction, add_engine_args: Callable[[argparse.ArgumentParser], None]
+                      ) -> None:
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server with a live page at /")
+    add_engine_args(serve)
+    serve.add_argument("--method", choices=METHODS, default="safe")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", help="the `model` clients send (default: <method>-ensemble)")
+    serve.add_argument("--max-active", type=int, default=4, help="requests generating at once")
+    serve.add_argument("--max-waiting", type=int, default=16, help="requests queued beyond those (then 429)")
+
+
+def serve(args: argparse.Namespace, engine: EnsembleEngine) -> int:
+    try:
+        import uvicorn
+
+        from .app import create_app
+    except ImportError as err:
+        print(f"error: {err.name} is missing; install the server extra: pip install 'safe-ensemble[server]'",
+              file=sys.stderr)
+        return 2
+    app = create_app(engine, model_name=args.served_model_name, max_active=args.max_active,
+                     max_waiting=args.max_waiting)
+    print(f"serving `{app.state.model_name}` ({args.method}: {', '.join(args.models)}) on "
+          f"http://{args.host}:{args.port}/  (OpenAI base_url: http://{args.host}:{args.port}/v1)",
+          file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=5)
+    return 0

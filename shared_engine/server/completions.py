@@ -1,0 +1,81 @@
+"""Engine events -> OpenAI chat completions (one streamed chunk per committed text delta, or one
+completion object), with the ensemble's decisions riding along in the ``ensemble`` extension."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+from ..events import EnsembleEvent, Event, FinishEvent
+from .openai_schema import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    Choice,
+    ChunkChoice,
+    Delta,
+    EnsembleDelta,
+    EnsembleSummary,
+    ErrorBody,
+    ErrorDetail,
+    Usage,
+    finish_reason,
+)
+from .sse import sse
+
+
+async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, model: str,
+                        include_usage: bool, ensemble_events: bool) -> AsyncIterator[str]:
+    """SSE messages for a streamed completion, ending with ``data: [DONE]``.
+
+    Closing this iterator closes ``events`` (and so the engine stream under it)."""
+
+    def chunk(delta: Delta, reason: str | None = None, ensemble: EnsembleDelta | None = None) -> str:
+        choice = ChunkChoice(delta=delta, finish_reason=finish_reason(reason) if reason else None)
+        body = ChatCompletionChunk(id=completion_id, model=model, choices=[choice],
+                                   ensemble=ensemble if ensemble_events else None)
+        return sse(body.model_dump_json(exclude={"ensemble"} if body.ensemble is None else None))
+
+    pending: list[EnsembleEvent] = []
+    async with aclosing(events):  # type: ignore[type-var]
+        yield chunk(Delta(role="assistant", content=""))
+        try:
+            async for event in events:
+                if event.type == "ensemble":
+                    pending.append(event)
+                elif event.type == "token":
+                    yield chunk(Delta(content=event.text),
+                                ensemble=EnsembleDelta(source=event.source, position=event.position,
+                                                       decisions=pending))
+                    pending = []
+                elif event.type == "finish":
+                    yield chunk(Delta(), event.reason, EnsembleDelta(decisions=pending, stats=event.stats))
+                    if include_usage:
+                        usage = ChatCompletionChunk(id=completion_id, model=model, choices=[],
+                                                    usage=Usage.from_stats(event.stats))
+                        yield sse(usage.model_dump_json(exclude={"ensemble"}))
+        except Exception as err:  # noqa: BLE001 - the status line is sent; report in-stream
+            error = ErrorBody(error=ErrorDetail(message=f"generation failed: {err}", type="server_error"))
+            yield sse(error.model_dump_json())
+            return
+    yield sse("[DONE]")
+
+
+async def collect(events: AsyncIterator[Event], *, completion_id: str, model: str, method: str,
+                  members: list[str], ensemble_events: bool) -> ChatCompletion:
+    """The whole completion at once (non-streamed requests)."""
+    decisions: list[EnsembleEvent] = []
+    finish: FinishEvent | None = None
+    async with aclosing(events):  # type: ignore[type-var]
+        async for event in events:
+            if event.type == "ensemble" and ensemble_events:
+                decisions.append(event)
+            elif event.type == "finish":
+                finish = event
+    if finish is None:  # pragma: no cover - the engine always ends with finish
+        raise RuntimeError("the engine stream ended without a finish event")
+    return ChatCompletion(
+        id=completion_id, model=model,
+        choices=[Choice(message=AssistantMessage(content=finish.text), finish_reason=finish_reason(finish.reason))],
+        usage=Usage.from_stats(finish.stats),
+        ensemble=EnsembleSummary(method=method, members=members, decisions=decisions, stats=finish.stats))

@@ -1,0 +1,225 @@
+"""The slice of the OpenAI Chat Completions API this server speaks, as pydantic models.
+
+Requests are validated strictly (``"5"`` is not an integer, as with OpenAI) so that a client bug
+surfaces as a 400 naming the parameter instead of a silent coercion. Unknown request fields are
+accepted and ignored, as OpenAI-compatible servers usually do, except those whose silent omission
+would change the answer's meaning (``tools``, ``response_format`` other than text, ``logprobs``):
+those get a 400 saying they are not supported.
+
+The ensemble extension: every response carries an extra top-level ``ensemble`` object (OpenAI
+clients keep unknown fields in ``model_extra`` and otherwise ignore them); see ``EnsembleDelta``
+and ``EnsembleSummary``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+
+from ..events import EnsembleEvent, Stats
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One input message; ``content`` may be a string or a list of text parts (no images)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    role: Role
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def as_engine_message(self) -> dict[str, str]:
+        """The engine's message form: ``developer`` is OpenAI's newer name for ``system``."""
+        content = self.content if isinstance(self.content, str) else "".join(
+            part.text for part in self.content or [])
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = Field(None, ge=1, le=1, description="Only one choice per request.")
+    ensemble_events: bool = Field(True, description="Extension: send ensemble decisions along.")
+
+    @field_validator("stop")
+    @classmethod
+    def _stops_non_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if any(not s for s in stops):
+            raise ValueError("stop strings must be non-empty")
+        return value
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(param, message) for a feature this server cannot honour, rather than ignore."""
+        extra = self.model_extra or {}
+        if extra.get("tools") or extra.get("functions"):
+            return "tools", "tool calling is not supported by this server"
+        fmt = extra.get("response_format")
+        if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+            return "response_format", "only {'type': 'text'} is supported"
+        if extra.get("logprobs"):
+            return "logprobs", "log probabilities are not returned by this server"
+        return None
+
+    def generation_params(self) -> dict[str, Any]:
+        """The engine's per-request parameters; unset ones fall back to the engine's defaults."""
+        params: dict[str, Any] = {
+            "max_new_tokens": self.max_completion_tokens or self.max_tokens,
+            "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed, "stop": self.stop}
+        return {k: v for k, v in params.items() if v is not None}
+
+
+# ----------------------------------------------------------------------------- responses
+
+
+class Usage(BaseModel):
+    """Token counts in the drafter's vocabulary (the members tokenize differently)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def from_stats(cls, stats: Stats) -> Usage:
+        return cls(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.tokens,
+                   total_tokens=stats.prompt_tokens + stats.tokens)
+
+
+FinishReason = Literal["stop", "length"]
+
+
+def finish_reason(engine_reason: str) -> FinishReason:
+    """OpenAI has no ``eos``: ending at a model's end-of-turn is ``stop``, as in OpenAI."""
+    return "length" if engine_reason == "length" else "stop"
+
+
+class EnsembleDelta(BaseModel):
+    """Extension on a streamed chunk: where its text came from and the decisions made so far.
+
+    ``decisions`` lists the ensemble decisions (engine ``ensemble`` events) made since the
+    previous chunk; a decision arrives on the chunk of the token it concerns or an earlier one
+    (match by ``position``). ``stats`` is set on the final chunk only."""
+
+    source: Literal["draft", "ensemble"] | None = Field(
+        None, description="'ensemble': this text was chosen by fusion over the drafter's token.")
+    position: int | None = Field(None, description="Answer position (drafter tokens) of this text.")
+    decisions: list[EnsembleEvent] = []
+    stats: Stats | None = None
+
+
+class EnsembleSummary(BaseModel):
+    """Extension on a non-streamed completion: every decision and the run's statistics."""
+
+    method: str
+    members: list[str]
+    decisions: list[EnsembleEvent] = []
+    stats: Stats
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer
+    def _only_set(self) -> dict[str, str]:
+        """OpenAI sends only the delta's present fields (``{}`` on the final chunk)."""
+        return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: Delta
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+def completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+    ensemble: EnsembleDelta | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: FinishReason
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    ensemble: EnsembleSummary | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "safe-ensemble"
+    method: str = Field(description="Extension: the ensemble method.")
+    members: list[str] = Field(description="Extension: member models, drafter first.")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail

@@ -1,0 +1,107 @@
+"""Word spans for span-level decoding (AdaFuse): where a word ends, in any script, and whether
+every member could stop there.
+
+The released AdaFuse code cuts spans at whitespace and joins them back with ``" "``, which breaks
+code (``foo(bar)`` is one "word") and text without spaces (CJK). Here a *word* is leading
+whitespace plus one of: a run of letters/digits/underscores with their combining marks; a single
+CJK character (ideographs, kana, hangul each stand alone, as word segmenters treat them); or a
+single other symbol, keeping emoji ZWJ sequences and variation selectors whole. A word counts as
+*complete* only once something follows it, because the next token could still extend it.
+
+A span may end only where every member's tokenization of the text has a token boundary
+(``SharedEnds``): the same OOV-like rule SAFE applies to single tokens.
+"""
+
+from __future__ import annotations
+
+import copy
+import unicodedata
+from collections.abc import Sequence
+
+from .alignment import TokenizedText, shared_boundaries, valid_prefix_length
+
+_ZWJ, _VS16 = "\u200d", "\ufe0f"
+_CJK_RANGES = ((0x2E80, 0x2FFF), (0x3000, 0x303F), (0x3040, 0x30FF), (0x3100, 0x31FF), (0x3400, 0x4DBF),
+               (0x4E00, 0x9FFF), (0xAC00, 0xD7AF), (0xF900, 0xFAFF), (0xFF00, 0xFFEF),
+               (0x20000, 0x2FFFF))
+
+
+def _is_cjk(char: str) -> bool:
+    code = ord(char)
+    return any(lo <= code <= hi for lo, hi in _CJK_RANGES)
+
+
+def _is_mark(char: str) -> bool:
+    return unicodedata.category(char).startswith("M") or char in (_ZWJ, _VS16) or 0x1F3FB <= ord(char) <= 0x1F3FF
+
+
+def _is_word_char(char: str) -> bool:
+    return (char == "_" or unicodedata.category(char)[0] in "LN") and not _is_cjk(char)
+
+
+def word_ends(text: str) -> list[int]:
+    """Character offsets where each word of ``text`` ends (the last one too, complete or not)."""
+    ends: list[int] = []
+    i, n = 0, len(text)
+    while i < n:
+        while i < n and text[i].isspace():
+            i += 1
+        if i == n:
+            break
+        if _is_word_char(text[i]):
+            while i < n and (_is_word_char(text[i]) or (_is_mark(text[i]) and text[i] != _ZWJ)):
+                i += 1
+        else:
+            i += 1
+            while i < n and _is_mark(text[i]):
+                i += 2 if text[i] == _ZWJ else 1  # a ZWJ glues the next symbol on
+            i = min(i, n)
+        ends.append(i)
+    return ends
+
+
+def complete_word_ends(data: bytes) -> list[int]:
+    """Byte offsets in ``data`` after each *complete* word (one that something else follows)."""
+    text = data[: valid_prefix_length(data)].decode("utf-8")
+    ends = [e for e in word_ends(text) if e < len(text)]
+    return [len(text[:e].encode("utf-8")) for e in ends]
+
+
+class SharedEnds:
+    """Token boundaries shared by every member in ``answer + continuation``, as offsets into the
+    continuation. Works on copies of the members' tokenizations of the answer, re-encoding only
+    the continuation (incremental), so it is cheap to ask after every generated token."""
+
+    def __init__(self, answer: bytes, tokenizations: Sequence[TokenizedText]) -> None:
+        self.answer = answer
+        self._base = list(tokenizations)
+
+    def __call__(self, continuation: bytes) -> set[int]:
+        text = self.answer + continuation
+        scratch = [copy.copy(t) for t in self._base]
+        for tokens in scratch:
+            tokens.ids, tokens.ends = list(tokens.ids), list(tokens.ends)
+            tokens.set_text(text)
+        start = len(self.answer)
+        # The end of the text is a boundary for everyone trivially: it says nothing about
+        # whether a member would split there once more text follows, so it is left out.
+        return {o - start for o in shared_boundaries(text, scratch) if start < o < len(text)}
+
+
+def span_end(continuation: bytes, words: int, shared: set[int], finished: bool) -> int:
+    """Where a span of ``words`` words of ``continuation`` should end: after the ``words``-th
+    complete word if every member can stop there, else at the next complete word end they share;
+    failing that the last shared word end, then any shared boundary, then (only when the
+    continuation is finished, e.g. by EOS) its end. Returns 0 if there is no safe end yet."""
+    ends = complete_word_ends(continuation)
+    if finished:
+        ends.append(valid_prefix_length(continuation))
+    usable = [e for e in ends if e in shared or (finished and e == len(continuation))]
+    later = [e for i, e in enumerate(ends) if i + 1 >= words and e in usable]
+    if later:
+        return later[0]
+    if usable:
+        return usable[-1]
+    if shared:
+        return max(shared)
+    return valid_prefix_length(continuation) if finished else 0

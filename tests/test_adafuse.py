@@ -1,0 +1,164 @@
+"""AdaFuse on the shared engine: word spans, the uncertain branch, cache reuse, real models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shared_engine import EnsembleEngine, InvalidRequestError
+from shared_engine.alignment import TokenizedText, shared_boundaries
+from shared_engine.decoding.adafuse import AdaFuseSettings, _next_logits, _score
+from shared_engine.words import SharedEnds, complete_word_ends, span_end, word_ends
+from tests.test_engine import ANSWER, QUESTION, trained_member
+from tests.toy import toy_member
+
+
+def _words(text: str) -> list[str]:
+    ends = word_ends(text)
+    return [text[a:b] for a, b in zip([0, *ends], ends)]
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("Hi Sofia, hi.", ["Hi", " Sofia", ",", " hi", "."]),
+    ("def add(a_b, c):\n    return a_b+c", ["def", " add", "(", "a_b", ",", " c", ")", ":", "\n    return",
+                                              " a_b", "+", "c"]),
+    ("我们去北京。", ["我", "们", "去", "北", "京", "。"]),
+    ("e\u0301te\u0301 done", ["e\u0301te\u0301", " done"]),
+    ("hi 👩\u200d💻 ok", ["hi", " 👩\u200d💻", " ok"]),
+    ("3.14 km", ["3", ".", "14", " km"]),
+    ("  ", []),
+])
+def test_words_work_for_prose_code_cjk_marks_and_emoji(text: str, words: list[str]) -> None:
+    assert _words(text) == words
+    assert "".join(_words(text)) == text.rstrip() or not words
+
+
+def test_a_word_is_complete_only_once_something_follows_it() -> None:
+    assert complete_word_ends(b" Sofia") == []
+    assert complete_word_ends(b" Sofia,") == [6]
+    assert complete_word_ends(" 北京".encode()) == [4]  # bytes: " " + 3-byte 北
+    assert complete_word_ends(b" ab\xe5\x8c") == []  # an incomplete character is not text yet
+
+
+def test_spans_never_end_inside_a_token_of_any_member() -> None:
+    """' Sofia' is one token for the byte-level member and ' So' + 'fia' for the metaspace one;
+    after ' Sofia,' both have a boundary, after ' So' only one does."""
+    byte_level, metaspace = trained_member("byte_level"), trained_member("metaspace")
+    texts = [TokenizedText(byte_level.table), TokenizedText(metaspace.table)]
+    for tokens in texts:
+        tokens.set_text(b"Hi")
+    shared = SharedEnds(b"Hi", texts)
+    assert 3 not in shared(b" Sofia, hi")  # " So|fia": only the metaspace member may stop there
+    assert 6 in shared(b" Sofia, hi")
+    assert span_end(b" Sofia, hi", 1, shared(b" Sofia, hi"), finished=False) == 6
+    assert span_end(b" Sofia, hi", 2, shared(b" Sofia, hi"), finished=False) == 7
+    assert span_end(b" So", 1, shared(b" So"), finished=False) == 0  # nothing safe yet: write on
+
+
+@pytest.mark.parametrize("threshold", [0.0, 1.0])  # always sure / never sure
+@pytest.mark.parametrize("kind", ["byte_level", "metaspace"])
+def test_identical_members_with_one_candidate_equal_single_greedy(kind: str, threshold: float) -> None:
+    member = toy_member("toy", kind, "llama", seed=3)
+    single = EnsembleEngine([member], method="single").generate("Sofia walked to the park", max_new_tokens=30)
+    result = EnsembleEngine([member, member], method="adafuse", num_candidates=1, threshold=threshold).generate(
+        "Sofia walked to the park", max_new_tokens=30)
+    assert result.text == single.text
+    assert result.stats.changed_tokens == 0
+    assert result.stats.spans == result.stats.rounds
+    assert result.stats.fused_spans == (result.stats.spans if threshold == 1.0 else 0)
+
+
+def test_uncertain_rounds_vote_and_change_the_answer() -> None:
+    """Two different members, never sure: every span is voted on; the vote takes the candidate with
+    the lowest weighted mean NLL, which is at times not the drafter's greedy word, so the answer
+    differs from the drafter's own; committed text is exactly the chosen candidates, in order."""
+    a, b = toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)
+    prompt = "Tom wrote about numbers 12 and 7"
+    alone = EnsembleEngine([a], method="single").generate(prompt, max_new_tokens=24).text
+    engine = EnsembleEngine([a, b], method="adafuse", threshold=1.0, weights=[0.3, 0.7])
+    result = engine.generate(prompt, max_new_tokens=24, keep_events=True)
+    decisions = [e for e in result.events if e.type == "adafuse"]
+    assert decisions and all(d.fused for d in decisions)
+    assert result.stats.fused_spans == len(decisions) == result.stats.spans
+    for d in decisions:
+        scores = [c.score for c in d.candidates]
+        assert scores == sorted(scores) and d.chosen == d.candidates[0].text
+        for c in d.candidates:  # the score is the weighted mean of the members' NLLs
+            assert c.score == pytest.approx(0.3 * c.member_nll["a"] + 0.7 * c.member_nll["b"], abs=2e-3)
+        assert len(d.candidates) >= 2  # test-time scaling widened the pool
+    assert any(d.chosen not in {c.text for c in d.candidates if c.proposed_by == ["a"]} for d in decisions)
+    assert result.text != alone
+    tokens = "".join(e.text for e in result.events if e.type == "token")
+    assert tokens == result.text
+    joined = "".join(d.chosen for d in decisions if d.chosen != "<eos>")
+    assert joined.startswith(result.text)  # exactly the chosen spans (the last one may be cut short)
+
+
+def test_trained_pair_spans_end_on_shared_boundaries_and_recover_the_answer() -> None:
+    drafter, verifier = trained_member("metaspace"), trained_member("byte_level")
+    for threshold in (0.0, 1.0):
+        result = EnsembleEngine([drafter, verifier], method="adafuse", threshold=threshold,
+                                max_new_tokens=16).generate(QUESTION, keep_events=True)
+        assert result.text == ANSWER
+        text = ANSWER.encode()
+        shared = set(shared_boundaries(text, [_tokens(drafter, ANSWER), _tokens(verifier, ANSWER)]))
+        ends = [e.offset + len(e.chosen.encode()) for e in result.events if e.type == "adafuse"
+                and e.chosen != "<eos>"]
+        assert ends and all(end in shared for end in ends)
+        assert not any(e.type == "adafuse" and e.chosen.endswith(" So") for e in result.events)
+
+
+def _tokens(member, text: str) -> TokenizedText:  # noqa: ANN001
+    tokens = TokenizedText(member.table)
+    tokens.set_text(text.encode())
+    return tokens
+
+
+def test_candidates_are_scored_on_top_of_the_cached_answer() -> None:
+    member = toy_member("a", "byte_level", "llama", 1)
+    session = member.new_session()
+    context = member.prompt_ids([{"role": "user", "content": "Count: one two three"}]) + \
+        member.table.encode_fragment(" four five")
+    first = _next_logits(session, context)
+    before = session.num_forwards
+    nlls = _score(session, context, first, member.table, [b" six", b" seven", b"\xe5\x8c\x97"], {}, "a")
+    assert session.num_forwards - before == 3  # one forward per candidate ...
+    assert session.last_sync[0] >= len(context) - 1  # ... on top of the kept answer cache
+    ids = member.table.encode_fragment(" six")
+    with torch.no_grad():
+        logits = member.model(torch.tensor([context + ids])).logits[0, len(context) - 1:-1]
+    expected = -torch.log_softmax(logits, -1)[torch.arange(len(ids)), torch.tensor(ids)].mean()
+    assert nlls[0] == pytest.approx(float(expected), abs=1e-4)
+
+
+def test_entropy_mode_and_option_validation() -> None:
+    a, b = toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)
+    result = EnsembleEngine([a, b], method="adafuse", uncertainty="entropy").generate(
+        "Tom", max_new_tokens=12, keep_events=True)
+    decisions = [e for e in result.events if e.type == "adafuse"]
+    assert decisions and all(d.uncertainty == "entropy" for d in decisions)
+    assert all(d.fused == (min(d.member_uncertainty.values()) > 0.6) for d in decisions)
+    with pytest.raises(InvalidRequestError, match="margin threshold"):
+        EnsembleEngine([a, b], method="adafuse", threshold=1.5)
+    with pytest.raises(InvalidRequestError, match="num_candidates"):
+        EnsembleEngine([a, b], method="adafuse", num_candidates=0)
+    settings = AdaFuseSettings(torch.tensor([0.5, 0.5]))
+    assert settings.measure(torch.tensor([10.0, 0.0, 0.0])) > 0.99
+    assert settings.is_sure(0.7) and not settings.is_sure(0.69)
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("models", [
+    ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"],
+    ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m"],
+])
+def test_real_models_give_valid_text(models: list[str]) -> None:
+    engine = EnsembleEngine(models, method="adafuse", max_new_tokens=24)
+    result = engine.generate("Natalia sold 48 clips in April and half as many in May. How many in total?",
+                             keep_events=True)
+    assert result.text.strip() and "\ufffd" not in result.text
+    assert "".join(e.text for e in result.events if e.type == "token") == result.text
+    decisions = [e for e in result.events if e.type == "adafuse"]
+    assert result.stats.spans == len(decisions) >= 2
+    assert all(set(d.member_uncertainty) == set(engine.labels) for d in decisions)
+    assert all(n > 0 for n in result.stats.forward_passes.values())
