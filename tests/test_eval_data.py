@@ -111,7 +111,7 @@ def test_arc_reads_both_schemas_and_its_dev_split_gives_exemplars() -> None:
     assert 4 in sizes and sizes <= {3, 4, 5}
     assert all(r.answers[0] in {c.label for c in r.choices} for r in test.records)
     messages = get_benchmark("arc-challenge").messages(test.records[0])
-    assert [m["content"][14] for m in messages if m["role"] == "assistant"] == ["D", "C", "A", "B"]
+    assert [m["content"][15] for m in messages if m["role"] == "assistant"] == ["D", "C", "A", "B"]
     assert "(C) Chlorophyll in the leaf captures light energy." in messages[-1]["content"]
 
 
