@@ -132,7 +132,13 @@ async def test_compare_prints_a_table_and_draws_three_plots(tmp_path: Path) -> N
     await evaluate(engine(), bench, config(), tmp_path / "safe", progress=False)
     single = EnsembleEngine([toy_member("a", "byte_level", "llama", 1)], method="single")
     await evaluate(single, bench, config("single"), tmp_path / "single", progress=False)
-    text = compare_runs([tmp_path / "safe", tmp_path / "single"], tmp_path / "plots")
+    text = compare_runs([tmp_path / "safe", tmp_path / "single"], tmp_path / "plots", baseline=tmp_path / "single")
+    safe_rows = [json.loads(x)["correct"] for x in (tmp_path / "safe" / SAMPLES).read_text().splitlines()]
+    single_rows = [json.loads(x)["correct"] for x in (tmp_path / "single" / SAMPLES).read_text().splitlines()]
+    wins = sum(a and not b for a, b in zip(safe_rows, single_rows))
+    losses = sum(b and not a for a, b in zip(safe_rows, single_rows))
+    both = sum(a and b for a, b in zip(safe_rows, single_rows))
+    assert f"| safe (a+b) | 2 | {both} | {wins} | {losses} |" in text
     assert "| toy | safe (a+b) | 2 |" in text and "| toy | single (a+b) | 2 |" in text
     pngs = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
     assert pngs == ["toy-accuracy.png", "toy-tokens-per-s.png", "toy-vs-ensemble-rate.png"]

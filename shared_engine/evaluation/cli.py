@@ -40,6 +40,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     compare.add_argument("dirs", nargs="+", help="folders holding summary.json")
     compare.add_argument("--plots", default="eval-plots", help="folder for the PNG plots")
     compare.add_argument("--json", help="also write the rows as JSON here")
+    compare.add_argument("--baseline", help="one of the folders: count per question where each run wins / loses")
 
 
 def _short(model: str) -> str:
@@ -56,7 +57,8 @@ def run_eval_command(args: argparse.Namespace) -> int:
     if args.eval_command == "compare":
         from .compare import compare_runs
 
-        print(compare_runs([Path(d) for d in args.dirs], Path(args.plots), args.json))
+        print(compare_runs([Path(d) for d in args.dirs], Path(args.plots), args.json,
+                           Path(args.baseline) if args.baseline else None))
         return 0
     if not args.bench or not args.models:
         raise InvalidRequestError("eval needs --bench and --models (or: eval compare DIR...)")

@@ -1,5 +1,7 @@
 """``safe-ensemble eval compare DIR...``: one table row per run, and three PNG plots per benchmark
-(score per run with its 95% interval; score vs ensemble rate; tokens/s per run)."""
+(score per run with its 95% interval; score vs ensemble rate; tokens/s per run). With ``--baseline``
+also a paired count per run: questions it gets right that the baseline misses, and the reverse —
+on small N the paired view says more than two overlapping intervals."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EnsembleError, InvalidRequestError
-from .runner import SUMMARY
+from .runner import SAMPLES, SUMMARY
 
 _SHORT = {"qwen2.5-coder-0.5b-instruct": "qwen", "smollm2-135m-instruct": "smol", "gemma-3-270m": "gemma"}
 
@@ -109,9 +111,34 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None) -> str:
+def paired(baseline: Path, other: Path) -> dict[str, int]:
+    """Question by question on the questions both runs answered: where ``other`` wins and loses."""
+    def verdicts(folder: Path) -> dict[str, bool]:
+        lines = (folder / SAMPLES).read_text(encoding="utf-8").splitlines()
+        return {row["id"]: bool(row["correct"]) for row in map(json.loads, lines)}
+
+    base, new = verdicts(baseline), verdicts(other)
+    common = [i for i in new if i in base]
+    return {"n": len(common), "both_right": sum(base[i] and new[i] for i in common),
+            "wins": sum(new[i] and not base[i] for i in common), "losses": sum(base[i] and not new[i] for i in common)}
+
+
+def paired_table(baseline: Path, summaries: list[dict[str, Any]]) -> str:
+    lines = [f"Paired with {baseline} (the same questions):", "",
+             "| run | N | both right | right only here | right only in baseline |", "|---|---|---|---|---|"]
+    for s in summaries:
+        if Path(s["dir"]) != baseline and s["metric"] != "chrf":
+            p = paired(baseline, Path(s["dir"]))
+            lines.append(f"| {s['label']} | {p['n']} | {p['both_right']} | {p['wins']} | {p['losses']} |")
+    return "\n".join(lines)
+
+
+def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, baseline: Path | None = None) -> str:
     summaries = load_summaries(dirs)
     written = plot(summaries, plots)
     if json_out:
         Path(json_out).write_text(json.dumps(summaries, indent=2) + "\n")
-    return table(summaries) + "\n\nplots: " + ", ".join(str(p) for p in written)
+    text = table(summaries)
+    if baseline is not None:
+        text += "\n\n" + paired_table(baseline, summaries)
+    return text + "\n\nplots: " + ", ".join(str(p) for p in written)
