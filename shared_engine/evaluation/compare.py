@@ -79,7 +79,7 @@ def plot(summaries: list[dict[str, Any]], folder: Path) -> list[Path]:
             high = [100 * (s["ci95"][1] - s["score"]) for s in runs]
             ax.bar(labels, scores, yerr=[low, high], capsize=4, color="tab:blue")
         ax.set_ylabel(unit)
-        ax.set_title(f"{bench}: {unit} per run (N={n}{'' if chrf else ', 95% Wilson CI'})")
+        ax.set_title(f"{bench}: {unit} per run\nN={n}{'' if chrf else ', error bars: 95% Wilson interval'}", fontsize=10)
         ax.tick_params(axis="x", rotation=20)
         written.append(_save(fig, folder / f"{bench}-accuracy.png"))
 
@@ -88,15 +88,18 @@ def plot(summaries: list[dict[str, Any]], folder: Path) -> list[Path]:
             ax.scatter(100 * s["ensemble_rate"], score, s=40)
             ax.annotate(s["label"], (100 * s["ensemble_rate"], score), fontsize=7, xytext=(4, 3),
                         textcoords="offset points")
+        right = max(100 * s["ensemble_rate"] for s in runs)
+        ax.set_xlim(-0.05 * (right or 1), 1.6 * right + 0.5)   # room for the labels
+        ax.margins(y=0.2)
         ax.set_xlabel("ensemble rate (% of tokens fused)")
         ax.set_ylabel(unit)
-        ax.set_title(f"{bench}: {unit} vs ensemble rate")
+        ax.set_title(f"{bench}: {unit} vs ensemble rate (N={n})", fontsize=10)
         written.append(_save(fig, folder / f"{bench}-vs-ensemble-rate.png"))
 
         fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(runs)), 4))
         ax.bar(labels, [s["tokens_per_s"] for s in runs], color="tab:orange")
         ax.set_ylabel("tokens/s (generation incl. prefill)")
-        ax.set_title(f"{bench}: speed per run")
+        ax.set_title(f"{bench}: speed per run (shared 2-core CPU: ratios, not absolutes)", fontsize=10)
         ax.tick_params(axis="x", rotation=20)
         written.append(_save(fig, folder / f"{bench}-tokens-per-s.png"))
     return written
