@@ -163,7 +163,8 @@ def test_translation_summary_is_corpus_chrf_and_bleu_not_accuracy() -> None:
                         bench, {}, len(records))
     assert summary["accuracy"] is None and summary["ci95"] is None and summary["metric"] == "chrf"
     assert 50 < summary["chrf"] < 100 and summary["score"] == summary["chrf"] and 0 < summary["bleu"] < 100
-    assert summary["ensemble_rate"] == 0.2 and summary["tokens_per_s"] == 10.0
+    assert summary["ensemble_rate"] == round(6 / 33, 4)   # the EOS that ended each answer was a decided position
+    assert summary["tokens_per_s"] == 10.0
 
 
 def _has_data() -> bool:

@@ -95,6 +95,8 @@ def summarize(samples: list[Sample], config: RunConfig, bench: Benchmark, skippe
     tokens = sum(s["tokens"] for s in stats)
     elapsed = sum(s["elapsed_s"] for s in stats)
     ensembled = sum(s["ensembled_tokens"] for s in stats)
+    # decided positions: every answer token, plus the EOS that ended an answer (it may have been fused)
+    positions = tokens + sum(1 for s in samples if s.stats and s.finish_reason == "eos")
     low, high = wilson_interval(correct, n)
     summary: dict[str, Any] = {
         **config.model_dump(), "data": str(bench.path), "metric": bench.metric,
@@ -102,7 +104,7 @@ def summarize(samples: list[Sample], config: RunConfig, bench: Benchmark, skippe
         "accuracy": round(correct / n, 4) if n else None,
         "ci95": [round(low, 4), round(high, 4)],
         "score": None,
-        "ensemble_rate": round(ensembled / tokens, 4) if tokens else 0.0,
+        "ensemble_rate": round(ensembled / positions, 4) if positions else 0.0,
         "tokens_per_s": round(tokens / elapsed, 3) if elapsed else 0.0,
         "mean_time_to_first_token_s": round(sum(s.get("time_to_first_token_s") or 0.0 for s in stats) / len(stats), 2)
         if stats else 0.0,
