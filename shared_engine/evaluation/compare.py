@@ -37,7 +37,7 @@ def load_summaries(dirs: list[Path]) -> list[dict[str, Any]]:
 def table(summaries: list[dict[str, Any]]) -> str:
     """A Markdown table (README-ready)."""
     header = ("| benchmark | run | N | score | 95% CI | ensemble rate | tokens/s | mean output tokens | "
-              "s/question | truncated | failures | max_new_tokens |")
+              "s/question | forward passes per token | truncated | failures | max_new_tokens |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for s in summaries:
         score = s["score"]
@@ -46,9 +46,14 @@ def table(summaries: list[dict[str, Any]]) -> str:
             shown += f" EM, F1 {s['f1']:.1%}"
         ci = "-" if s["metric"] == "chrf" else f"{s['ci95'][0]:.1%}–{s['ci95'][1]:.1%}"
         lines.append(f"| {s['bench']} | {s['label']} | {s['n']} | {shown} | {ci} | {s['ensemble_rate']:.1%} | "
-                     f"{s['tokens_per_s']:.2f} | {s['mean_output_tokens']:.0f} | {s.get('seconds_per_question', '-')} | {s['truncated']} | {s['failures']} | "
+                     f"{s['tokens_per_s']:.2f} | {s['mean_output_tokens']:.0f} | {s.get('seconds_per_question', '-')} | {_forwards(s)} | {s['truncated']} | {s['failures']} | "
                      f"{s['max_new_tokens']} |")
     return "\n".join(lines)
+
+
+def _forwards(summary: dict[str, Any]) -> str:
+    per_member = summary.get("forward_passes_per_token") or {}
+    return ", ".join(f"{_SHORT.get(m, m)} {v:.2f}" for m, v in per_member.items()) or "-"
 
 
 def plot(summaries: list[dict[str, Any]], folder: Path) -> list[Path]:

@@ -114,6 +114,12 @@ def summarize(samples: list[Sample], config: RunConfig, bench: Benchmark, skippe
         "failures": sum(s.error is not None for s in samples),
         "elapsed_s": round(elapsed, 1),
     }
+    forwards: dict[str, int] = defaultdict(int)
+    for s in stats:
+        for member, count in (s.get("forward_passes") or {}).items():
+            forwards[member] += count
+    # cost that contention does not distort: forward passes per answer token, per member
+    summary["forward_passes_per_token"] = {m: round(c / tokens, 3) for m, c in forwards.items()} if tokens else {}
     if bench.metric == "exact_match":
         summary["f1"] = round(sum(s.f1 or 0.0 for s in samples) / n, 4) if n else None
     if bench.metric == "chrf":  # no right/wrong in translation: corpus chrF (and BLEU) instead
