@@ -119,10 +119,11 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def paired(baseline: Path, other: Path) -> dict[str, int]:
-    """Question by question on the questions both runs answered: where ``other`` wins and loses."""
+def paired(baseline: Path, other: Path, limit: int | None = None) -> dict[str, int]:
+    """Question by question on the (first ``limit``) questions both runs answered: where ``other``
+    wins and loses."""
     def verdicts(folder: Path) -> dict[str, bool]:
-        lines = (folder / SAMPLES).read_text(encoding="utf-8").splitlines()
+        lines = (folder / SAMPLES).read_text(encoding="utf-8").splitlines()[:limit]
         return {row["id"]: bool(row["correct"]) for row in map(json.loads, lines)}
 
     base, new = verdicts(baseline), verdicts(other)
@@ -132,11 +133,13 @@ def paired(baseline: Path, other: Path) -> dict[str, int]:
 
 
 def paired_table(baseline: Path, summaries: list[dict[str, Any]]) -> str:
+    """Pairs each run with the baseline over the questions both summaries cover."""
+    base_n = next((s["n"] for s in summaries if Path(s["dir"]) == baseline), None)
     lines = [f"Paired with {baseline} (the same questions):", "",
              "| run | N | both right | right only here | right only in baseline |", "|---|---|---|---|---|"]
     for s in summaries:
         if Path(s["dir"]) != baseline and s["metric"] != "chrf":
-            p = paired(baseline, Path(s["dir"]))
+            p = paired(baseline, Path(s["dir"]), min(s["n"], base_n) if base_n is not None else s["n"])
             lines.append(f"| {s['label']} | {p['n']} | {p['both_right']} | {p['wins']} | {p['losses']} |")
     return "\n".join(lines)
 
