@@ -54,7 +54,7 @@ class Dataset(BaseModel):
 
 def _jsonl(path: Path, skipped: Counter[str]) -> Iterator[dict[str, Any]]:
     """JSON lines. A record whose string holds a raw line break spans lines and is read as one
-    (TriviaQA has such records); a line that is only the tail of such a record, whose head is not
+    (TriviaQA has one); a line that is only the tail of such a record, whose head is not
     in the file (the 70% split cut it off), is skipped and counted."""
     pending = ""
     with path.open(encoding="utf-8", newline="\n") as f:
