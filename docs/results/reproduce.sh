@@ -7,8 +7,9 @@ set -e
 OUT=${1:-eval-runs}
 Q=qwen2.5-coder-0.5b-instruct; S=smollm2-135m-instruct
 ev() { echo "=== $(date -u +%H:%M:%S) $*"; safe-ensemble eval --resume "$@"; }
-arc() { for spec in "single $Q q" "single $S s" "safe $Q,$S q+s" "every-token $Q,$S q+s"; do set -- $spec
+arc() { for spec in "single $Q q" "single $S s" "safe $Q,$S q+s" "every-token $Q,$S q+s" "adafuse $Q,$S q+s"; do set -- $spec
   ev --bench arc-challenge --method $1 --models $2 --limit $N --max-new-tokens 64 --out $OUT/arc-$1-$3; done; }
-gsm() { for spec in "single $S s" "single $Q q" "safe $Q,$S q+s" "every-token $Q,$S q+s"; do set -- $spec
+gsm() { for spec in "single $S s" "single $Q q" "safe $Q,$S q+s" "every-token $Q,$S q+s" "adafuse $Q,$S q+s"; do set -- $spec
   ev --bench gsm8k --method $1 --models $2 --limit $N --max-new-tokens 256 --out $OUT/gsm8k-$1-$3; done; }
 N=30 arc; N=10 gsm; N=60 arc; N=30 gsm; N=100 arc; N=100 gsm
+# README Results: compare the first N questions common to every run (see the N column)
