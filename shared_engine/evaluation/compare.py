@@ -104,7 +104,7 @@ def plot(summaries: list[dict[str, Any]], folder: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(runs)), 4))
         ax.bar(labels, [s["tokens_per_s"] for s in runs], color="tab:orange")
         ax.set_ylabel("tokens/s (generation incl. prefill)")
-        ax.set_title(f"{bench}: speed per run (shared 2-core CPU: ratios, not absolutes)", fontsize=10)
+        ax.set_title(f"{bench}: speed per run (N={n}; on a shared machine, runs made at\ndifferent times compare only roughly)", fontsize=10)
         ax.tick_params(axis="x", rotation=20)
         written.append(_save(fig, folder / f"{bench}-tokens-per-s.png"))
     return written
