@@ -12,4 +12,5 @@ arc() { for spec in "single $Q q" "single $S s" "safe $Q,$S q+s" "every-token $Q
 gsm() { for spec in "single $S s" "single $Q q" "safe $Q,$S q+s" "every-token $Q,$S q+s" "adafuse $Q,$S q+s"; do set -- $spec
   ev --bench gsm8k --method $1 --models $2 --limit $N --max-new-tokens 256 --out $OUT/gsm8k-$1-$3; done; }
 N=30 arc; N=10 gsm; N=60 arc; N=30 gsm; N=100 arc; N=100 gsm
+safe-ensemble eval --resume --bench arc-challenge --method single --models gemma-3-270m --limit 100 --max-new-tokens 64 --out $OUT/arc-single-g
 # README Results: compare the first N questions common to every run (see the N column)
