@@ -86,6 +86,8 @@ class TokenTable:
         self.pieces: list[bytes] = [self._piece_bytes(i, p, kind) for i, p in enumerate(pieces)]
         self.pieces += [b""] * (size - len(self.pieces))  # padded logits rows: never candidates
         self.vocab_size = size
+        self.longest_piece = max(1, max(map(len, self.pieces), default=1))
+        """Most bytes one token spells (bounds the tokens a text needs from below)."""
         self._by_bytes: dict[bytes, int] = {}
         # Byte-fallback pieces (<0x61>) come first in Llama/Gemma vocabularies but are not what the
         # model predicts for "a": map the normal piece first, fallback pieces only where none exists.

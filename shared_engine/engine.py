@@ -47,6 +47,9 @@ class EnsembleEngine:
     def __init__(self, members: Sequence[str | Member], method: str = "safe", **options: Any) -> None:
         if not members:
             raise InvalidRequestError("an ensemble needs at least one member")
+        for spec in members:
+            if not isinstance(spec, str) and not all(hasattr(spec, a) for a in ("name", "table", "new_session")):
+                raise InvalidRequestError(f"a member must be a model name/path or a Member, got {type(spec).__name__}")
         self.options: EngineOptions = validated(EngineOptions, method=method, **options)  # type: ignore[assignment]
         self._specs = list(members)
         self._members: list[Member] | None = None
@@ -79,6 +82,7 @@ class EnsembleEngine:
         with self._load_lock:
             if self._members is None:
                 loaded = [load_member(s) if isinstance(s, str) else s for s in self._specs]
+                _reject_ambiguous_names(loaded)
                 self._members = [loaded[i] for i in self._order]
             return self._members
 
@@ -105,7 +109,8 @@ class EnsembleEngine:
         gen: GenerationParams = validated(GenerationParams, **{**defaults, **params})  # type: ignore[assignment]
         messages = normalize_messages(messages_or_prompt)
         members = await asyncio.to_thread(lambda: self.members)
-        prompt_ids = [m.prompt_ids(messages) for m in members]
+        _reject_oversized(messages, members, gen.max_new_tokens)
+        prompt_ids = await asyncio.to_thread(lambda: [m.prompt_ids(messages) for m in members])
         for member, ids in zip(members, prompt_ids):
             if len(ids) + gen.max_new_tokens > member.context_window:
                 raise ContextLengthError(
@@ -143,6 +148,35 @@ class EnsembleEngine:
     def stream(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> Iterator[Event]:
         """Blocking iterator over ``astream``'s events."""
         return iterate_sync(self.astream(messages_or_prompt, **params))
+
+
+def _reject_ambiguous_names(members: Sequence[Member]) -> None:
+    """The same model twice is fine (labels tell them apart, wrappers such as LangChain's tool
+    prompts share its table and weights); two different models under one name are not: events,
+    ``drafter=`` and stats are keyed by name."""
+    by_name: dict[str, Member] = {}
+    for member in members:
+        first = by_name.setdefault(member.name, member)
+        if first.table is not member.table or getattr(first, "model", None) is not getattr(member, "model", None):
+            raise InvalidRequestError(f"two different members are both named {member.name!r}; give them "
+                                      "distinct names")
+
+
+_NORMALISER_SHRINK = 4
+"""Safety factor for the size bound below: a normaliser may shrink text (NFC composes Hangul jamo 3:1)."""
+
+
+def _reject_oversized(messages: Sequence[Message], members: Sequence[Member], max_new_tokens: int) -> None:
+    """Refuse a prompt that cannot fit before tokenizing it: no token spells more than
+    ``longest_piece`` bytes, so N bytes of content need at least N / longest_piece tokens
+    (a multi-megabyte prompt would otherwise be tokenized for seconds only to be refused)."""
+    size = sum(len(m["content"].strip().encode("utf-8")) for m in messages)
+    for member in members:
+        least = size // (member.table.longest_piece * _NORMALISER_SHRINK)
+        if least + max_new_tokens > member.context_window:
+            raise ContextLengthError(
+                f"prompt ({size} bytes: at least {least} tokens) + max_new_tokens ({max_new_tokens}) exceed "
+                f"{member.name}'s context window of {member.context_window} tokens")
 
 
 def run_sync(coro: Any) -> Any:

@@ -28,6 +28,9 @@ def normalize_messages(messages_or_prompt: str | Sequence[Message]) -> list[dict
         if not messages_or_prompt.strip():
             raise InvalidRequestError("the prompt is empty")
         return [{"role": "user", "content": messages_or_prompt}]
+    if not isinstance(messages_or_prompt, Sequence) or isinstance(messages_or_prompt, (bytes, bytearray)):
+        raise InvalidRequestError(
+            f"the prompt must be a string or a list of messages, got {type(messages_or_prompt).__name__}")
     messages = list(messages_or_prompt)
     if not messages:
         raise InvalidRequestError("the message list is empty")
