@@ -132,6 +132,11 @@ class TokenTable:
         """The id whose bytes are exactly ``piece`` (None if no single token is)."""
         return self._by_bytes.get(piece)
 
+    def can_spell(self, piece: bytes) -> bool:
+        """Whether ids spelling exactly ``piece`` exist (EOS_KEY: always). A fused candidate the
+        drafter cannot spell can never be committed, so it must not be chosen."""
+        return piece == EOS_KEY or self.token_id(piece) is not None or not self._unspellable.intersection(piece)
+
     def to_bytes(self, ids: list[int]) -> bytes:
         return b"".join(self.pieces[i] for i in ids)
 

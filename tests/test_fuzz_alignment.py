@@ -31,12 +31,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import pytest
+import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from shared_engine import EnsembleEngine
 from shared_engine.alignment import TokenizedText, TokenTable, shared_boundaries, valid_prefix_length
 from shared_engine.decoding import RequestState
+from shared_engine.fusion import MemberDist, make_fuser
 from shared_engine.members import HFMember
 from tests import toy
 from tests.test_alignment import REAL_NAMES, table_for
@@ -243,6 +245,23 @@ def test_regression_a_composable_character_does_not_respell_the_rest() -> None:
     assert tokens.ids[: len(table.encode_fragment(text))] == table.encode_fragment(text)
     tokens.set_text(text.encode())
     assert tokens.ids == table.encode_fragment(text)
+
+
+@pytest.mark.parametrize("fusion", ["unite", "gac"])
+def test_regression_fusion_never_offers_what_the_drafter_cannot_spell(fusion: str) -> None:
+    """A verifier (Qwen) sure of a control byte SmolLM2 has no token for: fusion used to pick it
+    and the commit then raised ValueError ("drafter cannot spell") mid-stream."""
+    drafter, verifier = table_for("smollm2-135m-instruct"), table_for("qwen2.5-coder-0.5b-instruct")
+    control = verifier.token_id(b"\x16")
+    assert control is not None and not drafter.can_spell(b"\x16")
+    drafter_logits = torch.zeros(drafter.vocab_size)
+    drafter_logits[drafter.token_id(b"a")] = 5.0
+    verifier_logits = torch.zeros(verifier.vocab_size)
+    verifier_logits[control] = 50.0
+    dists = [MemberDist("smol", drafter, drafter_logits), MemberDist("qwen", verifier, verifier_logits)]
+    fused = make_fuser(fusion)(dists, torch.tensor([0.1, 0.9]))
+    assert b"\x16" not in fused.keys
+    assert fused.keys[int(torch.argmax(fused.fused))] == b"a"
 
 
 # --------------------------------------------------------------------- committing through RequestState
