@@ -10,6 +10,12 @@ Concurrency: every request gets its own session (KV cache) in every member, so c
 requests never see each other's state; each member runs one forward at a time (a lock), because
 on a CPU two forwards of one model only slow each other down. Requests therefore interleave
 round by round and give the same answers as when run one after the other.
+
+Resources: a request's sessions are released when it ends, however it ends (finish, error, the
+consumer breaking off, task cancellation). ``close()`` / ``with`` / ``async with`` stop the engine:
+new requests raise ``EngineClosedError``, running ones finish at their next round with reason
+``cancelled``. Members are never unloaded by an engine: they are loaded once per process and shared
+by every engine that names them (``load_member``).
 """
 
 from __future__ import annotations
@@ -17,14 +23,16 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import aclosing
 from typing import Any
 
 import torch
 from pydantic import BaseModel
 
 from .decoding import FusionSettings, RequestState, decode_round
-from .errors import ContextLengthError, InvalidRequestError
+from .errors import ContextLengthError, EngineClosedError, InvalidRequestError
 from .events import Event, FinishEvent, Stats
 from .fusion import make_fuser
 from .members import Member, load_member
@@ -60,6 +68,8 @@ class EnsembleEngine:
             raise InvalidRequestError(f"{len(self.options.weights)} weights for {len(self._specs)} members")
         self._order = self._drafter_first(self.options.drafter)
         self.fuser = make_fuser(self.options.fusion, self.options.top_k)
+        self._live: dict[int, RequestState] = {}  # requests that hold sessions, by id()
+        self._closed = False
 
     def _drafter_first(self, drafter: str | int | None) -> list[int]:
         names = [s if isinstance(s, str) else s.name for s in self._specs]
@@ -103,8 +113,43 @@ class EnsembleEngine:
             raise InvalidRequestError("weights must be non-negative and not all zero")
         return ordered / ordered.sum()
 
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def live_requests(self) -> int:
+        """Requests now holding sessions (KV caches) in the members."""
+        return len(self._live)
+
+    def close(self) -> None:
+        """Take no new requests; running ones finish at their next round (reason ``cancelled``)
+        and release their sessions. The members stay loaded for the other engines of the process."""
+        self._closed = True
+
+    async def aclose(self, timeout_s: float = 30.0) -> None:
+        """``close()``, then wait (up to ``timeout_s``) until every running request has ended."""
+        self.close()
+        deadline = time.monotonic() + timeout_s
+        while self._live and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    def __enter__(self) -> EnsembleEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> EnsembleEngine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- requests ----------------------------------------------------------------------------
+
     async def astream(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> AsyncIterator[Event]:
         """Stream typed events for one answer; the last event is always ``finish``."""
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
         defaults = self.options.model_dump(include=set(GenerationParams.model_fields))
         gen: GenerationParams = validated(GenerationParams, **{**defaults, **params})  # type: ignore[assignment]
         messages = normalize_messages(messages_or_prompt)
@@ -123,12 +168,24 @@ class EnsembleEngine:
                              self.options.drafter_confidence)
         fusion = FusionSettings(self.fuser, self._weights(), self.options.sharpen)
         sampler = Sampler(gen.temperature, gen.top_p, gen.seed)
-        while not state.finish_reason:
-            async for event in decode_round(state, policy, fusion, sampler):
+        self._live[id(state)] = state
+        try:
+            while not state.finish_reason:
+                if self._closed:
+                    state.finish_reason = "cancelled"
+                    break
+                async with aclosing(decode_round(state, policy, fusion, sampler)) as events:
+                    async for event in events:
+                        yield event
+            for event in state.flush():
                 yield event
-        for event in state.flush():
-            yield event
-        yield FinishEvent(reason=state.finish_reason, text=state.text, stats=state.finalize_stats())
+            yield FinishEvent(reason=state.finish_reason, text=state.text, stats=state.finalize_stats())
+        finally:
+            self._live.pop(id(state), None)
+            for session in state.sessions:  # free KV caches now, not when the generator is collected
+                release = getattr(session, "close", None)
+                if release is not None:
+                    release()
 
     async def agenerate(self, messages_or_prompt: str | Sequence[Message], *, keep_events: bool = False,
                         **params: Any) -> GenerationResult:
