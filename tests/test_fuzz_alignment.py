@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+from unittest import mock
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -35,6 +36,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import shared_engine.engine as engine_module
 from shared_engine import EnsembleEngine
 from shared_engine.alignment import TokenizedText, TokenTable, shared_boundaries, valid_prefix_length
 from shared_engine.decoding import RequestState
@@ -366,7 +368,17 @@ def _tiny_member_on(name: str, seed: int) -> HFMember:
     return HFMember(f"tiny-{name}", toy.tiny_llama(tokenizer, seed), tokenizer)
 
 
-def _answer(engine: EnsembleEngine, prompt: str, **params: object) -> tuple[list[str], str, str]:
+class _RecordedState(RequestState):
+    """RequestState that remembers itself, so a test can read the committed answer bytes."""
+
+    made: list[RequestState] = []
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _RecordedState.made.append(self)
+
+
+def _answer(engine: EnsembleEngine, prompt: str, **params: object) -> tuple[list[str], str, str, bytes]:
     async def run() -> tuple[list[str], str, str]:
         deltas = []
         async for event in engine.astream(prompt, **params):
@@ -375,7 +387,11 @@ def _answer(engine: EnsembleEngine, prompt: str, **params: object) -> tuple[list
             elif event.type == "finish":
                 return deltas, event.text, event.reason
         raise AssertionError("no finish event")
-    return asyncio.run(run())
+    _RecordedState.made.clear()
+    with mock.patch.object(engine_module, "RequestState", _RecordedState):
+        deltas, text, reason = asyncio.run(run())
+    (state,) = _RecordedState.made
+    return deltas, text, reason, bytes(state.answer)
 
 
 @pytest.mark.parametrize("method", ["safe", "every-token"])
@@ -385,8 +401,29 @@ def _answer(engine: EnsembleEngine, prompt: str, **params: object) -> tuple[list
 @example(prompt="Write 中文, emoji 👩‍👩‍👧‍👦 and שָׁלוֹם.", seed=0, temperature=0.0)
 def test_decoder_deltas_concatenate_to_the_committed_text(method: str, prompt: str, seed: int,
                                                           temperature: float) -> None:
+    """Random models emit arbitrary bytes (partial characters, invalid UTF-8): the stream must
+    still be exactly the committed bytes, decoded, and U+FFFD may only stand for invalid bytes."""
     members = [_tiny_member_on(n, i) for i, n in enumerate(REAL_NAMES)]
     engine = EnsembleEngine(members, method=method, draft_length=4)
-    deltas, text, reason = _answer(engine, prompt, max_new_tokens=12, temperature=temperature, seed=seed)
+    deltas, text, reason, answer = _answer(engine, prompt, max_new_tokens=12, temperature=temperature, seed=seed)
     assert "".join(deltas) == text
     assert reason in {"eos", "length", "stop"}
+    held = len(answer) - valid_prefix_length(answer) if _only_partial_tail(answer) else 0
+    complete = answer[: len(answer) - held]  # a dangling partial character is dropped at the end
+    assert complete.decode("utf-8", "replace").startswith(text)  # a stop string may cut it short
+    if "\ufffd" in text:
+        assert "\ufffd".encode() in complete or not _is_utf8(complete), (answer, text)
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _only_partial_tail(data: bytes) -> bool:
+    """True if everything after the valid prefix is the start of one character (held back)."""
+    tail = data[valid_prefix_length(data):]
+    return bool(tail) and _is_utf8(data[: valid_prefix_length(data)]) and len(tail) < 4 and tail[0] >= 0xC0
