@@ -77,6 +77,8 @@ BAD_PROMPTS = [
     pytest.param(42, id="prompt-not-a-string"),
     pytest.param(None, id="prompt-none"),
     pytest.param(b"hi", id="prompt-bytes"),
+    pytest.param("hi \ud800 there", id="lone-surrogate"),  # what JSON "\ud800" decodes to
+    pytest.param([{"role": "user", "content": "ok \udfff"}], id="lone-surrogate-in-message"),
 ]
 
 BAD_PARAMS = [
@@ -199,7 +201,7 @@ def toy_folders(tmp_path_factory: pytest.TempPathFactory, toys: list) -> str:
     return ",".join(paths)
 
 
-def _cli(args: list[str]) -> subprocess.CompletedProcess[str]:
+def _cli(args: list[str | bytes]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "shared_engine.cli", *args], capture_output=True, text=True,
                           timeout=120, cwd=Path(__file__).resolve().parents[1])
 
@@ -244,6 +246,13 @@ def test_cli_subprocess_exit_code_and_message(toy_folders: str) -> None:
     assert done.stderr.strip().count("\n") == 0 and done.stderr.startswith("error: invalid parameters")
 
 
+def test_cli_rejects_a_prompt_that_is_not_utf8(toy_folders: str) -> None:
+    """Undecodable argv bytes reach Python as lone surrogates: a one-line error, not a crash."""
+    done = _cli(["run", "--models", toy_folders, b"caf\xe9 \xff"])
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("error: the prompt is not valid Unicode")
+
+
 # --------------------------------------------------------------------- LangChain
 
 
@@ -267,6 +276,7 @@ def _lc_stream_first(model: ChatEnsemble, messages: Any, **kwargs: Any) -> Any:
     pytest.param([], {}, InvalidRequestError, id="no-messages"),
     pytest.param([AIMessage(content="")], {}, InvalidRequestError, id="only-empty-ai-message"),
     pytest.param([("wizard", "hi")], {}, ValueError, id="unknown-role"),
+    pytest.param("hi \ud800", {}, InvalidRequestError, id="lone-surrogate"),
     pytest.param([HumanMessage(content=[{"type": "image_url", "image_url": {"url": "x"}}])], {},
                  InvalidRequestError, id="image-content"),
     pytest.param("hi", {"max_tokens": -1}, InvalidRequestError, id="negative-max-tokens"),
@@ -328,6 +338,7 @@ USER = [ChatMessage(role="user", content="hi")]
     pytest.param([ChatMessage(role="user", content="")], {}, InvalidRequestError, id="empty-prompt"),
     pytest.param([ChatMessage(role="user", content=" \n")], {}, InvalidRequestError, id="whitespace-prompt"),
     pytest.param([], {}, InvalidRequestError, id="no-messages"),
+    pytest.param([ChatMessage(role="user", content="hi \ud800")], {}, InvalidRequestError, id="lone-surrogate"),
     pytest.param(USER, {"max_tokens": -1}, InvalidRequestError, id="negative-max-tokens"),
     pytest.param(USER, {"temperature": -1.0}, InvalidRequestError, id="negative-temperature"),
     pytest.param(USER, {"top_p": 1.5}, InvalidRequestError, id="top-p-above-one"),
