@@ -5,13 +5,13 @@ Knows nothing of LangChain or LlamaIndex; the adapters in ``langchain_ensemble``
 """
 
 from .engine import EnsembleEngine, GenerationResult
-from .errors import ContextLengthError, EnsembleError, InvalidRequestError
+from .errors import ContextLengthError, EngineClosedError, EnsembleError, InvalidRequestError
 from .events import (CacheSyncEvent, DraftEvent, EnsembleEvent, Event, FinishEvent, Stats, TokenEvent,
                      VerifyEvent)
 from .options import EngineOptions, GenerationParams
 
 __all__ = [
-    "CacheSyncEvent", "ContextLengthError", "DraftEvent", "EngineOptions", "EnsembleEngine", "EnsembleError",
+    "CacheSyncEvent", "ContextLengthError", "DraftEvent", "EngineClosedError", "EngineOptions", "EnsembleEngine", "EnsembleError",
     "EnsembleEvent", "Event", "FinishEvent", "GenerationParams", "GenerationResult", "InvalidRequestError",
     "Stats", "TokenEvent", "VerifyEvent",
 ]

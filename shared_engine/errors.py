@@ -11,3 +11,7 @@ class InvalidRequestError(EnsembleError, ValueError):
 
 class ContextLengthError(InvalidRequestError):
     """Prompt plus max_new_tokens exceed the smallest member's context window."""
+
+
+class EngineClosedError(EnsembleError, RuntimeError):
+    """The engine was closed (``close()`` / end of its ``with`` block); it takes no new requests."""

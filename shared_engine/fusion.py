@@ -98,8 +98,8 @@ class UniteFusion:
     def __call__(self, dists: Sequence[MemberDist], weights: torch.Tensor) -> Fused:
         tops = [top_keys(d, self.top_k) for d in dists]
         keys: list[bytes] = []
-        for top in tops:
-            keys.extend(k for k in top if k not in keys)
+        for top in tops:  # dists[0] is the drafter: only what it can spell can be committed
+            keys.extend(k for k in top if k not in keys and dists[0].table.can_spell(k))
         rows = []
         for dist, top in zip(dists, tops):
             logits = [top[k] if k in top else key_logit(dist.table, dist.logits, k) for k in keys]
@@ -123,7 +123,7 @@ def _union_vocab(tables: tuple[TokenTable, ...]) -> _UnionVocab:
         mapping = torch.full((table.vocab_size,), -1, dtype=torch.long)
         for token in range(table.vocab_size):
             key = candidate_key(table, token)
-            if key is None:
+            if key is None or not tables[0].can_spell(key):  # tables[0]: the drafter's
                 continue
             if key not in position:
                 position[key] = len(keys)

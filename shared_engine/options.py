@@ -18,9 +18,10 @@ class GenerationParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_new_tokens: int = Field(256, ge=1, description="Answer length cap, in drafter tokens.")
-    temperature: float = Field(0.0, ge=0.0, description="0 = greedy (the default, as in SAFE).")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    seed: int | None = Field(None, description="Seed for sampling; fixed seed = reproducible answer.")
+    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False, description="0 = greedy (the default, as in SAFE).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False, description="Nucleus sampling mass.")
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64,  # what torch.Generator.manual_seed accepts
+                             description="Seed for sampling; fixed seed = reproducible answer.")
     stop: list[str] = Field(default_factory=list, description="Strings that end the answer.")
 
     @field_validator("stop", mode="before")

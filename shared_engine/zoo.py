@@ -44,7 +44,7 @@ from typing import IO, Any
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from .errors import EnsembleError
+from .errors import EnsembleError, InvalidRequestError
 
 __all__ = [
     "ZOO",
@@ -76,8 +76,9 @@ class ZooError(EnsembleError, RuntimeError):
     """A zoo model could not be installed, assembled, verified or converted."""
 
 
-class UnknownModelError(ZooError, ValueError):
-    """The name is neither a zoo model, nor an HF folder, nor a .gguf file."""
+class UnknownModelError(ZooError, InvalidRequestError):
+    """The name is neither a zoo model, nor an HF folder, nor a .gguf file (a bad request: a
+    ValueError, like every InvalidRequestError)."""
 
 
 class GgufPart(BaseModel):

@@ -145,6 +145,10 @@ class HFSession:
         self.next_logits = None
         return keep
 
+    def close(self) -> None:
+        """Drop the KV cache now (the request has ended); the session must not be used again."""
+        self.cache, self.next_logits, self.ids = None, None, []
+
     def step(self, token: int) -> torch.Tensor:
         """Append one token; return the distribution after it."""
         return self.sync(self.ids + [token], len(self.ids) + 1)[-1]
