@@ -322,6 +322,8 @@ def plot(result: BenchResult, path: Path) -> None:
     twin = ax.twinx()
     twin.plot(n, [lv.requests_per_s for lv in levels], "s--", color="tab:orange", label="requests/s")
     twin.set_ylabel("requests/s")
+    ax.set_ylim(bottom=0)
+    twin.set_ylim(bottom=0)
     ax.set_title("throughput")
     ax.legend(loc="upper left", fontsize=8)
     twin.legend(loc="lower right", fontsize=8)
@@ -330,6 +332,7 @@ def plot(result: BenchResult, path: Path) -> None:
         for q, style in (("p50", "o-"), ("p95", "s--"), ("p99", "^:")):
             ax.plot(n, [getattr(getattr(lv, key), q) or np.nan for lv in levels], style, label=q)
         ax.set_title(title)
+        ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
     ax = axes[1][1]
     ax.plot(n, [lv.peak_rss_mib or np.nan for lv in levels], "o-", color="tab:green")
@@ -388,6 +391,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per request")
     parser.add_argument("--startup-timeout", type=float, default=600.0)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "load")
+    parser.add_argument("--replot", type=Path, metavar="LOAD_JSON",
+                        help="only redraw the plot and the table of an earlier run's load.json (into --out)")
     args = parser.parse_args(argv)
     args.levels = [int(x) for x in args.levels.split(",")]
     if min(args.levels) < 1 or args.requests_per_client < 1 or args.max_tokens < 1:
@@ -398,6 +403,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> BenchResult:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        result = BenchResult.model_validate_json(args.replot.read_text())
+        plot(result, args.out / "load.png")
+        print(table(result))
+        return result
     with tempfile.TemporaryDirectory(prefix="load-bench-") as tmp:
         models = write_toy_members(Path(tmp)) if args.toy else args.models.split(",")
         config = BenchConfig(models=models if not args.toy else ["toy-a", "toy-b"], toy=args.toy,
@@ -406,7 +416,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
                              serve_args=args.serve_arg)
         machine = {"cpus": os.cpu_count(), "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
                    "python": sys.version.split()[0]}
-        log_path = args.out / "server.log" if not args.toy else Path(tmp) / "server.log"
+        log_path = Path(tmp) / "server.log"
         with running_server(models, config, log_path, args.startup_timeout) as (url, server, startup_s):
             model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
             print(f"server up in {startup_s:.1f} s at {url} serving `{model}`", file=sys.stderr, flush=True)
