@@ -177,6 +177,28 @@ def test_confident_adafuse_spans_are_listed_only_on_request() -> None:
                for d in everything["decisions"])
 
 
+def test_page_lists_confident_spans_when_asked() -> None:
+    """The page in headless Chromium (the real-model page tests are in test_server_zoo.py)."""
+    from tests.test_server_zoo import ARTIFACTS, browser_page
+
+    engine = EnsembleEngine(toy_members(), method="adafuse", threshold=0.0, max_new_tokens=8)  # always sure
+    with browser_page(engine, "adafuse") as (page, console_errors):
+        page.check("#all-spans")
+        page.fill("#max-tokens", "6")
+        page.click("#send")
+        page.wait_for_selector("#stats[data-done]", timeout=60_000)
+        spans, voted = map(int, page.inner_text(".stat:has-text('spans / voted') b").split(" / "))
+        cards = page.locator("#decisions .decision")
+        assert voted == 0 and cards.count() == spans >= 1
+        assert all("confident" in text and "(leader)" in text for text in cards.all_inner_texts())
+        assert page.locator("#answer .tok.voted").count() == 0
+        assert page.locator("#answer .tok.confident").count() >= 1
+        page.locator("#answer .tok.confident").first.click()
+        assert page.locator("#decisions .decision.focus").count() == 1
+        page.screenshot(path=str(ARTIFACTS / "server_page_confident_spans.png"))
+        assert not console_errors, console_errors
+
+
 # ----------------------------------------------------------------------------- errors
 
 GOOD = {"model": MODEL, "messages": USER}

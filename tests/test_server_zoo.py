@@ -83,7 +83,7 @@ def test_cookbook_clients_openai_curl_langchain(safe_url: str, capsys: pytest.Ca
 
 
 @contextmanager
-def _browser_page(engine: EnsembleEngine, method: str) -> Iterator[tuple[Page, list[str]]]:
+def browser_page(engine: EnsembleEngine, method: str) -> Iterator[tuple[Page, list[str]]]:
     """The live page of a server over ``engine``, loaded in headless Chromium; the list collects
     the page's console errors."""
     if not Path(CHROMIUM).exists():
@@ -106,7 +106,7 @@ def _browser_page(engine: EnsembleEngine, method: str) -> Iterator[tuple[Page, l
 
 def test_live_page_in_headless_chromium() -> None:
     # every-token fuses at every shared boundary, so decisions are certain to appear.
-    with _browser_page(EnsembleEngine([QWEN, SMOL], method="every-token"), "every-token") as (page, console_errors):
+    with browser_page(EnsembleEngine([QWEN, SMOL], method="every-token"), "every-token") as (page, console_errors):
         page.fill("#prompt", "What is 17 + 25? Answer briefly.")
         page.fill("#max-tokens", "16")
         page.click("#send")
@@ -129,7 +129,7 @@ def test_live_page_in_headless_chromium() -> None:
 def test_live_page_shows_adafuse_spans() -> None:
     # A margin threshold of 1.0 is never reached: every span is voted on, so span decisions appear.
     engine = EnsembleEngine([QWEN, SMOL], method="adafuse", threshold=1.0)
-    with _browser_page(engine, "adafuse") as (page, console_errors):
+    with browser_page(engine, "adafuse") as (page, console_errors):
         page.fill("#prompt", "Name three primary colors.")
         page.fill("#max-tokens", "8")
         page.click("#send")
