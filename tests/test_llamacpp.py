@@ -141,3 +141,12 @@ def test_a_llama_server_killed_mid_answer_gives_a_clear_error_and_the_engine_rec
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_langchain_and_llamaindex_adapters_take_member_specs() -> None:
+    from langchain_ensemble import ChatEnsemble
+    from llamaindex_ensemble import EnsembleLLM
+
+    specs = [f"llamacpp:{QWEN}", f"llamacpp:{SMOL}"]
+    assert "42" in ChatEnsemble(models=specs, max_tokens=24).invoke("What is 17 + 25? Answer briefly.").content
+    assert "42" in EnsembleLLM(models=specs, max_tokens=24).complete("What is 17 + 25? Answer briefly.").text
