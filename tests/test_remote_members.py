@@ -232,3 +232,54 @@ def test_cli_backend_applies_to_names_without_a_prefix() -> None:
     assert _engine(run, "safe")._specs == ["llamacpp:a", "llamacpp:b"]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--models", "a", "--backend", "vllm"])
+
+
+class SlowTopK(TopKOfHF):
+    """Records when each scoring request runs; sleeps like a server would."""
+
+    def __init__(self, hf: HFMember, spans: list[tuple[str, float, float]]) -> None:
+        super().__init__(hf, 20)
+        self.spans = spans
+
+    def score(self, ids: list[int], first_row: int) -> list[TopK]:
+        start = time.monotonic()
+        time.sleep(0.2)
+        out = super().score(ids, first_row)
+        self.spans.append((self.name, start, time.monotonic()))
+        return out
+
+
+def test_remote_verifiers_are_scored_concurrently() -> None:
+    spans: list[tuple[str, float, float]] = []
+    drafter = toy.toy_member("llama-byte", "byte_level", "llama")
+    verifiers = [SlowTopK(toy.toy_member(n, "metaspace", "gpt2", seed=s), spans) for n, s in (("v1", 1), ("v2", 2))]
+    EnsembleEngine([drafter, *verifiers], method="safe", draft_length=4).generate("Hi Sofia", max_new_tokens=4)
+    first = {name: (a, b) for name, a, b in reversed(spans)}  # each verifier's first request
+    (a1, b1), (a2, b2) = first["v1"], first["v2"]
+    assert a1 < b2 and a2 < b1  # the two requests overlapped in time
+
+
+def test_connecting_by_spec_finds_the_model_and_checks_the_tokenizer(tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    from shared_engine.members import load_member
+    from shared_engine.members.remote import PROBE_TEXT
+
+    tok = toy.byte_level_tokenizer()
+    tok.save_pretrained(tmp_path)
+    recorded = replay(load_exchanges("vllm/completions.json", "sglang/generate.json"))
+
+    def handler(method: str, path: str, body: object) -> tuple[int, bytes]:
+        if path == "/tokenize" and isinstance(body, dict) and body.get("prompt") == PROBE_TEXT:
+            return 200, json.dumps({"tokens": tok(PROBE_TEXT, add_special_tokens=False)["input_ids"]}).encode()
+        return recorded(method, path, body)
+
+    with serve(handler) as (url, _):
+        vllm = load_member(f"vllm:{url}#{tmp_path}")
+        assert isinstance(vllm, VLLMMember) and vllm.model == "tiny" and vllm.context_window == 512
+        assert not vllm.capabilities.prefix_cache and vllm.capabilities.k == 20
+        sglang = load_member(f"sglang:{url}#{tmp_path}")
+        assert isinstance(sglang, SGLangMember) and sglang.capabilities.prefix_cache
+        # without '#TOKENIZER' the model root /v1/models reports (/models/tiny) is not on this machine
+        with pytest.raises(MemberError, match="TOKENIZER"):
+            load_member(f"vllm:{url}")

@@ -144,7 +144,7 @@ def _connect(spec: MemberSpec, options: dict[str, Any]) -> Member:
         if not path:
             raise probe.error("GET /props did not name a model path; add '#TOKENIZER' to the spec")
         return LlamaCppMember(spec.tokenizer or str(path), spec.target, load_tokenizer(path), **options)
-    except OSError as exc:  # the tokenizer path the server reported does not exist here
+    except (OSError, ValueError) as exc:  # the tokenizer the server reported is not loadable here
         raise probe.error(f"cannot load its tokenizer here ({exc}); add '#TOKENIZER' to the spec") from exc
     finally:
         probe.close()
