@@ -22,8 +22,8 @@ pytestmark = pytest.mark.zoo
 
 QWEN, SMOL = "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"
 PROMPTS = ["What is the capital of France?",
-           "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-           "How many clips did Natalia sell altogether?"]
+           ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+            "How many clips did Natalia sell altogether?")]
 
 # Tolerances, measured (4 prompts x 24 greedy tokens, 145 positions): top-1 agreement 0.973 (SmolLM2)
 # and 0.986 (Qwen); |p_llama - p_transformers| on transformers' top-5 ids: mean 0.005 / 0.001,

@@ -159,9 +159,8 @@ def test_tokenizer_disagreement_is_refused_with_the_url() -> None:
     def wrong_tokens(method: str, path: str, body: object) -> tuple[int, bytes]:
         return 200, b'{"tokens": [1, 2, 3], "count": 3}'
 
-    with serve(wrong_tokens) as (url, _):
-        with pytest.raises(MemberError, match="disagree"):
-            SGLangMember("sg", url, toy_tokenizer(), top_k=3, http=FAST)
+    with serve(wrong_tokens) as (url, _), pytest.raises(MemberError, match="disagree"):
+        SGLangMember("sg", url, toy_tokenizer(), top_k=3, http=FAST)
 
 
 # ------------------------------------------------------------------ vLLM contract (fixtures)
