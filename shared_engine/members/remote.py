@@ -176,7 +176,8 @@ class RemoteSession:
             raise self.member.malformed("number of distributions", f"{len(entries)} instead of {expected}")
         self.num_forwards += 1
         try:
-            rows = topk_rows(entries, self.member.table.vocab_size)
+            rows = topk_rows([_within(e, self.member.table.vocab_size) for e in entries],
+                             self.member.table.vocab_size)
         except ValueError as exc:
             raise self.member.malformed("token ids", exc) from exc
         if known:
@@ -187,3 +188,14 @@ class RemoteSession:
 
     def step(self, token: int) -> torch.Tensor:
         return self.sync(self.ids + [token], len(self.ids) + 1)[-1]
+
+
+def _within(entry: TopK, vocab_size: int) -> TopK:
+    """Drop ids at or past the client's vocabulary: padding rows of a model's output layer that a
+    tokenizer loaded from a bare GGUF does not count (they have no bytes, so never are candidates)."""
+    if max(entry.ids) < vocab_size:
+        return entry
+    kept = [(t, lp) for t, lp in zip(entry.ids, entry.logprobs) if t < vocab_size]
+    if not kept:
+        raise ValueError(f"every id of a top-K entry is outside the vocabulary of {vocab_size}")
+    return TopK([t for t, _ in kept], [lp for _, lp in kept])
