@@ -15,6 +15,7 @@ this machine). ``load_member(spec, backend=...)`` applies ``backend`` to specs w
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
@@ -143,7 +144,8 @@ def _connect(spec: MemberSpec, options: dict[str, Any]) -> Member:
         path = spec.tokenizer or (props.get("model_path") if isinstance(props, dict) else None)
         if not path:
             raise probe.error("GET /props did not name a model path; add '#TOKENIZER' to the spec")
-        return LlamaCppMember(spec.tokenizer or str(path), spec.target, load_tokenizer(path), **options)
+        name = spec.tokenizer or Path(str(path)).stem  # the GGUF's file name, not its whole path
+        return LlamaCppMember(name, spec.target, load_tokenizer(path), **options)
     except (OSError, ValueError) as exc:  # the tokenizer the server reported is not loadable here
         raise probe.error(f"cannot load its tokenizer here ({exc}); add '#TOKENIZER' to the spec") from exc
     finally:
