@@ -83,11 +83,12 @@ class LlamaCppMember(RemoteMember):
 
     @classmethod
     def from_gguf(cls, name: str, gguf: str | Path, tokenizer: LocalTokenizer, *, n_ctx: int = 4096,
-                  threads: int | None = None, top_k: int = DEFAULT_TOP_K,
+                  threads: int | None = None, slots: int = 1, top_k: int = DEFAULT_TOP_K,
                   http: HttpSettings | None = None) -> LlamaCppMember:
-        """Serve ``gguf`` in this process and connect to it."""
+        """Serve ``gguf`` in this process and connect to it. ``slots`` > 1 lets concurrent requests
+        keep their own prefix caches (each slot gets ``n_ctx``); one slot suits a 2-core CPU."""
         window = min(n_ctx, tokenizer.context_window or n_ctx)
-        server = LocalLlamaServer(gguf, n_ctx=window, threads=threads)
+        server = LocalLlamaServer(gguf, n_ctx=window, threads=threads, slots=slots)
         return cls(name, server.url, tokenizer, top_k=top_k, context_window=window, http=http, server=server)
 
     def wire_capabilities(self) -> dict[str, bool]:
