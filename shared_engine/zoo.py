@@ -56,6 +56,7 @@ __all__ = [
     "assemble_gguf",
     "cache_dir",
     "ensure_packages",
+    "gguf_path",
     "known_models",
     "resolve",
 ]
@@ -600,3 +601,16 @@ def resolve(name_or_path: str, progress: bool = True) -> ResolvedModel:
     if path.is_file() and path.suffix.lower() == ".gguf":
         return _resolve_gguf_file(path.resolve(), progress)
     raise _unknown(name_or_path)
+
+
+def gguf_path(name_or_path: str, progress: bool = True) -> Path:
+    """The GGUF file itself (for the llama.cpp backend): a zoo name or a .gguf path."""
+    spec = ZOO.get(name_or_path)
+    if spec is not None:
+        return assemble_gguf(spec, progress)
+    path = Path(name_or_path).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return path.resolve()
+    raise UnknownModelError(
+        f"the llama.cpp backend needs a zoo name ({', '.join(known_models())}) or a .gguf file, "
+        f"got {name_or_path!r}")

@@ -18,11 +18,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from ..alignment import TokenTable, common_prefix_len
 from . import cache as kv
+from .base import FULL_LOCAL, Capabilities
 from .chat import PLAIN_TEMPLATE_STOPS, Message, render_prompt_ids
 
 
 class HFMember:
     """One model, its tokenizer and the operations every decoder needs."""
+
+    capabilities: Capabilities = FULL_LOCAL
 
     def __init__(self, name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
         self.name = name
