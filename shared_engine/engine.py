@@ -33,7 +33,7 @@ from pydantic import BaseModel
 
 from .decoding import AdaFuseSettings, FusionSettings, RequestState, adafuse_round, decode_round
 from .decoding.adafuse import DEFAULT_THRESHOLD
-from .errors import ContextLengthError, EngineClosedError, InvalidRequestError
+from .errors import ContextLengthError, EngineClosedError, InvalidRequestError, MemberError
 from .events import Event, FinishEvent, Stats
 from .fusion import make_fuser
 from .members import Member, load_member
@@ -166,19 +166,28 @@ class EnsembleEngine:
         state = RequestState(members, self.labels, [m.new_session() for m in members], prompt_ids,
                              gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)))
         sampler = Sampler(gen.temperature, gen.top_p, gen.seed)
-        next_round = self._round_function()
+        weights = self._weights()
+        next_round = self._round_function(weights)
         self._live[id(state)] = state
         try:
             while not state.finish_reason:
                 if self._closed:
                     state.finish_reason = "cancelled"
                     break
-                async with aclosing(next_round(state, sampler)) as events:
-                    async for event in events:
-                        yield event
+                try:
+                    async with aclosing(next_round(state, sampler)) as events:
+                        async for event in events:
+                            yield event
+                except MemberError as err:
+                    index = self._degradable(state, err)
+                    if index is None:
+                        raise
+                    weights = state.drop_member(index, weights, str(err))
+                    next_round = self._round_function(weights)
             for event in state.flush():
                 yield event
-            yield FinishEvent(reason=state.finish_reason, text=state.text, stats=state.finalize_stats())
+            yield FinishEvent(reason=state.finish_reason, text=state.text, stats=state.finalize_stats(),
+                              failed_members=state.failed_members)
         finally:
             self._live.pop(id(state), None)
             for session in state.sessions:  # free KV caches now, not when the generator is collected
@@ -186,17 +195,24 @@ class EnsembleEngine:
                 if release is not None:
                     release()
 
-    def _round_function(self) -> Any:
+    def _degradable(self, state: RequestState, err: MemberError) -> int | None:
+        """With ``on_member_failure="degrade"``: the index of the failed member if the request can
+        go on without it (at least one member left), else None (the error ends the request)."""
+        if self.options.on_member_failure != "degrade" or len(state.members) < 2:
+            return None
+        return next((i for i, m in enumerate(state.members) if m.name == err.member), None)
+
+    def _round_function(self, weights: torch.Tensor) -> Any:
         """The method's decoding round, bound to its settings: ``(state, sampler) -> events``."""
         opts = self.options
         if opts.method == "adafuse":
             settings = AdaFuseSettings(
-                self._weights(), opts.uncertainty,
+                weights, opts.uncertainty,
                 DEFAULT_THRESHOLD[opts.uncertainty] if opts.threshold is None else opts.threshold,
                 opts.max_words, opts.num_candidates, opts.candidate_temperature)
             return lambda state, sampler: adafuse_round(state, settings, sampler)
         policy = make_policy(opts.method, opts.draft_length, opts.gate_threshold, opts.drafter_confidence)
-        fusion = FusionSettings(self.fuser, self._weights(), opts.sharpen)
+        fusion = FusionSettings(self.fuser, weights, opts.sharpen)
         return lambda state, sampler: decode_round(state, policy, fusion, sampler)
 
     async def agenerate(self, messages_or_prompt: str | Sequence[Message], *, keep_events: bool = False,

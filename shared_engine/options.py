@@ -52,6 +52,10 @@ class EngineOptions(GenerationParams):
         description="safe: skip fusion where the drafter's probability of its token is >= this "
                     "(SAFE's GaC variant uses 0.5); None = the paper's UniTE rule.")
     top_k: int = Field(10, ge=1, le=100, description="UniTE's top-k per member.")
+    on_member_failure: Literal["fail", "degrade"] = Field(
+        "fail", description="A member's server fails mid-answer (MemberError): 'fail' ends the request "
+                            "with the error; 'degrade' drops that member and goes on with the others "
+                            "(the finish event's failed_members says so).")
     uncertainty: Literal["margin", "entropy"] = Field(
         "margin", description="adafuse: top-1 margin p1-p2 (the paper's) or entropy in nats.")
     threshold: float | None = Field(
