@@ -37,6 +37,9 @@ class MemberDist:
     name: str
     table: TokenTable
     logits: torch.Tensor  # [vocab] float32
+    support: int | None = None
+    """Top-K backends (members/topk.py): only the K most likely ids are exact; the rest share the
+    leftover mass evenly, so they are never offered as this member's own candidates."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +81,8 @@ def key_logit(table: TokenTable, logits: torch.Tensor, key: bytes) -> float:
 
 def top_keys(dist: MemberDist, k: int) -> dict[bytes, float]:
     """A member's top-k candidates (by logit) as {key: logit}, skipping non-EOS specials."""
-    values, ids = torch.topk(dist.logits, min(dist.logits.shape[0], k + 8))  # room to skip specials
+    exact = dist.support or dist.logits.shape[0]
+    values, ids = torch.topk(dist.logits, min(dist.logits.shape[0], k + 8, exact))  # room to skip specials
     out: dict[bytes, float] = {}
     for value, token in zip(values.tolist(), ids.tolist()):
         key = candidate_key(dist.table, token)

@@ -282,3 +282,26 @@ def test_connecting_by_spec_finds_the_model_and_checks_the_tokenizer(tmp_path) -
         # without '#TOKENIZER' the model root /v1/models reports (/models/tiny) is not on this machine
         with pytest.raises(MemberError, match="TOKENIZER"):
             load_member(f"vllm:{url}")
+
+
+def test_decoders_never_pick_from_the_spread_mass_of_a_top_k_member() -> None:
+    """With temperature sampling, a top-K drafter only ever drafts one of its K exact ids, and its
+    fusion candidates are only those K (the rest of its distribution is the even spread)."""
+    from shared_engine.fusion import MemberDist, top_keys
+    from shared_engine.members.base import exact_support
+    from shared_engine.sampling import Sampler
+
+    hf = toy.toy_member("a", "byte_level", "llama", 1)
+    member = TopKOfHF(hf, 3)
+    assert exact_support(member) == 3 and exact_support(hf) is None
+    session = member.new_session()
+    context = hf.prompt_ids([{"role": "user", "content": "Sofia"}])
+    logits = session.sync(context, len(context))[-1]
+    allowed = set(torch.topk(logits, 3).indices.tolist())
+    sampler = Sampler(temperature=5.0, seed=0)  # hot: the spread mass would win almost always
+    assert {sampler.from_logits(logits, exact_support(member)) for _ in range(200)} <= allowed
+    assert len(top_keys(MemberDist("a", hf.table, logits, exact_support(member)), 10)) <= 3
+    other = toy.toy_member("b", "metaspace", "gpt2", 2)
+    result = EnsembleEngine([member, other], method="safe").generate("Sofia", max_new_tokens=16, temperature=2.0,
+                                                                     seed=1)
+    assert result.stats.tokens > 0

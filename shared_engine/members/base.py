@@ -79,3 +79,10 @@ class Member(Protocol):
 
     async def run(self, fn: Any, *args: Any) -> Any:
         """Run blocking compute for this member off the event loop."""
+
+
+def exact_support(member: Member) -> int | None:
+    """How many of a member's most likely ids are exact (None: all of them), from its declared
+    capabilities: decoders adapt to top-K backends instead of branching on the member type."""
+    caps = getattr(member, "capabilities", None)
+    return caps.k if caps is not None and caps.distribution == "top_k" else None
