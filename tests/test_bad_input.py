@@ -42,12 +42,12 @@ def registered(toys: list) -> Iterator[list[str]]:
     """The toy members under names that ``load_member`` resolves (what LangChain's string-only
     ``models`` field needs), removed afterwards."""
     for member in toys:
-        members_registry._LOADED[member.name] = member
+        members_registry.register_member(member)
     try:
         yield list(TOYS)
     finally:
         for name in TOYS:
-            members_registry._LOADED.pop(name, None)
+            members_registry.unregister_member(name)
 
 
 def _first_event(engine: EnsembleEngine, prompt: Any, **params: Any) -> Any:

@@ -50,12 +50,12 @@ def toys() -> list[HFMember]:
 def registered(toys: list[HFMember]) -> Iterator[list[str]]:
     """The toys under names ``load_member`` resolves (LangChain's ``models`` takes names only)."""
     for member in toys:
-        members_registry._LOADED[member.name] = member
+        members_registry.register_member(member)
     try:
         yield list(TOYS)
     finally:
         for name in TOYS:
-            members_registry._LOADED.pop(name, None)
+            members_registry.unregister_member(name)
 
 
 @pytest.fixture

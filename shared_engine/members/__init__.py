@@ -94,6 +94,18 @@ def load_member(name_or_spec: str, progress: bool = True, backend: str | None = 
         return member
 
 
+def register_member(member: Member, name: str | None = None) -> None:
+    """Make ``load_member(name)`` (default: the member's own name) return this already built member,
+    so string-only surfaces (LangChain's ``models`` list, the CLI) can use it."""
+    with _LOAD_LOCK:
+        _LOADED[str(parse_member_spec(name or member.name))] = member
+
+
+def unregister_member(name: str) -> None:
+    with _LOAD_LOCK:
+        _LOADED.pop(str(parse_member_spec(name)), None)
+
+
 def _build(spec: MemberSpec, progress: bool, options: dict[str, Any]) -> Member:
     from ..zoo import gguf_path, resolve
 
@@ -153,4 +165,4 @@ def _connect(spec: MemberSpec, options: dict[str, Any]) -> Member:
 
 
 __all__ = ["BACKENDS", "Capabilities", "HFMember", "HFSession", "Member", "MemberSpec", "Session",
-           "load_member", "parse_member_spec", "with_backend"]
+           "load_member", "parse_member_spec", "register_member", "unregister_member", "with_backend"]
