@@ -36,7 +36,7 @@ from .decoding.adafuse import DEFAULT_THRESHOLD
 from .errors import ContextLengthError, EngineClosedError, InvalidRequestError, MemberError
 from .events import Event, FinishEvent, Stats
 from .fusion import make_fuser
-from .members import Member, load_member
+from .members import Member, acquire_member, release_member
 from .members.chat import Message, normalize_messages
 from .options import EngineOptions, GenerationParams, validated
 from .policies import make_policy
@@ -71,6 +71,8 @@ class EnsembleEngine:
         self.fuser = make_fuser(self.options.fusion, self.options.top_k)
         self._live: dict[int, RequestState] = {}  # requests that hold sessions, by id()
         self._closed = False
+        self._held: list[str] = []  # member specs acquired from the registry, released by close()
+        self._release_later: list[str] = []  # ... after the requests still running at close()
 
     def _drafter_first(self, drafter: str | int | None) -> list[int]:
         names = [s if isinstance(s, str) else s.name for s in self._specs]
@@ -92,7 +94,10 @@ class EnsembleEngine:
         """Members in decoding order (drafter first); loaded on first use, once per process."""
         with self._load_lock:
             if self._members is None:
-                loaded = [load_member(s) if isinstance(s, str) else s for s in self._specs]
+                if self._closed:
+                    raise EngineClosedError("the engine is closed")
+                loaded = [acquire_member(s) if isinstance(s, str) else s for s in self._specs]
+                self._held = [s for s in self._specs if isinstance(s, str)]
                 _reject_ambiguous_names(loaded)
                 self._members = [loaded[i] for i in self._order]
             return self._members
@@ -123,8 +128,17 @@ class EnsembleEngine:
 
     def close(self) -> None:
         """Take no new requests; running ones finish at their next round (reason ``cancelled``)
-        and release their sessions. The members stay loaded for the other engines of the process."""
+        and release their sessions. Members this engine loaded by name are released: one that no
+        other engine holds leaves the registry and is closed (remote clients, llama.cpp servers);
+        one that others hold stays loaded for them."""
         self._closed = True
+        with self._load_lock:
+            held, self._held = self._held, []
+        if held and not self._live:
+            for spec in held:
+                release_member(spec)
+        elif held:
+            self._release_later = held
 
     async def aclose(self, timeout_s: float = 30.0) -> None:
         """``close()``, then wait (up to ``timeout_s``) until every running request has ended."""
@@ -190,6 +204,10 @@ class EnsembleEngine:
                               failed_members=state.failed_members)
         finally:
             self._live.pop(id(state), None)
+            if self._closed and not self._live and self._release_later:
+                held, self._release_later = self._release_later, []
+                for spec in held:
+                    release_member(spec)
             for session in state.sessions:  # free KV caches now, not when the generator is collected
                 release = getattr(session, "close", None)
                 if release is not None:

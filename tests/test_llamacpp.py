@@ -150,3 +150,24 @@ def test_the_langchain_and_llamaindex_adapters_take_member_specs() -> None:
     specs = [f"llamacpp:{QWEN}", f"llamacpp:{SMOL}"]
     assert "42" in ChatEnsemble(models=specs, max_tokens=24).invoke("What is 17 + 25? Answer briefly.").content
     assert "42" in EnsembleLLM(models=specs, max_tokens=24).complete("What is 17 + 25? Answer briefly.").text
+
+
+def test_closing_the_last_engine_that_holds_a_member_frees_it() -> None:
+    """Members are shared by the engines that name them; close() releases this engine's hold, and
+    the last release closes the member (here: stops its in-process llama.cpp server)."""
+    from shared_engine.members import load_member as registry_load
+
+    spec = f"llamacpp:{SMOL}"
+    first, second = (EnsembleEngine([spec], method="single", max_new_tokens=4) for _ in range(2))
+    assert first.generate("Hi").text and second.generate("Hi").text
+    member = first.members[0]
+    assert second.members[0] is member and registry_load(spec) is member
+    first.close()
+    assert registry_load(spec) is member and second.generate("Hi").text  # still held by `second`
+    url = member.url
+    second.close()
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/health", timeout=2)
+    third = EnsembleEngine([spec], method="single", max_new_tokens=4)
+    assert third.generate("Hi").text and third.members[0] is not member  # loaded afresh
+    third.close()

@@ -30,6 +30,7 @@ LOCAL_BACKENDS = ("transformers", "llamacpp")
 """Backends that can run a zoo name on this machine (``--backend`` of the CLI)."""
 
 _LOADED: dict[str, Member] = {}
+_HOLDERS: dict[str, int] = {}  # engines holding each registry member (acquire_member/release_member)
 _LOAD_LOCK = threading.Lock()
 
 
@@ -94,16 +95,50 @@ def load_member(name_or_spec: str, progress: bool = True, backend: str | None = 
         return member
 
 
+def acquire_member(name_or_spec: str, backend: str | None = None) -> Member:
+    """``load_member`` for a holder that will ``release_member`` it (an engine): the registry
+    counts holders, so the last one to let go frees the member."""
+    member = load_member(name_or_spec, backend=backend)
+    with _LOAD_LOCK:
+        key = str(parse_member_spec(name_or_spec, backend))
+        _HOLDERS[key] = _HOLDERS.get(key, 0) + 1
+    return member
+
+
+def release_member(name_or_spec: str, backend: str | None = None) -> bool:
+    """One holder lets go; when none is left the member leaves the registry and its resources are
+    closed (HTTP clients, an in-process llama.cpp server; transformers weights are freed once no
+    Python object refers to them). Returns True if it was freed."""
+    key = str(parse_member_spec(name_or_spec, backend))
+    with _LOAD_LOCK:
+        if key not in _HOLDERS:
+            return False
+        _HOLDERS[key] -= 1
+        if _HOLDERS[key] > 0:
+            return False
+        del _HOLDERS[key]
+        member = _LOADED.pop(key, None)
+    close = getattr(member, "close", None)
+    if close is not None:
+        close()
+    return member is not None
+
+
 def register_member(member: Member, name: str | None = None) -> None:
     """Make ``load_member(name)`` (default: the member's own name) return this already built member,
-    so string-only surfaces (LangChain's ``models`` list, the CLI) can use it."""
+    so string-only surfaces (LangChain's ``models`` list, the CLI) can use it. The registration
+    holds the member (engines closing never free it) until ``unregister_member``."""
+    key = str(parse_member_spec(name or member.name))
     with _LOAD_LOCK:
-        _LOADED[str(parse_member_spec(name or member.name))] = member
+        _LOADED[key] = member
+        _HOLDERS[key] = _HOLDERS.get(key, 0) + 1
 
 
 def unregister_member(name: str) -> None:
+    key = str(parse_member_spec(name))
     with _LOAD_LOCK:
-        _LOADED.pop(str(parse_member_spec(name)), None)
+        _LOADED.pop(key, None)
+        _HOLDERS.pop(key, None)
 
 
 def _build(spec: MemberSpec, progress: bool, options: dict[str, Any]) -> Member:
@@ -165,4 +200,5 @@ def _connect(spec: MemberSpec, options: dict[str, Any]) -> Member:
 
 
 __all__ = ["BACKENDS", "Capabilities", "HFMember", "HFSession", "Member", "MemberSpec", "Session",
-           "load_member", "parse_member_spec", "register_member", "unregister_member", "with_backend"]
+           "acquire_member", "load_member", "parse_member_spec", "register_member", "release_member",
+           "unregister_member", "with_backend"]
