@@ -61,7 +61,7 @@ from shared_engine import EngineOptions, EnsembleEngine, GenerationParams, Inval
 from shared_engine.engine import iterate_sync
 from shared_engine.events import Event, FinishEvent
 from shared_engine.members import load_member
-from shared_engine.options import Method
+from shared_engine.options import Method, validated
 
 from ._tools import (
     TOOL_CALL_CLOSE,
@@ -187,8 +187,11 @@ class ChatEnsemble(BaseChatModel):
 
     @model_validator(mode="after")
     def _validate_engine(self) -> ChatEnsemble:
-        """Fail at construction on bad options (no weights are loaded here)."""
+        """Fail at construction on bad options or generation defaults (no weights are loaded here)."""
         _shared_engine(self.models, self.method, self.engine_options)
+        defaults = {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed, "stop": self.stop}
+        validated(GenerationParams, max_new_tokens=self.max_tokens,
+                  **{k: v for k, v in defaults.items() if v is not None})
         return self
 
     # -- LangChain metadata ---------------------------------------------------------------

@@ -145,12 +145,14 @@ class EnsembleLLM(FunctionCallingLLM):
         engine_options.update(kwargs)  # whatever is not a field is an engine option
         members = list(models)
         names = [m if isinstance(m, str) else getattr(m, "name", str(m)) for m in members]
+        # Validates method, options, parameters and member count first, so bad values raise the
+        # engine's InvalidRequestError (not LlamaIndex's field errors); loads nothing yet.
+        engine = EnsembleEngine(members, method=method, max_new_tokens=max_tokens, temperature=temperature,
+                                **engine_options)
         super().__init__(models=names, method=method, max_tokens=max_tokens, temperature=temperature,
                          context_window=context_window, engine_options=engine_options,
                          step_events=step_events, **fields)
-        # Validates method, options and member count now (InvalidRequestError); loads nothing yet.
-        self._engine = EnsembleEngine(members, method=method, max_new_tokens=max_tokens,
-                                      temperature=temperature, **engine_options)
+        self._engine = engine
 
     @classmethod
     def class_name(cls) -> str:

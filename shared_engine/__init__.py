@@ -5,13 +5,13 @@ Knows nothing of LangChain or LlamaIndex; the adapters in ``langchain_ensemble``
 """
 
 from .engine import EnsembleEngine, GenerationResult
-from .errors import ContextLengthError, EnsembleError, InvalidRequestError
-from .events import (CacheSyncEvent, DraftEvent, EnsembleEvent, Event, FinishEvent, Stats, TokenEvent,
-                     VerifyEvent)
+from .errors import ContextLengthError, EngineClosedError, EnsembleError, InvalidRequestError, MemberError
+from .events import (AdaFuseEvent, CacheSyncEvent, DraftEvent, EnsembleEvent, Event, FinishEvent, SpanCandidate,
+                     Stats, TokenEvent, VerifyEvent)
 from .options import EngineOptions, GenerationParams
 
 __all__ = [
-    "CacheSyncEvent", "ContextLengthError", "DraftEvent", "EngineOptions", "EnsembleEngine", "EnsembleError",
-    "EnsembleEvent", "Event", "FinishEvent", "GenerationParams", "GenerationResult", "InvalidRequestError",
-    "Stats", "TokenEvent", "VerifyEvent",
+    "AdaFuseEvent", "CacheSyncEvent", "ContextLengthError", "DraftEvent", "EngineClosedError", "EngineOptions",
+    "EnsembleEngine", "EnsembleError", "EnsembleEvent", "Event", "FinishEvent", "GenerationParams",
+    "GenerationResult", "InvalidRequestError", "MemberError", "SpanCandidate", "Stats", "TokenEvent", "VerifyEvent",
 ]

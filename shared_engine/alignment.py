@@ -86,6 +86,8 @@ class TokenTable:
         self.pieces: list[bytes] = [self._piece_bytes(i, p, kind) for i, p in enumerate(pieces)]
         self.pieces += [b""] * (size - len(self.pieces))  # padded logits rows: never candidates
         self.vocab_size = size
+        self.longest_piece = max(1, max(map(len, self.pieces), default=1))
+        """Most bytes one token spells (bounds the tokens a text needs from below)."""
         self._by_bytes: dict[bytes, int] = {}
         # Byte-fallback pieces (<0x61>) come first in Llama/Gemma vocabularies but are not what the
         # model predicts for "a": map the normal piece first, fallback pieces only where none exists.
@@ -96,6 +98,8 @@ class TokenTable:
         for i in sorted(fallback):
             self._by_bytes.setdefault(self.pieces[i], i)
         self._prefix_space = self._detect_prefix_space()
+        self._unspellable = frozenset(b for b in range(256) if self.token_id(bytes([b])) is None)
+        """Bytes no token spells alone (byte-level BPE only merges bytes it has, so no token has them)."""
 
     def _piece_bytes(self, token_id: int, piece: str | None, kind: str) -> bytes:
         if piece is None:
@@ -127,6 +131,11 @@ class TokenTable:
     def token_id(self, piece: bytes) -> int | None:
         """The id whose bytes are exactly ``piece`` (None if no single token is)."""
         return self._by_bytes.get(piece)
+
+    def can_spell(self, piece: bytes) -> bool:
+        """Whether ids spelling exactly ``piece`` exist (EOS_KEY: always). A fused candidate the
+        drafter cannot spell can never be committed, so it must not be chosen."""
+        return piece == EOS_KEY or self.token_id(piece) is not None or not self._unspellable.intersection(piece)
 
     def to_bytes(self, ids: list[int]) -> bytes:
         return b"".join(self.pieces[i] for i in ids)
@@ -162,6 +171,30 @@ class TokenTable:
             out += ids
         return out
 
+    def spell_covering(self, text: str) -> tuple[list[int], list[int], int]:
+        """``spell`` for a verifier, which must hold *any* committed text: characters this
+        vocabulary has no bytes for (SmolLM2 lacks e.g. 0x04, 0x16, 0x1D and 0xF1) are left out,
+        as the model's own tokenizer drops them. Returns the ids, the bytes of ``text`` each id
+        covers (a left-out character is covered by the next token, at the end by the last) and
+        the bytes left uncovered (only when ``text`` has no spellable character at all)."""
+        if not self._unspellable.intersection(text.encode("utf-8")):
+            ids = self.spell(text)
+            return ids, [len(self.pieces[i]) for i in ids], 0
+        ids, spans, gap = [], [], 0
+        for run, spellable in _spellable_runs(text, self._unspellable):
+            if not spellable:
+                gap += len(run.encode("utf-8"))
+                continue
+            run_ids = self.spell(run)
+            ids += run_ids
+            spans += [len(self.pieces[i]) for i in run_ids]
+            spans[len(spans) - len(run_ids)] += gap
+            gap = 0
+        if gap and spans:
+            spans[-1] += gap
+            gap = 0
+        return ids, spans, gap
+
     def _byte_token(self, byte: int) -> int:
         token = self.token_id(bytes([byte]))
         if token is None:
@@ -171,14 +204,50 @@ class TokenTable:
 
 
 def _normalisation_runs(text: str) -> list[tuple[str, bool]]:
-    """Split text into (run, literal) where literal runs are characters a normaliser may change."""
+    """Split text into (run, literal) where literal runs are what a normaliser would change.
+
+    Decided per segment (a character and the combining marks after it), not per character: a
+    combining mark that NFC leaves alone (Arabic fatha after U+0600) stays in a normal run, so
+    one composable "e" + U+0301 elsewhere in the text does not change how the rest is spelled."""
+    runs: list[tuple[str, bool]] = []
+
+    def add(segment: str) -> None:
+        literal = unicodedata.normalize("NFC", segment) != segment
+        if runs and runs[-1][1] == literal:
+            runs[-1] = (runs[-1][0] + segment, literal)
+        else:
+            runs.append((segment, literal))
+
+    segment = ""
+    for ch in text:
+        if segment and unicodedata.combining(ch) == 0:
+            add(segment)
+            segment = ""
+        segment += ch
+    if segment:
+        add(segment)
+    return runs
+
+
+def _starts_segment(data: bytes, offset: int) -> bool:
+    """True if a re-encode may start at ``offset``: a character boundary not followed by a
+    combining mark (which belongs with the character before it, see _normalisation_runs)."""
+    if not is_char_boundary(data, offset):
+        return False
+    if offset == len(data):
+        return True
+    return unicodedata.combining(data[offset:offset + 4].decode("utf-8", "ignore")[:1] or "a") == 0
+
+
+def _spellable_runs(text: str, unspellable: frozenset[int]) -> list[tuple[str, bool]]:
+    """Split text into (run, spellable): a character is unspellable if one of its bytes is."""
     runs: list[tuple[str, bool]] = []
     for ch in text:
-        literal = unicodedata.combining(ch) != 0 or unicodedata.normalize("NFC", ch) != ch
-        if runs and runs[-1][1] == literal:
-            runs[-1] = (runs[-1][0] + ch, literal)
+        ok = not unspellable.intersection(ch.encode("utf-8"))
+        if runs and runs[-1][1] == ok:
+            runs[-1] = (runs[-1][0] + ch, ok)
         else:
-            runs.append((ch, literal))
+            runs.append((ch, ok))
     return runs
 
 
@@ -212,7 +281,8 @@ def is_char_boundary(data: bytes, offset: int) -> bool:
 class TokenizedText:
     """One member's canonical tokenization of a growing continuation, updated incrementally.
 
-    ``ids[i]`` covers bytes ``[starts[i], starts[i] + len(piece))``. Updating the text re-encodes
+    ``ids[i]`` covers bytes ``[starts[i], ends[i])``: its piece, preceded by any characters the
+    vocabulary cannot spell (see ``TokenTable.spell_covering``). Updating the text re-encodes
     only from a few tokens before the first changed byte (never the whole history).
     """
 
@@ -223,7 +293,7 @@ class TokenizedText:
 
     @property
     def starts(self) -> list[int]:
-        return [0] + self.ends[:-1]
+        return [0] + self.ends[:-1] if self.ends else []
 
     def first_token_from(self, offset: int) -> int:
         """Index of the first token that starts at or after byte ``offset`` (len(ids) if none)."""
@@ -242,34 +312,25 @@ class TokenizedText:
             return
         same = len(self.data) if data.startswith(self.data) else _common_prefix_len(self.data, data)
         keep = max(0, bisect.bisect_right(self.ends, same) - _LOOKBEHIND_TOKENS)
-        while keep > 0 and not is_char_boundary(data, self.ends[keep - 1]):
+        while keep > 0 and not _starts_segment(data, self.ends[keep - 1]):
             keep -= 1
         anchor = self.ends[keep - 1] if keep else 0
-        tail = self.table.spell(data[anchor:].decode("utf-8"))
+        tail, spans, uncovered = self.table.spell_covering(data[anchor:].decode("utf-8"))
         self.ids = self.ids[:keep] + tail
         self.ends = self.ends[:keep]
         pos = anchor
-        for token in tail:
-            pos += len(self.table.pieces[token])
+        for span in spans:
+            pos += span
             self.ends.append(pos)
-        if pos != len(data):  # the tokenizer normalised the text (e.g. NFC): fall back to full
-            self._full_encode(data)
-        self.data = data
-
-    def _full_encode(self, data: bytes) -> None:
-        self.ids = self.table.spell(data.decode("utf-8"))
-        self.ends, pos = [], 0
-        for token in self.ids:
-            pos += len(self.table.pieces[token])
-            self.ends.append(pos)
-        if pos != len(data):
+        if pos + uncovered != len(data):
             raise ValueError(
                 f"tokenizer {type(self.table.tokenizer).__name__} does not round-trip the text "
                 f"exactly ({pos} vs {len(data)} bytes); it cannot be aligned with other members")
+        self.data = data
 
     def index_at(self, offset: int) -> int | None:
         """Index of the token that starts exactly at byte ``offset`` (len(ids) for the end)."""
-        if offset == len(self.data):
+        if offset == len(self.data) or (offset == 0 and not self.ids):
             return len(self.ids)
 
         i = bisect.bisect_right(self.ends, offset)
@@ -277,7 +338,7 @@ class TokenizedText:
         return i if start == offset and i < len(self.ids) else None
 
     def boundaries(self) -> set[int]:
-        return {0, *self.ends}
+        return {0, *self.ends, len(self.data)}
 
 
 def _common_prefix_len(a: bytes | list[int], b: bytes | list[int]) -> int:

@@ -41,16 +41,36 @@ def gsm8k_questions(path: str | None, limit: int) -> list[str]:
 
 
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """One backend: the results as before. Several (``--backend transformers,llamacpp``): each
+    backend's results under ``backends`` plus ``<method>_<backend>_vs_<first backend>`` ratios."""
+    backends = list(getattr(args, "backend", None) or ["transformers"])
+    if isinstance(backends, str):
+        backends = [backends]
+    if len(backends) == 1:
+        return _run_backend(args, backends[0])
+    by_backend = {b: _run_backend(args, b) for b in backends}
+    results: dict[str, Any] = {"backends": by_backend, "note": "measured in one process, one after the other"}
+    base = backends[0]
+    for other in backends[1:]:
+        for method, row in by_backend[other]["methods"].items():
+            reference = by_backend[base]["methods"].get(method, {}).get("tokens_per_s")
+            if reference:
+                key = f"{method.replace('-', '_')}_{other}_vs_{base}"
+                results[key] = round(row["tokens_per_s"] / reference, 3)
+    return results
+
+
+def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     prompts = gsm8k_questions(args.data, args.prompts)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    results: dict[str, Any] = {"models": args.models, "prompts": len(prompts),
+    results: dict[str, Any] = {"models": args.models, "backend": backend, "prompts": len(prompts),
                                "max_new_tokens": args.max_new_tokens, "draft_length": args.draft_length,
                                "fusion": args.fusion, "sharpen": args.sharpen,
                                "drafter_confidence": args.drafter_confidence, "methods": {}}
     for method in methods:
         from .cli import _engine  # one place builds engines from CLI arguments
 
-        engine = _engine(args, method)
+        engine = _engine(args, method, backend)
         engine.generate("Say hi.", max_new_tokens=4)  # warm-up: loads members, builds token tables
         tokens = elapsed = ensembled = spans = fused_spans = 0.0
         forwards: dict[str, int] = {}

@@ -14,6 +14,7 @@ import sys
 
 from .engine import EnsembleEngine
 from .errors import EnsembleError
+from .members import LOCAL_BACKENDS, with_backend
 from .options import METHODS
 from .server.command import add_serve_command
 
@@ -27,9 +28,18 @@ def _models(value: str) -> list[str]:
     return models
 
 
+def _backends(value: str) -> list[str]:
+    backends = [b.strip() for b in value.split(",") if b.strip()]
+    unknown = [b for b in backends if b not in LOCAL_BACKENDS]
+    if not backends or unknown:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(LOCAL_BACKENDS)}")
+    return backends
+
+
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", type=_models, required=True,
-                        help="comma-separated zoo names, local HF folders or .gguf paths")
+                        help="comma-separated zoo names, local HF folders, .gguf paths or member specs "
+                             "such as llamacpp:NAME, vllm:URL#TOKENIZER (see README, Remote members)")
     parser.add_argument("--drafter", help="member that drafts (default: the first)")
     parser.add_argument("--draft-length", type=int, default=5)
     parser.add_argument("--fusion", choices=["unite", "gac"], default="unite")
@@ -48,8 +58,10 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="adafuse: sample candidates past their first token at this temperature")
 
 
-def _engine(args: argparse.Namespace, method: str) -> EnsembleEngine:
-    return EnsembleEngine(args.models, method=method, drafter=args.drafter, draft_length=args.draft_length,
+def _engine(args: argparse.Namespace, method: str, backend: str | None = None) -> EnsembleEngine:
+    backend = backend or (args.backend if isinstance(args.backend, str) else args.backend[0])
+    models = [with_backend(m, backend) for m in args.models]
+    return EnsembleEngine(models, method=method, drafter=args.drafter, draft_length=args.draft_length,
                           fusion=args.fusion, sharpen=None if args.sharpen == "none" else args.sharpen,
                           drafter_confidence=args.drafter_confidence, max_new_tokens=args.max_new_tokens,
                           uncertainty=args.uncertainty, threshold=args.threshold, max_words=args.max_words,
@@ -85,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="stream one answer")
     _add_engine_args(run)
+    run.add_argument("--backend", choices=LOCAL_BACKENDS, default="transformers",
+                     help="how zoo names without a backend prefix run (default: transformers)")
     run.add_argument("--method", choices=METHODS, help="default: safe (single with one model)")
     run.add_argument("--temperature", type=float, default=0.0)
     run.add_argument("--top-p", type=float, default=1.0)
@@ -100,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--data", help="a GSM8K-format JSONL file (default: ../shared/data/gsm8k/test.jsonl)")
     bench.add_argument("--methods", default="single,safe,every-token,adafuse")
     bench.add_argument("--json", help="write the results here")
+    bench.add_argument("--backend", type=_backends, default=["transformers"],
+                       help="how zoo names without a prefix run: transformers, llamacpp, or both "
+                            "(transformers,llamacpp) to measure them in one run")
     bench.set_defaults(max_new_tokens=128)
 
     add_serve_command(sub, _add_engine_args)

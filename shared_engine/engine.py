@@ -10,6 +10,12 @@ Concurrency: every request gets its own session (KV cache) in every member, so c
 requests never see each other's state; each member runs one forward at a time (a lock), because
 on a CPU two forwards of one model only slow each other down. Requests therefore interleave
 round by round and give the same answers as when run one after the other.
+
+Resources: a request's sessions are released when it ends, however it ends (finish, error, the
+consumer breaking off, task cancellation). ``close()`` / ``with`` / ``async with`` stop the engine:
+new requests raise ``EngineClosedError``, running ones finish at their next round with reason
+``cancelled``. Members are never unloaded by an engine: they are loaded once per process and shared
+by every engine that names them (``load_member``).
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import aclosing
 from typing import Any
 
 import torch
@@ -25,10 +33,10 @@ from pydantic import BaseModel
 
 from .decoding import AdaFuseSettings, FusionSettings, RequestState, adafuse_round, decode_round
 from .decoding.adafuse import DEFAULT_THRESHOLD
-from .errors import ContextLengthError, InvalidRequestError
+from .errors import ContextLengthError, EngineClosedError, InvalidRequestError, MemberError
 from .events import Event, FinishEvent, Stats
 from .fusion import make_fuser
-from .members import Member, load_member
+from .members import Member, acquire_member, release_member
 from .members.chat import Message, normalize_messages
 from .options import EngineOptions, GenerationParams, validated
 from .policies import make_policy
@@ -48,6 +56,9 @@ class EnsembleEngine:
     def __init__(self, members: Sequence[str | Member], method: str = "safe", **options: Any) -> None:
         if not members:
             raise InvalidRequestError("an ensemble needs at least one member")
+        for spec in members:
+            if not isinstance(spec, str) and not all(hasattr(spec, a) for a in ("name", "table", "new_session")):
+                raise InvalidRequestError(f"a member must be a model name/path or a Member, got {type(spec).__name__}")
         self.options: EngineOptions = validated(EngineOptions, method=method, **options)  # type: ignore[assignment]
         self._specs = list(members)
         self._members: list[Member] | None = None
@@ -58,6 +69,10 @@ class EnsembleEngine:
             raise InvalidRequestError(f"{len(self.options.weights)} weights for {len(self._specs)} members")
         self._order = self._drafter_first(self.options.drafter)
         self.fuser = make_fuser(self.options.fusion, self.options.top_k)
+        self._live: dict[int, RequestState] = {}  # requests that hold sessions, by id()
+        self._closed = False
+        self._held: list[str] = []  # member specs acquired from the registry, released by close()
+        self._release_later: list[str] = []  # ... after the requests still running at close()
 
     def _drafter_first(self, drafter: str | int | None) -> list[int]:
         names = [s if isinstance(s, str) else s.name for s in self._specs]
@@ -79,7 +94,11 @@ class EnsembleEngine:
         """Members in decoding order (drafter first); loaded on first use, once per process."""
         with self._load_lock:
             if self._members is None:
-                loaded = [load_member(s) if isinstance(s, str) else s for s in self._specs]
+                if self._closed:
+                    raise EngineClosedError("the engine is closed")
+                loaded = [acquire_member(s) if isinstance(s, str) else s for s in self._specs]
+                self._held = [s for s in self._specs if isinstance(s, str)]
+                _reject_ambiguous_names(loaded)
                 self._members = [loaded[i] for i in self._order]
             return self._members
 
@@ -100,13 +119,58 @@ class EnsembleEngine:
             raise InvalidRequestError("weights must be non-negative and not all zero")
         return ordered / ordered.sum()
 
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def live_requests(self) -> int:
+        """Requests now holding sessions (KV caches) in the members."""
+        return len(self._live)
+
+    def close(self) -> None:
+        """Take no new requests; running ones finish at their next round (reason ``cancelled``)
+        and release their sessions. Members this engine loaded by name are released: one that no
+        other engine holds leaves the registry and is closed (remote clients, llama.cpp servers);
+        one that others hold stays loaded for them."""
+        self._closed = True
+        with self._load_lock:
+            held, self._held = self._held, []
+        if held and not self._live:
+            for spec in held:
+                release_member(spec)
+        elif held:
+            self._release_later = held
+
+    async def aclose(self, timeout_s: float = 30.0) -> None:
+        """``close()``, then wait (up to ``timeout_s``) until every running request has ended."""
+        self.close()
+        deadline = time.monotonic() + timeout_s
+        while self._live and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    def __enter__(self) -> EnsembleEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> EnsembleEngine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- requests ----------------------------------------------------------------------------
+
     async def astream(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> AsyncIterator[Event]:
         """Stream typed events for one answer; the last event is always ``finish``."""
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
         defaults = self.options.model_dump(include=set(GenerationParams.model_fields))
         gen: GenerationParams = validated(GenerationParams, **{**defaults, **params})  # type: ignore[assignment]
         messages = normalize_messages(messages_or_prompt)
         members = await asyncio.to_thread(lambda: self.members)
-        prompt_ids = [m.prompt_ids(messages) for m in members]
+        _reject_oversized(messages, members, gen.max_new_tokens)
+        prompt_ids = await asyncio.to_thread(lambda: [m.prompt_ids(messages) for m in members])
         for member, ids in zip(members, prompt_ids):
             if len(ids) + gen.max_new_tokens > member.context_window:
                 raise ContextLengthError(
@@ -116,25 +180,57 @@ class EnsembleEngine:
         state = RequestState(members, self.labels, [m.new_session() for m in members], prompt_ids,
                              gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)))
         sampler = Sampler(gen.temperature, gen.top_p, gen.seed)
-        next_round = self._round_function()
-        while not state.finish_reason:
-            async for event in next_round(state, sampler):
+        weights = self._weights()
+        next_round = self._round_function(weights)
+        self._live[id(state)] = state
+        try:
+            while not state.finish_reason:
+                if self._closed:
+                    state.finish_reason = "cancelled"
+                    break
+                try:
+                    async with aclosing(next_round(state, sampler)) as events:
+                        async for event in events:
+                            yield event
+                except MemberError as err:
+                    index = self._degradable(state, err)
+                    if index is None:
+                        raise
+                    weights = state.drop_member(index, weights, str(err))
+                    next_round = self._round_function(weights)
+            for event in state.flush():
                 yield event
-        for event in state.flush():
-            yield event
-        yield FinishEvent(reason=state.finish_reason, text=state.text, stats=state.finalize_stats())
+            yield FinishEvent(reason=state.finish_reason, text=state.text, stats=state.finalize_stats(),
+                              failed_members=state.failed_members)
+        finally:
+            self._live.pop(id(state), None)
+            if self._closed and not self._live and self._release_later:
+                held, self._release_later = self._release_later, []
+                for spec in held:
+                    release_member(spec)
+            for session in state.sessions:  # free KV caches now, not when the generator is collected
+                release = getattr(session, "close", None)
+                if release is not None:
+                    release()
 
-    def _round_function(self) -> Any:
+    def _degradable(self, state: RequestState, err: MemberError) -> int | None:
+        """With ``on_member_failure="degrade"``: the index of the failed member if the request can
+        go on without it (at least one member left), else None (the error ends the request)."""
+        if self.options.on_member_failure != "degrade" or len(state.members) < 2:
+            return None
+        return next((i for i, m in enumerate(state.members) if m.name == err.member), None)
+
+    def _round_function(self, weights: torch.Tensor) -> Any:
         """The method's decoding round, bound to its settings: ``(state, sampler) -> events``."""
         opts = self.options
         if opts.method == "adafuse":
             settings = AdaFuseSettings(
-                self._weights(), opts.uncertainty,
+                weights, opts.uncertainty,
                 DEFAULT_THRESHOLD[opts.uncertainty] if opts.threshold is None else opts.threshold,
                 opts.max_words, opts.num_candidates, opts.candidate_temperature)
             return lambda state, sampler: adafuse_round(state, settings, sampler)
         policy = make_policy(opts.method, opts.draft_length, opts.gate_threshold, opts.drafter_confidence)
-        fusion = FusionSettings(self.fuser, self._weights(), opts.sharpen)
+        fusion = FusionSettings(self.fuser, weights, opts.sharpen)
         return lambda state, sampler: decode_round(state, policy, fusion, sampler)
 
     async def agenerate(self, messages_or_prompt: str | Sequence[Message], *, keep_events: bool = False,
@@ -155,6 +251,35 @@ class EnsembleEngine:
     def stream(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> Iterator[Event]:
         """Blocking iterator over ``astream``'s events."""
         return iterate_sync(self.astream(messages_or_prompt, **params))
+
+
+def _reject_ambiguous_names(members: Sequence[Member]) -> None:
+    """The same model twice is fine (labels tell them apart, wrappers such as LangChain's tool
+    prompts share its table and weights); two different models under one name are not: events,
+    ``drafter=`` and stats are keyed by name."""
+    by_name: dict[str, Member] = {}
+    for member in members:
+        first = by_name.setdefault(member.name, member)
+        if first.table is not member.table or getattr(first, "model", None) is not getattr(member, "model", None):
+            raise InvalidRequestError(f"two different members are both named {member.name!r}; give them "
+                                      "distinct names")
+
+
+_NORMALISER_SHRINK = 4
+"""Safety factor for the size bound below: a normaliser may shrink text (NFC composes Hangul jamo 3:1)."""
+
+
+def _reject_oversized(messages: Sequence[Message], members: Sequence[Member], max_new_tokens: int) -> None:
+    """Refuse a prompt that cannot fit before tokenizing it: no token spells more than
+    ``longest_piece`` bytes, so N bytes of content need at least N / longest_piece tokens
+    (a multi-megabyte prompt would otherwise be tokenized for seconds only to be refused)."""
+    size = sum(len(m["content"].strip().encode("utf-8")) for m in messages)
+    for member in members:
+        least = size // (member.table.longest_piece * _NORMALISER_SHRINK)
+        if least + max_new_tokens > member.context_window:
+            raise ContextLengthError(
+                f"prompt ({size} bytes: at least {least} tokens) + max_new_tokens ({max_new_tokens}) exceed "
+                f"{member.name}'s context window of {member.context_window} tokens")
 
 
 def run_sync(coro: Any) -> Any:

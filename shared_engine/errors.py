@@ -11,3 +11,21 @@ class InvalidRequestError(EnsembleError, ValueError):
 
 class ContextLengthError(InvalidRequestError):
     """Prompt plus max_new_tokens exceed the smallest member's context window."""
+
+
+class EngineClosedError(EnsembleError, RuntimeError):
+    """The engine was closed (``close()`` / end of its ``with`` block); it takes no new requests."""
+
+
+class MemberError(EnsembleError, RuntimeError):
+    """A member's backend failed (server down, timed out, or answered garbage).
+
+    Names the member and the URL so that the user knows which server to look at. The engine stays
+    usable: every request builds fresh sessions, so the next request starts clean.
+    """
+
+    def __init__(self, member: str, url: str, reason: str) -> None:
+        super().__init__(f"member {member!r} at {url}: {reason}")
+        self.member = member
+        self.url = url
+        self.reason = reason

@@ -116,6 +116,9 @@ class FinishEvent(_Event):
     reason: Literal["stop", "length", "eos", "cancelled", "error"]
     text: str = Field(description="The full answer.")
     stats: Stats
+    failed_members: dict[str, str] = Field(
+        default_factory=dict, description="Members dropped mid-answer (on_member_failure='degrade'): "
+                                          "member -> the error.")
 
 
 Event = Annotated[TokenEvent | DraftEvent | VerifyEvent | EnsembleEvent | AdaFuseEvent | CacheSyncEvent

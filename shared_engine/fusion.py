@@ -37,6 +37,9 @@ class MemberDist:
     name: str
     table: TokenTable
     logits: torch.Tensor  # [vocab] float32
+    support: int | None = None
+    """Top-K backends (members/topk.py): only the K most likely ids are exact; the rest share the
+    leftover mass evenly, so they are never offered as this member's own candidates."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +81,8 @@ def key_logit(table: TokenTable, logits: torch.Tensor, key: bytes) -> float:
 
 def top_keys(dist: MemberDist, k: int) -> dict[bytes, float]:
     """A member's top-k candidates (by logit) as {key: logit}, skipping non-EOS specials."""
-    values, ids = torch.topk(dist.logits, min(dist.logits.shape[0], k + 8))  # room to skip specials
+    exact = dist.support or dist.logits.shape[0]
+    values, ids = torch.topk(dist.logits, min(dist.logits.shape[0], k + 8, exact))  # room to skip specials
     out: dict[bytes, float] = {}
     for value, token in zip(values.tolist(), ids.tolist()):
         key = candidate_key(dist.table, token)
@@ -98,8 +102,8 @@ class UniteFusion:
     def __call__(self, dists: Sequence[MemberDist], weights: torch.Tensor) -> Fused:
         tops = [top_keys(d, self.top_k) for d in dists]
         keys: list[bytes] = []
-        for top in tops:
-            keys.extend(k for k in top if k not in keys)
+        for top in tops:  # dists[0] is the drafter: only what it can spell can be committed
+            keys.extend(k for k in top if k not in keys and dists[0].table.can_spell(k))
         rows = []
         for dist, top in zip(dists, tops):
             logits = [top[k] if k in top else key_logit(dist.table, dist.logits, k) for k in keys]
@@ -123,7 +127,7 @@ def _union_vocab(tables: tuple[TokenTable, ...]) -> _UnionVocab:
         mapping = torch.full((table.vocab_size,), -1, dtype=torch.long)
         for token in range(table.vocab_size):
             key = candidate_key(table, token)
-            if key is None:
+            if key is None or not tables[0].can_spell(key):  # tables[0]: the drafter's
                 continue
             if key not in position:
                 position[key] = len(keys)

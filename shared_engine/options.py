@@ -18,9 +18,10 @@ class GenerationParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_new_tokens: int = Field(256, ge=1, description="Answer length cap, in drafter tokens.")
-    temperature: float = Field(0.0, ge=0.0, description="0 = greedy (the default, as in SAFE).")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    seed: int | None = Field(None, description="Seed for sampling; fixed seed = reproducible answer.")
+    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False, description="0 = greedy (the default, as in SAFE).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False, description="Nucleus sampling mass.")
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64,  # what torch.Generator.manual_seed accepts
+                             description="Seed for sampling; fixed seed = reproducible answer.")
     stop: list[str] = Field(default_factory=list, description="Strings that end the answer.")
 
     @field_validator("stop", mode="before")
@@ -51,6 +52,10 @@ class EngineOptions(GenerationParams):
         description="safe: skip fusion where the drafter's probability of its token is >= this "
                     "(SAFE's GaC variant uses 0.5); None = the paper's UniTE rule.")
     top_k: int = Field(10, ge=1, le=100, description="UniTE's top-k per member.")
+    on_member_failure: Literal["fail", "degrade"] = Field(
+        "fail", description="A member's server fails mid-answer (MemberError): 'fail' ends the request "
+                            "with the error; 'degrade' drops that member and goes on with the others "
+                            "(the finish event's failed_members says so).")
     uncertainty: Literal["margin", "entropy"] = Field(
         "margin", description="adafuse: top-1 margin p1-p2 (the paper's) or entropy in nats.")
     threshold: float | None = Field(

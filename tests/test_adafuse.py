@@ -151,6 +151,7 @@ def test_entropy_mode_and_option_validation() -> None:
 @pytest.mark.parametrize("models", [
     ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"],
     ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m"],
+    ["llamacpp:qwen2.5-coder-0.5b-instruct", "llamacpp:smollm2-135m-instruct"],  # top-K members
 ])
 def test_real_models_give_valid_text(models: list[str]) -> None:
     engine = EnsembleEngine(models, method="adafuse", max_new_tokens=24)

@@ -89,6 +89,7 @@ def test_streamed_and_whole_answers_match_the_engine(base_url: str) -> None:
     positions = [d["position"] for d in decisions]
     assert len(positions) == expected.stats.ensembled_tokens and positions == sorted(set(positions))
     assert {"candidates", "chosen", "sharpened", "changed"} <= decisions[0].keys()
+    assert {d["kind"] for d in decisions} == {"token"} and {d["type"] for d in decisions} == {"ensemble"}
 
 
 def test_text_parts_and_the_developer_role_are_read_like_plain_messages(base_url: str) -> None:
@@ -116,6 +117,86 @@ def test_models_health_and_page(base_url: str) -> None:
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     assert "/v1/chat/completions" in page.text
     assert "http://" not in page.text and "https://" not in page.text  # nothing fetched from elsewhere
+
+
+# ----------------------------------------------------------------------------- AdaFuse spans
+
+
+def adafuse_engine(**options: Any) -> EnsembleEngine:
+    # A margin threshold of 1.0 is never reached by random members: every span is voted on.
+    return EnsembleEngine(toy_members(), method="adafuse", threshold=1.0, max_new_tokens=24, **options)
+
+
+def test_adafuse_spans_are_span_decisions_streamed_and_whole() -> None:
+    expected = adafuse_engine().generate(USER, max_new_tokens=10)
+    assert expected.stats.fused_spans == expected.stats.spans >= 1
+    body = {"model": "adafuse-ensemble", "messages": USER, "max_tokens": 10}
+    with serve_in_background(create_app(adafuse_engine())) as url:
+        whole = post(url, body).json()
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True},
+                          timeout=60) as response:
+            chunks = [json.loads(p) for p in sse_payloads(response)[:-1]]
+    assert whole["choices"][0]["message"]["content"] == expected.text
+    decisions = whole["ensemble"]["decisions"]
+    assert len(decisions) == expected.stats.fused_spans
+    for d in decisions:
+        assert d["kind"] == "span" and d["type"] == "adafuse" and d["fused"] is True
+        assert set(d["member_uncertainty"]) == {"a", "b"} and d["leader"] in ("a", "b")
+        assert d["candidates"] and d["chosen"] in [c["text"] for c in d["candidates"]]
+        for c in d["candidates"]:
+            assert set(c["member_nll"]) == {"a", "b"} and c["proposed_by"]
+        scores = [c["score"] for c in d["candidates"]]
+        assert scores == sorted(scores)  # lowest (best) first; greedy: the best one is chosen
+        assert d["chosen"] == d["candidates"][0]["text"]
+
+    streamed = [d for c in chunks for d in (c.get("ensemble") or {}).get("decisions", [])]
+    assert streamed == decisions
+    texts = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert "".join(c["choices"][0]["delta"]["content"] for c in texts) == expected.text
+    starts = {d["position"] for d in decisions}
+    # Every piece of text names its span, a voted one here, and comes after that span's decision.
+    seen: set[int] = set()
+    for c in chunks:
+        ext = c.get("ensemble") or {}
+        seen |= {d["position"] for d in ext.get("decisions", [])}
+        if c["choices"] and c["choices"][0]["delta"].get("content"):
+            assert ext["span"] in starts and ext["span"] in seen and ext["span"] <= ext["position"]
+            assert ext["source"] == "ensemble"
+
+
+def test_confident_adafuse_spans_are_listed_only_on_request() -> None:
+    engine = EnsembleEngine(toy_members(), method="adafuse", threshold=0.0, max_new_tokens=8)  # always sure
+    body = {"model": "adafuse-ensemble", "messages": USER, "max_tokens": 8}
+    with serve_in_background(create_app(engine)) as url:
+        default = post(url, body).json()["ensemble"]
+        everything = post(url, {**body, "ensemble_events": "all"}).json()["ensemble"]
+        assert post(url, {**body, "ensemble_events": "some"}).status_code == 400
+    assert default["decisions"] == [] and default["stats"]["fused_spans"] == 0
+    assert len(everything["decisions"]) == everything["stats"]["spans"] >= 1
+    assert all(d["kind"] == "span" and not d["fused"] and len(d["candidates"]) == 1
+               for d in everything["decisions"])
+
+
+def test_page_lists_confident_spans_when_asked() -> None:
+    """The page in headless Chromium (the real-model page tests are in test_server_zoo.py)."""
+    from tests.test_server_zoo import ARTIFACTS, browser_page
+
+    engine = EnsembleEngine(toy_members(), method="adafuse", threshold=0.0, max_new_tokens=8)  # always sure
+    with browser_page(engine, "adafuse") as (page, console_errors):
+        page.check("#all-spans")
+        page.fill("#max-tokens", "6")
+        page.click("#send")
+        page.wait_for_selector("#stats[data-done]", timeout=60_000)
+        spans, voted = map(int, page.inner_text(".stat:has-text('spans / voted') b").split(" / "))
+        cards = page.locator("#decisions .decision")
+        assert voted == 0 and cards.count() == spans >= 1
+        assert all("confident" in text and "(leader)" in text for text in cards.all_inner_texts())
+        assert page.locator("#answer .tok.voted").count() == 0
+        assert page.locator("#answer .tok.confident").count() >= 1
+        page.locator("#answer .tok.confident").first.click()
+        assert page.locator("#decisions .decision.focus").count() == 1
+        page.screenshot(path=str(ARTIFACTS / "server_page_confident_spans.png"))
+        assert not console_errors, console_errors
 
 
 # ----------------------------------------------------------------------------- errors
@@ -343,3 +424,25 @@ def test_serve_command_serves_local_model_folders(tmp_path: Path) -> None:
         output = server.communicate(timeout=30)[0]
     assert server.returncode == 0, output
     assert f"http://127.0.0.1:{port}/" in output
+
+
+def test_many_http_disconnects_free_every_request_and_answers_stay_identical() -> None:
+    """Reliability soak over HTTP: 40 streams dropped at random points (before the first byte,
+    mid-stream); afterwards the engine holds no request (no sessions, no KV caches) and answers
+    byte-identically to a fresh engine."""
+    import random
+
+    engine = toy_engine()
+    fresh = toy_engine().generate(USER, max_new_tokens=24).text
+    rng = random.Random(7)
+    with serve_in_background(create_app(engine, max_active=2, max_waiting=8)) as url:
+        body = {"model": MODEL, "messages": USER, "max_tokens": 200, "stream": True}
+        for _ in range(40):
+            stop_after = rng.randint(0, 6)
+            with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
+                for seen, _payload in enumerate(sse_payloads_iter(response)):
+                    if seen >= stop_after:
+                        break
+        _wait_until(lambda: engine.live_requests == 0, timeout=10)
+        answer = post(url, {"model": MODEL, "messages": USER, "max_tokens": 24}).json()
+    assert answer["choices"][0]["message"]["content"] == fresh

@@ -6,8 +6,10 @@ from __future__ import annotations
 import importlib.util
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import openai
 import pytest
@@ -15,6 +17,9 @@ import pytest
 from shared_engine import EnsembleEngine
 from shared_engine.server import create_app
 from shared_engine.server.background import serve_in_background
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
 pytestmark = pytest.mark.zoo
 QWEN, SMOL = "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"
@@ -77,38 +82,70 @@ def test_cookbook_clients_openai_curl_langchain(safe_url: str, capsys: pytest.Ca
         assert "last '[DONE]'" in out
 
 
-def test_live_page_in_headless_chromium() -> None:
+@contextmanager
+def browser_page(engine: EnsembleEngine, method: str) -> Iterator[tuple[Page, list[str]]]:
+    """The live page of a server over ``engine``, loaded in headless Chromium; the list collects
+    the page's console errors."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing and could not be installed (`make test` runs apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
-    # every-token fuses at every shared boundary, so decisions are certain to appear.
-    app = create_app(EnsembleEngine([QWEN, SMOL], method="every-token"))
     ARTIFACTS.mkdir(exist_ok=True)
-    with serve_in_background(app) as url, sync_playwright() as playwright:
+    with serve_in_background(create_app(engine)) as url, sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 800})
             console_errors: list[str] = []
             page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
             page.goto(f"{url}/")
-            page.wait_for_function("document.getElementById('model').textContent.includes('every-token')")
-            page.fill("#prompt", "What is 17 + 25? Answer briefly.")
-            page.fill("#max-tokens", "16")
-            page.click("#send")
-            page.wait_for_selector("#stats[data-done]", timeout=240_000)
-            answer = page.inner_text("#answer")
-            decisions = page.locator("#decisions .decision")
-            assert answer.strip(), "no answer appeared"
-            assert decisions.count() >= 1, "no ensemble decision was listed"
-            assert page.locator("#answer .tok.kept, #answer .tok.changed").count() >= 1
-            first = decisions.first
-            assert first.locator("table tr").count() >= 2  # a header row and candidates
-            assert QWEN in first.inner_text() and SMOL in first.inner_text()
-            assert "ensemble rate" in page.inner_text("#stats") and "tokens/s" in page.inner_text("#stats")
-            page.locator("#answer .tok.kept, #answer .tok.changed").first.click()
-            assert page.locator("#decisions .decision.focus").count() == 1
-            page.screenshot(path=str(ARTIFACTS / "server_page.png"))
-            assert not console_errors, console_errors
+            page.wait_for_function(f"document.getElementById('model').textContent.includes('{method}')")
+            yield page, console_errors
         finally:
             browser.close()
+
+
+def test_live_page_in_headless_chromium() -> None:
+    # every-token fuses at every shared boundary, so decisions are certain to appear.
+    with browser_page(EnsembleEngine([QWEN, SMOL], method="every-token"), "every-token") as (page, console_errors):
+        page.fill("#prompt", "What is 17 + 25? Answer briefly.")
+        page.fill("#max-tokens", "16")
+        page.click("#send")
+        page.wait_for_selector("#stats[data-done]", timeout=240_000)
+        answer = page.inner_text("#answer")
+        decisions = page.locator("#decisions .decision")
+        assert answer.strip(), "no answer appeared"
+        assert decisions.count() >= 1, "no ensemble decision was listed"
+        assert page.locator("#answer .tok.kept, #answer .tok.changed").count() >= 1
+        first = decisions.first
+        assert first.locator("table tr").count() >= 2  # a header row and candidates
+        assert QWEN in first.inner_text() and SMOL in first.inner_text()
+        assert "ensemble rate" in page.inner_text("#stats") and "tokens/s" in page.inner_text("#stats")
+        page.locator("#answer .tok.kept, #answer .tok.changed").first.click()
+        assert page.locator("#decisions .decision.focus").count() == 1
+        page.screenshot(path=str(ARTIFACTS / "server_page.png"))
+        assert not console_errors, console_errors
+
+
+def test_live_page_shows_adafuse_spans() -> None:
+    # A margin threshold of 1.0 is never reached: every span is voted on, so span decisions appear.
+    engine = EnsembleEngine([QWEN, SMOL], method="adafuse", threshold=1.0)
+    with browser_page(engine, "adafuse") as (page, console_errors):
+        page.fill("#prompt", "Name three primary colors.")
+        page.fill("#max-tokens", "8")
+        page.click("#send")
+        page.wait_for_selector("#stats[data-done]", timeout=240_000)
+        cards = page.locator("#decisions .decision")
+        assert cards.count() >= 1, "no span decision was listed"
+        first = cards.first
+        text = first.inner_text()
+        assert "voted" in text and "(leader)" in text and "margin" in text
+        assert QWEN in text and SMOL in text and "proposed by" in text and "score" in text
+        assert first.locator("tr.chosen").count() == 1
+        voted = page.locator("#answer .tok.voted")
+        assert voted.count() >= 1, "no voted span was highlighted in the answer"
+        assert "".join(voted.all_inner_texts()) == page.inner_text("#answer")  # every span was voted
+        assert "spans / voted" in page.inner_text("#stats")
+        voted.last.click()
+        assert page.locator("#decisions .decision.focus").count() == 1
+        page.screenshot(path=str(ARTIFACTS / "server_page_adafuse.png"))
+        assert not console_errors, console_errors

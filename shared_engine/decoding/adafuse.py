@@ -33,6 +33,7 @@ import torch
 from ..alignment import EOS_KEY, TokenTable, valid_prefix_length
 from ..events import AdaFuseEvent, Event, SpanCandidate
 from ..members import Session
+from ..members.base import exact_support
 from ..sampling import Sampler
 from ..words import SharedEnds, complete_word_ends, span_end, word_ends
 from .state import RequestState, spell_bytes
@@ -163,17 +164,18 @@ def _has_end(data: bytes, words: int, shared: set[int]) -> bool:
 
 
 def _branches(session: Session, context: list[int], first: torch.Tensor, table: TokenTable,
-              settings: AdaFuseSettings, shared: SharedEnds, seed: int) -> list[Span]:
+              settings: AdaFuseSettings, shared: SharedEnds, seed: int, support: int | None) -> list[Span]:
     """Blocking: ``num_candidates`` one-word continuations from the member's top first tokens."""
     generator = torch.Generator().manual_seed(seed)
 
     def pick(logits: torch.Tensor) -> int:
         if settings.candidate_temperature <= 0:
             return int(torch.argmax(logits))
-        probs = torch.softmax(logits.float() / settings.candidate_temperature, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=generator))
+        top = torch.topk(logits.float(), min(support or logits.shape[-1], logits.shape[-1]))
+        probs = torch.softmax(top.values / settings.candidate_temperature, dim=-1)
+        return int(top.indices[int(torch.multinomial(probs, 1, generator=generator))])
 
-    tops = torch.topk(first, min(settings.num_candidates, first.shape[-1])).indices.tolist()
+    tops = torch.topk(first, min(settings.num_candidates, first.shape[-1], support or first.shape[-1])).indices.tolist()
     return [_write(session, context, first, t, table, settings, pick if i else _argmax, 1, shared)
             for i, t in enumerate(tops)]
 
@@ -220,9 +222,13 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings, sampler:
 
     if settings.is_sure(measures[leader]):
         member = members[leader]
+        support = exact_support(member)
+
+        def pick(logits: torch.Tensor) -> int:
+            return sampler.from_logits(logits, support)
+
         span = await member.run(_write, sessions[leader], contexts[leader], firsts[leader],
-                                sampler.from_logits(firsts[leader]), member.table, settings,
-                                sampler.from_logits, None, shared)
+                                pick(firsts[leader]), member.table, settings, pick, None, shared)
         chosen, spans = span.key, {leader: [span]}
         candidates = [SpanCandidate(text=_show(span.key), proposed_by=[labels[leader]],
                                     member_nll={labels[leader]: round(span.nll or 0.0, 4)},
@@ -230,7 +236,7 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings, sampler:
     else:
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=sampler.generator))
         proposals = await asyncio.gather(*(
-            m.run(_branches, s, c, f, m.table, settings, shared, seed + i)
+            m.run(_branches, s, c, f, m.table, settings, shared, seed + i, exact_support(m))
             for i, (m, s, c, f) in enumerate(zip(members, sessions, contexts, firsts))))
         spans = dict(enumerate(proposals))
         keys = list(dict.fromkeys(sp.key for props in proposals for sp in props if sp.key))

@@ -22,6 +22,7 @@ import torch
 from ..alignment import EOS_KEY, is_char_boundary
 from ..events import Candidate, DraftEvent, EnsembleEvent, VerifiedPosition, VerifyEvent
 from ..fusion import Fuser, MemberDist, SharpenMode, candidate_key, sharpen, top_keys
+from ..members.base import exact_support
 from ..policies import Policy, agree
 from ..sampling import Sampler
 from .state import RequestState
@@ -50,11 +51,12 @@ class FusionSettings:
 def _draft(state: RequestState, length: int, sampler: Sampler) -> Draft:
     """Blocking: the drafter syncs its cache to the answer and drafts up to ``length`` tokens."""
     session, eos = state.sessions[0], state.drafter.eos_ids
+    support = exact_support(state.drafter)
     target = state.drafter_target()
     logits = session.sync(target, len(target))[-1]
     ids, rows = [], []
     for j in range(length):
-        token = sampler.from_logits(logits)
+        token = sampler.from_logits(logits, support)
         ids.append(token)
         rows.append(logits)
         if token in eos or j == length - 1:
@@ -168,7 +170,7 @@ def _member_views(state: RequestState, views: list[VerifierView], text: bytes, o
     boundary for all members (SAFE's OOV-like check)."""
     drafter = state.drafter
     piece = drafter.table.pieces[token]
-    dists = [MemberDist(state.labels[0], drafter.table, drafter_logits)]
+    dists = [MemberDist(state.labels[0], drafter.table, drafter_logits, exact_support(drafter))]
     owns: list[tuple[int, ...]] = [(token,)]
     boundary = offset <= len(text) and is_char_boundary(text, offset)
     for label, member, view in zip(state.labels[1:], state.members[1:], views):
@@ -176,7 +178,7 @@ def _member_views(state: RequestState, views: list[VerifierView], text: bytes, o
         if row is None:
             boundary = False
             continue
-        dists.append(MemberDist(label, member.table, row[0]))
+        dists.append(MemberDist(label, member.table, row[0], exact_support(member)))
         same = member.table.token_id(piece) if token not in drafter.eos_ids else None
         owns.append(tuple(t for t in (row[1], same) if t is not None))
     return dists, owns, boundary

@@ -13,6 +13,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from ..alignment import TokenizedText, TokenTable
 from ..events import CacheSyncEvent, Stats, TokenEvent
 from ..members import Member, Session
@@ -49,6 +51,7 @@ class RequestState:
     text: str = ""  # decoded answer (complete characters only)
     emitted: int = 0  # characters of ``text`` already sent as token events
     finish_reason: str | None = None
+    failed_members: dict[str, str] = field(default_factory=dict)
     stats: Stats = field(default_factory=Stats)
     started: float = field(default_factory=time.perf_counter)
     _decoder: codecs.IncrementalDecoder = field(
@@ -78,6 +81,28 @@ class RequestState:
         tokens = self.texts[index - 1]
         tokens.set_text(bytes(self.answer))
         return self.prompt_ids[index] + tokens.ids
+
+    def drop_member(self, index: int, weights: torch.Tensor, reason: str) -> torch.Tensor:
+        """Go on without member ``index`` (its server failed); returns the remaining members'
+        weights, renormalised. If the drafter goes, the next member drafts from its canonical
+        tokenization of the answer, so nothing committed changes."""
+        self.failed_members[self.labels[index]] = reason
+        close = getattr(self.sessions[index], "close", None)
+        if close is not None:
+            close()
+        if index == 0:
+            heir = self.texts[0]
+            heir.set_text(bytes(self.answer))
+            self.drafter_ids = list(heir.ids)
+            self.drafter_text = TokenizedText(heir.table, list(heir.ids), list(heir.ends), heir.data)
+        keep = [i for i in range(len(self.members)) if i != index]
+        self.members = [self.members[i] for i in keep]
+        self.labels = [self.labels[i] for i in keep]
+        self.sessions = [self.sessions[i] for i in keep]
+        self.prompt_ids = [self.prompt_ids[i] for i in keep]
+        self.texts = [t for i, t in enumerate(self.texts, start=1) if i != index]
+        rest = weights[keep]
+        return rest / rest.sum() if float(rest.sum()) > 0 else torch.full_like(rest, 1 / len(rest))
 
     def canonical_texts(self) -> list[TokenizedText]:
         """Every member's canonical tokenization of the answer (for boundary checks)."""

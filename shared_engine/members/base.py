@@ -1,14 +1,50 @@
-"""The small interface every member backend implements (transformers today; servers later)."""
+"""The small interface every member backend implements (transformers, llama.cpp, vLLM, SGLang).
+
+Decoders only ever call what is declared here. ``Capabilities`` says what a backend can deliver so
+that callers (and, later, decoders) can adapt instead of branching on the member's type.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from ..alignment import TokenTable
 from .chat import Message
+
+
+class Capabilities(BaseModel):
+    """What a member backend can deliver.
+
+    ``distribution``: ``"full"`` = exact logits over the whole vocabulary; ``"top_k"`` = only the
+    ``k`` most likely ids are exact (the rest of the mass is spread evenly, see members/topk.py).
+    ``block_scoring``: a draft block is scored in one forward pass (False: one decode step per
+    position, as llama.cpp's multi-prompt trick does). ``prefix_cache``: a growing sequence only
+    pays for its new tokens. ``token_id_prompts``: prompts go in as token ids, never re-tokenized.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    distribution: Literal["full", "top_k"] = "full"
+    k: int | None = None
+    block_scoring: bool = True
+    prefix_cache: bool = True
+    token_id_prompts: bool = True
+
+    @model_validator(mode="after")
+    def _k_matches(self) -> Capabilities:
+        if (self.distribution == "top_k") != (self.k is not None):
+            raise ValueError("k is required for (and only for) distribution='top_k'")
+        if self.k is not None and self.k < 1:
+            raise ValueError("k must be >= 1")
+        return self
+
+
+FULL_LOCAL = Capabilities()
+"""An in-process model with exact logits and a rollback-able KV cache (transformers)."""
 
 
 class Session(Protocol):
@@ -32,6 +68,7 @@ class Member(Protocol):
     table: TokenTable
     context_window: int
     stop_strings: tuple[str, ...]
+    capabilities: Capabilities
 
     @property
     def eos_ids(self) -> frozenset[int]: ...
@@ -42,3 +79,10 @@ class Member(Protocol):
 
     async def run(self, fn: Any, *args: Any) -> Any:
         """Run blocking compute for this member off the event loop."""
+
+
+def exact_support(member: Member) -> int | None:
+    """How many of a member's most likely ids are exact (None: all of them), from its declared
+    capabilities: decoders adapt to top-K backends instead of branching on the member type."""
+    caps = getattr(member, "capabilities", None)
+    return caps.k if caps is not None and caps.distribution == "top_k" else None

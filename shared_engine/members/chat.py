@@ -27,7 +27,11 @@ def normalize_messages(messages_or_prompt: str | Sequence[Message]) -> list[dict
     if isinstance(messages_or_prompt, str):
         if not messages_or_prompt.strip():
             raise InvalidRequestError("the prompt is empty")
+        _check_encodable(messages_or_prompt, "the prompt")
         return [{"role": "user", "content": messages_or_prompt}]
+    if not isinstance(messages_or_prompt, Sequence) or isinstance(messages_or_prompt, (bytes, bytearray)):
+        raise InvalidRequestError(
+            f"the prompt must be a string or a list of messages, got {type(messages_or_prompt).__name__}")
     messages = list(messages_or_prompt)
     if not messages:
         raise InvalidRequestError("the message list is empty")
@@ -40,10 +44,19 @@ def normalize_messages(messages_or_prompt: str | Sequence[Message]) -> list[dict
             raise InvalidRequestError(f"message {i} has unknown role {role!r}; use one of {ROLES}")
         if not isinstance(content, str):
             raise InvalidRequestError(f"message {i} content must be a string, got {type(content).__name__}")
+        _check_encodable(content, f"message {i}")
         normalized.append({"role": role, "content": content})
     if not any(m["content"].strip() for m in normalized):
         raise InvalidRequestError("every message is empty")
     return normalized
+
+
+def _check_encodable(text: str, where: str) -> None:
+    """Lone surrogates (JSON's "\\ud800" decodes to one) are not text: no tokenizer can take them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InvalidRequestError(f"{where} is not valid Unicode: {err.reason} at character {err.start}") from None
 
 
 def render_plain(messages: Sequence[Message]) -> str:

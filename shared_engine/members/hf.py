@@ -18,11 +18,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from ..alignment import TokenTable, common_prefix_len
 from . import cache as kv
+from .base import FULL_LOCAL, Capabilities
 from .chat import PLAIN_TEMPLATE_STOPS, Message, render_prompt_ids
 
 
 class HFMember:
     """One model, its tokenizer and the operations every decoder needs."""
+
+    capabilities: Capabilities = FULL_LOCAL
 
     def __init__(self, name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
         self.name = name
@@ -144,6 +147,10 @@ class HFSession:
         self.ids = self.ids[:keep]
         self.next_logits = None
         return keep
+
+    def close(self) -> None:
+        """Drop the KV cache now (the request has ended); the session must not be used again."""
+        self.cache, self.next_logits, self.ids = None, None, []
 
     def step(self, token: int) -> torch.Tensor:
         """Append one token; return the distribution after it."""

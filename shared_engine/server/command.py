@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from ..engine import EnsembleEngine
+from ..members import LOCAL_BACKENDS
 from ..options import METHODS
 
 
@@ -16,6 +17,8 @@ def add_serve_command(sub: argparse._SubParsersAction, add_engine_args: Callable
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server with a live page at /")
     add_engine_args(serve)
     serve.add_argument("--method", choices=METHODS, default="safe")
+    serve.add_argument("--backend", choices=LOCAL_BACKENDS, default="transformers",
+                       help="how zoo names without a backend prefix run (default: transformers)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", help="the `model` clients send (default: <method>-ensemble)")

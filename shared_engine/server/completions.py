@@ -1,31 +1,49 @@
 """Engine events -> OpenAI chat completions (one streamed chunk per committed text delta, or one
-completion object), with the ensemble's decisions riding along in the ``ensemble`` extension."""
+completion object), with the ensemble's decisions riding along in the ``ensemble`` extension.
+
+Which engine events become decisions: every ``ensemble`` event (a token fusion) and every voted
+AdaFuse span (``adafuse`` with ``fused=True``). AdaFuse's confident spans, where the leader wrote
+on without a vote, are listed only when the request asks for ``"ensemble_events": "all"``;
+otherwise they show only in the stats (``spans - fused_spans``) and in the chunks' ``span``."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from typing import Literal
 
-from ..events import EnsembleEvent, Event, FinishEvent
+from ..events import AdaFuseEvent, EnsembleEvent, Event, FinishEvent
 from .openai_schema import (
     AssistantMessage,
     ChatCompletion,
     ChatCompletionChunk,
     Choice,
     ChunkChoice,
+    Decision,
     Delta,
     EnsembleDelta,
     EnsembleSummary,
     ErrorBody,
     ErrorDetail,
     Usage,
+    as_decision,
     finish_reason,
 )
 from .sse import sse
 
 
+Listing = bool | Literal["all"]
+
+
+def listed(event: EnsembleEvent | AdaFuseEvent, listing: Listing) -> bool:
+    """Whether ``event`` is a decision the client asked to see (see the module docstring)."""
+    if isinstance(event, AdaFuseEvent):
+        return bool(listing) and (event.fused or listing == "all")
+    return bool(listing)
+
+
 async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, model: str,
-                        include_usage: bool, ensemble_events: bool) -> AsyncIterator[str]:
+                        include_usage: bool, ensemble_events: Listing) -> AsyncIterator[str]:
     """SSE messages for a streamed completion, ending with ``data: [DONE]``.
 
     Closing this iterator closes ``events`` (and so the engine stream under it)."""
@@ -36,17 +54,21 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
                                    ensemble=ensemble if ensemble_events else None)
         return sse(body.model_dump_json(exclude={"ensemble"} if body.ensemble is None else None))
 
-    pending: list[EnsembleEvent] = []
+    pending: list[Decision] = []
+    span: int | None = None  # AdaFuse: the span being committed
     async with aclosing(events):  # type: ignore[type-var]
         yield chunk(Delta(role="assistant", content=""))
         try:
             async for event in events:
-                if event.type == "ensemble":
-                    pending.append(event)
+                if isinstance(event, AdaFuseEvent):
+                    span = event.position
+                if isinstance(event, EnsembleEvent | AdaFuseEvent):
+                    if listed(event, ensemble_events):
+                        pending.append(as_decision(event))
                 elif event.type == "token":
                     yield chunk(Delta(content=event.text),
                                 ensemble=EnsembleDelta(source=event.source, position=event.position,
-                                                       decisions=pending))
+                                                       span=span, decisions=pending))
                     pending = []
                 elif event.type == "finish":
                     yield chunk(Delta(), event.reason, EnsembleDelta(decisions=pending, stats=event.stats))
@@ -62,14 +84,14 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
 
 
 async def collect(events: AsyncIterator[Event], *, completion_id: str, model: str, method: str,
-                  members: list[str], ensemble_events: bool) -> ChatCompletion:
+                  members: list[str], ensemble_events: Listing) -> ChatCompletion:
     """The whole completion at once (non-streamed requests)."""
-    decisions: list[EnsembleEvent] = []
+    decisions: list[Decision] = []
     finish: FinishEvent | None = None
     async with aclosing(events):  # type: ignore[type-var]
         async for event in events:
-            if event.type == "ensemble" and ensemble_events:
-                decisions.append(event)
+            if isinstance(event, EnsembleEvent | AdaFuseEvent) and listed(event, ensemble_events):
+                decisions.append(as_decision(event))
             elif event.type == "finish":
                 finish = event
     if finish is None:  # pragma: no cover - the engine always ends with finish

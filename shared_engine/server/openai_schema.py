@@ -7,19 +7,19 @@ would change the answer's meaning (``tools``, ``response_format`` other than tex
 those get a 400 saying they are not supported.
 
 The ensemble extension: every response carries an extra top-level ``ensemble`` object (OpenAI
-clients keep unknown fields in ``model_extra`` and otherwise ignore them); see ``EnsembleDelta``
-and ``EnsembleSummary``.
+clients keep unknown fields in ``model_extra`` and otherwise ignore them); see ``EnsembleDelta``,
+``EnsembleSummary`` and the two kinds of ``Decision``.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
-from ..events import EnsembleEvent, Stats
+from ..events import AdaFuseEvent, EnsembleEvent, Stats
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -67,7 +67,9 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = Field(None, ge=1, le=1, description="Only one choice per request.")
-    ensemble_events: bool = Field(True, description="Extension: send ensemble decisions along.")
+    ensemble_events: bool | Literal["all"] = Field(
+        True, description="Extension: send ensemble decisions along; 'all' adds AdaFuse's confident "
+                          "(not voted) spans.")
 
     @field_validator("stop")
     @classmethod
@@ -121,17 +123,44 @@ def finish_reason(engine_reason: str) -> FinishReason:
     return "length" if engine_reason == "length" else "stop"
 
 
+class TokenDecision(EnsembleEvent):
+    """A token fusion (SAFE, every-token, gac-threshold): the engine's ``ensemble`` event as is,
+    tagged ``kind="token"``. Its ``position`` is the fused token's."""
+
+    kind: Literal["token"] = "token"
+
+
+class SpanDecision(AdaFuseEvent):
+    """An AdaFuse span (``method="adafuse"``): the engine's ``adafuse`` event as is, tagged
+    ``kind="span"``. Its ``position`` is the span's first token; the chunks whose ``span`` equals
+    it carry the span's text."""
+
+    kind: Literal["span"] = "span"
+
+
+Decision = Annotated[TokenDecision | SpanDecision, Field(discriminator="kind")]
+
+
+def as_decision(event: EnsembleEvent | AdaFuseEvent) -> TokenDecision | SpanDecision:
+    if isinstance(event, AdaFuseEvent):
+        return SpanDecision(**dict(event))
+    return TokenDecision(**dict(event))
+
+
 class EnsembleDelta(BaseModel):
     """Extension on a streamed chunk: where its text came from and the decisions made so far.
 
-    ``decisions`` lists the ensemble decisions (engine ``ensemble`` events) made since the
-    previous chunk; a decision arrives on the chunk of the token it concerns or an earlier one
-    (match by ``position``). ``stats`` is set on the final chunk only."""
+    ``decisions`` lists the ensemble decisions made since the previous chunk; a decision arrives
+    on the chunk of the text it concerns or an earlier one (match a token decision by
+    ``position``, a span decision by ``span``). ``stats`` is set on the final chunk only."""
 
     source: Literal["draft", "ensemble"] | None = Field(
-        None, description="'ensemble': this text was chosen by fusion over the drafter's token.")
+        None, description="'ensemble': this text was chosen by fusion (a fused token or a voted "
+                          "span) over the drafter's own continuation.")
     position: int | None = Field(None, description="Answer position (drafter tokens) of this text.")
-    decisions: list[EnsembleEvent] = []
+    span: int | None = Field(None, description="AdaFuse: position of the span decision this text "
+                                               "belongs to (listed or not).")
+    decisions: list[Decision] = []
     stats: Stats | None = None
 
 
@@ -140,7 +169,7 @@ class EnsembleSummary(BaseModel):
 
     method: str
     members: list[str]
-    decisions: list[EnsembleEvent] = []
+    decisions: list[Decision] = []
     stats: Stats
 
 

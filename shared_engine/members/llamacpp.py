@@ -1,0 +1,154 @@
+"""llama.cpp members: a GGUF served in-process by the prebuilt ``xllamacpp`` wheel, or any
+``llama-server`` URL. Both speak llama.cpp's native ``POST /completion``.
+
+- Prompts are token ids (``prompt: [int, ...]``), never text.
+- Distributions: ``n_probs = k`` with ``temperature: 0`` returns the top-k of a softmax of the RAW
+  logits (unaffected by the sampler chain), see members/topk.py for the mass outside the top-k.
+- Scoring a draft block: llama.cpp has no prompt logprobs, so ONE request carries the prompts
+  ``ids[:first_row] .. ids`` (multi-prompt), each with ``n_predict: 1``. With ``cache_prompt``
+  (default) every prompt extends the previous one in the same slot, so each costs one decode step
+  (``block_scoring=False``, ``prefix_cache=True``).
+- Incomplete UTF-8: when the most likely next token is a partial UTF-8 sequence (the first byte
+  of an emoji or CJK character), the server holds the text back and returns NO probabilities for
+  that prompt. Those prompts are re-sent with every partial-UTF-8 id banned through
+  ``logit_bias``; the returned probabilities stay raw (measured: the banned argmax is still
+  reported with its true log-probability), only the (unused) sampled token changes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from .http import HttpSettings
+from .remote import DEFAULT_TOP_K, LocalTokenizer, RemoteMember
+from .topk import TopK
+
+
+def _is_partial_utf8(piece: bytes) -> bool:
+    try:
+        piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+class LocalLlamaServer:
+    """A llama.cpp server for one GGUF inside this process (xllamacpp), on a free loopback port.
+
+    It lives as long as this object; ``close`` (or garbage collection) stops it.
+    """
+
+    def __init__(self, gguf: str | Path, n_ctx: int = 4096, threads: int | None = None,
+                 slots: int = 1) -> None:
+        try:
+            import xllamacpp as xlc
+        except ImportError as exc:  # pragma: no cover - xllamacpp is a dependency
+            raise ImportError("the llama.cpp backend needs the xllamacpp wheel: pip install xllamacpp") from exc
+        params = xlc.CommonParams()
+        params.model.path = str(gguf)
+        params.n_ctx = n_ctx * slots  # split evenly over the slots
+        params.n_parallel = slots
+        params.port = 0  # the OS picks a free port; the server reports it
+        threads = threads or max(1, os.cpu_count() or 1)
+        params.cpuparams.n_threads = threads
+        params.cpuparams_batch.n_threads = threads
+        params.warmup = False
+        params.verbosity = -1
+        self.gguf = Path(gguf)
+        self.n_ctx = n_ctx
+        self._server: Any = xlc.Server(params)
+        address = str(self._server.listening_address)
+        self.url = address if address.startswith("http") else f"http://{address}"
+
+    def close(self) -> None:
+        self._server = None
+
+
+class LlamaCppMember(RemoteMember):
+    """A llama.cpp model (see the module docstring for the wire protocol)."""
+
+    def __init__(self, name: str, url: str, tokenizer: LocalTokenizer, *, top_k: int = DEFAULT_TOP_K,
+                 context_window: int | None = None, http: HttpSettings | None = None,
+                 server: LocalLlamaServer | None = None, check_tokenizer: bool = True) -> None:
+        self.server = server  # keeps an in-process server alive as long as the member
+        self._partial_ids: list[int] | None = None
+        self._partial_lock = threading.Lock()
+        super().__init__(name, url, tokenizer, top_k=top_k, context_window=context_window, http=http,
+                         check_tokenizer=check_tokenizer)
+        if context_window is None:
+            self.context_window = self._server_context(default=self.context_window)
+
+    @classmethod
+    def from_gguf(cls, name: str, gguf: str | Path, tokenizer: LocalTokenizer, *, n_ctx: int = 4096,
+                  threads: int | None = None, slots: int = 1, top_k: int = DEFAULT_TOP_K,
+                  http: HttpSettings | None = None) -> LlamaCppMember:
+        """Serve ``gguf`` in this process and connect to it. ``slots`` > 1 lets concurrent requests
+        keep their own prefix caches (each slot gets ``n_ctx``); one slot suits a 2-core CPU."""
+        window = min(n_ctx, tokenizer.context_window or n_ctx)
+        server = LocalLlamaServer(gguf, n_ctx=window, threads=threads, slots=slots)
+        return cls(name, server.url, tokenizer, top_k=top_k, context_window=window, http=http, server=server)
+
+    def wire_capabilities(self) -> dict[str, bool]:
+        return {"block_scoring": False, "prefix_cache": True, "token_id_prompts": True}
+
+    def _server_context(self, default: int) -> int:
+        props = self.client.get("/props")
+        try:
+            return int(props["default_generation_settings"]["n_ctx"])
+        except (KeyError, TypeError, ValueError):
+            return default
+
+    def server_tokenize(self, text: str) -> list[int]:
+        answer = self.client.post("/tokenize", {"content": text, "add_special": False, "parse_special": False})
+        try:
+            return [int(t["id"]) if isinstance(t, dict) else int(t) for t in answer["tokens"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise self.malformed("/tokenize", answer) from exc
+
+    @property
+    def partial_utf8_ids(self) -> list[int]:
+        """Ids whose bytes are an incomplete UTF-8 sequence (computed once)."""
+        with self._partial_lock:
+            if self._partial_ids is None:
+                self._partial_ids = [i for i, p in enumerate(self.table.pieces) if p and _is_partial_utf8(p)]
+            return self._partial_ids
+
+    def _request(self, prompts: list[list[int]], ban_partial: bool = False) -> list[dict[str, Any]]:
+        body: dict[str, Any] = {"prompt": prompts if len(prompts) > 1 else prompts[0], "n_predict": 1,
+                                "n_probs": self.top_k, "temperature": 0, "cache_prompt": True}
+        if ban_partial:
+            body["logit_bias"] = [[t, False] for t in self.partial_utf8_ids]
+        answer = self.client.post("/completion", body)
+        results = answer if isinstance(answer, list) else [answer]
+        if len(results) != len(prompts) or not all(isinstance(r, dict) for r in results):
+            raise self.malformed("/completion results", answer)
+        return sorted(results, key=lambda r: int(r.get("index", 0)))
+
+    def score(self, ids: list[int], first_row: int) -> list[TopK]:
+        prompts = [ids[:i] for i in range(first_row, len(ids) + 1)]
+        results = self._request(prompts)
+        entries: list[TopK | None] = [self._entry(r) for r in results]
+        for i, entry in enumerate(entries):
+            if entry is None:  # the argmax was a partial UTF-8 token: ask again with those banned
+                entries[i] = self._entry(self._request([prompts[i]], ban_partial=True)[0])
+                if entries[i] is None:
+                    raise self.malformed("no probabilities even with partial UTF-8 ids banned", results[i])
+        return [e for e in entries if e is not None]
+
+    def _entry(self, result: dict[str, Any]) -> TopK | None:
+        probs = result.get("completion_probabilities")
+        if not probs:
+            return None
+        try:
+            top = probs[0]["top_logprobs"]
+            return TopK([int(t["id"]) for t in top], [float(t["logprob"]) for t in top])
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise self.malformed("completion_probabilities", probs) from exc
+
+    def close(self) -> None:
+        super().close()
+        if self.server is not None:
+            self.server.close()

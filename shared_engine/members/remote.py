@@ -1,0 +1,201 @@
+"""What every server-backed member shares: tokenizer, token table, top-K sessions, self-checks.
+
+A server-backed member (llama.cpp, vLLM, SGLang) keeps the tokenizer on the client: prompts are
+rendered and tokenized locally with the model's own chat template and sent as **token ids**, so
+the server never re-tokenizes text (a BPE merge across the answer/draft boundary would otherwise
+shift every alignment). The tokenizer comes from a zoo name, a local HF folder, a .gguf file or a
+cached hub id; when none is given, from the model path the server reports (if that path exists
+here). Once, at start, the member tokenizes a probe text locally and through the server's
+``/tokenize`` and refuses to run if the two disagree.
+
+Each backend only implements ``score(ids, first_row)`` (top-K at every position from
+``first_row - 1`` to the end, i.e. the distributions predicting ``ids[first_row:]`` plus the next
+one) and ``server_tokenize(text)``; ``RemoteSession`` turns that into the ``Session`` contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from ..alignment import TokenTable, common_prefix_len
+from ..errors import MemberError
+from .base import Capabilities
+from .chat import PLAIN_TEMPLATE_STOPS, Message, render_prompt_ids
+from .http import HttpSettings, JsonClient
+from .topk import TopK, topk_rows
+
+PROBE_TEXT = "Hello, world! Grüße aus Köln, 東京 🙂.\n    def f(x):\n        return x**2  # 42"
+"""Text whose local and server tokenizations must agree: ASCII, accents, CJK, emoji, code, spaces."""
+
+DEFAULT_TOP_K = 20
+"""Top-K asked of servers: vLLM's default --max-logprobs cap; >= UniTE's top-10."""
+
+
+@dataclass(frozen=True)
+class LocalTokenizer:
+    """A tokenizer loaded on the client, with what its folder says about the model."""
+
+    tokenizer: PreTrainedTokenizerBase
+    vocab_size: int  # logits width (config.json's vocab_size may exceed len(tokenizer))
+    eos_ids: frozenset[int]
+    context_window: int | None
+
+
+def load_tokenizer(spec: str | Path) -> LocalTokenizer:
+    """Tokenizer from a zoo name, an HF folder, a .gguf file or a hub id already in the local cache."""
+    from ..zoo import ZOO, resolve
+
+    spec = str(spec)
+    path = resolve(spec, progress=False).path if spec in ZOO else Path(spec).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        return LocalTokenizer(tokenizer, len(tokenizer), frozenset(), None)
+    tokenizer = AutoTokenizer.from_pretrained(str(path) if path.is_dir() else spec)
+    config = _json(path / "config.json") if path.is_dir() else {}
+    generation = _json(path / "generation_config.json") if path.is_dir() else {}
+    eos = generation.get("eos_token_id", config.get("eos_token_id"))
+    eos_ids = frozenset(int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None)
+    vocab = max(len(tokenizer), int(config.get("vocab_size") or 0))
+    window = config.get("max_position_embeddings")
+    return LocalTokenizer(tokenizer, vocab, eos_ids, int(window) if window else None)
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+class RemoteMember(ABC):
+    """A model behind a server; subclasses map ``score`` and ``server_tokenize`` onto its API."""
+
+    capabilities: Capabilities
+
+    def __init__(self, name: str, url: str, tokenizer: LocalTokenizer, *, top_k: int = DEFAULT_TOP_K,
+                 context_window: int | None = None, http: HttpSettings | None = None,
+                 check_tokenizer: bool = True) -> None:
+        if top_k < 1:
+            raise ValueError("top_k must be >= 1")
+        self.name = name
+        self.url = url.rstrip("/")
+        self.top_k = top_k
+        self.client = JsonClient(name, self.url, http)
+        self.tokenizer = tokenizer.tokenizer
+        self.table = TokenTable(tokenizer.tokenizer, vocab_size=tokenizer.vocab_size, eos_ids=set(tokenizer.eos_ids))
+        self.context_window = int(context_window or tokenizer.context_window or 2048)
+        self.stop_strings: tuple[str, ...] = () if self.tokenizer.chat_template else PLAIN_TEMPLATE_STOPS
+        self.capabilities = Capabilities(distribution="top_k", k=top_k, **self.wire_capabilities())
+        if check_tokenizer:
+            self.check_tokenizer()
+
+    # ----------------------------------------------------------------- backend-specific
+    @abstractmethod
+    def wire_capabilities(self) -> dict[str, bool]:
+        """block_scoring / prefix_cache / token_id_prompts of this server type."""
+
+    @abstractmethod
+    def score(self, ids: list[int], first_row: int) -> list[TopK]:
+        """Top-K after ``ids[:i]`` for i = first_row .. len(ids): ``len(ids) - first_row + 1`` entries."""
+
+    @abstractmethod
+    def server_tokenize(self, text: str) -> list[int]:
+        """The server's tokenization of ``text`` without special tokens."""
+
+    # ----------------------------------------------------------------- shared
+    def check_tokenizer(self) -> None:
+        local = list(self.tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"])
+        remote = self.server_tokenize(PROBE_TEXT)
+        if local != remote:
+            at = common_prefix_len(local, remote)
+            raise self.client.error(
+                f"the local tokenizer and the server's disagree on a probe text from token {at} on "
+                f"(local {local[at:at + 5]}..., server {remote[at:at + 5]}...): pass the tokenizer the "
+                "server's model uses")
+
+    def malformed(self, what: str, detail: Any) -> MemberError:
+        return self.client.error(f"answered an unexpected shape ({what}): {str(detail)[:200]}")
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self.table.eos_ids
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        return render_prompt_ids(self.tokenizer, messages)
+
+    def new_session(self) -> RemoteSession:
+        return RemoteSession(self)
+
+    async def run(self, fn: Any, *args: Any) -> Any:
+        """Blocking HTTP in a worker thread; the server serialises or batches the work itself."""
+        return await asyncio.to_thread(fn, *args)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, {self.url!r}, top_k={self.top_k})"
+
+
+class RemoteSession:
+    """One request's view of a remote member: the ids it last scored and the distribution after them.
+
+    The server owns the KV cache (prefix caching); ``last_sync`` reports how much of the previous
+    sequence a prefix cache can keep, the same bookkeeping the transformers session does.
+    """
+
+    def __init__(self, member: RemoteMember) -> None:
+        self.member = member
+        self.ids: list[int] = []
+        self.num_forwards = 0  # scoring requests sent for this request
+        self.last_sync: tuple[int, int] = (0, 0)
+        self._next: torch.Tensor | None = None  # logits after ``ids``
+
+    def sync(self, target: list[int], first_row: int) -> torch.Tensor:
+        """Logits rows predicting ``target[first_row:]`` plus the next token (full-vocab, from top-K)."""
+        if not 1 <= first_row <= len(target):
+            raise ValueError(f"first_row {first_row} outside 1..{len(target)}")
+        lcp = common_prefix_len(self.ids, target)
+        self.last_sync = (lcp, len(self.ids) - lcp)
+        known = self._next is not None and lcp == len(self.ids) == first_row
+        if known and len(target) == lcp:
+            return self._next.unsqueeze(0)
+        start = first_row + 1 if known else first_row  # the row after ``ids`` is already known
+        entries = self.member.score(target, start)
+        expected = len(target) - start + 1
+        if len(entries) != expected:
+            raise self.member.malformed("number of distributions", f"{len(entries)} instead of {expected}")
+        self.num_forwards += 1
+        try:
+            rows = topk_rows([_within(e, self.member.table.vocab_size) for e in entries],
+                             self.member.table.vocab_size)
+        except ValueError as exc:
+            raise self.member.malformed("token ids", exc) from exc
+        if known:
+            rows = torch.cat([self._next.unsqueeze(0), rows])
+        self.ids = list(target)
+        self._next = rows[-1]
+        return rows
+
+    def step(self, token: int) -> torch.Tensor:
+        return self.sync(self.ids + [token], len(self.ids) + 1)[-1]
+
+
+def _within(entry: TopK, vocab_size: int) -> TopK:
+    """Drop ids at or past the client's vocabulary: padding rows of a model's output layer that a
+    tokenizer loaded from a bare GGUF does not count (they have no bytes, so never are candidates)."""
+    if max(entry.ids) < vocab_size:
+        return entry
+    kept = [(t, lp) for t, lp in zip(entry.ids, entry.logprobs) if t < vocab_size]
+    if not kept:
+        raise ValueError(f"every id of a top-K entry is outside the vocabulary of {vocab_size}")
+    return TopK([t for t, _ in kept], [lp for _, lp in kept])

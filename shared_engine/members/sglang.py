@@ -1,0 +1,57 @@
+"""SGLang members over the native ``POST /generate`` (plus ``/tokenize``).
+
+Scoring a block is ONE request that also reuses the radix prefix cache:
+``input_ids = ids, return_logprob, top_logprobs_num = k, logprob_start_len = first_row - 1,
+max_new_tokens = 1``. SGLang computes logits from position ``s = logprob_start_len`` on; the answer's
+``meta_info.input_top_logprobs`` is ``[None, dist@s, ..., dist@len-2]`` (``dist@i`` predicts
+``ids[i+1]``) and ``output_top_logprobs[0]`` is the distribution after the last id. Older versions
+differ in the leading ``None``, so rows are aligned **from the end** and the ids in
+``input_token_logprobs`` are checked against the prompt. Each logprob item is
+``[logprob, token_id, text_or_null]``. The prefix cache keeps ``ids[:s]``, so only the block is computed.
+
+Start the server with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` so output logprobs are not temperature-scaled
+(requests here use ``temperature: 0`` anyway).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .remote import RemoteMember
+from .topk import TopK
+
+
+class SGLangMember(RemoteMember):
+    """A model served by ``python -m sglang.launch_server`` (see the module docstring)."""
+
+    def wire_capabilities(self) -> dict[str, bool]:
+        return {"block_scoring": True, "prefix_cache": True, "token_id_prompts": True}
+
+    def server_tokenize(self, text: str) -> list[int]:
+        answer = self.client.post("/tokenize", {"prompt": text, "add_special_tokens": False})
+        try:
+            return [int(t) for t in answer["tokens"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise self.malformed("/tokenize", answer) from exc
+
+    def score_request(self, ids: list[int], first_row: int) -> dict[str, Any]:
+        return {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+                "return_logprob": True, "logprob_start_len": first_row - 1, "top_logprobs_num": self.top_k}
+
+    def score(self, ids: list[int], first_row: int) -> list[TopK]:
+        answer = self.client.post("/generate", self.score_request(ids, first_row))
+        return self.parse_score(answer, ids, first_row)
+
+    def parse_score(self, answer: Any, ids: list[int], first_row: int) -> list[TopK]:
+        try:
+            meta = answer["meta_info"]
+            need = len(ids) - first_row
+            rows = list(meta["input_top_logprobs"])[len(meta["input_top_logprobs"]) - need:] if need else []
+            if need:
+                got = [int(item[1]) for item in meta["input_token_logprobs"][-need:]]
+                if len(rows) != need or got != ids[first_row:]:
+                    raise ValueError(f"input logprobs do not line up with the prompt (ids {got[:5]}...)")
+            rows.append(meta["output_top_logprobs"][0])
+            return [TopK([int(item[1]) for item in row], [float(item[0]) for item in row]) for row in rows]
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise self.malformed("/generate", exc) from exc

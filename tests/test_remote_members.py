@@ -1,0 +1,307 @@
+"""Server-backed members without real servers: the top-K -> logits rule, spec strings, the
+RemoteSession contract (checked against the transformers session), vLLM/SGLang request/response
+contracts on hand-built fixtures (tests/fixtures/README.md), and the fault rules of members/http.py
+against loopback servers that fail in each way."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+from shared_engine import EnsembleEngine
+from shared_engine.errors import InvalidRequestError, MemberError
+from shared_engine.members import Capabilities, HFMember, parse_member_spec, with_backend
+from shared_engine.members.http import HttpSettings, JsonClient
+from shared_engine.members.remote import LocalTokenizer, RemoteMember
+from shared_engine.members.sglang import SGLangMember
+from shared_engine.members.topk import TopK, topk_logits
+from shared_engine.members.vllm import VLLMMember
+from tests import toy
+from tests.fixture_server import load_exchanges, replay, serve, silent_socket
+
+FAST = HttpSettings(timeout_s=1.0, connect_timeout_s=0.5, retries=2, backoff_s=0.05)
+IDS = [11, 12, 13, 14, 15, 16, 17]
+
+
+def toy_tokenizer() -> LocalTokenizer:
+    tok = toy.byte_level_tokenizer()
+    return LocalTokenizer(tok, len(tok), frozenset(), 512)
+
+
+# ------------------------------------------------------------------ capabilities and top-K rows
+def test_capabilities_require_k_exactly_for_top_k() -> None:
+    assert HFMember.capabilities.distribution == "full"
+    assert Capabilities(distribution="top_k", k=5).k == 5
+    with pytest.raises(ValueError):
+        Capabilities(distribution="top_k")
+    with pytest.raises(ValueError):
+        Capabilities(k=5)
+
+
+def test_topk_logits_keep_top_k_exact_and_spread_the_rest_evenly() -> None:
+    entry = TopK([7, 2, 9], [math.log(0.5), math.log(0.2), math.log(0.1)])
+    probs = torch.softmax(topk_logits(entry, 10), dim=0)
+    assert float(probs.sum()) == pytest.approx(1.0, abs=1e-6)
+    assert [float(probs[i]) for i in (7, 2, 9)] == pytest.approx([0.5, 0.2, 0.1], abs=1e-6)
+    rest = [float(probs[i]) for i in range(10) if i not in (7, 2, 9)]
+    assert rest == pytest.approx([0.2 / 7] * 7, abs=1e-6)
+    assert int(probs.argmax()) == 7
+
+
+def test_topk_logits_survive_a_top_k_that_sums_past_one() -> None:
+    probs = torch.softmax(topk_logits(TopK([0, 1], [math.log(0.7), math.log(0.30001)]), 5), dim=0)
+    assert float(probs[0]) == pytest.approx(0.7, abs=1e-4) and float(probs[4]) < 1e-8
+    with pytest.raises(ValueError):
+        topk_logits(TopK([5], [0.0]), 5)
+
+
+# ------------------------------------------------------------------ spec strings
+def test_member_specs() -> None:
+    assert parse_member_spec("smollm2-135m-instruct").backend == "transformers"
+    spec = parse_member_spec("llamacpp:smollm2-135m-instruct")
+    assert (spec.backend, spec.target, spec.tokenizer) == ("llamacpp", "smollm2-135m-instruct", None)
+    spec = parse_member_spec("vllm:http://gpu1:8000#qwen2.5-coder-0.5b-instruct")
+    assert (spec.backend, spec.target, spec.tokenizer) == ("vllm", "http://gpu1:8000", "qwen2.5-coder-0.5b-instruct")
+    assert with_backend("smollm2-135m-instruct", "llamacpp") == "llamacpp:smollm2-135m-instruct"
+    assert with_backend("vllm:http://h:1", "llamacpp") == "vllm:http://h:1"  # an explicit prefix wins
+    for bad in ("vllm:qwen", "sglang:", "http://h:8000", "llamacpp:#tok"):
+        with pytest.raises(InvalidRequestError):
+            parse_member_spec(bad)
+
+
+# ------------------------------------------------------------------ RemoteSession vs HFSession
+class TopKOfHF(RemoteMember):
+    """Test double: a "server" that is a transformers member cut to its top-K. With K = the whole
+    vocabulary it must reproduce the transformers member exactly, which checks RemoteSession's rows
+    (alignment, the reused row after ``ids``) through real decoding."""
+
+    def __init__(self, hf: HFMember, k: int) -> None:
+        self.hf = hf
+        self.requests: list[tuple[int, int]] = []
+        tok = LocalTokenizer(hf.tokenizer, hf.table.vocab_size, frozenset(hf.table.eos_ids), hf.context_window)
+        super().__init__(hf.name, "http://test.invalid", tok, top_k=k, check_tokenizer=False)
+        self._eos = hf.table.eos_ids
+
+    def wire_capabilities(self) -> dict[str, bool]:
+        return {"block_scoring": True, "prefix_cache": False, "token_id_prompts": True}
+
+    def server_tokenize(self, text: str) -> list[int]:  # pragma: no cover - check disabled
+        raise AssertionError
+
+    def score(self, ids: list[int], first_row: int) -> list[TopK]:
+        self.requests.append((len(ids), first_row))
+        rows = self.hf.new_session().sync(ids, first_row)
+        logprobs = torch.log_softmax(rows, dim=-1)
+        values, top = torch.topk(logprobs, self.top_k, dim=-1)
+        return [TopK(t.tolist(), v.tolist()) for t, v in zip(top, values)]
+
+
+def test_remote_session_rows_match_the_transformers_session() -> None:
+    hf = toy.toy_member("llama-byte", "byte_level", "llama")
+    remote = TopKOfHF(hf, hf.table.vocab_size)
+    ids = hf.tokenizer("Hello Sofia, how are you today?")["input_ids"]
+    session = remote.new_session()
+    for target, first in ((ids[:6], 6), (ids[:9], 6), (ids[:9], 9), (ids[:4] + [5, 6], 3)):
+        got = torch.softmax(session.sync(target, first), -1)
+        want = torch.softmax(hf.new_session().sync(target, first), -1)
+        assert got.shape == want.shape
+        assert torch.allclose(got, want, atol=1e-5)
+    # the row after the held ids is reused (ids[:9] from row 6 asks only from row 7; ids[:9] again asks nothing)
+    assert remote.requests == [(6, 6), (9, 7), (6, 3)]
+    assert session.last_sync == (4, 5)
+
+
+def test_safe_over_full_topk_members_equals_safe_over_transformers() -> None:
+    a = toy.toy_member("llama-byte", "byte_level", "llama")
+    b = toy.toy_member("gpt2-meta", "metaspace", "gpt2", seed=1)
+    prompt = "Tell me about Sofia."
+    want = EnsembleEngine([a, b], method="safe").generate(prompt, max_new_tokens=24)
+    got = EnsembleEngine([TopKOfHF(a, a.table.vocab_size), TopKOfHF(b, b.table.vocab_size)],
+                         method="safe").generate(prompt, max_new_tokens=24)
+    assert got.text == want.text and got.stats.ensembled_tokens == want.stats.ensembled_tokens
+    # K = 10 < vocabulary: the mass outside the top-10 is spread evenly, decoding still runs
+    small = EnsembleEngine([TopKOfHF(a, 10), TopKOfHF(b, 10)], method="safe").generate(prompt, max_new_tokens=24)
+    assert small.stats.tokens == 24 and small.stats.ensembled_tokens > 0
+
+
+# ------------------------------------------------------------------ SGLang contract (fixtures)
+def test_sglang_scores_a_block_in_one_request_aligned_from_the_end() -> None:
+    with serve(replay(load_exchanges("sglang/generate.json"))) as (url, log):
+        member = SGLangMember("sg", url, toy_tokenizer(), top_k=3, check_tokenizer=False)
+        block = member.score(IDS, 5)
+        assert [e.ids for e in block] == [[16, 30, 31], [32, 33, 17], [40, 41, 42]]
+        assert block[1].logprobs == [-0.9, -1.1, -2.6]
+        assert [e.ids for e in member.score(IDS[:5], 5)] == [[16, 30, 31]]
+        with pytest.raises(MemberError, match="line up"):
+            member.score(IDS[:6] + [18], 5)
+        assert member.server_tokenize("Hello, world") == [101, 11, 102]
+        assert [m for m, _, _ in log] == ["POST"] * 4
+
+
+def test_sglang_session_turns_fixture_answers_into_rows() -> None:
+    with serve(replay(load_exchanges("sglang/generate.json"))) as (url, _):
+        member = SGLangMember("sg", url, toy_tokenizer(), top_k=3, check_tokenizer=False)
+        rows = member.new_session().sync(IDS, 5)
+        assert rows.shape == (3, member.table.vocab_size)
+        assert rows.argmax(-1).tolist() == [16, 32, 40]
+        assert float(torch.softmax(rows[0], -1)[16]) == pytest.approx(math.exp(-0.4), abs=1e-5)
+
+
+def test_tokenizer_disagreement_is_refused_with_the_url() -> None:
+    with serve(replay(load_exchanges("sglang/generate.json"))) as (url, _):
+        with pytest.raises(MemberError) as err:  # the probe text is not in the fixtures: HTTP 418
+            SGLangMember("sg", url, toy_tokenizer(), top_k=3, http=FAST)
+        assert url in str(err.value) and "'sg'" in str(err.value)
+
+    def wrong_tokens(method: str, path: str, body: object) -> tuple[int, bytes]:
+        return 200, b'{"tokens": [1, 2, 3], "count": 3}'
+
+    with serve(wrong_tokens) as (url, _), pytest.raises(MemberError, match="disagree"):
+        SGLangMember("sg", url, toy_tokenizer(), top_k=3, http=FAST)
+
+
+# ------------------------------------------------------------------ vLLM contract (fixtures)
+def test_vllm_scores_a_block_with_prompt_logprobs_and_drops_rank_above_k() -> None:
+    with serve(replay(load_exchanges("vllm/completions.json"))) as (url, log):
+        member = VLLMMember("tiny", url, toy_tokenizer(), model="tiny", top_k=3, check_tokenizer=False)
+        block = member.score(IDS, 5)
+        assert [sorted(e.ids) for e in block] == [[30, 31, 32], [17, 33, 34], [40, 41, 42]]
+        assert dict(zip(block[0].ids, block[0].logprobs))[30] == -0.4
+        # the next-token request carries no prompt_logprobs (so vLLM's prefix cache is used)
+        assert [e.ids for e in member.score(IDS[:5], 5)] == [[16, 30, 31]]
+        assert "prompt_logprobs" not in log[-1][2]
+        with pytest.raises(MemberError, match="token_id"):
+            member.score(IDS[:4], 4)
+        assert member.server_tokenize("Hello, world") == [101, 11, 102]
+
+
+# ------------------------------------------------------------------ faults
+def test_a_server_that_never_answers_fails_within_the_deadline() -> None:
+    with silent_socket() as url:
+        client = JsonClient("m", url, HttpSettings(timeout_s=0.5, retries=1, backoff_s=0.05))
+        started = time.monotonic()
+        with pytest.raises(MemberError) as err:
+            client.post("/completion", {"prompt": [1]})
+        elapsed = time.monotonic() - started
+    assert 0.9 < elapsed < 3.0  # two attempts of 0.5 s and one backoff, never a hang
+    assert url in str(err.value) and "2 attempt" in str(err.value)
+
+
+def test_a_refused_connection_is_retried_then_named() -> None:
+    with silent_socket() as url:
+        pass  # the port is closed again: connections are refused
+    with pytest.raises(MemberError, match="ConnectError") as err:
+        JsonClient("m", url, FAST).get("/health")
+    assert err.value.url == url and err.value.member == "m"
+
+
+def test_garbage_fails_at_once_and_503_is_retried() -> None:
+    calls = []
+
+    def flaky(method: str, path: str, body: object) -> tuple[int, bytes]:
+        calls.append(path)
+        if path == "/garbage":
+            return 200, b"<html>oops</html>"
+        if path == "/bad":
+            return 400, b'{"error": "Requested sample logprobs of 301"}'
+        return (503, b"busy") if calls.count(path) < 3 else (200, b'{"ok": true}')
+
+    with serve(flaky) as (url, _):
+        client = JsonClient("m", url, FAST)
+        with pytest.raises(MemberError, match="not JSON"):
+            client.get("/garbage")
+        with pytest.raises(MemberError, match="HTTP 400.*301"):
+            client.get("/bad")
+        assert client.get("/busy") == {"ok": True}
+    assert calls.count("/garbage") == 1 and calls.count("/bad") == 1 and calls.count("/busy") == 3
+
+
+def test_cli_backend_applies_to_names_without_a_prefix() -> None:
+    from shared_engine.cli import _engine, build_parser
+
+    args = build_parser().parse_args(["bench", "--models", "smollm2-135m-instruct,vllm:http://h:1#x",
+                                      "--backend", "transformers,llamacpp"])
+    assert args.backend == ["transformers", "llamacpp"]
+    engine = _engine(args, "safe", "llamacpp")  # members load lazily: nothing starts here
+    assert engine._specs == ["llamacpp:smollm2-135m-instruct", "vllm:http://h:1#x"]
+    run = build_parser().parse_args(["run", "--models", "a,b", "--backend", "llamacpp", "hi"])
+    assert _engine(run, "safe")._specs == ["llamacpp:a", "llamacpp:b"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--models", "a", "--backend", "vllm"])
+
+
+class SlowTopK(TopKOfHF):
+    """Records when each scoring request runs; sleeps like a server would."""
+
+    def __init__(self, hf: HFMember, spans: list[tuple[str, float, float]]) -> None:
+        super().__init__(hf, 20)
+        self.spans = spans
+
+    def score(self, ids: list[int], first_row: int) -> list[TopK]:
+        start = time.monotonic()
+        time.sleep(0.2)
+        out = super().score(ids, first_row)
+        self.spans.append((self.name, start, time.monotonic()))
+        return out
+
+
+def test_remote_verifiers_are_scored_concurrently() -> None:
+    spans: list[tuple[str, float, float]] = []
+    drafter = toy.toy_member("llama-byte", "byte_level", "llama")
+    verifiers = [SlowTopK(toy.toy_member(n, "metaspace", "gpt2", seed=s), spans) for n, s in (("v1", 1), ("v2", 2))]
+    EnsembleEngine([drafter, *verifiers], method="safe", draft_length=4).generate("Hi Sofia", max_new_tokens=4)
+    first = {name: (a, b) for name, a, b in reversed(spans)}  # each verifier's first request
+    (a1, b1), (a2, b2) = first["v1"], first["v2"]
+    assert a1 < b2 and a2 < b1  # the two requests overlapped in time
+
+
+def test_connecting_by_spec_finds_the_model_and_checks_the_tokenizer(tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    from shared_engine.members import load_member
+    from shared_engine.members.remote import PROBE_TEXT
+
+    tok = toy.byte_level_tokenizer()
+    tok.save_pretrained(tmp_path)
+    recorded = replay(load_exchanges("vllm/completions.json", "sglang/generate.json"))
+
+    def handler(method: str, path: str, body: object) -> tuple[int, bytes]:
+        if path == "/tokenize" and isinstance(body, dict) and body.get("prompt") == PROBE_TEXT:
+            return 200, json.dumps({"tokens": tok(PROBE_TEXT, add_special_tokens=False)["input_ids"]}).encode()
+        return recorded(method, path, body)
+
+    with serve(handler) as (url, _):
+        vllm = load_member(f"vllm:{url}#{tmp_path}")
+        assert isinstance(vllm, VLLMMember) and vllm.model == "tiny" and vllm.context_window == 512
+        assert not vllm.capabilities.prefix_cache and vllm.capabilities.k == 20
+        sglang = load_member(f"sglang:{url}#{tmp_path}")
+        assert isinstance(sglang, SGLangMember) and sglang.capabilities.prefix_cache
+        # without '#TOKENIZER' the model root /v1/models reports (/models/tiny) is not on this machine
+        with pytest.raises(MemberError, match="TOKENIZER"):
+            load_member(f"vllm:{url}")
+
+
+def test_decoders_never_pick_from_the_spread_mass_of_a_top_k_member() -> None:
+    """With temperature sampling, a top-K drafter only ever drafts one of its K exact ids, and its
+    fusion candidates are only those K (the rest of its distribution is the even spread)."""
+    from shared_engine.fusion import MemberDist, top_keys
+    from shared_engine.members.base import exact_support
+    from shared_engine.sampling import Sampler
+
+    hf = toy.toy_member("a", "byte_level", "llama", 1)
+    member = TopKOfHF(hf, 3)
+    assert exact_support(member) == 3 and exact_support(hf) is None
+    session = member.new_session()
+    context = hf.prompt_ids([{"role": "user", "content": "Sofia"}])
+    logits = session.sync(context, len(context))[-1]
+    allowed = set(torch.topk(logits, 3).indices.tolist())
+    sampler = Sampler(temperature=5.0, seed=0)  # hot: the spread mass would win almost always
+    assert {sampler.from_logits(logits, exact_support(member)) for _ in range(200)} <= allowed
+    assert len(top_keys(MemberDist("a", hf.table, logits, exact_support(member)), 10)) <= 3
+    other = toy.toy_member("b", "metaspace", "gpt2", 2)
+    result = EnsembleEngine([member, other], method="safe").generate("Sofia", max_new_tokens=16, temperature=2.0,
+                                                                     seed=1)
+    assert result.stats.tokens > 0
