@@ -59,7 +59,8 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _engine(args: argparse.Namespace, method: str, backend: str | None = None) -> EnsembleEngine:
-    backend = backend or (args.backend if isinstance(args.backend, str) else args.backend[0])
+    chosen = backend or getattr(args, "backend", None) or "transformers"
+    backend = chosen if isinstance(chosen, str) else chosen[0]
     models = [with_backend(m, backend) for m in args.models]
     return EnsembleEngine(models, method=method, drafter=args.drafter, draft_length=args.draft_length,
                           fusion=args.fusion, sharpen=None if args.sharpen == "none" else args.sharpen,

@@ -12,6 +12,7 @@ import asyncio
 from pathlib import Path
 
 from ..errors import InvalidRequestError
+from ..members import LOCAL_BACKENDS
 from ..options import METHODS, GenerationParams
 from .benchmarks import BENCHMARKS, FLORES_PAIRS, get_benchmark
 from .runner import RunConfig, evaluate
@@ -28,6 +29,8 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
             action.required = False
     parser.set_defaults(max_new_tokens=None)
     parser.add_argument("--bench", choices=BENCHMARKS)
+    parser.add_argument("--backend", choices=LOCAL_BACKENDS, default="transformers",
+                        help="how zoo names without a backend prefix run (default: transformers)")
     parser.add_argument("--method", choices=METHODS, help="default: safe (single with one model)")
     parser.add_argument("--pair", choices=FLORES_PAIRS, default="en-de", help="flores language pair")
     parser.add_argument("--limit", type=int, help="first N questions (BBH / MMLU-Redux: interleaved over tasks)")
