@@ -236,7 +236,20 @@ def _starts_segment(data: bytes, offset: int) -> bool:
         return False
     if offset == len(data):
         return True
-    return unicodedata.combining(data[offset:offset + 4].decode("utf-8", "ignore")[:1] or "a") == 0
+    after = data[offset:offset + 4].decode("utf-8", "ignore")[:1] or "a"
+    if unicodedata.combining(after):
+        return False
+    # Byte-level pre-tokenizers (GPT-2's regex) keep a run of symbols together (`[^\s\p{L}\p{N}]+`):
+    # never start inside one, e.g. between a combining mark and the apostrophe after it.
+    start = offset - 1
+    while start > 0 and not is_char_boundary(data, start):
+        start -= 1
+    before = data[start:offset].decode("utf-8", "ignore")[-1:] if offset else ""
+    return not (before and _is_symbol(before) and _is_symbol(after))
+
+
+def _is_symbol(char: str) -> bool:
+    return not (char.isspace() or unicodedata.category(char)[0] in "LN")
 
 
 def _spellable_runs(text: str, unspellable: frozenset[int]) -> list[tuple[str, bool]]:
