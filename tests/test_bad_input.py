@@ -21,12 +21,11 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from llama_index.core.base.llms.types import ChatMessage
 
-import shared_engine.members as members_registry
 from langchain_ensemble import ChatEnsemble
 from llamaindex_ensemble import EnsembleLLM
 from shared_engine import ContextLengthError, EnsembleEngine, InvalidRequestError
 from shared_engine.cli import main
-from tests.toy import toy_member
+from tests.toy import registered_members, toy_member
 
 TIMEOUT_S = 30.0
 TOYS = ("toy-bpe", "toy-sp")
@@ -39,15 +38,8 @@ def toys() -> list:
 
 @pytest.fixture
 def registered(toys: list) -> Iterator[list[str]]:
-    """The toy members under names that ``load_member`` resolves (what LangChain's string-only
-    ``models`` field needs), removed afterwards."""
-    for member in toys:
-        members_registry.register_member(member)
-    try:
-        yield list(TOYS)
-    finally:
-        for name in TOYS:
-            members_registry.unregister_member(name)
+    with registered_members(toys) as names:
+        yield names
 
 
 def _first_event(engine: EnsembleEngine, prompt: Any, **params: Any) -> Any:

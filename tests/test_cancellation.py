@@ -29,12 +29,11 @@ import pytest
 from langchain_core.messages import HumanMessage
 from llama_index.core.base.llms.types import ChatMessage
 
-import shared_engine.members as members_registry
 from langchain_ensemble import ChatEnsemble
 from llamaindex_ensemble import EnsembleLLM
 from shared_engine import EngineClosedError, EnsembleEngine
 from shared_engine.members import HFMember, load_member
-from tests.toy import toy_member
+from tests.toy import registered_members, toy_member
 
 TOYS = ("toy-bpe", "toy-sp")
 PROMPTS = ["Sofia visited Berlin", "Nina looked at the lake", "def add(a, b):", "Q: What is 3 + 4?"]
@@ -48,14 +47,8 @@ def toys() -> list[HFMember]:
 
 @pytest.fixture
 def registered(toys: list[HFMember]) -> Iterator[list[str]]:
-    """The toys under names ``load_member`` resolves (LangChain's ``models`` takes names only)."""
-    for member in toys:
-        members_registry.register_member(member)
-    try:
-        yield list(TOYS)
-    finally:
-        for name in TOYS:
-            members_registry.unregister_member(name)
+    with registered_members(toys) as names:
+        yield names
 
 
 @pytest.fixture

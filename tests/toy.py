@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 
 import torch
@@ -35,7 +37,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from shared_engine.members import HFMember
+from shared_engine.members import HFMember, register_member, unregister_member
 
 BYTE_LEVEL_VOCAB = 900
 METASPACE_VOCAB = 700  # includes the 256 byte-fallback pieces and 4 special tokens
@@ -248,3 +250,16 @@ def toy_member(name: str, tokenizer: str = "byte_level", arch: str = "llama", se
 def _toy_member(name: str, tokenizer: str, arch: str, seed: int) -> HFMember:
     tok = TOKENIZERS[tokenizer]()
     return HFMember(name, ARCHS[arch](tok, seed), tok)
+
+
+@contextmanager
+def registered_members(members: list) -> Iterator[list[str]]:
+    """The members under names ``load_member`` resolves (LangChain's ``models`` takes names only),
+    removed afterwards."""
+    for member in members:
+        register_member(member)
+    try:
+        yield [m.name for m in members]
+    finally:
+        for member in members:
+            unregister_member(member.name)
