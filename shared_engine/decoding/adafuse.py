@@ -145,15 +145,20 @@ def _write(session: Session, context: list[int], first: torch.Tensor, token: int
         cont.add(token, logits, table, settings)
         wanted, final = (words, len(complete_word_ends(cont.data)) >= words) if words \
             else cont.sure_words(settings)
+        boundaries = None  # every member's shared boundaries in the text written so far
         if cont.eos or len(cont.ids) >= limit:
             break
-        if final and _has_end(cont.data, wanted, shared(cont.data)):
-            break
+        if final:
+            boundaries = shared(cont.data)
+            if _has_end(cont.data, wanted, boundaries):
+                break
         logits = session.sync(context + cont.ids, len(context) + len(cont.ids))[-1]
         token = pick(logits)
     if not cont.data and cont.eos:
         return Span(EOS_KEY, cont.ids, -cont.logprobs[0], 1)
-    end = span_end(cont.data, wanted, shared(cont.data), finished=cont.eos) or valid_prefix_length(cont.data)
+    if boundaries is None:  # re-tokenizing for every member is the costly part: once per stop
+        boundaries = shared(cont.data)
+    end = span_end(cont.data, wanted, boundaries, finished=cont.eos) or valid_prefix_length(cont.data)
     key = cont.data[:end]
     return Span(key, cont.ids_up_to(end), cont.nll_up_to(end), len(word_ends(key.decode("utf-8", "ignore"))))
 
