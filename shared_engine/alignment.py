@@ -19,6 +19,7 @@ import bisect
 import re
 import unicodedata
 from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 
 from transformers import PreTrainedTokenizerBase
@@ -71,6 +72,8 @@ class TokenTable:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int | None = None,
                  eos_ids: set[int] | None = None) -> None:
         self.tokenizer = tokenizer
+        self.name = type(tokenizer).__name__
+        self._encoder = self._encode_locally
         size = max(len(tokenizer), vocab_size or 0)
         kind = _decoder_kind(tokenizer)
         special = {int(i) for i in tokenizer.all_special_ids}
@@ -83,15 +86,35 @@ class TokenTable:
         pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
         eos |= {i for i in self.special_ids if pieces[i] in END_OF_TURN_TOKENS}
         self.eos_ids: frozenset[int] = frozenset(eos)
-        self.pieces: list[bytes] = [self._piece_bytes(i, p, kind) for i, p in enumerate(pieces)]
-        self.pieces += [b""] * (size - len(self.pieces))  # padded logits rows: never candidates
+        # Byte-fallback pieces (<0x61>) come first in Llama/Gemma vocabularies but are not what the
+        # model predicts for "a": map the normal piece first, fallback pieces only where none exists.
+        fallback = {i for i, p in enumerate(pieces) if p and _BYTE_FALLBACK.match(p)}
+        self._index([self._piece_bytes(i, p, kind) for i, p in enumerate(pieces)], size, fallback)
+
+    @classmethod
+    def from_bytes(cls, pieces: list[bytes], *, special_ids: set[int], eos_ids: set[int],
+                   encode: Callable[[str], list[int]], name: str,
+                   secondary_ids: Iterable[int] = ()) -> TokenTable:
+        """A table for a tokenizer known only by the exact bytes of its ids and an ``encode``
+        function (a server's tokenize endpoint, see members/llamacpp.py). ``secondary_ids`` are ids
+        whose bytes another id also spells and that the tokenizer does not produce for them (byte
+        fallback): they are mapped only where no other id has the same bytes."""
+        table = cls.__new__(cls)
+        table.tokenizer = None
+        table.name = name
+        table._encoder = encode
+        table.special_ids = frozenset(special_ids)
+        table.eos_ids = frozenset(eos_ids)
+        table._index(list(pieces), len(pieces), set(secondary_ids))
+        return table
+
+    def _index(self, pieces: list[bytes], size: int, fallback: set[int]) -> None:
+        """Everything derived from the bytes of each id (shared by both constructors)."""
+        self.pieces: list[bytes] = pieces + [b""] * (size - len(pieces))  # padded logits rows: never candidates
         self.vocab_size = size
         self.longest_piece = max(1, max(map(len, self.pieces), default=1))
         """Most bytes one token spells (bounds the tokens a text needs from below)."""
         self._by_bytes: dict[bytes, int] = {}
-        # Byte-fallback pieces (<0x61>) come first in Llama/Gemma vocabularies but are not what the
-        # model predicts for "a": map the normal piece first, fallback pieces only where none exists.
-        fallback = {i for i, p in enumerate(pieces) if p and _BYTE_FALLBACK.match(p)}
         for i, piece in enumerate(self.pieces):
             if piece and i not in self.special_ids and i not in fallback:
                 self._by_bytes.setdefault(piece, i)
@@ -125,6 +148,9 @@ class TokenTable:
         return self.to_bytes(self._encode("a")) == b" a"
 
     def _encode(self, text: str) -> list[int]:
+        return self._encoder(text)
+
+    def _encode_locally(self, text: str) -> list[int]:
         # split_special_tokens: answer text such as "</s>" is text, never a control token.
         return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
@@ -198,7 +224,7 @@ class TokenTable:
     def _byte_token(self, byte: int) -> int:
         token = self.token_id(bytes([byte]))
         if token is None:
-            raise ValueError(f"{type(self.tokenizer).__name__} has no token for byte 0x{byte:02X}; "
+            raise ValueError(f"{self.name} has no token for byte 0x{byte:02X}; "
                              "it cannot spell this text exactly")
         return token
 
@@ -337,7 +363,7 @@ class TokenizedText:
             self.ends.append(pos)
         if pos + uncovered != len(data):
             raise ValueError(
-                f"tokenizer {type(self.table.tokenizer).__name__} does not round-trip the text "
+                f"tokenizer {self.table.name} does not round-trip the text "
                 f"exactly ({pos} vs {len(data)} bytes); it cannot be aligned with other members")
         self.data = data
 

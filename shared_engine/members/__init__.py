@@ -160,7 +160,8 @@ def _build(spec: MemberSpec, progress: bool, options: dict[str, Any]) -> Member:
 
 
 def _connect(spec: MemberSpec, options: dict[str, Any]) -> Member:
-    """A member for a running server; the tokenizer comes from the spec or the server's model path."""
+    """A member for a running server. Its tokenizer comes from the spec, else from the model path the
+    server reports; a llama.cpp server whose model file is not on this machine provides it itself."""
     from .http import HttpSettings, JsonClient
     from .remote import load_tokenizer
 
@@ -189,10 +190,14 @@ def _connect(spec: MemberSpec, options: dict[str, Any]) -> Member:
 
         props = probe.get("/props")
         path = spec.tokenizer or (props.get("model_path") if isinstance(props, dict) else None)
-        if not path:
-            raise probe.error("GET /props did not name a model path; add '#TOKENIZER' to the spec")
-        name = spec.tokenizer or Path(str(path)).stem  # the GGUF's file name, not its whole path
-        return LlamaCppMember(name, spec.target, load_tokenizer(path), **options)
+        name = spec.tokenizer or Path(str(path or spec.target)).stem  # the GGUF's name, not its path
+        if spec.tokenizer or (path and Path(str(path)).expanduser().exists()):
+            return LlamaCppMember(name, spec.target, load_tokenizer(path), **options)
+        # The model file is not on this machine: read the tokenizer from the server itself.
+        from .server_tokenizer import LlamaCppServerTokenizer
+
+        tokenizer = LlamaCppServerTokenizer(spec.target, options.get("http"), name=str(spec))
+        return LlamaCppMember(name, spec.target, tokenizer, **options)
     except (OSError, ValueError) as exc:  # the tokenizer the server reported is not loadable here
         raise probe.error(f"cannot load its tokenizer here ({exc}); add '#TOKENIZER' to the spec") from exc
     finally:

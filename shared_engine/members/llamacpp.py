@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from .http import HttpSettings
-from .remote import DEFAULT_TOP_K, LocalTokenizer, RemoteMember
+from .remote import DEFAULT_TOP_K, LocalTokenizer, MemberTokenizer, RemoteMember
+from .server_tokenizer import llamacpp_tokenize
 from .topk import TopK
 
 
@@ -70,7 +71,7 @@ class LocalLlamaServer:
 class LlamaCppMember(RemoteMember):
     """A llama.cpp model (see the module docstring for the wire protocol)."""
 
-    def __init__(self, name: str, url: str, tokenizer: LocalTokenizer, *, top_k: int = DEFAULT_TOP_K,
+    def __init__(self, name: str, url: str, tokenizer: MemberTokenizer, *, top_k: int = DEFAULT_TOP_K,
                  context_window: int | None = None, http: HttpSettings | None = None,
                  server: LocalLlamaServer | None = None, check_tokenizer: bool = True) -> None:
         self.server = server  # keeps an in-process server alive as long as the member
@@ -102,11 +103,7 @@ class LlamaCppMember(RemoteMember):
             return default
 
     def server_tokenize(self, text: str) -> list[int]:
-        answer = self.client.post("/tokenize", {"content": text, "add_special": False, "parse_special": False})
-        try:
-            return [int(t["id"]) if isinstance(t, dict) else int(t) for t in answer["tokens"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise self.malformed("/tokenize", answer) from exc
+        return llamacpp_tokenize(self.client, text)
 
     @property
     def partial_utf8_ids(self) -> list[int]:

@@ -1,12 +1,13 @@
 """What every server-backed member shares: tokenizer, token table, top-K sessions, self-checks.
 
-A server-backed member (llama.cpp, vLLM, SGLang) keeps the tokenizer on the client: prompts are
-rendered and tokenized locally with the model's own chat template and sent as **token ids**, so
-the server never re-tokenizes text (a BPE merge across the answer/draft boundary would otherwise
-shift every alignment). The tokenizer comes from a zoo name, a local HF folder, a .gguf file or a
-cached hub id; when none is given, from the model path the server reports (if that path exists
-here). Once, at start, the member tokenizes a probe text locally and through the server's
-``/tokenize`` and refuses to run if the two disagree.
+A server-backed member (llama.cpp, vLLM, SGLang) tokenizes on the client side of the wire:
+prompts are rendered with the model's own chat template and sent as **token ids**, so the server
+never re-tokenizes text (a BPE merge across the answer/draft boundary would otherwise shift every
+alignment). The ``MemberTokenizer`` is either a ``LocalTokenizer`` (a zoo name, a local HF folder, a
+.gguf file or a cached hub id; when none is given, the model path the server reports, if that path
+exists here), checked once at start against the server's ``/tokenize`` on a probe text, or, for a
+llama.cpp server whose model file is not here, one read from the server itself
+(members/server_tokenizer.py).
 
 Each backend only implements ``score(ids, first_row)`` (top-K at every position from
 ``first_row - 1`` to the end, i.e. the distributions predicting ``ids[first_row:]`` plus the next
@@ -21,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -40,6 +41,22 @@ DEFAULT_TOP_K = 20
 """Top-K asked of servers: vLLM's default --max-logprobs cap; >= UniTE's top-10."""
 
 
+class MemberTokenizer(Protocol):
+    """What a server-backed member needs of its model's tokenizer, wherever it comes from."""
+
+    context_window: int | None
+    has_chat_template: bool
+    from_server: bool  # the server's own tokenizer: nothing to check against the server
+
+    def token_table(self) -> TokenTable: ...
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class LocalTokenizer:
     """A tokenizer loaded on the client, with what its folder says about the model."""
@@ -48,6 +65,23 @@ class LocalTokenizer:
     vocab_size: int  # logits width (config.json's vocab_size may exceed len(tokenizer))
     eos_ids: frozenset[int]
     context_window: int | None
+    from_server = False
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.tokenizer.chat_template)
+
+    def token_table(self) -> TokenTable:
+        return TokenTable(self.tokenizer, vocab_size=self.vocab_size, eos_ids=set(self.eos_ids))
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        return render_prompt_ids(self.tokenizer, messages)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def close(self) -> None:
+        """Nothing to release: the tokenizer lives in this process."""
 
 
 def load_tokenizer(spec: str | Path) -> LocalTokenizer:
@@ -81,7 +115,7 @@ class RemoteMember(ABC):
 
     capabilities: Capabilities
 
-    def __init__(self, name: str, url: str, tokenizer: LocalTokenizer, *, top_k: int = DEFAULT_TOP_K,
+    def __init__(self, name: str, url: str, tokenizer: MemberTokenizer, *, top_k: int = DEFAULT_TOP_K,
                  context_window: int | None = None, http: HttpSettings | None = None,
                  check_tokenizer: bool = True) -> None:
         if top_k < 1:
@@ -90,12 +124,12 @@ class RemoteMember(ABC):
         self.url = url.rstrip("/")
         self.top_k = top_k
         self.client = JsonClient(name, self.url, http)
-        self.tokenizer = tokenizer.tokenizer
-        self.table = TokenTable(tokenizer.tokenizer, vocab_size=tokenizer.vocab_size, eos_ids=set(tokenizer.eos_ids))
+        self.tokenizer = tokenizer
+        self.table = tokenizer.token_table()
         self.context_window = int(context_window or tokenizer.context_window or 2048)
-        self.stop_strings: tuple[str, ...] = () if self.tokenizer.chat_template else PLAIN_TEMPLATE_STOPS
+        self.stop_strings: tuple[str, ...] = () if tokenizer.has_chat_template else PLAIN_TEMPLATE_STOPS
         self.capabilities = Capabilities(distribution="top_k", k=top_k, **self.wire_capabilities())
-        if check_tokenizer:
+        if check_tokenizer and not tokenizer.from_server:
             self.check_tokenizer()
 
     # ----------------------------------------------------------------- backend-specific
@@ -113,7 +147,7 @@ class RemoteMember(ABC):
 
     # ----------------------------------------------------------------- shared
     def check_tokenizer(self) -> None:
-        local = list(self.tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"])
+        local = self.tokenizer.encode(PROBE_TEXT)
         remote = self.server_tokenize(PROBE_TEXT)
         if local != remote:
             at = common_prefix_len(local, remote)
@@ -130,7 +164,7 @@ class RemoteMember(ABC):
         return self.table.eos_ids
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
-        return render_prompt_ids(self.tokenizer, messages)
+        return self.tokenizer.prompt_ids(messages)
 
     def new_session(self) -> RemoteSession:
         return RemoteSession(self)
@@ -141,6 +175,7 @@ class RemoteMember(ABC):
 
     def close(self) -> None:
         self.client.close()
+        self.tokenizer.close()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, {self.url!r}, top_k={self.top_k})"

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from .http import HttpSettings
-from .remote import DEFAULT_TOP_K, LocalTokenizer, RemoteMember
+from .remote import DEFAULT_TOP_K, MemberTokenizer, RemoteMember
 from .topk import TopK
 
 TOKEN_ID_PREFIX = "token_id:"
@@ -34,7 +34,7 @@ def served_model(client_answer: Any) -> tuple[str, str | None, int | None]:
 class VLLMMember(RemoteMember):
     """A model served by ``vllm serve`` (see the module docstring)."""
 
-    def __init__(self, name: str, url: str, tokenizer: LocalTokenizer, *, model: str,
+    def __init__(self, name: str, url: str, tokenizer: MemberTokenizer, *, model: str,
                  top_k: int = DEFAULT_TOP_K, context_window: int | None = None,
                  http: HttpSettings | None = None, check_tokenizer: bool = True) -> None:
         self.model = model
