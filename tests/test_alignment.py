@@ -243,6 +243,8 @@ def _run_script(key: str, text: str, steps: list[tuple[int, str]]) -> None:
 
 @pytest.mark.parametrize("key", ALL_KEYS)
 @settings(max_examples=int(os.environ.get("ALIGN_EXAMPLES", "50")),  # raise it for a deeper search
+          # the same examples on every run (CI must not fail on a new draw); HYPOTHESIS_EXPLORE=1 for fresh ones
+          derandomize=os.environ.get("HYPOTHESIS_EXPLORE") != "1",
           deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(script=_edit_scripts())
 def test_incremental_matches_full_encode(key, script):
