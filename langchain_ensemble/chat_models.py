@@ -13,11 +13,11 @@ engine event as a JSON-ready dict)::
         if ev["event"] == "on_custom_event" and ev["name"] == "ensemble.ensemble":
             print(ev["data"]["chosen"], ev["data"]["candidates"][:3])
 
-or in a callback handler's ``on_custom_event(name, data, *, run_id, ...)``. LangChain can only
-attach a custom event to a parent run: in streaming calls the model must sit inside a Runnable
-(a prompt, ``RunnablePassthrough() | model``, a LangGraph node); a bare top-level
-``model.astream(...)`` has no run to attach them to, and they are dropped. ``invoke``/``ainvoke``
-with callbacks attribute them to the model's own run.
+or in a callback handler's ``on_custom_event(name, data, *, run_id, ...)``. Inside a Runnable (a
+prompt, a LangGraph node) they belong to the enclosing run; ``invoke``/``ainvoke`` and a bare
+``model.astream``/``stream``/``astream_events`` attribute them to the model's own run.
+(langchain-core's ``astream`` calls ``_astream`` without its run manager, so ``astream`` and
+``stream`` are wrapped to pass the model run's id and callbacks on; see ``_OwnRun``.)
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +54,7 @@ from langchain_core.messages import (
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable
+from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field, field_validator, model_validator
@@ -281,6 +283,40 @@ class ChatEnsemble(BaseChatModel):
         return EnsembleEngine(members, method=self.method, **self.engine_options)
 
     # -- streaming core -------------------------------------------------------------------
+    async def astream(self, input: LanguageModelInput, config: RunnableConfig | None = None, *,
+                      stop: list[str] | None = None, **kwargs: Any) -> AsyncIterator[AIMessageChunk]:
+        config, run = _own_run(config)
+        stream = super().astream(input, config, stop=stop, **kwargs)
+        try:
+            while True:
+                token = _OWN_RUN.set(run)  # only while LangChain's code runs, never across a yield
+                try:
+                    chunk = await anext(stream)
+                except StopAsyncIteration:
+                    return
+                finally:
+                    _OWN_RUN.reset(token)
+                yield chunk
+        finally:
+            await stream.aclose()
+
+    def stream(self, input: LanguageModelInput, config: RunnableConfig | None = None, *,
+               stop: list[str] | None = None, **kwargs: Any) -> Iterator[AIMessageChunk]:
+        config, run = _own_run(config)
+        stream = super().stream(input, config, stop=stop, **kwargs)
+        try:
+            while True:
+                token = _OWN_RUN.set(run)
+                try:
+                    chunk = next(stream)
+                except StopIteration:
+                    return
+                finally:
+                    _OWN_RUN.reset(token)
+                yield chunk
+        finally:
+            stream.close()
+
     async def _astream(
         self,
         messages: list[BaseMessage],
@@ -460,9 +496,32 @@ def to_engine_messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
 
 
 # -- custom events ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _OwnRun:
+    """The model's own run in a streaming call (``astream``/``stream``), where langchain-core gives
+    ``_astream`` no run manager: its id (assigned up front through the config) and callbacks."""
+
+    run_id: uuid.UUID
+    callbacks: Any
+    tags: list[str]
+    metadata: dict[str, Any]
+
+
+_OWN_RUN: ContextVar[_OwnRun | None] = ContextVar("chat_ensemble_own_run", default=None)
+
+
+def _own_run(config: RunnableConfig | None) -> tuple[RunnableConfig, _OwnRun]:
+    config = ensure_config(config)
+    if config.get("run_id") is None:
+        config = {**config, "run_id": uuid.uuid4()}
+    return config, _OwnRun(config["run_id"], config.get("callbacks"), list(config.get("tags") or []),
+                           dict(config.get("metadata") or {}))
+
+
 async def _aemit(name: str, data: dict[str, Any], run_manager: AsyncCallbackManagerForLLMRun | None) -> None:
     """Send one ensemble event; never fatal. With a run manager (``ainvoke`` path) the event is
-    attributed to the model's run; otherwise to the enclosing Runnable, if there is one."""
+    attributed to the model's run; otherwise to the enclosing Runnable, if there is one, else to the
+    model's own streaming run."""
     if run_manager is not None:
         manager = AsyncCallbackManager(handlers=run_manager.handlers,
                                        inheritable_handlers=run_manager.inheritable_handlers,
@@ -472,8 +531,12 @@ async def _aemit(name: str, data: dict[str, Any], run_manager: AsyncCallbackMana
         return
     try:
         await adispatch_custom_event(name, data)
-    except RuntimeError:  # a bare top-level call: no parent run to attach the event to
-        pass
+    except RuntimeError:  # a bare top-level call: no enclosing run; the model's own, if streaming
+        run = _OWN_RUN.get()
+        if run is not None:
+            manager = AsyncCallbackManager.configure(run.callbacks, inheritable_tags=run.tags,
+                                                     inheritable_metadata=run.metadata)
+            await manager.on_custom_event(name, data, run_id=run.run_id)
 
 
 def _emit(name: str, data: dict[str, Any], run_manager: CallbackManagerForLLMRun | None) -> None:
@@ -488,4 +551,7 @@ def _emit(name: str, data: dict[str, Any], run_manager: CallbackManagerForLLMRun
     try:
         dispatch_custom_event(name, data)
     except RuntimeError:
-        pass
+        run = _OWN_RUN.get()
+        if run is not None:
+            CallbackManager.configure(run.callbacks, inheritable_tags=run.tags,
+                                      inheritable_metadata=run.metadata).on_custom_event(name, data, run_id=run.run_id)

@@ -133,10 +133,30 @@ async def test_callback_handlers_get_events_on_every_path(scripted: ScriptedEngi
     assert [n for n, _ in handler.events] == expected
 
 
-async def test_bare_model_streams_without_a_parent_run(scripted: ScriptedEngine) -> None:
-    # Nobody to attach custom events to: they are dropped, the stream is unaffected.
+async def test_a_bare_model_streams_its_events_as_its_own_run(scripted: ScriptedEngine) -> None:
+    """No enclosing Runnable: langchain-core's astream gives _astream no run manager, yet the events
+    belong to the model's run, in astream_events and in callbacks of astream and stream."""
     llm = ChatEnsemble(models=MODELS)
-    assert "".join([c.content async for c in llm.astream("Hi")]) == "Hello there!"
+    events = [ev async for ev in llm.astream_events("Hi", version="v2")
+              if ev["event"] in ("on_chat_model_start", "on_custom_event")]
+    assert [ev["name"] for ev in events] == ["ChatEnsemble", "ensemble.ensemble", "ensemble.finish"]
+    assert len({ev["run_id"] for ev in events}) == 1
+    assert events[1]["data"]["chosen"] == " there"
+    handler = AsyncRecorder()
+    assert "".join([c.content async for c in llm.astream("Hi", config={"callbacks": [handler]})]) == "Hello there!"
+    assert [n for n, _ in handler.events] == ["ensemble.ensemble", "ensemble.finish"]
+    handler = Recorder()
+    assert "".join(c.content for c in llm.stream("Hi", config={"callbacks": [handler]})) == "Hello there!"
+    assert [n for n, _ in handler.events] == ["ensemble.ensemble", "ensemble.finish"]
+    assert "".join([c.content async for c in llm.astream("Hi")]) == "Hello there!"  # nobody listening
+
+
+async def test_a_bare_stream_leaves_no_run_behind_in_the_callers_context(scripted: ScriptedEngine) -> None:
+    llm = ChatEnsemble(models=MODELS)
+    stream = llm.astream("Hi")
+    await anext(stream)
+    assert chat_models._OWN_RUN.get() is None  # set only while LangChain's code runs, never across a yield
+    await stream.aclose()
 
 
 async def test_stopping_early_closes_the_engine_stream(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,8 +241,7 @@ async def test_adafuse_decisions_are_custom_events(monkeypatch: pytest.MonkeyPat
                             method="adafuse", threshold=1.0)
     monkeypatch.setattr(chat_models, "_shared_engine", lambda *args: engine)
     llm = ChatEnsemble(models=["a", "b"], method="adafuse", max_tokens=8)
-    chain = RunnablePassthrough() | llm  # a bare model's astream_events drops custom events (see README)
-    seen = [ev async for ev in chain.astream_events("Hi", version="v2") if ev["event"] == "on_custom_event"]
+    seen = [ev async for ev in llm.astream_events("Hi", version="v2") if ev["event"] == "on_custom_event"]
     names = [ev["name"] for ev in seen]
     assert names[-1] == "ensemble.finish" and "ensemble.adafuse" in names
     spans = [ev["data"] for ev in seen if ev["name"] == "ensemble.adafuse"]
