@@ -336,7 +336,9 @@ class TokenizedText:
 
     def first_token_from(self, offset: int) -> int:
         """Index of the first token that starts at or after byte ``offset`` (len(ids) if none)."""
-        return 0 if offset <= 0 else bisect.bisect_left(self.ends, offset) + 1 if self.ends else 0
+        if offset <= 0 or not self.ends:
+            return 0
+        return min(bisect.bisect_left(self.ends, offset) + 1, len(self.ids))
 
     def starts_from(self, index: int) -> list[int]:
         """Start offsets of tokens ``index..``, without building the whole list."""

@@ -125,6 +125,15 @@ def test_shared_boundaries_exclude_inside_sofia():
     assert all(o in bl.boundaries() and o in ms.boundaries() for o in shared)
 
 
+def test_first_token_from_each_offset_matches_a_scan_of_the_starts():
+    data = "Hello Sofia, how are you?".encode()
+    tt = _tokenized(_toy_table("metaspace"), data)
+    for offset in range(-1, len(data) + 3):
+        expected = next((i for i, start in enumerate(tt.starts) if start >= offset), len(tt.ids))
+        assert tt.first_token_from(offset) == expected, offset  # len(ids) past the last start, never more
+    assert _tokenized(_toy_table("metaspace"), b"").first_token_from(3) == 0
+
+
 def test_shared_boundaries_are_char_boundaries():
     data = "x 😀 y".encode()
     bl = _tokenized(_toy_table("byte_level"), data)

@@ -72,7 +72,7 @@ async def _verify(state: RequestState, text: bytes, start: int, ends_with_eos: b
     for member, session, tokens, prompt in zip(state.members[1:], state.sessions[1:], state.texts,
                                                state.prompt_ids[1:]):
         tokens.set_text(text)
-        first = min(tokens.first_token_from(start), len(tokens.ids))
+        first = tokens.first_token_from(start)
         jobs.append(member.run(session.sync, prompt + tokens.ids, len(prompt) + first))
     all_rows = await asyncio.gather(*jobs)
     views = []
