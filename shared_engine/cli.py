@@ -36,11 +36,20 @@ def _backends(value: str) -> list[str]:
     return backends
 
 
+def _weights(value: str) -> list[float]:
+    try:
+        return [float(w) for w in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError("comma-separated numbers, one per model, e.g. 2,1") from None
+
+
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", type=_models, required=True,
                         help="comma-separated zoo names, local HF folders, .gguf paths or member specs "
                              "such as llamacpp:NAME, vllm:URL#TOKENIZER (see README, Remote members)")
     parser.add_argument("--drafter", help="member that drafts (default: the first)")
+    parser.add_argument("--weights", type=_weights,
+                        help="fusion weight of each model, in --models order, e.g. 2,1 (default: equal)")
     parser.add_argument("--draft-length", type=int, default=5)
     parser.add_argument("--fusion", choices=["unite", "gac"], default="unite")
     parser.add_argument("--sharpen", choices=["heur", "geom", "none"], default="heur")
@@ -62,7 +71,8 @@ def _engine(args: argparse.Namespace, method: str, backend: str | None = None) -
     chosen = backend or getattr(args, "backend", None) or "transformers"
     backend = chosen if isinstance(chosen, str) else chosen[0]
     models = [with_backend(m, backend) for m in args.models]
-    return EnsembleEngine(models, method=method, drafter=args.drafter, draft_length=args.draft_length,
+    return EnsembleEngine(models, method=method, drafter=args.drafter, weights=args.weights,
+                          draft_length=args.draft_length,
                           fusion=args.fusion, sharpen=None if args.sharpen == "none" else args.sharpen,
                           drafter_confidence=args.drafter_confidence, max_new_tokens=args.max_new_tokens,
                           uncertainty=args.uncertainty, threshold=args.threshold, max_words=args.max_words,

@@ -17,8 +17,10 @@ _SHORT = {"qwen2.5-coder-0.5b-instruct": "qwen", "smollm2-135m-instruct": "smol"
 
 def run_label(summary: dict[str, Any]) -> str:
     models = "+".join(_SHORT.get(m, Path(m).name) for m in summary["models"])
-    confidence = summary.get("engine_options", {}).get("drafter_confidence")
-    return f"{summary['method']} ({models})" + (f" dc={confidence}" if confidence else "")
+    options = summary.get("engine_options", {})
+    confidence, weights = options.get("drafter_confidence"), options.get("weights")
+    return (f"{summary['method']} ({models})" + (f" dc={confidence}" if confidence else "")
+            + (f" w={','.join(f'{w:g}' for w in weights)}" if weights and summary["method"] != "single" else ""))
 
 
 def load_summaries(dirs: list[Path]) -> list[dict[str, Any]]:
