@@ -290,10 +290,8 @@ def _spellable_runs(text: str, unspellable: frozenset[int]) -> list[tuple[str, b
     return runs
 
 
-def valid_prefix_length(data: bytes) -> int:
-    """Length of the longest prefix of ``data`` that is complete, valid UTF-8. An incomplete
-    trailing character is held back (the next token may complete it); text after invalid bytes
-    is not aligned at all."""
+def complete_length(data: bytes) -> int:
+    """Length of ``data`` without an incomplete character at its end (the next token may complete it)."""
     n = len(data)
     for back in range(1, min(4, n) + 1):
         lead = data[n - back]
@@ -304,11 +302,36 @@ def valid_prefix_length(data: bytes) -> int:
             if need > back:
                 n -= back
         break
+    return n
+
+
+def valid_prefix_length(data: bytes) -> int:
+    """Length of the longest prefix of ``data`` that is complete, valid UTF-8: an incomplete trailing
+    character is held back, and nothing from the first invalid byte on counts."""
+    n = complete_length(data)
     try:
         data[:n].decode("utf-8")
         return n
     except UnicodeDecodeError as err:
         return err.start
+
+
+def utf8_runs(data: bytes) -> list[tuple[bytes, bool]]:
+    """``data`` as alternating (run, valid) pieces: valid UTF-8 runs and the invalid bytes between."""
+    runs: list[tuple[bytes, bool]] = []
+    pos = 0
+    while pos < len(data):
+        try:
+            data[pos:].decode("utf-8")
+        except UnicodeDecodeError as err:
+            if err.start:
+                runs.append((data[pos:pos + err.start], True))
+            runs.append((data[pos + err.start:pos + err.end], False))
+            pos += err.end
+        else:
+            runs.append((data[pos:], True))
+            break
+    return runs
 
 
 def is_char_boundary(data: bytes, offset: int) -> bool:
@@ -321,8 +344,10 @@ class TokenizedText:
     """One member's canonical tokenization of a growing continuation, updated incrementally.
 
     ``ids[i]`` covers bytes ``[starts[i], ends[i])``: its piece, preceded by any characters the
-    vocabulary cannot spell (see ``TokenTable.spell_covering``). Updating the text re-encodes
-    only from a few tokens before the first changed byte (never the whole history).
+    vocabulary cannot spell (see ``TokenTable.spell_covering``) and any bytes that are not valid
+    UTF-8 (a drafter can emit them; a member reading text never could, so they are left out of its
+    tokens the same way, and it keeps reading what follows). Updating the text re-encodes only from
+    a few tokens before the first changed byte (never the whole history).
     """
 
     table: TokenTable
@@ -347,8 +372,8 @@ class TokenizedText:
         return ([0] if index == 0 else []) + self.ends[max(index - 1, 0):len(self.ids) - 1]
 
     def set_text(self, data: bytes) -> None:
-        """Re-tokenize so that the tokens spell the longest complete-UTF-8 prefix of ``data``."""
-        data = data[: valid_prefix_length(data)]
+        """Re-tokenize so that the tokens cover ``data`` up to an incomplete character at its end."""
+        data = data[: complete_length(data)]
         if data == self.data:
             return
         same = len(self.data) if data.startswith(self.data) else _common_prefix_len(self.data, data)
@@ -356,7 +381,7 @@ class TokenizedText:
         while keep > 0 and not _starts_segment(data, self.ends[keep - 1]):
             keep -= 1
         anchor = self.ends[keep - 1] if keep else 0
-        tail, spans, uncovered = self.table.spell_covering(data[anchor:].decode("utf-8"))
+        tail, spans, uncovered = _cover(self.table, data[anchor:])
         self.ids = self.ids[:keep] + tail
         self.ends = self.ends[:keep]
         pos = anchor
@@ -380,6 +405,31 @@ class TokenizedText:
 
     def boundaries(self) -> set[int]:
         return {0, *self.ends, len(self.data)}
+
+
+def _cover(table: TokenTable, data: bytes) -> tuple[list[int], list[int], int]:
+    """``TokenTable.spell_covering`` for bytes that may hold invalid UTF-8: each valid run is
+    spelled, the invalid bytes join the span of the next token (of the last one at the end)."""
+    if len(runs := utf8_runs(data)) <= 1 and (not runs or runs[0][1]):
+        return table.spell_covering(data.decode("utf-8"))
+    ids: list[int] = []
+    spans: list[int] = []
+    gap = 0
+    for run, valid in runs:
+        if not valid:
+            gap += len(run)
+            continue
+        run_ids, run_spans, run_gap = table.spell_covering(run.decode("utf-8"))
+        if run_ids:
+            run_spans[0] += gap
+            gap = 0
+        ids += run_ids
+        spans += run_spans
+        gap += run_gap
+    if gap and spans:
+        spans[-1] += gap
+        gap = 0
+    return ids, spans, gap
 
 
 def _common_prefix_len(a: bytes | list[int], b: bytes | list[int]) -> int:

@@ -19,6 +19,8 @@ from shared_engine.alignment import (
     TokenTable,
     is_char_boundary,
     shared_boundaries,
+    complete_length,
+    utf8_runs,
     valid_prefix_length,
 )
 from tests import toy
@@ -214,19 +216,23 @@ def _edit_scripts(draw):
 
 
 def _check_invariants(tt: TokenizedText, shown: bytes) -> None:
-    valid = shown[: valid_prefix_length(shown)]
-    assert tt.data == valid
-    assert tt.table.to_bytes(tt.ids) == valid
+    held = shown[: complete_length(shown)]  # an incomplete character at the end waits for its bytes
+    assert tt.data == held
+    assert tt.table.to_bytes(tt.ids) == b"".join(run for run, valid in utf8_runs(held) if valid)
     assert len(tt.ends) == len(tt.ids)
     assert all(a < b for a, b in zip([0] + tt.ends, tt.ends)), tt.ends  # strictly increasing
-    assert (tt.ends[-1] if tt.ends else 0) == len(valid)
-    for start, token in zip(tt.starts, tt.ids):
+    assert (tt.ends[-1] if tt.ends else 0) == len(held)
+    for i, (start, end, token) in enumerate(zip(tt.starts, tt.ends, tt.ids)):
         assert tt.index_at(start) is not None
-        assert valid[start:start + len(tt.table.pieces[token])] == tt.table.pieces[token]
+        piece = tt.table.pieces[token]
+        if i < len(tt.ids) - 1:
+            assert held[end - len(piece):end] == piece  # invalid bytes before it belong to its span
+        else:  # the last token also covers invalid bytes after it
+            assert held[start:end].endswith(piece) or piece in held[start:end]
 
 
-def _expected_ids(table: TokenTable, valid: bytes) -> list[int]:
-    return table.encode_fragment(valid.decode("utf-8"))
+def _expected_ids(table: TokenTable, data: bytes) -> list[int]:
+    return [i for run, valid in utf8_runs(data) if valid for i in table.encode_fragment(run.decode("utf-8"))]
 
 
 def _run_script(key: str, text: str, steps: list[tuple[int, str]]) -> None:
@@ -239,8 +245,8 @@ def _run_script(key: str, text: str, steps: list[tuple[int, str]]) -> None:
     tt = TokenizedText(table)
     for cut, detour in steps:
         shown = data[:cut] + detour.encode()
-        valid = shown[: valid_prefix_length(shown)].decode()
-        if _normalizes(table) and unicodedata.normalize("NFC", valid) != valid:
+        runs = [run.decode() for run, valid in utf8_runs(shown[: complete_length(shown)]) if valid]
+        if _normalizes(table) and any(unicodedata.normalize("NFC", run) != run for run in runs):
             continue  # e.g. "e" then a detour starting with U+0301
         tt.set_text(shown)
         _check_invariants(tt, shown)
@@ -417,3 +423,26 @@ def test_reencoding_never_starts_inside_a_symbol_run() -> None:
     encode has "'" + "s"."""
     text = " Sofiae\u0301'sSofia"
     _run_script("smollm2-135m-instruct", text, [(14, ""), (15, "")])
+
+
+# --------------------------------------------------------------------- invalid UTF-8 from a drafter
+
+
+@pytest.mark.parametrize("key", ["byte_level", "metaspace", *REAL_NAMES])
+def test_invalid_bytes_are_left_out_and_reading_goes_on(key):
+    """A drafter may commit bytes that are not UTF-8 (a lone 0xFF, a lead byte cut off by ASCII). A
+    member that reads text leaves them out, like a character it cannot spell, and keeps reading."""
+    table = table_for(key) if key in REAL_NAMES else _toy_table(key)
+    data = b"ok \xff fine \xe2\x82 then \x80\x80 more"
+    tt = _tokenized(table, data)
+    _check_invariants(tt, data)
+    assert tt.ids == _expected_ids(table, data)
+    after_then = data.index(b" then") + len(b" then")
+    assert len(data) in tt.boundaries() and after_then in tt.boundaries()
+    # invalid bytes belong to the span of the token after them: no boundary right behind them
+    assert not {data.index(b"\xff") + 1, data.index(b" then"), data.index(b" more")} & tt.boundaries()
+    grown = _tokenized(table, data[:5])
+    for cut in range(6, len(data) + 1):  # growing byte by byte gives the same tokens
+        grown.set_text(data[:cut])
+        _check_invariants(grown, data[:cut])
+    assert grown.ids == tt.ids and grown.ends == tt.ends

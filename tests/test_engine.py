@@ -182,3 +182,24 @@ def test_context_too_long_is_a_clear_error() -> None:
     member = toy_member("toy")
     with pytest.raises(ContextLengthError, match="context window"):
         EnsembleEngine([member], method="single").generate("hello " * 10, max_new_tokens=10**6)
+
+
+def test_verifiers_read_on_after_the_drafter_commits_invalid_utf8() -> None:
+    """A drafter can commit bytes that are not UTF-8 (a random model's lone 0xFF). Verifiers used to
+    stop reading there for the rest of the answer, so the ensemble silently became the drafter
+    alone; they now leave those bytes out and score the text after them."""
+    from shared_engine.decoding import RequestState
+    from shared_engine.decoding.round import _verify
+
+    a, b = toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)
+    messages = [{"role": "user", "content": "Hi"}]
+    state = RequestState([a, b], ["a", "b"], sessions=[a.new_session(), b.new_session()],
+                         prompt_ids=[a.prompt_ids(messages), b.prompt_ids(messages)], max_new_tokens=100)
+    invalid = a.table.token_id(b"\xff")
+    assert invalid is not None
+    state.commit(a.table.spell("ok ") + [invalid] + a.table.spell(" fine"), "draft")
+    assert state.text == "ok \ufffd fine"
+    text = bytes(state.answer) + b" more"
+    views = asyncio.run(_verify(state, text, len(state.answer), ends_with_eos=False))
+    assert max(views[0].rows) == len(text)  # the verifier has a distribution at the end of the draft
+    assert len(state.answer) in views[0].rows

@@ -38,7 +38,8 @@ from hypothesis import strategies as st
 
 import shared_engine.engine as engine_module
 from shared_engine import EnsembleEngine
-from shared_engine.alignment import TokenizedText, TokenTable, shared_boundaries, valid_prefix_length
+from shared_engine.alignment import (TokenizedText, TokenTable, complete_length, shared_boundaries, utf8_runs,
+                                     valid_prefix_length)
 from shared_engine.decoding import RequestState
 from shared_engine.fusion import MemberDist, make_fuser
 from shared_engine.members import HFMember
@@ -102,13 +103,24 @@ def _unspellable(table: TokenTable, ch: str) -> bool:
 
 def _reference_offsets(table: TokenTable, ids: list[int], data: bytes) -> list[int]:
     """Token boundary offsets found by matching each piece against ``data`` in order, skipping
-    characters the vocabulary cannot spell (covered by the next token, at the end by the last)."""
-    text, offsets, pos = data.decode("utf-8"), [0], 0
+    characters the vocabulary cannot spell and bytes that are not UTF-8 (covered by the next token,
+    at the end by the last)."""
+    text, offsets, pos = data.decode("utf-8", "replace"), [0], 0
+    invalid, at = set(), 0
+    for run, valid in utf8_runs(data):
+        if not valid:
+            invalid.update(range(at, at + len(run)))
+        at += len(run)
 
     def skip_gaps(pos: int) -> int:
-        while pos < len(data) and data[pos] & 0xC0 != 0x80:  # gaps are whole characters
-            ch = data[pos:pos + 4].decode("utf-8", "ignore")[0]
-            if not _unspellable(table, ch):
+        while pos < len(data):
+            if pos in invalid:
+                pos += 1
+                continue
+            if data[pos] & 0xC0 == 0x80:  # inside a character: gaps are whole characters
+                break
+            ch = data[pos:pos + 4].decode("utf-8", "ignore")[:1]
+            if not ch or not _unspellable(table, ch):
                 break
             pos += len(ch.encode())
         return pos
@@ -144,19 +156,19 @@ def _brute_shared(data: bytes, tokenizations: list[TokenizedText]) -> list[int]:
 
 
 def _check_exact(tokens: TokenizedText, data: bytes, source: str) -> None:
-    """Exact spelling (but for characters the vocabulary lacks), strictly increasing in-range
-    boundaries, no invented U+FFFD."""
-    valid = data[: valid_prefix_length(data)]
-    text = valid.decode("utf-8")
-    assert tokens.data == valid
+    """Exact spelling (but for characters the vocabulary lacks and bytes that are not UTF-8),
+    strictly increasing in-range boundaries, no invented U+FFFD."""
+    held = data[: complete_length(data)]  # an incomplete character at the end waits for its bytes
+    text = "".join(run.decode("utf-8") for run, valid in utf8_runs(held) if valid)
+    assert tokens.data == held
     spellable = "".join(ch for ch in text if not _unspellable(tokens.table, ch))
     assert tokens.table.to_bytes(tokens.ids) == spellable.encode()
-    offsets = _reference_offsets(tokens.table, tokens.ids, valid)
+    offsets = _reference_offsets(tokens.table, tokens.ids, held)
     assert [0, *tokens.ends] == offsets[: len(tokens.ids) + 1]
     assert all(a < b for a, b in zip(offsets, offsets[1:])), "empty or backwards token"
-    assert all(0 <= o <= len(valid) for o in offsets)
+    assert all(0 <= o <= len(held) for o in offsets)
     assert tokens.starts == offsets[: len(tokens.ids)]
-    assert tokens.boundaries() == set(offsets) | {len(valid)}
+    assert tokens.boundaries() == set(offsets) | {len(held)}
     assert _fffd_ok(text, source)
 
 
