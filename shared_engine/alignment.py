@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import re
 import unicodedata
+import weakref
 from dataclasses import dataclass, field
 from collections.abc import Callable, Iterable
 from functools import lru_cache
@@ -110,6 +111,7 @@ class TokenTable:
 
     def _index(self, pieces: list[bytes], size: int, fallback: set[int]) -> None:
         """Everything derived from the bytes of each id (shared by both constructors)."""
+        self._same: weakref.WeakKeyDictionary[TokenTable, bool] = weakref.WeakKeyDictionary()
         self.pieces: list[bytes] = pieces + [b""] * (size - len(pieces))  # padded logits rows: never candidates
         self.vocab_size = size
         self.longest_piece = max(1, max(map(len, self.pieces), default=1))
@@ -153,6 +155,16 @@ class TokenTable:
     def _encode_locally(self, text: str) -> list[int]:
         # split_special_tokens: answer text such as "</s>" is text, never a control token.
         return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+    def same_vocabulary(self, other: TokenTable) -> bool:
+        """Whether ``other`` gives every id the same bytes (two models sharing one tokenizer): such a
+        verifier can read the drafter's own ids instead of a re-tokenization. Cached per pair."""
+        if other is self:
+            return True
+        known = self._same.get(other)
+        if known is None:
+            known = self._same[other] = self.pieces == other.pieces and self.eos_ids == other.eos_ids
+        return known
 
     def token_id(self, piece: bytes) -> int | None:
         """The id whose bytes are exactly ``piece`` (None if no single token is)."""
@@ -344,10 +356,10 @@ class TokenizedText:
     """One member's canonical tokenization of a growing continuation, updated incrementally.
 
     ``ids[i]`` covers bytes ``[starts[i], ends[i])``: its piece, preceded by any characters the
-    vocabulary cannot spell (see ``TokenTable.spell_covering``) and any bytes that are not valid
-    UTF-8 (a drafter can emit them; a member reading text never could, so they are left out of its
-    tokens the same way, and it keeps reading what follows). Updating the text re-encodes only from
-    a few tokens before the first changed byte (never the whole history).
+    vocabulary cannot spell (see ``TokenTable.spell_covering``). Bytes that are not valid UTF-8 (a
+    drafter can emit them) are spelled by single-byte tokens, or left out the same way where the
+    vocabulary has none, and reading goes on after them. Updating the text re-encodes only from a
+    few tokens before the first changed byte (never the whole history).
     """
 
     table: TokenTable
@@ -409,17 +421,27 @@ class TokenizedText:
 
 def _cover(table: TokenTable, data: bytes) -> tuple[list[int], list[int], int]:
     """``TokenTable.spell_covering`` for bytes that may hold invalid UTF-8: each valid run is
-    spelled, the invalid bytes join the span of the next token (of the last one at the end)."""
+    spelled canonically, each invalid byte by its single-byte token (byte-level BPE and byte
+    fallback have one, so a member reads exactly the drafter's bytes); a byte without one joins the
+    span of the next token (of the last one at the end)."""
     if len(runs := utf8_runs(data)) <= 1 and (not runs or runs[0][1]):
         return table.spell_covering(data.decode("utf-8"))
     ids: list[int] = []
     spans: list[int] = []
     gap = 0
     for run, valid in runs:
-        if not valid:
-            gap += len(run)
-            continue
-        run_ids, run_spans, run_gap = table.spell_covering(run.decode("utf-8"))
+        if valid:
+            run_ids, run_spans, run_gap = table.spell_covering(run.decode("utf-8"))
+        else:
+            singles = [table.token_id(bytes([b])) for b in run]
+            run_ids, run_spans, run_gap = [], [], 0
+            for token in singles:
+                if token is None:
+                    run_gap += 1
+                    continue
+                run_ids.append(token)
+                run_spans.append(1 + run_gap)
+                run_gap = 0
         if run_ids:
             run_spans[0] += gap
             gap = 0

@@ -218,7 +218,7 @@ def _edit_scripts(draw):
 def _check_invariants(tt: TokenizedText, shown: bytes) -> None:
     held = shown[: complete_length(shown)]  # an incomplete character at the end waits for its bytes
     assert tt.data == held
-    assert tt.table.to_bytes(tt.ids) == b"".join(run for run, valid in utf8_runs(held) if valid)
+    assert tt.table.to_bytes(tt.ids) == _spelled(tt.table, held)
     assert len(tt.ends) == len(tt.ids)
     assert all(a < b for a, b in zip([0] + tt.ends, tt.ends)), tt.ends  # strictly increasing
     assert (tt.ends[-1] if tt.ends else 0) == len(held)
@@ -231,8 +231,18 @@ def _check_invariants(tt: TokenizedText, shown: bytes) -> None:
             assert held[start:end].endswith(piece) or piece in held[start:end]
 
 
+def _spelled(table: TokenTable, data: bytes) -> bytes:
+    """What a member's tokens spell of ``data``: valid text, and invalid bytes it has a token for."""
+    return b"".join(run if valid else bytes(b for b in run if table.token_id(bytes([b])) is not None)
+                    for run, valid in utf8_runs(data))
+
+
 def _expected_ids(table: TokenTable, data: bytes) -> list[int]:
-    return [i for run, valid in utf8_runs(data) if valid for i in table.encode_fragment(run.decode("utf-8"))]
+    ids: list[int] = []
+    for run, valid in utf8_runs(data):
+        singles = [table.token_id(bytes([b])) for b in run]
+        ids += table.encode_fragment(run.decode("utf-8")) if valid else [t for t in singles if t is not None]
+    return ids
 
 
 def _run_script(key: str, text: str, steps: list[tuple[int, str]]) -> None:
@@ -429,9 +439,9 @@ def test_reencoding_never_starts_inside_a_symbol_run() -> None:
 
 
 @pytest.mark.parametrize("key", ["byte_level", "metaspace", *REAL_NAMES])
-def test_invalid_bytes_are_left_out_and_reading_goes_on(key):
+def test_invalid_bytes_are_spelled_or_left_out_and_reading_goes_on(key):
     """A drafter may commit bytes that are not UTF-8 (a lone 0xFF, a lead byte cut off by ASCII). A
-    member that reads text leaves them out, like a character it cannot spell, and keeps reading."""
+    member spells them with its single-byte tokens (left out where it has none) and keeps reading."""
     table = table_for(key) if key in REAL_NAMES else _toy_table(key)
     data = b"ok \xff fine \xe2\x82 then \x80\x80 more"
     tt = _tokenized(table, data)
@@ -439,8 +449,13 @@ def test_invalid_bytes_are_left_out_and_reading_goes_on(key):
     assert tt.ids == _expected_ids(table, data)
     after_then = data.index(b" then") + len(b" then")
     assert len(data) in tt.boundaries() and after_then in tt.boundaries()
-    # invalid bytes belong to the span of the token after them: no boundary right behind them
-    assert not {data.index(b"\xff") + 1, data.index(b" then"), data.index(b" more")} & tt.boundaries()
+    # an invalid byte is a token of its own where the vocabulary has one, else part of the next span
+    def has(*raw: int) -> bool:
+        return all(table.token_id(bytes([b])) is not None for b in raw)
+
+    assert (data.index(b"\xff") + 1 in tt.boundaries()) == has(0xFF)
+    assert (data.index(b" then") in tt.boundaries()) == has(0xE2, 0x82)
+    assert (data.index(b" more") in tt.boundaries()) == has(0x80)
     grown = _tokenized(table, data[:5])
     for cut in range(6, len(data) + 1):  # growing byte by byte gives the same tokens
         grown.set_text(data[:cut])

@@ -200,6 +200,28 @@ def test_verifiers_read_on_after_the_drafter_commits_invalid_utf8() -> None:
     state.commit(a.table.spell("ok ") + [invalid] + a.table.spell(" fine"), "draft")
     assert state.text == "ok \ufffd fine"
     text = bytes(state.answer) + b" more"
-    views = asyncio.run(_verify(state, text, len(state.answer), ends_with_eos=False))
+    views = asyncio.run(_verify(state, text, len(state.answer), ends_with_eos=False, draft_ids=[]))
     assert max(views[0].rows) == len(text)  # the verifier has a distribution at the end of the draft
     assert len(state.answer) in views[0].rows
+
+
+def test_a_verifier_sharing_the_drafters_vocabulary_reads_its_exact_ids() -> None:
+    """Two models with one tokenizer: the verifier reads the drafter's own ids (speculative
+    verification), not a re-tokenization that would differ where the drafter split a word its own way."""
+    from shared_engine.decoding import RequestState
+
+    a, b = toy_member("a", "metaspace", "llama", 3), toy_member("b", "metaspace", "gpt2", 5)
+    other = toy_member("c", "byte_level", "llama", 1)
+    assert a.table.same_vocabulary(b.table) and not a.table.same_vocabulary(other.table)
+    messages = [{"role": "user", "content": "Hi"}]
+    members = [a, b, other]
+    state = RequestState(members, ["a", "b", "c"], sessions=[m.new_session() for m in members],
+                         prompt_ids=[m.prompt_ids(messages) for m in members], max_new_tokens=100)
+    split = a.table.spell(" l") + a.table.spell("ool") + a.table.spell(" park")
+    canonical = a.table.spell(" lool park")
+    assert split != canonical and a.table.to_bytes(split) == a.table.to_bytes(canonical)
+    state.commit(split[:2], "draft")
+    text = bytes(state.answer) + a.table.to_bytes(split[2:])
+    assert state.reading(1, text, split[2:]).ids == split  # as drafted
+    assert state.reading(2, text, split[2:]).ids == other.table.spell(" lool park")  # re-tokenized
+    assert state.member_context(1) == state.prompt_ids[1] + split[:2]

@@ -103,8 +103,8 @@ def _unspellable(table: TokenTable, ch: str) -> bool:
 
 def _reference_offsets(table: TokenTable, ids: list[int], data: bytes) -> list[int]:
     """Token boundary offsets found by matching each piece against ``data`` in order, skipping
-    characters the vocabulary cannot spell and bytes that are not UTF-8 (covered by the next token,
-    at the end by the last)."""
+    characters the vocabulary cannot spell and invalid bytes it has no token for (covered by the next
+    token, at the end by the last)."""
     text, offsets, pos = data.decode("utf-8", "replace"), [0], 0
     invalid, at = set(), 0
     for run, valid in utf8_runs(data):
@@ -115,6 +115,8 @@ def _reference_offsets(table: TokenTable, ids: list[int], data: bytes) -> list[i
     def skip_gaps(pos: int) -> int:
         while pos < len(data):
             if pos in invalid:
+                if table.token_id(data[pos:pos + 1]) is not None:
+                    break  # spelled by its single-byte token
                 pos += 1
                 continue
             if data[pos] & 0xC0 == 0x80:  # inside a character: gaps are whole characters
@@ -161,8 +163,10 @@ def _check_exact(tokens: TokenizedText, data: bytes, source: str) -> None:
     held = data[: complete_length(data)]  # an incomplete character at the end waits for its bytes
     text = "".join(run.decode("utf-8") for run, valid in utf8_runs(held) if valid)
     assert tokens.data == held
-    spellable = "".join(ch for ch in text if not _unspellable(tokens.table, ch))
-    assert tokens.table.to_bytes(tokens.ids) == spellable.encode()
+    spelled = b"".join("".join(ch for ch in run.decode("utf-8") if not _unspellable(tokens.table, ch)).encode()
+                       if valid else bytes(b for b in run if tokens.table.token_id(bytes([b])) is not None)
+                       for run, valid in utf8_runs(held))
+    assert tokens.table.to_bytes(tokens.ids) == spelled
     offsets = _reference_offsets(tokens.table, tokens.ids, held)
     assert [0, *tokens.ends] == offsets[: len(tokens.ids) + 1]
     assert all(a < b for a, b in zip(offsets, offsets[1:])), "empty or backwards token"

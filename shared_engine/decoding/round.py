@@ -65,18 +65,20 @@ def _draft(state: RequestState, length: int, sampler: Sampler) -> Draft:
     return Draft(ids, rows)
 
 
-async def _verify(state: RequestState, text: bytes, start: int, ends_with_eos: bool) -> list[VerifierView]:
-    """Every verifier re-tokenizes ``text`` incrementally, syncs its cache by longest common prefix
-    and scores everything from byte ``start`` on in ONE forward pass; verifiers run concurrently."""
+async def _verify(state: RequestState, text: bytes, start: int, ends_with_eos: bool,
+                  draft_ids: list[int]) -> list[VerifierView]:
+    """Every verifier reads ``text`` (re-tokenized incrementally, see ``RequestState.reading``),
+    syncs its cache by longest common prefix and scores everything from byte ``start`` on in ONE
+    forward pass; verifiers run concurrently."""
+    readings = [state.reading(i, text, draft_ids) for i in range(1, len(state.members))]
     jobs = []
-    for member, session, tokens, prompt in zip(state.members[1:], state.sessions[1:], state.texts,
+    for member, session, tokens, prompt in zip(state.members[1:], state.sessions[1:], readings,
                                                state.prompt_ids[1:]):
-        tokens.set_text(text)
         first = tokens.first_token_from(start)
         jobs.append(member.run(session.sync, prompt + tokens.ids, len(prompt) + first))
     all_rows = await asyncio.gather(*jobs)
     views = []
-    for tokens, rows in zip(state.texts, all_rows):
+    for tokens, rows in zip(readings, all_rows):
         first = len(tokens.ids) - rows.shape[0] + 1
         offsets = tokens.starts_from(first) + [len(tokens.data)]
         owns: list[int | None] = tokens.ids[first:] + [None]
@@ -124,7 +126,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     ends_with_eos = draft.ids[-1] in drafter.eos_ids
     draft_bytes = drafter.table.to_bytes([t for t in draft.ids if t not in drafter.eos_ids])
     text = bytes(state.answer) + (draft_bytes if policy.verify_draft else b"")
-    views = await _verify(state, text, start, ends_with_eos and policy.verify_draft)
+    views = await _verify(state, text, start, ends_with_eos and policy.verify_draft, draft.ids)
     for event in state.sync_events():
         yield event
 

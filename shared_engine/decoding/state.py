@@ -78,9 +78,29 @@ class RequestState:
         canonical re-tokenization of the answer for every other member."""
         if index == 0:
             return self.drafter_target()
+        if self.members[index].table.same_vocabulary(self.drafter.table):
+            return self.prompt_ids[index] + self.drafter_ids
         tokens = self.texts[index - 1]
         tokens.set_text(bytes(self.answer))
         return self.prompt_ids[index] + tokens.ids
+
+    def reading(self, index: int, text: bytes, draft_ids: list[int]) -> TokenizedText:
+        """How verifier ``index`` reads ``text`` (the answer, then ``draft_ids`` if ``text`` holds
+        them): the canonical re-tokenization in its own vocabulary, or, for a verifier sharing the
+        drafter's vocabulary, the drafter's own ids (plain speculative verification: no
+        re-tokenization, so a non-canonical drafter split is read exactly as written)."""
+        if not self.members[index].table.same_vocabulary(self.drafter.table):
+            tokens = self.texts[index - 1]
+            tokens.set_text(text)
+            return tokens
+        table = self.drafter.table
+        ids = self.drafter_ids + (draft_ids if len(text) > len(self.answer) else [])
+        ids = [t for t in ids if t not in table.eos_ids]
+        ends, end = [], 0
+        for token in ids:
+            end += len(table.pieces[token])
+            ends.append(end)
+        return TokenizedText(table, ids, ends, table.to_bytes(ids))
 
     def drop_member(self, index: int, weights: torch.Tensor, reason: str) -> torch.Tensor:
         """Go on without member ``index`` (its server failed); returns the remaining members'
