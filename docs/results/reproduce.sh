@@ -17,4 +17,6 @@ for spec in "single $Q q" "single $S s" "safe $Q,$S q+s" "single $G g" "every-to
   ev --backend llamacpp --bench gsm8k --method $1 --models $2 --limit 100 --max-new-tokens 256 --out $OUT/llama/gsm8k-$1-$3; done
 ev --backend llamacpp --bench gsm8k --method safe --models $Q,$S --drafter-confidence 0.5 --limit 100 \
   --max-new-tokens 256 --out $OUT/llama/gsm8k-safe-conf0.5-q+s
+ev --backend llamacpp --bench gsm8k --method safe --models $Q,$S --weights 2,1 --limit 100 \
+  --max-new-tokens 256 --out $OUT/llama/gsm8k-safe-w2-q+s
 # README Results: compare the first N questions common to every run (see the N column)

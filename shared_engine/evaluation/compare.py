@@ -91,11 +91,20 @@ def plot(summaries: list[dict[str, Any]], folder: Path) -> list[Path]:
         written.append(_save(fig, folder / f"{bench}-accuracy.png"))
 
         fig, ax = plt.subplots(figsize=(5.5, 4))
-        for s, score in zip(runs, scores):
-            ax.scatter(100 * s["ensemble_rate"], score, s=40)
-            ax.annotate(s["label"], (100 * s["ensemble_rate"], score), fontsize=7, xytext=(4, 3),
-                        textcoords="offset points")
         right = max(100 * s["ensemble_rate"] for s in runs)
+        gap = 0.08 * ((max(scores) - min(scores)) or 1.0)  # one label line, in data units
+        placed: list[tuple[float, float]] = []
+        for i in sorted(range(len(runs)), key=lambda i: -scores[i]):  # top labels first
+            x, score = 100 * runs[i]["ensemble_rate"], scores[i]
+            ax.scatter(x, score, s=40)
+            # a label that would print over a nearby one moves down a line, tied to its point
+            y = score
+            while any(abs(x - px) < 0.3 * (right or 1) and abs(y - py) < gap for px, py in placed):
+                y -= gap
+            placed.append((x, y))
+            ax.annotate(runs[i]["label"], (x, score), xytext=(x + 0.02 * (right or 1), y + 0.15 * gap),
+                        textcoords="data", fontsize=7,
+                        arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "gray"} if y != score else None)
         ax.set_xlim(-0.05 * (right or 1), 1.6 * right + 0.5)   # room for the labels
         ax.margins(y=0.2)
         ax.set_xlabel("ensemble rate (% of tokens fused)")
