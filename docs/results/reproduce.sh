@@ -11,7 +11,7 @@ arc() { for spec in "single $Q q" "single $S s" "safe $Q,$S q+s" "every-token $Q
   ev --bench arc-challenge --method $1 --models $2 --limit $N --max-new-tokens 64 --out $OUT/arc-$1-$3; done; }
 N=30 arc; N=60 arc; N=100 arc
 safe-ensemble eval --resume --bench arc-challenge --method single --models gemma-3-270m --limit 100 --max-new-tokens 64 --out $OUT/arc-single-g
-# GSM8K N=100 on llama.cpp members (the zoo's GGUFs served in-process; ~5x faster than fp32 transformers)
+# GSM8K N=100 on llama.cpp members (the zoo's GGUFs served in-process; 3.6-4.6x faster than fp32 transformers)
 G=gemma-3-270m
 for spec in "single $Q q" "single $S s" "safe $Q,$S q+s" "single $G g" "every-token $Q,$S q+s" "adafuse $Q,$S q+s"; do set -- $spec
   ev --backend llamacpp --bench gsm8k --method $1 --models $2 --limit 100 --max-new-tokens 256 --out $OUT/llama/gsm8k-$1-$3; done
