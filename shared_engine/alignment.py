@@ -424,8 +424,12 @@ def _cover(table: TokenTable, data: bytes) -> tuple[list[int], list[int], int]:
     spelled canonically, each invalid byte by its single-byte token (byte-level BPE and byte
     fallback have one, so a member reads exactly the drafter's bytes); a byte without one joins the
     span of the next token (of the last one at the end)."""
-    if len(runs := utf8_runs(data)) <= 1 and (not runs or runs[0][1]):
-        return table.spell_covering(data.decode("utf-8"))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        runs = utf8_runs(data)
+    else:
+        return table.spell_covering(text)  # the usual case: valid text, decoded once
     ids: list[int] = []
     spans: list[int] = []
     gap = 0
