@@ -17,15 +17,8 @@ from shared_engine.evaluation.math_answers import extract_math, math_equal, scor
 from shared_engine.evaluation.prompts import bbh_prompt
 from shared_engine.evaluation.scoring import (corpus_translation, extract_choice, score_bbh, score_choice,
                                               score_number, score_qa, score_translation)
+from tests.benchdata import DATA, needs_data
 
-try:
-    from shared_engine.bench import default_data_dir
-
-    DATA: Path | None = default_data_dir()
-except InvalidRequestError:
-    DATA = None
-
-needs_data = pytest.mark.skipif(DATA is None, reason="benchmark data folder not found (set SAFE_ENSEMBLE_DATA)")
 
 # Records per benchmark in the 70% share stored in ../shared/data (see its README), after skipping.
 EXPECTED = {"gsm8k": 923, "math500": 350, "arc-challenge": 820, "mmlu-redux": 3909, "bbh": 4615, "nq": 2527,

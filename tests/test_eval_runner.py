@@ -18,6 +18,7 @@ from shared_engine.evaluation.runner import SAMPLES, SUMMARY
 from shared_engine.evaluation.scoring import score_number
 from shared_engine.options import METHODS
 from tests.toy import toy_member
+from tests.benchdata import needs_data
 
 TIMING = {"tokens_per_s", "elapsed_s", "seconds_per_question", "mean_time_to_first_token_s"}
 
@@ -99,12 +100,11 @@ async def test_runs_refuse_to_mix(tmp_path: Path) -> None:
         await evaluate(engine(), bench, changed, tmp_path, resume=True, progress=False)
 
 
+@needs_data
 async def test_a_question_the_engine_rejects_is_a_counted_failure(tmp_path: Path) -> None:
     """Real GSM8K few-shot prompts exceed the toy models' 512-token window: each is recorded as a
     failure (scored wrong) and the run goes on."""
     bench = get_benchmark("gsm8k")
-    if not bench.path.exists():
-        pytest.skip("benchmark data folder not found (set SAFE_ENSEMBLE_DATA)")
     summary = await evaluate(engine(), bench, config(), tmp_path, limit=2, progress=False)
     assert summary["failures"] == 2 and summary["n"] == 2 and summary["accuracy"] == 0.0
     sample = json.loads((tmp_path / SAMPLES).read_text().splitlines()[0])
@@ -147,10 +147,9 @@ async def test_compare_prints_a_table_and_draws_three_plots(tmp_path: Path) -> N
         compare_runs([tmp_path / "nowhere"], tmp_path / "plots")
 
 
+@needs_data
 def test_translation_summary_is_corpus_chrf_and_bleu_not_accuracy() -> None:
-    bench = get_benchmark("flores", data=None, pair="de-en") if _has_data() else None
-    if bench is None:
-        pytest.skip("benchmark data folder not found (set SAFE_ENSEMBLE_DATA)")
+    bench = get_benchmark("flores", data=None, pair="de-en")
     records = bench.dataset().records[:3]
     samples = []
     for i, record in enumerate(records):
@@ -165,13 +164,6 @@ def test_translation_summary_is_corpus_chrf_and_bleu_not_accuracy() -> None:
     assert 50 < summary["chrf"] < 100 and summary["score"] == summary["chrf"] and 0 < summary["bleu"] < 100
     assert summary["ensemble_rate"] == round(6 / 33, 4)   # the EOS that ended each answer was a decided position
     assert summary["tokens_per_s"] == 10.0
-
-
-def _has_data() -> bool:
-    try:
-        return get_benchmark("flores").path.exists()
-    except InvalidRequestError:
-        return False
 
 
 async def test_resume_rescores_stored_answers_with_the_current_scorer(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shared_engine.cli import main
-from shared_engine.evaluation import get_benchmark
+from tests.benchdata import needs_data
 
 pytestmark = pytest.mark.zoo
 SMOL = "smollm2-135m-instruct"
@@ -22,9 +22,8 @@ def eval_cli(out: Path, *extra: str) -> int:
                  "--out", str(out), "--no-progress", *extra])
 
 
+@needs_data
 def test_gsm8k_eval_resumed_after_an_interruption_matches_an_uninterrupted_run(tmp_path: Path) -> None:
-    if not get_benchmark("gsm8k").path.exists():
-        pytest.skip("benchmark data folder not found (set SAFE_ENSEMBLE_DATA)")
     assert eval_cli(tmp_path / "full", "--limit", "3") == 0
     assert eval_cli(tmp_path / "resumed", "--limit", "1") == 0            # stopped after one question
     assert eval_cli(tmp_path / "resumed", "--limit", "3") == 2            # refuses without --resume
