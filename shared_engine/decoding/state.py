@@ -74,15 +74,10 @@ class RequestState:
         return spell_bytes(self.drafter.table, piece, self.drafter.name)
 
     def member_context(self, index: int) -> list[int]:
-        """Prompt + answer in member ``index``'s ids: the drafter's own ids for the drafter, the
-        canonical re-tokenization of the answer for every other member."""
+        """Prompt + answer in member ``index``'s ids, as that member reads it (see ``reading``)."""
         if index == 0:
             return self.drafter_target()
-        if self.members[index].table.same_vocabulary(self.drafter.table):
-            return self.prompt_ids[index] + self.drafter_ids
-        tokens = self.texts[index - 1]
-        tokens.set_text(bytes(self.answer))
-        return self.prompt_ids[index] + tokens.ids
+        return self.prompt_ids[index] + self.reading(index, bytes(self.answer), []).ids
 
     def reading(self, index: int, text: bytes, draft_ids: list[int]) -> TokenizedText:
         """How verifier ``index`` reads ``text`` (the answer, then ``draft_ids`` if ``text`` holds
