@@ -27,10 +27,10 @@ run: setup
 	$(VENV)/bin/safe-ensemble run --models $(MODELS) --max-new-tokens 64 "$(PROMPT)"
 
 test: setup browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -rs
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not zoo"
+	$(PY) -m pytest -q -rs -m "not zoo"
 
 bench: setup
 	$(VENV)/bin/safe-ensemble bench --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct --prompts 4 --json bench.json

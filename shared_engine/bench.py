@@ -9,32 +9,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from .engine import EnsembleEngine
-from .errors import InvalidRequestError
+from .data_paths import gsm8k_file
 
 COT_INSTRUCTION = "Solve the problem step by step, then give the final number after '####'."
 
 
-def default_data_dir() -> Path:
-    """Benchmark data: $SAFE_ENSEMBLE_DATA, else ../shared/data beside the repository."""
-    env = os.environ.get("SAFE_ENSEMBLE_DATA")
-    candidates = [Path(env)] if env else []
-    candidates += [Path.cwd().parent / "shared" / "data", Path(__file__).resolve().parents[2] / "shared" / "data"]
-    for path in candidates:
-        if path.is_dir():
-            return path
-    raise InvalidRequestError("benchmark data not found: set SAFE_ENSEMBLE_DATA or pass --data")
-
-
 def gsm8k_questions(path: str | None, limit: int) -> list[str]:
-    file = Path(path) if path else default_data_dir() / "gsm8k" / "test.jsonl"
+    """The first ``limit`` GSM8K questions: from ``path``, the full data, or the packaged sample."""
+    file = gsm8k_file(path)
     with file.open() as f:
         rows = [json.loads(line) for _, line in zip(range(limit), f)]
     return [f"{row['question']}\n{COT_INSTRUCTION}" for row in rows]
@@ -62,8 +50,11 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     prompts = gsm8k_questions(args.data, args.prompts)
+    if len(prompts) < args.prompts:
+        print(f"bench: {gsm8k_file(args.data)} has only {len(prompts)} questions", file=sys.stderr)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     results: dict[str, Any] = {"models": args.models, "backend": backend, "prompts": len(prompts),
+                               "data": str(gsm8k_file(args.data)),
                                "max_new_tokens": args.max_new_tokens, "draft_length": args.draft_length,
                                "fusion": args.fusion, "sharpen": args.sharpen,
                                "drafter_confidence": args.drafter_confidence, "methods": {}}

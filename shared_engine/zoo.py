@@ -603,6 +603,42 @@ def resolve(name_or_path: str, progress: bool = True) -> ResolvedModel:
     raise _unknown(name_or_path)
 
 
+def tokenizer_dir(name: str, progress: bool = True) -> Path:
+    """A folder holding only the tokenizer of zoo model ``name``, for code that needs no weights.
+
+    The converted model folder when it exists; else the tokenizer is read from the GGUF alone (the
+    same ``AutoTokenizer.from_pretrained(gguf)`` call the conversion makes, so the same tokenizer) and
+    cached under ``cache_dir()/tokenizers``: seconds instead of a dequantization.
+    """
+    spec = ZOO.get(name)
+    if spec is None:
+        raise _unknown(name)
+    converted = _hf_dir(spec.name)
+    if _is_complete(converted, spec.sha256):
+        return converted
+    dest = cache_dir() / "tokenizers" / spec.name
+    if not _is_complete(dest, spec.sha256):
+        with _file_lock(f"tokenizer-{spec.name}", progress):
+            if not _is_complete(dest, spec.sha256):
+                gguf = assemble_gguf(spec, progress)
+                _log(f"reading the tokenizer of {spec.name} from its GGUF", progress)
+                from transformers import AutoTokenizer
+
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                _remove_leftovers(dest)
+                tmp_dir = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
+                try:
+                    with _transformers_bars(progress):
+                        AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(tmp_dir)
+                    marker = {"gguf_sha256": spec.sha256, "zoo_name": spec.name, "tokenizer_only": True}
+                    (tmp_dir / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+                    _publish(tmp_dir, dest)
+                except BaseException:
+                    shutil.rmtree(tmp_dir, ignore_errors=True)
+                    raise
+    return dest
+
+
 def gguf_path(name_or_path: str, progress: bool = True) -> Path:
     """The GGUF file itself (for the llama.cpp backend): a zoo name or a .gguf path."""
     spec = ZOO.get(name_or_path)

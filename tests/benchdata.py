@@ -7,12 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from shared_engine.bench import default_data_dir
-from shared_engine.errors import InvalidRequestError
+from shared_engine.data_paths import find_data_dir
 
-try:
-    DATA: Path | None = default_data_dir()
-except InvalidRequestError:
-    DATA = None
+DATA: Path | None = find_data_dir()
 
 needs_data = pytest.mark.skipif(DATA is None, reason="benchmark data folder not found (set SAFE_ENSEMBLE_DATA)")

@@ -1,19 +1,19 @@
 """Tests for shared_engine.alignment: exact token bytes, fragment encoding, incremental
 re-tokenization and the shared-boundary rule, on the toy tokenizers (always) and on the real zoo
-tokenizers (when their converted folders exist)."""
+tokenizers (obtained from their GGUF files when no converted folder exists yet)."""
 
 from __future__ import annotations
 
 import os
 import unicodedata
 from functools import lru_cache
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
+from shared_engine import zoo
 from shared_engine.alignment import (
     TokenizedText,
     TokenTable,
@@ -28,28 +28,13 @@ from tests import toy
 # --------------------------------------------------------------------- tokenizers
 
 REAL_NAMES = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "gemma-3-270m")
-_PROBE_COPIES = {"smollm2-135m-instruct": "smol_hf", "qwen2.5-coder-0.5b-instruct": "qwen_hf",
-                 "gemma-3-270m": "gemma_hf"}
-
-
-def _real_folder(name: str) -> Path | None:
-    roots = []
-    if os.environ.get("SAFE_ENSEMBLE_CACHE"):
-        roots.append(Path(os.environ["SAFE_ENSEMBLE_CACHE"]).expanduser() / "hf" / name)
-    roots += [Path.home() / ".cache" / "safe-ensemble" / "hf" / name,
-              Path("/tmp/probe") / _PROBE_COPIES[name]]
-    for folder in roots:
-        if (folder / "tokenizer.json").is_file() and (folder / "tokenizer_config.json").is_file():
-            return folder
-    return None
 
 
 @lru_cache(maxsize=None)
 def _real_table(name: str) -> TokenTable:
-    folder = _real_folder(name)
-    if folder is None:
-        pytest.skip(f"{name}: no converted folder under ~/.cache/safe-ensemble/hf yet")
-    return TokenTable(AutoTokenizer.from_pretrained(str(folder)))
+    """A zoo tokenizer, obtained here and now (from the converted folder, else read from the GGUF
+    alone in seconds), so these tests never depend on another test having converted a model."""
+    return TokenTable(AutoTokenizer.from_pretrained(str(zoo.tokenizer_dir(name, progress=False))))
 
 
 @lru_cache(maxsize=None)

@@ -16,7 +16,7 @@ and checks, for each zoo tokenizer alone, pairwise and all three together:
 - end to end: tiny random-weight models on the real tokenizers (their real vocabulary sizes)
   stream answers whose ``token`` deltas concatenate to the ``finish`` text.
 
-Only tokenizers are loaded (from the converted folders under ~/.cache/safe-ensemble/hf), never the
+Only tokenizers are loaded (zoo.tokenizer_dir: the converted folder, else read from the GGUF), never the
 zoo weights. Runs are derandomized (same examples on every run, so a failure replays) and bounded
 (``FUZZ_EXAMPLES`` raises the count for a deeper local search); explicit ``@example`` cases pin the
 shapes that matter.

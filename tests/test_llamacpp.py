@@ -133,7 +133,7 @@ def test_a_llama_server_killed_mid_answer_gives_a_clear_error_and_the_engine_rec
         with pytest.raises(MemberError) as err:
             for _ in stream:
                 pass
-        assert time.monotonic() - started < 15
+        assert time.monotonic() - started < 60  # connection refused at once; the bound only catches a hang
         assert url in str(err.value) and member.name in str(err.value)
         proc = start_server(gguf, port)  # the same engine serves the next request
         result = engine.generate("What is 2 + 2?", max_new_tokens=12)

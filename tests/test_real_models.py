@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from shared_engine import EnsembleEngine, FinishEvent
-from shared_engine.bench import default_data_dir
+from shared_engine.data_paths import gsm8k_file
 from shared_engine.members import load_member
 
 pytestmark = pytest.mark.zoo
@@ -19,8 +18,7 @@ QWEN, SMOL, GEMMA = "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gem
 
 
 def gsm8k_question(index: int = 0) -> str:
-    path = default_data_dir() / "gsm8k" / "test.jsonl"
-    with Path(path).open() as f:
+    with gsm8k_file().open() as f:  # the full test split, or the packaged sample (same first records)
         for i, line in enumerate(f):
             if i == index:
                 return json.loads(line)["question"] + "\nSolve it step by step."

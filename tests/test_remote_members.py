@@ -6,6 +6,7 @@ against loopback servers that fail in each way."""
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 import pytest
@@ -186,7 +187,8 @@ def test_a_server_that_never_answers_fails_within_the_deadline() -> None:
         with pytest.raises(MemberError) as err:
             client.post("/completion", {"prompt": [1]})
         elapsed = time.monotonic() - started
-    assert 0.9 < elapsed < 3.0  # two attempts of 0.5 s and one backoff, never a hang
+    # two attempts of 0.5 s and one backoff (a load can only lengthen it); the upper bound catches a hang
+    assert 0.9 < elapsed < 30.0
     assert url in str(err.value) and "2 attempt" in str(err.value)
 
 
@@ -233,29 +235,27 @@ def test_cli_backend_applies_to_names_without_a_prefix() -> None:
         build_parser().parse_args(["bench", "--models", "a", "--backend", "vllm"])
 
 
-class SlowTopK(TopKOfHF):
-    """Records when each scoring request runs; sleeps like a server would."""
+class MeetingTopK(TopKOfHF):
+    """Its first scoring request waits at a barrier shared with the other verifier: the barrier only
+    opens when both requests are in flight at once, so serial scoring breaks it (no timing involved)."""
 
-    def __init__(self, hf: HFMember, spans: list[tuple[str, float, float]]) -> None:
+    def __init__(self, hf: HFMember, barrier: threading.Barrier) -> None:
         super().__init__(hf, 20)
-        self.spans = spans
+        self.barrier, self.met = barrier, False
 
     def score(self, ids: list[int], first_row: int) -> list[TopK]:
-        start = time.monotonic()
-        time.sleep(0.2)
-        out = super().score(ids, first_row)
-        self.spans.append((self.name, start, time.monotonic()))
-        return out
+        if not self.met:
+            self.met = True
+            self.barrier.wait()  # raises BrokenBarrierError after its timeout if the other never comes
+        return super().score(ids, first_row)
 
 
 def test_remote_verifiers_are_scored_concurrently() -> None:
-    spans: list[tuple[str, float, float]] = []
+    barrier = threading.Barrier(2, timeout=60)
     drafter = toy.toy_member("llama-byte", "byte_level", "llama")
-    verifiers = [SlowTopK(toy.toy_member(n, "metaspace", "gpt2", seed=s), spans) for n, s in (("v1", 1), ("v2", 2))]
+    verifiers = [MeetingTopK(toy.toy_member(n, "metaspace", "gpt2", seed=s), barrier) for n, s in (("v1", 1), ("v2", 2))]
     EnsembleEngine([drafter, *verifiers], method="safe", draft_length=4).generate("Hi Sofia", max_new_tokens=4)
-    first = {name: (a, b) for name, a, b in reversed(spans)}  # each verifier's first request
-    (a1, b1), (a2, b2) = first["v1"], first["v2"]
-    assert a1 < b2 and a2 < b1  # the two requests overlapped in time
+    assert all(v.met for v in verifiers) and not barrier.broken  # both first requests were in flight together
 
 
 def test_connecting_by_spec_finds_the_model_and_checks_the_tokenizer(tmp_path) -> None:  # noqa: ANN001

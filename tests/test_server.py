@@ -302,7 +302,8 @@ def _count_runs(monkeypatch: pytest.MonkeyPatch, members: list[HFMember]) -> lis
     return calls
 
 
-def _wait_until(condition: Any, timeout: float = 10.0) -> None:
+def _wait_until(condition: Any, timeout: float = 60.0) -> None:
+    """Poll until ``condition`` holds; the timeout only bounds a hang (sized for two busy cores)."""
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "timed out"
@@ -324,7 +325,7 @@ def test_disconnect_mid_stream_cancels_the_generation(monkeypatch: pytest.Monkey
                 if contents == 3:
                     break
         # The client is gone: the slot comes back and no more model work is scheduled.
-        _wait_until(lambda: admission.load().active == 0, timeout=5)
+        _wait_until(lambda: admission.load().active == 0)
         settled = runs[0]
         time.sleep(0.5)
         assert runs[0] == settled
@@ -333,7 +334,7 @@ def test_disconnect_mid_stream_cancels_the_generation(monkeypatch: pytest.Monkey
         started = time.perf_counter()
         response = post(url, {"model": MODEL, "messages": USER, "max_tokens": 4})
         assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4
-        assert time.perf_counter() - started < 10
+        assert time.perf_counter() - started < 60  # served, not queued behind the dropped stream
 
 
 def sse_payloads_iter(response: httpx.Response) -> Iterator[str]:
@@ -361,7 +362,7 @@ def test_overload_is_a_429_and_a_queued_client_that_leaves_frees_its_place(
         first: list[httpx.Response] = []
         running = threading.Thread(target=lambda: first.append(post(url, body)))
         running.start()
-        _wait_until(lambda: admission.load().active == 1, timeout=5)
+        _wait_until(lambda: admission.load().active == 1)
 
         gave_up: list[BaseException] = []
 
@@ -373,14 +374,14 @@ def test_overload_is_a_429_and_a_queued_client_that_leaves_frees_its_place(
 
         waiter = threading.Thread(target=queued_client)
         waiter.start()
-        _wait_until(lambda: admission.load().waiting == 1, timeout=5)
+        _wait_until(lambda: admission.load().waiting == 1)
         refused = post(url, body)
         assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
         error = refused.json()["error"]
         assert error["type"] == "rate_limit_error" and "busy" in error["message"]
         waiter.join()
         assert gave_up, "the queued request should have been waiting"
-        _wait_until(lambda: admission.load().waiting == 0, timeout=5)  # its place is free again
+        _wait_until(lambda: admission.load().waiting == 0)  # its place is free again
 
         gate.set()
         running.join(timeout=30)
@@ -443,6 +444,6 @@ def test_many_http_disconnects_free_every_request_and_answers_stay_identical() -
                 for seen, _payload in enumerate(sse_payloads_iter(response)):
                     if seen >= stop_after:
                         break
-        _wait_until(lambda: engine.live_requests == 0, timeout=10)
+        _wait_until(lambda: engine.live_requests == 0)
         answer = post(url, {"model": MODEL, "messages": USER, "max_tokens": 24}).json()
     assert answer["choices"][0]["message"]["content"] == fresh

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from ..bench import default_data_dir
+from ..data_paths import NOT_FOUND, find_data_dir
 from ..errors import InvalidRequestError
 from . import datasets, prompts, scoring
 from .datasets import Dataset, Record
@@ -50,18 +50,11 @@ class Benchmark:
         return data.model_copy(update={"records": kept, "skipped": skipped})
 
 
-def _default_root() -> Path | None:
-    try:
-        return default_data_dir()
-    except InvalidRequestError:
-        return None
-
-
 def _main_path(data: str | None, relative: str) -> Path:
     if data is None:
-        root = _default_root()
+        root = find_data_dir()
         if root is None:
-            raise InvalidRequestError("benchmark data not found: set SAFE_ENSEMBLE_DATA or pass --data")
+            raise InvalidRequestError(NOT_FOUND)
         return root / relative
     given = Path(data).expanduser()
     if given.is_dir():
@@ -75,7 +68,7 @@ def _aux(main: Path, beside: str, default_relative: str) -> Path:
     """An exemplar file next to the data (``beside`` relative to the data's folder), else the default."""
     folder = main if main.is_dir() else main.parent
     candidates = [folder / beside]
-    root = _default_root()
+    root = find_data_dir()
     if root is not None:
         candidates.append(root / default_relative)
     return next((c for c in candidates if c.exists()), candidates[0])
