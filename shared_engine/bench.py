@@ -129,7 +129,8 @@ def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     if "safe" in by_method:
         results["safe_ensemble_rate"] = by_method["safe"]["ensemble_rate"]
         if "single" in by_method and by_method["single"]["tokens_per_s"]:
-            results["safe_vs_single"] = round(by_method["safe"]["tokens_per_s"] / by_method["single"]["tokens_per_s"], 3)
+            results["safe_vs_single"] = round(
+                by_method["safe"]["tokens_per_s"] / by_method["single"]["tokens_per_s"], 3)
         if "every-token" in by_method and by_method["every-token"]["tokens_per_s"]:
             results["safe_vs_every_token"] = round(
                 by_method["safe"]["tokens_per_s"] / by_method["every-token"]["tokens_per_s"], 3)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import unicodedata
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -17,9 +17,9 @@ from transformers import AutoTokenizer
 from shared_engine.alignment import (
     TokenizedText,
     TokenTable,
+    complete_length,
     is_char_boundary,
     shared_boundaries,
-    complete_length,
     utf8_runs,
     valid_prefix_length,
 )
@@ -44,7 +44,7 @@ def _real_folder(name: str) -> Path | None:
     return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _real_table(name: str) -> TokenTable:
     folder = _real_folder(name)
     if folder is None:
@@ -52,7 +52,7 @@ def _real_table(name: str) -> TokenTable:
     return TokenTable(AutoTokenizer.from_pretrained(str(folder)))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _toy_table(kind: str) -> TokenTable:
     return TokenTable(toy.TOKENIZERS[kind]())
 
@@ -112,7 +112,7 @@ def _tokenized(table: TokenTable, data: bytes) -> TokenizedText:
 
 
 def test_shared_boundaries_exclude_inside_sofia():
-    data = "Hello Sofia, how are you?".encode()
+    data = b"Hello Sofia, how are you?"
     start, end = data.index(b" Sofia"), data.index(b" Sofia") + len(b" Sofia")
     inside = start + len(b" So")
     bl = _tokenized(_toy_table("byte_level"), data)
@@ -128,7 +128,7 @@ def test_shared_boundaries_exclude_inside_sofia():
 
 
 def test_first_token_from_each_offset_matches_a_scan_of_the_starts():
-    data = "Hello Sofia, how are you?".encode()
+    data = b"Hello Sofia, how are you?"
     tt = _tokenized(_toy_table("metaspace"), data)
     for offset in range(-1, len(data) + 3):
         expected = next((i for i, start in enumerate(tt.starts) if start >= offset), len(tt.ids))

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..alignment import TokenTable
 from . import cache as kv
@@ -79,7 +79,7 @@ class HFSession(PrefixSession):
     def __init__(self, member: HFMember) -> None:
         super().__init__()
         self.member = member
-        self.cache = kv.new_cache(member.model)
+        self.cache: DynamicCache | None = kv.new_cache(member.model)  # None once closed
         self._fresh = True  # no forward since the cache was (re)created
         self._rollback_floor = 0  # sliding-window layers cannot roll back before this position
 

@@ -46,9 +46,15 @@ DEFAULT_TOP_K = 20
 class MemberTokenizer(Protocol):
     """What a server-backed member needs of its model's tokenizer, wherever it comes from."""
 
-    context_window: int | None
-    has_chat_template: bool
-    from_server: bool  # the server's own tokenizer: nothing to check against the server
+    @property
+    def context_window(self) -> int | None: ...
+
+    @property
+    def has_chat_template(self) -> bool: ...
+
+    @property
+    def from_server(self) -> bool:
+        """The server's own tokenizer: nothing to check against the server."""
 
     def token_table(self) -> TokenTable: ...
 
