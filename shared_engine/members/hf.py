@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..alignment import TokenTable
 from . import cache as kv
-from .base import FULL_LOCAL, Capabilities
+from .base import FULL_LOCAL, Capabilities, R
 from .chat import PLAIN_TEMPLATE_STOPS, Message, render_prompt_ids
 from .session import PrefixSession
 
@@ -61,9 +62,9 @@ class HFMember:
     def new_session(self) -> HFSession:
         return HFSession(self)
 
-    async def run(self, fn, *args):  # noqa: ANN001, ANN202 - thin off-loop helper
+    async def run(self, fn: Callable[..., R], *args: Any) -> R:
         """Run blocking model compute in a worker thread, one forward of this member at a time."""
-        def locked():  # noqa: ANN202
+        def locked() -> R:
             with self.lock:
                 return fn(*args)
         return await asyncio.to_thread(locked)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,7 +30,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from ..alignment import TokenTable, common_prefix_len
 from ..errors import MemberError
-from .base import Capabilities
+from .base import Capabilities, R
 from .chat import PLAIN_TEMPLATE_STOPS, Message, render_prompt_ids
 from .http import HttpSettings, JsonClient
 from .session import PrefixSession
@@ -177,7 +177,7 @@ class RemoteMember(ABC):
     def new_session(self) -> RemoteSession:
         return RemoteSession(self)
 
-    async def run(self, fn: Any, *args: Any) -> Any:
+    async def run(self, fn: Callable[..., R], *args: Any) -> R:
         """Blocking HTTP in a worker thread; the server serialises or batches the work itself."""
         return await asyncio.to_thread(fn, *args)
 
