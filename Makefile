@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 PROMPT ?= What is 17 + 25? Answer briefly.
 MODELS ?= qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct
 
-.PHONY: setup browser run test test-fast bench clean
+.PHONY: setup browser run lint test test-fast bench clean
 
 setup: $(STAMP)
 
@@ -26,7 +26,12 @@ browser:
 run: setup
 	$(VENV)/bin/safe-ensemble run --models $(MODELS) --max-new-tokens 64 "$(PROMPT)"
 
-test: setup browser
+# ruff (lint) and mypy (types), configured in pyproject.toml; `make test` runs them first.
+lint: setup
+	$(VENV)/bin/ruff check
+	$(VENV)/bin/mypy
+
+test: setup browser lint
 	$(PY) -m pytest -q -rs
 
 test-fast: setup
@@ -36,4 +41,4 @@ bench: setup
 	$(VENV)/bin/safe-ensemble bench --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct --prompts 4 --json bench.json
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache

@@ -26,9 +26,9 @@ from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolM
 from langchain_core.tools import tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a source checkout too
-from langchain_ensemble import ChatEnsemble  # noqa: E402
-
 from langgraph.prebuilt import create_react_agent  # noqa: E402
+
+from langchain_ensemble import ChatEnsemble  # noqa: E402
 
 MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
 QUESTION = "What is 1234 times 5678?"

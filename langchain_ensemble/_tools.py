@@ -168,7 +168,7 @@ def _as_call(obj: Any) -> tuple[str, dict[str, Any]] | None:
     if isinstance(obj.get("function"), dict):  # OpenAI-style {"function": {"name", "arguments"}}
         obj = obj["function"]
     name = obj.get("name")
-    args = next((obj[k] for k in ("arguments", "parameters", "args") if k in obj), {})
+    args: Any = next((obj[k] for k in ("arguments", "parameters", "args") if k in obj), {})
     if isinstance(args, str):
         args = _loads_lenient(args) if args.strip() else {}
     if args is None:
@@ -182,8 +182,8 @@ def parse_calls(body: str) -> list[ParsedCall]:
     """Tool calls in the text of one ``<tool_call>`` block (usually one; a list is accepted)."""
     obj = _loads_lenient(body)
     items = obj if isinstance(obj, list) and obj else [obj]
-    calls = [_as_call(item) for item in items]
-    if any(c is None for c in calls):
+    calls = [call for item in items if (call := _as_call(item)) is not None]
+    if len(calls) < len(items):
         return [ParsedCall(name=None, args=body.strip(), id=_new_id())]
     return [ParsedCall(name=n, args=json.dumps(a, ensure_ascii=False), id=_new_id()) for n, a in calls]
 
@@ -331,7 +331,7 @@ class ToolPromptMember:
             messages = [*messages, forced_instruction(self._forced, self._tools)]
         if not self._tools:
             ids = list(self._member.prompt_ids(messages))
-        elif native_tools(tokenizer):
+        elif tokenizer is not None and native_tools(tokenizer):
             text = tokenizer.apply_chat_template([dict(m) for m in messages], tools=self._tools,
                                                  tokenize=False, add_generation_prompt=True)
             bos = tokenizer.bos_token  # as the engine's render_prompt_ids: no second BOS

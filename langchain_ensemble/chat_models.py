@@ -26,10 +26,10 @@ import asyncio
 import json
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.callbacks import (
     AsyncCallbackManager,
@@ -286,7 +286,8 @@ class ChatEnsemble(BaseChatModel):
     async def astream(self, input: LanguageModelInput, config: RunnableConfig | None = None, *,
                       stop: list[str] | None = None, **kwargs: Any) -> AsyncIterator[AIMessageChunk]:
         config, run = _own_run(config)
-        stream = super().astream(input, config, stop=stop, **kwargs)
+        # LangChain annotates AsyncIterator; it is an async generator, closed below
+        stream = cast(AsyncGenerator[AIMessageChunk, None], super().astream(input, config, stop=stop, **kwargs))
         try:
             while True:
                 token = _OWN_RUN.set(run)  # only while LangChain's code runs, never across a yield
@@ -303,7 +304,7 @@ class ChatEnsemble(BaseChatModel):
     def stream(self, input: LanguageModelInput, config: RunnableConfig | None = None, *,
                stop: list[str] | None = None, **kwargs: Any) -> Iterator[AIMessageChunk]:
         config, run = _own_run(config)
-        stream = super().stream(input, config, stop=stop, **kwargs)
+        stream = cast(Generator[AIMessageChunk, None, None], super().stream(input, config, stop=stop, **kwargs))
         try:
             while True:
                 token = _OWN_RUN.set(run)
@@ -445,7 +446,7 @@ def _text(content: str | list[Any], where: str) -> str:
 
 
 def _assistant_text(message: AIMessage, where: str) -> str:
-    calls = [(c["name"], c["args"]) for c in message.tool_calls]
+    calls: list[tuple[Any, Any]] = [(c["name"], c["args"]) for c in message.tool_calls]
     if not calls and isinstance(message.content, list):  # e.g. Anthropic tool_use blocks only
         calls = [(b.get("name"), b.get("input") or b.get("args") or {}) for b in message.content
                  if isinstance(b, dict) and b.get("type") in _CALL_BLOCKS and b.get("name")]
@@ -512,9 +513,11 @@ _OWN_RUN: ContextVar[_OwnRun | None] = ContextVar("chat_ensemble_own_run", defau
 
 def _own_run(config: RunnableConfig | None) -> tuple[RunnableConfig, _OwnRun]:
     config = ensure_config(config)
-    if config.get("run_id") is None:
-        config = {**config, "run_id": uuid.uuid4()}
-    return config, _OwnRun(config["run_id"], config.get("callbacks"), list(config.get("tags") or []),
+    run_id = config.get("run_id")
+    if run_id is None:
+        run_id = uuid.uuid4()
+        config = {**config, "run_id": run_id}
+    return config, _OwnRun(run_id, config.get("callbacks"), list(config.get("tags") or []),
                            dict(config.get("metadata") or {}))
 
 

@@ -430,7 +430,8 @@ def main(argv: list[str] | None = None) -> BenchResult:
                 level, results = asyncio.run(run_level(url, model, clients, config, args.timeout, server.pid))
                 print(f"N={clients}: {level.completed}/{level.requests} ok, {level.rejected_429} x 429, "
                       f"{level.errors} errors, {level.requests_per_s:.3f} req/s, {level.tokens_per_s:.2f} tok/s, "
-                      f"TTFT p50 {level.ttft_s.p50} s, latency p50 {level.latency_s.p50} s", file=sys.stderr, flush=True)
+                      f"TTFT p50 {level.ttft_s.p50} s, latency p50 {level.latency_s.p50} s",
+                      file=sys.stderr, flush=True)
                 levels.append(level)
                 everything += results
             peak = _proc_status_mib(server.pid, "VmHWM")

@@ -6,8 +6,18 @@ Knows nothing of LangChain or LlamaIndex; the adapters in ``langchain_ensemble``
 
 from .engine import EnsembleEngine, GenerationResult
 from .errors import ContextLengthError, EngineClosedError, EnsembleError, InvalidRequestError, MemberError
-from .events import (AdaFuseEvent, CacheSyncEvent, DraftEvent, EnsembleEvent, Event, FinishEvent, SpanCandidate,
-                     Stats, TokenEvent, VerifyEvent)
+from .events import (
+    AdaFuseEvent,
+    CacheSyncEvent,
+    DraftEvent,
+    EnsembleEvent,
+    Event,
+    FinishEvent,
+    SpanCandidate,
+    Stats,
+    TokenEvent,
+    VerifyEvent,
+)
 from .options import EngineOptions, GenerationParams
 
 __all__ = [

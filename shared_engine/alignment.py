@@ -19,8 +19,8 @@ import bisect
 import re
 import unicodedata
 import weakref
-from dataclasses import dataclass, field
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from transformers import PreTrainedTokenizerBase
@@ -72,9 +72,9 @@ class TokenTable:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int | None = None,
                  eos_ids: set[int] | None = None) -> None:
-        self.tokenizer = tokenizer
+        self.tokenizer: PreTrainedTokenizerBase | None = tokenizer  # None: built by from_bytes
         self.name = type(tokenizer).__name__
-        self._encoder = self._encode_locally
+        self._encoder: Callable[[str], list[int]] = self._encode_locally
         size = max(len(tokenizer), vocab_size or 0)
         kind = _decoder_kind(tokenizer)
         special = {int(i) for i in tokenizer.all_special_ids}
@@ -142,7 +142,8 @@ class TokenTable:
             if match:
                 return bytes([int(match.group(1), 16)])
             return piece.replace("▁", " ").encode("utf-8")
-        return self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False).encode("utf-8")
+        assert self.tokenizer is not None  # only __init__ (which has one) reads pieces
+        return str(self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)).encode("utf-8")
 
     def _detect_prefix_space(self) -> bool:
         """SentencePiece-style tokenizers may prepend a space to the first word of any input;
@@ -154,6 +155,7 @@ class TokenTable:
 
     def _encode_locally(self, text: str) -> list[int]:
         # split_special_tokens: answer text such as "</s>" is text, never a control token.
+        assert self.tokenizer is not None  # the encoder of tables built with one
         return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
     def same_vocabulary(self, other: TokenTable) -> bool:

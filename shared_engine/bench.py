@@ -14,8 +14,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from .engine import EnsembleEngine
 from .data_paths import gsm8k_file
+from .engine_args import add_engine_args, engine_from_args
+from .members import LOCAL_BACKENDS
 
 COT_INSTRUCTION = "Solve the problem step by step, then give the final number after '####'."
 
@@ -26,6 +27,37 @@ def gsm8k_questions(path: str | None, limit: int) -> list[str]:
     with file.open() as f:
         rows = [json.loads(line) for _, line in zip(range(limit), f)]
     return [f"{row['question']}\n{COT_INSTRUCTION}" for row in rows]
+
+
+def _backends(value: str) -> list[str]:
+    backends = [b.strip() for b in value.split(",") if b.strip()]
+    unknown = [b for b in backends if b not in LOCAL_BACKENDS]
+    if not backends or unknown:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(LOCAL_BACKENDS)}")
+    return backends
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    bench = sub.add_parser("bench", help="drafter alone vs SAFE vs every-token vs AdaFuse on the same prompts")
+    add_engine_args(bench)
+    bench.add_argument("--prompts", type=int, default=4, help="number of GSM8K questions")
+    bench.add_argument("--data", help="a GSM8K-format JSONL file (default: ../shared/data/gsm8k/test.jsonl)")
+    bench.add_argument("--methods", default="single,safe,every-token,adafuse")
+    bench.add_argument("--json", help="write the results here")
+    bench.add_argument("--backend", type=_backends, default=["transformers"],
+                       help="how zoo names without a prefix run: transformers, llamacpp, or both "
+                            "(transformers,llamacpp) to measure them in one run")
+    bench.set_defaults(max_new_tokens=128)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Measure, print the results as JSON and write them to ``--json`` if given."""
+    text = json.dumps(run_bench(args), indent=2)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0
 
 
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -59,9 +91,7 @@ def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
                                "fusion": args.fusion, "sharpen": args.sharpen,
                                "drafter_confidence": args.drafter_confidence, "methods": {}}
     for method in methods:
-        from .cli import _engine  # one place builds engines from CLI arguments
-
-        engine = _engine(args, method, backend)
+        engine = engine_from_args(args, method, backend)
         engine.generate("Say hi.", max_new_tokens=4)  # warm-up: loads members, builds token tables
         tokens = elapsed = ensembled = spans = fused_spans = 0.0
         forwards: dict[str, int] = {}
@@ -90,7 +120,8 @@ def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     if "safe" in by_method:
         results["safe_ensemble_rate"] = by_method["safe"]["ensemble_rate"]
         if "single" in by_method and by_method["single"]["tokens_per_s"]:
-            results["safe_vs_single"] = round(by_method["safe"]["tokens_per_s"] / by_method["single"]["tokens_per_s"], 3)
+            results["safe_vs_single"] = round(
+                by_method["safe"]["tokens_per_s"] / by_method["single"]["tokens_per_s"], 3)
         if "every-token" in by_method and by_method["every-token"]["tokens_per_s"]:
             results["safe_vs_every_token"] = round(
                 by_method["safe"]["tokens_per_s"] / by_method["every-token"]["tokens_per_s"], 3)

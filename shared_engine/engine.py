@@ -24,9 +24,9 @@ import asyncio
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Generator, Sequence
 from contextlib import aclosing
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from pydantic import BaseModel
@@ -41,6 +41,10 @@ from .members.chat import Message, normalize_messages
 from .options import EngineOptions, GenerationParams, validated
 from .policies import make_policy
 from .sampling import Sampler
+
+T = TypeVar("T")
+RoundFunction = Callable[[RequestState, Sampler], AsyncGenerator[Event, None]]
+"""A method's decoding round bound to its settings: advances the request, yields its events."""
 
 
 class GenerationResult(BaseModel):
@@ -59,7 +63,7 @@ class EnsembleEngine:
         for spec in members:
             if not isinstance(spec, str) and not all(hasattr(spec, a) for a in ("name", "table", "new_session")):
                 raise InvalidRequestError(f"a member must be a model name/path or a Member, got {type(spec).__name__}")
-        self.options: EngineOptions = validated(EngineOptions, method=method, **options)  # type: ignore[assignment]
+        self.options = validated(EngineOptions, method=method, **options)
         self._specs = list(members)
         self._members: list[Member] | None = None
         self._load_lock = threading.Lock()
@@ -161,12 +165,13 @@ class EnsembleEngine:
 
     # -- requests ----------------------------------------------------------------------------
 
-    async def astream(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> AsyncIterator[Event]:
+    async def astream(self, messages_or_prompt: str | Sequence[Message],
+                      **params: Any) -> AsyncGenerator[Event, None]:
         """Stream typed events for one answer; the last event is always ``finish``."""
         if self._closed:
             raise EngineClosedError("the engine is closed")
         defaults = self.options.model_dump(include=set(GenerationParams.model_fields))
-        gen: GenerationParams = validated(GenerationParams, **{**defaults, **params})  # type: ignore[assignment]
+        gen = validated(GenerationParams, **{**defaults, **params})
         messages = normalize_messages(messages_or_prompt)
         members = await asyncio.to_thread(lambda: self.members)
         _reject_oversized(messages, members, gen.max_new_tokens)
@@ -220,7 +225,7 @@ class EnsembleEngine:
             return None
         return next((i for i, m in enumerate(state.members) if m.name == err.member), None)
 
-    def _round_function(self, weights: torch.Tensor) -> Any:
+    def _round_function(self, weights: torch.Tensor) -> RoundFunction:
         """The method's decoding round, bound to its settings: ``(state, sampler) -> events``."""
         opts = self.options
         if opts.method == "adafuse":
@@ -248,7 +253,7 @@ class EnsembleEngine:
         """Blocking ``agenerate``; safe to call inside a running event loop (runs on a helper thread)."""
         return run_sync(self.agenerate(messages_or_prompt, **params))
 
-    def stream(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> Iterator[Event]:
+    def stream(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> Generator[Event, None, None]:
         """Blocking iterator over ``astream``'s events."""
         return iterate_sync(self.astream(messages_or_prompt, **params))
 
@@ -282,13 +287,13 @@ def _reject_oversized(messages: Sequence[Message], members: Sequence[Member], ma
                 f"{member.name}'s context window of {member.context_window} tokens")
 
 
-def run_sync(coro: Any) -> Any:
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine to completion from sync code, also when a loop is already running here."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(coro)
-    result: list[Any] = []
+    result: list[T] = []
     error: list[BaseException] = []
 
     def target() -> None:
@@ -308,7 +313,7 @@ def run_sync(coro: Any) -> Any:
 _DONE = object()
 
 
-def iterate_sync(agen: AsyncIterator[Any]) -> Iterator[Any]:
+def iterate_sync(agen: AsyncIterator[T]) -> Generator[T, None, None]:
     """Drive an async iterator on a helper thread and hand its items over one by one."""
     items: queue.Queue[Any] = queue.Queue(maxsize=64)
     stop = threading.Event()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -75,7 +75,10 @@ class EngineOptions(GenerationParams):
         return self
 
 
-def validated(model: type[BaseModel], **values: object) -> BaseModel:
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def validated(model: type[ModelT], **values: object) -> ModelT:
     """Build a pydantic model, turning validation errors into the engine's typed error."""
     try:
         return model(**values)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import unicodedata
-from functools import lru_cache
+from functools import cache
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,9 +17,9 @@ from shared_engine import zoo
 from shared_engine.alignment import (
     TokenizedText,
     TokenTable,
+    complete_length,
     is_char_boundary,
     shared_boundaries,
-    complete_length,
     utf8_runs,
     valid_prefix_length,
 )
@@ -30,14 +30,14 @@ from tests import toy
 REAL_NAMES = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "gemma-3-270m")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _real_table(name: str) -> TokenTable:
     """A zoo tokenizer, obtained here and now (from the converted folder, else read from the GGUF
     alone in seconds), so these tests never depend on another test having converted a model."""
     return TokenTable(AutoTokenizer.from_pretrained(str(zoo.tokenizer_dir(name, progress=False))))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _toy_table(kind: str) -> TokenTable:
     return TokenTable(toy.TOKENIZERS[kind]())
 
@@ -97,7 +97,7 @@ def _tokenized(table: TokenTable, data: bytes) -> TokenizedText:
 
 
 def test_shared_boundaries_exclude_inside_sofia():
-    data = "Hello Sofia, how are you?".encode()
+    data = b"Hello Sofia, how are you?"
     start, end = data.index(b" Sofia"), data.index(b" Sofia") + len(b" Sofia")
     inside = start + len(b" So")
     bl = _tokenized(_toy_table("byte_level"), data)
@@ -113,7 +113,7 @@ def test_shared_boundaries_exclude_inside_sofia():
 
 
 def test_first_token_from_each_offset_matches_a_scan_of_the_starts():
-    data = "Hello Sofia, how are you?".encode()
+    data = b"Hello Sofia, how are you?"
     tt = _tokenized(_toy_table("metaspace"), data)
     for offset in range(-1, len(data) + 3):
         expected = next((i for i, start in enumerate(tt.starts) if start >= offset), len(tt.ids))

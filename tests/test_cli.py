@@ -58,12 +58,13 @@ def test_bench_writes_the_documented_keys(tmp_path) -> None:  # noqa: ANN001
 
 @pytest.mark.parametrize("command", ["run", "eval"])
 def test_weights_reach_the_engine_and_label_the_run(command: str) -> None:
-    from shared_engine.cli import _engine, build_parser
+    from shared_engine.cli import build_parser
+    from shared_engine.engine_args import engine_from_args
     from shared_engine.evaluation.compare import run_label
 
     extra = ["--bench", "gsm8k", "--max-new-tokens", "64"] if command == "eval" else ["hi"]
     args = build_parser().parse_args([command, "--models", f"{QWEN},{SMOL}", "--weights", "2,1", *extra])
-    engine = _engine(args, "safe")  # members load on first request
+    engine = engine_from_args(args, "safe")  # members load on first request
     assert engine.options.weights == [2.0, 1.0]
     summary = {"method": "safe", "models": [QWEN, SMOL], "engine_options": engine.options.model_dump()}
     assert run_label(summary) == "safe (qwen+smol) w=2,1"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from functools import lru_cache
+from functools import cache
 
 import pytest
 import torch
@@ -18,7 +18,7 @@ ANSWER = "Hi Sofia, hi Sofia."
 QUESTION = [{"role": "user", "content": "Greet her twice."}]
 
 
-@lru_cache(maxsize=None)
+@cache
 def trained_member(kind: str, seed: int = 0) -> HFMember:
     """A tiny Llama that memorised ANSWER (in its own tokenization) after QUESTION."""
     tokenizer = byte_level_tokenizer() if kind == "byte_level" else metaspace_tokenizer()

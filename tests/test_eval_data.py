@@ -15,10 +15,16 @@ from shared_engine.evaluation import BENCHMARKS, get_benchmark
 from shared_engine.evaluation.datasets import load_arc, load_gsm8k, load_mmlu_redux, load_qa, normalize_error_type
 from shared_engine.evaluation.math_answers import extract_math, math_equal, score_math
 from shared_engine.evaluation.prompts import bbh_prompt
-from shared_engine.evaluation.scoring import (corpus_translation, extract_choice, score_bbh, score_choice,
-                                              score_number, score_qa, score_translation)
+from shared_engine.evaluation.scoring import (
+    corpus_translation,
+    extract_choice,
+    score_bbh,
+    score_choice,
+    score_number,
+    score_qa,
+    score_translation,
+)
 from tests.benchdata import DATA, needs_data
-
 
 # Records per benchmark in the 70% share stored in ../shared/data (see its README), after skipping.
 EXPECTED = {"gsm8k": 923, "math500": 350, "arc-challenge": 820, "mmlu-redux": 3909, "bbh": 4615, "nq": 2527,

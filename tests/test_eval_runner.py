@@ -17,8 +17,8 @@ from shared_engine.evaluation.datasets import Dataset, Record
 from shared_engine.evaluation.runner import SAMPLES, SUMMARY
 from shared_engine.evaluation.scoring import score_number
 from shared_engine.options import METHODS
-from tests.toy import toy_member
 from tests.benchdata import needs_data
+from tests.toy import toy_member
 
 TIMING = {"tokens_per_s", "elapsed_s", "seconds_per_question", "mean_time_to_first_token_s"}
 
@@ -53,7 +53,8 @@ def _comparable(summary: dict) -> dict:
 
 
 def _without_timing(sample: dict) -> dict:
-    stats = {k: v for k, v in sample["stats"].items() if k not in ("elapsed_s", "tokens_per_s", "time_to_first_token_s")}
+    timing = ("elapsed_s", "tokens_per_s", "time_to_first_token_s")
+    stats = {k: v for k, v in sample["stats"].items() if k not in timing}
     return {**sample, "stats": stats}
 
 
@@ -93,7 +94,8 @@ async def test_runs_refuse_to_mix(tmp_path: Path) -> None:
         await evaluate(engine(), bench, config(), tmp_path, progress=False)
     with pytest.raises(InvalidRequestError, match="max_new_tokens"):
         await evaluate(engine(), bench, config(max_new_tokens=5), tmp_path, resume=True, progress=False)
-    newer = config().model_copy(update={"engine_options": {"draft_length": 5}})   # an option added later, at its default
+    # an option added later, at its default
+    newer = config().model_copy(update={"engine_options": {"draft_length": 5}})
     await evaluate(engine(), bench, newer, tmp_path, resume=True, progress=False)
     changed = config().model_copy(update={"engine_options": {"draft_length": 4}})
     with pytest.raises(InvalidRequestError, match="draft_length"):
@@ -122,7 +124,8 @@ def test_cli_offers_every_engine_method_and_both_eval_forms() -> None:
     method = next(a for a in parser._subparsers._group_actions[0].choices["eval"]._actions if a.dest == "method")
     assert tuple(method.choices) == METHODS            # a method added to options.METHODS shows up here
     args = parser.parse_args(["eval", "--bench", "flores", "--pair", "de-en", "--models", "a,b", "--limit", "3"])
-    assert (args.bench, args.pair, args.models, args.limit, args.eval_command) == ("flores", "de-en", ["a", "b"], 3, None)
+    assert (args.bench, args.pair, args.models, args.limit, args.eval_command) == \
+        ("flores", "de-en", ["a", "b"], 3, None)
     args = parser.parse_args(["eval", "compare", "x", "y", "--plots", "p"])
     assert (args.eval_command, args.dirs, args.plots) == ("compare", ["x", "y"], "p")
 
@@ -169,7 +172,8 @@ def test_translation_summary_is_corpus_chrf_and_bleu_not_accuracy() -> None:
 async def test_resume_rescores_stored_answers_with_the_current_scorer(tmp_path: Path) -> None:
     bench = toy_bench(tmp_path, questions=2)
     first = await evaluate(engine(), bench, config(), tmp_path, progress=False)
-    lenient = dataclasses.replace(bench, score=lambda out, r: score_number("The answer is " + r.answers[0], r.answers[0]))
+    lenient = dataclasses.replace(
+        bench, score=lambda out, r: score_number("The answer is " + r.answers[0], r.answers[0]))
     answered = []
     again = await evaluate(engine(), lenient, config(), tmp_path, resume=True, progress=False,
                            on_sample=lambda s: answered.append(s.id))

@@ -27,9 +27,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from unittest import mock
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
+from unittest import mock
 
 import pytest
 import torch
@@ -38,8 +38,14 @@ from hypothesis import strategies as st
 
 import shared_engine.engine as engine_module
 from shared_engine import EnsembleEngine
-from shared_engine.alignment import (TokenizedText, TokenTable, complete_length, shared_boundaries, utf8_runs,
-                                     valid_prefix_length)
+from shared_engine.alignment import (
+    TokenizedText,
+    TokenTable,
+    complete_length,
+    shared_boundaries,
+    utf8_runs,
+    valid_prefix_length,
+)
 from shared_engine.decoding import RequestState
 from shared_engine.fusion import MemberDist, make_fuser
 from shared_engine.members import HFMember
@@ -245,7 +251,7 @@ def test_regression_verifier_holds_text_its_vocabulary_cannot_spell() -> None:
     in the verifier's re-tokenization. It is now left out, as SmolLM2's own tokenizer drops it."""
     table = table_for("smollm2-135m-instruct")
     assert table.token_id(b"\x16") is None and table.tokenizer.encode("\x16", add_special_tokens=False) == []
-    tokens = _fresh(table, "ok \x16 done".encode())
+    tokens = _fresh(table, b"ok \x16 done")
     assert table.to_bytes(tokens.ids) == b"ok  done"
     assert tokens.boundaries() == set(_reference_offsets(table, tokens.ids, tokens.data)) | {len(tokens.data)}
     assert 4 not in tokens.boundaries()  # the left-out byte is covered by the next token
@@ -377,7 +383,7 @@ def test_shared_boundaries_match_brute_force(names: tuple[str, ...], text: str) 
 # --------------------------------------------------------------------- decoders on the real tokenizers
 
 
-@lru_cache(maxsize=None)
+@cache
 def _tiny_member_on(name: str, seed: int) -> HFMember:
     """A 2-layer random Llama with the zoo tokenizer's own vocabulary (and chat template, if any)."""
     tokenizer = table_for(name).tokenizer

@@ -237,7 +237,7 @@ def test_sliding_window_rollback_before_prefill_restarts():
         s.step(ids[i])
     _sync_checked(m, s, ids[: p - 2], p - 2)
     assert s.last_sync[0] == 0  # restarted: the kept prefix was behind the window
-    assert s.num_forwards == 4 + 2 * w  # each (re-)prefill is split in two, see HFSession.sync
+    assert s.num_forwards == 4 + 2 * w  # each (re-)prefill is split in two, see HFSession._compute
     # now the floor is p - 2: a rollback to after it crops
     for i in range(p - 2, p + 2 * w):
         s.step(ids[i])

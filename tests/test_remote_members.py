@@ -222,15 +222,16 @@ def test_garbage_fails_at_once_and_503_is_retried() -> None:
 
 
 def test_cli_backend_applies_to_names_without_a_prefix() -> None:
-    from shared_engine.cli import _engine, build_parser
+    from shared_engine.cli import build_parser
+    from shared_engine.engine_args import engine_from_args
 
     args = build_parser().parse_args(["bench", "--models", "smollm2-135m-instruct,vllm:http://h:1#x",
                                       "--backend", "transformers,llamacpp"])
     assert args.backend == ["transformers", "llamacpp"]
-    engine = _engine(args, "safe", "llamacpp")  # members load lazily: nothing starts here
+    engine = engine_from_args(args, "safe", "llamacpp")  # members load lazily: nothing starts here
     assert engine._specs == ["llamacpp:smollm2-135m-instruct", "vllm:http://h:1#x"]
     run = build_parser().parse_args(["run", "--models", "a,b", "--backend", "llamacpp", "hi"])
-    assert _engine(run, "safe")._specs == ["llamacpp:a", "llamacpp:b"]
+    assert engine_from_args(run, "safe")._specs == ["llamacpp:a", "llamacpp:b"]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--models", "a", "--backend", "vllm"])
 
@@ -253,7 +254,8 @@ class MeetingTopK(TopKOfHF):
 def test_remote_verifiers_are_scored_concurrently() -> None:
     barrier = threading.Barrier(2, timeout=60)
     drafter = toy.toy_member("llama-byte", "byte_level", "llama")
-    verifiers = [MeetingTopK(toy.toy_member(n, "metaspace", "gpt2", seed=s), barrier) for n, s in (("v1", 1), ("v2", 2))]
+    verifiers = [MeetingTopK(toy.toy_member(n, "metaspace", "gpt2", seed=s), barrier)
+                 for n, s in (("v1", 1), ("v2", 2))]
     EnsembleEngine([drafter, *verifiers], method="safe", draft_length=4).generate("Hi Sofia", max_new_tokens=4)
     assert all(v.met for v in verifiers) and not barrier.broken  # both first requests were in flight together
 

@@ -97,7 +97,8 @@ def test_text_parts_and_the_developer_role_are_read_like_plain_messages(base_url
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sofia walked to the park"}]})
     parts = post(base_url, {"model": MODEL, "max_tokens": 6, "messages": [
         {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
-        {"role": "user", "content": [{"type": "text", "text": "Sofia walked "}, {"type": "text", "text": "to the park"}]}]})
+        {"role": "user", "content": [{"type": "text", "text": "Sofia walked "},
+                                     {"type": "text", "text": "to the park"}]}]})
     assert plain.status_code == parts.status_code == 200
     assert parts.json()["choices"] == plain.json()["choices"]
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from pydantic import ValidationError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from shared_engine import zoo
@@ -134,7 +135,7 @@ def test_local_hf_folder_is_returned_as_is(tmp_path: Path) -> None:
 
 def test_specs_are_frozen_and_documented() -> None:
     spec = ZOO["gemma-3-270m"]
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         spec.size = 1  # type: ignore[misc]
     for field in ZooSpec.model_fields.values():
         assert field.description, "every ZooSpec field should say what it is"

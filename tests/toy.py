@@ -22,15 +22,15 @@ import json
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import lru_cache
+from functools import cache
 
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
-    GPT2Config,
-    GPT2LMHeadModel,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedModel,
@@ -126,7 +126,7 @@ def _bpe_state(tokenizer: Tokenizer) -> tuple[dict[str, int], list]:
     return model["vocab"], [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
 
 
-@lru_cache(maxsize=None)
+@cache
 def byte_level_tokenizer() -> PreTrainedTokenizerFast:
     """GPT-2/Qwen-style byte-level BPE with ``<s>``, ``</s>``, ``<pad>`` and a ChatML template."""
     specials = ["<s>", "</s>", "<pad>"]
@@ -144,7 +144,7 @@ def byte_level_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-@lru_cache(maxsize=None)
+@cache
 def metaspace_tokenizer() -> PreTrainedTokenizerFast:
     """Llama/Mistral-style SentencePiece BPE: ``▁`` spaces prepended to the first word, byte
     fallback, ``<s>`` added in front by the post processor, no chat template."""
@@ -199,7 +199,7 @@ def _finish(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> PreTr
 _INIT_RANGE = 0.3
 
 
-@lru_cache(maxsize=None)
+@cache
 def tiny_llama(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlamaForCausalLM:
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -209,7 +209,7 @@ def tiny_llama(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlamaForCau
     return _finish(LlamaForCausalLM(config), tokenizer)
 
 
-@lru_cache(maxsize=None)
+@cache
 def tiny_gpt2(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> GPT2LMHeadModel:
     config = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=512,
                         initializer_range=_INIT_RANGE, **_special_ids(tokenizer))
@@ -217,7 +217,7 @@ def tiny_gpt2(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> GPT2LMHeadMo
     return _finish(GPT2LMHeadModel(config), tokenizer)
 
 
-@lru_cache(maxsize=None)
+@cache
 def tiny_sliding(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Gemma3ForCausalLM:
     """Gemma-3 text model: layer 0 sliding window (``SLIDING_WINDOW``), layer 1 full attention."""
     config = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
@@ -246,7 +246,7 @@ def toy_member(name: str, tokenizer: str = "byte_level", arch: str = "llama", se
     return _toy_member(name, tokenizer, arch, seed)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _toy_member(name: str, tokenizer: str, arch: str, seed: int) -> HFMember:
     tok = TOKENIZERS[tokenizer]()
     return HFMember(name, ARCHS[arch](tok, seed), tok)

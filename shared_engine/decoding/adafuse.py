@@ -24,7 +24,7 @@ NLL is length-normalised), which is the point of test-time scaling.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -213,7 +213,8 @@ def _score(session: Session, context: list[int], first: torch.Tensor, table: Tok
     return scores
 
 
-async def adafuse_round(state: RequestState, settings: AdaFuseSettings, sampler: Sampler) -> AsyncIterator[Event]:
+async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
+                        sampler: Sampler) -> AsyncGenerator[Event, None]:
     """One AdaFuse round; yields events and leaves the state advanced (or finished)."""
     members, sessions, labels = state.members, state.sessions, state.labels
     start, position = len(state.answer), state.stats.tokens
@@ -265,7 +266,7 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings, sampler:
     fused = not settings.is_sure(measures[leader])
     words = next((sp.words for sp in spans.get(0, []) + spans.get(leader, []) if sp.key == chosen), 1)
     yield AdaFuseEvent(position=position, offset=start, uncertainty=settings.uncertainty,
-                       member_uncertainty={l: round(v, 4) for l, v in zip(labels, measures)},
+                       member_uncertainty={label: round(v, 4) for label, v in zip(labels, measures)},
                        leader=labels[leader], fused=fused, words=words, candidates=candidates,
                        chosen=_show(chosen))
     if chosen == EOS_KEY:

@@ -14,13 +14,13 @@ project's findings measured ~half of all fusions choosing the drafted token).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 import torch
 
 from ..alignment import EOS_KEY, is_char_boundary
-from ..events import Candidate, DraftEvent, EnsembleEvent, VerifiedPosition, VerifyEvent
+from ..events import Candidate, DraftEvent, EnsembleEvent, Event, VerifiedPosition, VerifyEvent
 from ..fusion import Fuser, MemberDist, SharpenMode, candidate_key, sharpen, top_keys
 from ..members.base import exact_support
 from ..policies import Policy, agree
@@ -106,7 +106,7 @@ def _own_prob(dist: MemberDist, own: tuple[int, ...]) -> tuple[float, bool]:
 
 
 async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettings,
-                       sampler: Sampler) -> AsyncIterator:
+                       sampler: Sampler) -> AsyncGenerator[Event, None]:
     """One round; yields events and leaves the state advanced (or finished)."""
     drafter = state.drafter
     start = len(state.answer)
@@ -127,8 +127,8 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     draft_bytes = drafter.table.to_bytes([t for t in draft.ids if t not in drafter.eos_ids])
     text = bytes(state.answer) + (draft_bytes if policy.verify_draft else b"")
     views = await _verify(state, text, start, ends_with_eos and policy.verify_draft, draft.ids)
-    for event in state.sync_events():
-        yield event
+    for sync_event in state.sync_events():
+        yield sync_event
 
     checked: list[VerifiedPosition] = []
     offset = start

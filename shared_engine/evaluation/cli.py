@@ -11,6 +11,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
+from ..engine_args import add_engine_args, default_method, engine_from_args
 from ..errors import InvalidRequestError
 from ..members import LOCAL_BACKENDS
 from ..options import METHODS, GenerationParams
@@ -18,13 +19,11 @@ from .benchmarks import BENCHMARKS, FLORES_PAIRS, get_benchmark
 from .runner import RunConfig, evaluate
 
 
-def add_eval_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from ..cli import _add_engine_args  # the engine flags are the same as for run / bench
-
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("eval", help="accuracy / speed of a method on a benchmark (or: eval compare DIR...)",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_engine_args(parser)
-    for action in parser._actions:  # not needed by `eval compare`; checked in run_eval_command
+    add_engine_args(parser)
+    for action in parser._actions:  # not needed by `eval compare`; checked in run
         if action.dest == "models":
             action.required = False
     parser.set_defaults(max_new_tokens=None)
@@ -56,7 +55,7 @@ def _drafter(args: argparse.Namespace) -> str:
     return args.models[int(args.drafter)] if args.drafter.isdigit() else args.drafter
 
 
-def run_eval_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.eval_command == "compare":
         from .compare import compare_runs
 
@@ -65,12 +64,10 @@ def run_eval_command(args: argparse.Namespace) -> int:
         return 0
     if not args.bench or not args.models:
         raise InvalidRequestError("eval needs --bench and --models (or: eval compare DIR...)")
-    from ..cli import _engine
-
-    method = args.method or ("single" if len(args.models) == 1 else "safe")
+    method = args.method or default_method(args.models)
     bench = get_benchmark(args.bench, args.data, args.pair)
     args.max_new_tokens = args.max_new_tokens or bench.max_new_tokens
-    engine = _engine(args, method)
+    engine = engine_from_args(args, method)
     options = engine.options.model_dump(exclude=set(GenerationParams.model_fields) | {"method"})  # any method's
     models = [_drafter(args)] if method == "single" else args.models  # `single` runs the drafter alone
     config = RunConfig(bench=bench.name, models=models, method=method, max_new_tokens=args.max_new_tokens,

@@ -48,7 +48,8 @@ def table(summaries: list[dict[str, Any]]) -> str:
             shown += f" EM, F1 {s['f1']:.1%}"
         ci = "-" if s["metric"] == "chrf" else f"{s['ci95'][0]:.1%}–{s['ci95'][1]:.1%}"
         lines.append(f"| {s['bench']} | {s['label']} | {s['n']} | {shown} | {ci} | {s['ensemble_rate']:.1%} | "
-                     f"{s['tokens_per_s']:.2f} | {s['mean_output_tokens']:.0f} | {s.get('seconds_per_question', '-')} | {_forwards(s)} | {s['truncated']} | {s['failures']} | "
+                     f"{s['tokens_per_s']:.2f} | {s['mean_output_tokens']:.0f} | "
+                     f"{s.get('seconds_per_question', '-')} | {_forwards(s)} | {s['truncated']} | {s['failures']} | "
                      f"{s['max_new_tokens']} |")
     return "\n".join(lines)
 
@@ -86,7 +87,8 @@ def plot(summaries: list[dict[str, Any]], folder: Path) -> list[Path]:
             high = [100 * (s["ci95"][1] - s["score"]) for s in runs]
             ax.bar(labels, scores, yerr=[low, high], capsize=4, color="tab:blue")
         ax.set_ylabel(unit)
-        ax.set_title(f"{bench}: {unit} per run\nN={n}{'' if chrf else ', error bars: 95% Wilson interval'}", fontsize=10)
+        ax.set_title(f"{bench}: {unit} per run\nN={n}{'' if chrf else ', error bars: 95% Wilson interval'}",
+                     fontsize=10)
         ax.tick_params(axis="x", rotation=20)
         written.append(_save(fig, folder / f"{bench}-accuracy.png"))
 
@@ -115,7 +117,8 @@ def plot(summaries: list[dict[str, Any]], folder: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(runs)), 4))
         ax.bar(labels, [s["tokens_per_s"] for s in runs], color="tab:orange")
         ax.set_ylabel("tokens/s (generation incl. prefill)")
-        ax.set_title(f"{bench}: speed per run (N={n}; on a shared machine, runs made at\ndifferent times compare only roughly)", fontsize=10)
+        ax.set_title(f"{bench}: speed per run (N={n}; on a shared machine, runs made at\n"
+                     "different times compare only roughly)", fontsize=10)
         ax.tick_params(axis="x", rotation=20)
         written.append(_save(fig, folder / f"{bench}-tokens-per-s.png"))
     return written

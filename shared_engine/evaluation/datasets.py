@@ -207,7 +207,8 @@ def load_mmlu_redux(path: Path) -> Dataset:
             choices = _parse_choices(row["choices"], where)
             answer = row["answer"].strip()
             if not answer.isdigit() or int(answer) >= len(choices):
-                raise InvalidRequestError(f"{where}: answer {answer!r} is not a 0-based index into {len(choices)} choices")
+                raise InvalidRequestError(
+                    f"{where}: answer {answer!r} is not a 0-based index into {len(choices)} choices")
             records.append(Record(
                 id=f"{subject}/{i}", question=row["question"].strip(), answers=[LETTERS[int(answer)]],
                 choices=[Choice(label=LETTERS[j], text=c) for j, c in enumerate(choices)], group=subject))
@@ -231,7 +232,8 @@ def load_bbh(path: Path) -> Dataset:
         data = json.loads(file.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or "examples" not in data:
             raise InvalidRequestError(f"{file}: not a BBH task file (no 'examples')")
-        per_task.append([Record(id=f"{file.stem}/{i}", question=ex["input"], answers=[str(ex["target"])], group=file.stem)
+        per_task.append([Record(id=f"{file.stem}/{i}", question=ex["input"], answers=[str(ex["target"])],
+                                group=file.stem)
                          for i, ex in enumerate(data["examples"])])
     return Dataset(name="bbh", source=str(path), records=_interleave(per_task))
 

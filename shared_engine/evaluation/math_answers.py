@@ -115,8 +115,12 @@ def _sympy_equal(a: str, b: str) -> bool:
         return False
     try:
         import sympy
-        from sympy.parsing.sympy_parser import (convert_xor, implicit_multiplication_application,
-                                                parse_expr, standard_transformations)
+        from sympy.parsing.sympy_parser import (
+            convert_xor,
+            implicit_multiplication_application,
+            parse_expr,
+            standard_transformations,
+        )
 
         transformations = standard_transformations + (implicit_multiplication_application, convert_xor)
         ea, eb = (parse_expr(t, transformations=transformations, evaluate=True) for t in (ta, tb))
@@ -130,7 +134,9 @@ def _sympy_equal(a: str, b: str) -> bool:
 
 
 def _split_top_level(s: str) -> list[str]:
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in s:
         if ch in "([{":
             depth += 1

@@ -128,11 +128,12 @@ def summarize(samples: list[Sample], config: RunConfig, bench: Benchmark, skippe
     else:
         summary["score"] = summary["accuracy"]
     groups: dict[str, list[bool]] = defaultdict(list)
-    for s in samples:
-        if s.group:
-            groups[s.group].append(s.correct)
+    for sample in samples:
+        if sample.group:
+            groups[sample.group].append(sample.correct)
     if groups:
-        summary["by_group"] = {g: {"n": len(v), "accuracy": round(sum(v) / len(v), 4)} for g, v in sorted(groups.items())}
+        summary["by_group"] = {g: {"n": len(v), "accuracy": round(sum(v) / len(v), 4)}
+                               for g, v in sorted(groups.items())}
     return summary
 
 

@@ -192,12 +192,12 @@ def _connect(spec: MemberSpec, options: dict[str, Any]) -> Member:
         path = spec.tokenizer or (props.get("model_path") if isinstance(props, dict) else None)
         name = spec.tokenizer or Path(str(path or spec.target)).stem  # the GGUF's name, not its path
         if spec.tokenizer or (path and Path(str(path)).expanduser().exists()):
-            return LlamaCppMember(name, spec.target, load_tokenizer(path), **options)
+            return LlamaCppMember(name, spec.target, load_tokenizer(str(path)), **options)
         # The model file is not on this machine: read the tokenizer from the server itself.
         from .server_tokenizer import LlamaCppServerTokenizer
 
-        tokenizer = LlamaCppServerTokenizer(spec.target, options.get("http"), name=str(spec))
-        return LlamaCppMember(name, spec.target, tokenizer, **options)
+        own_tokenizer = LlamaCppServerTokenizer(spec.target, options.get("http"), name=str(spec))
+        return LlamaCppMember(name, spec.target, own_tokenizer, **options)
     except (OSError, ValueError) as exc:  # the tokenizer the server reported is not loadable here
         raise probe.error(f"cannot load its tokenizer here ({exc}); add '#TOKENIZER' to the spec") from exc
     finally:

@@ -6,14 +6,16 @@ that callers (and, later, decoders) can adapt instead of branching on the member
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, Protocol, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from ..alignment import TokenTable
 from .chat import Message
+
+R = TypeVar("R")
 
 
 class Capabilities(BaseModel):
@@ -77,7 +79,7 @@ class Member(Protocol):
 
     def new_session(self) -> Session: ...
 
-    async def run(self, fn: Any, *args: Any) -> Any:
+    async def run(self, fn: Callable[..., R], *args: Any) -> R:
         """Run blocking compute for this member off the event loop."""
 
 

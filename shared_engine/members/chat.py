@@ -73,7 +73,8 @@ def render_plain(messages: Sequence[Message]) -> str:
 def render_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> list[int]:
     """Prompt token ids for ``messages`` in this tokenizer's own format, ready for generation."""
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        text = str(tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False,
+                                                 add_generation_prompt=True))
     else:
         text = render_plain(messages)
     bos = tokenizer.bos_token

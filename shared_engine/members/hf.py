@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from ..alignment import TokenTable, common_prefix_len
+from ..alignment import TokenTable
 from . import cache as kv
-from .base import FULL_LOCAL, Capabilities
+from .base import FULL_LOCAL, Capabilities, R
 from .chat import PLAIN_TEMPLATE_STOPS, Message, render_prompt_ids
+from .session import PrefixSession
 
 
 class HFMember:
@@ -60,15 +62,15 @@ class HFMember:
     def new_session(self) -> HFSession:
         return HFSession(self)
 
-    async def run(self, fn, *args):  # noqa: ANN001, ANN202 - thin off-loop helper
+    async def run(self, fn: Callable[..., R], *args: Any) -> R:
         """Run blocking model compute in a worker thread, one forward of this member at a time."""
-        def locked():  # noqa: ANN202
+        def locked() -> R:
             with self.lock:
                 return fn(*args)
         return await asyncio.to_thread(locked)
 
 
-class HFSession:
+class HFSession(PrefixSession):
     """One request's view of a member: the ids its KV cache was built from, and the cache.
 
     Invariant: the cache holds exactly ``ids``; ``next_logits`` (if set) is the distribution
@@ -76,42 +78,23 @@ class HFSession:
     """
 
     def __init__(self, member: HFMember) -> None:
+        super().__init__()
         self.member = member
-        self.ids: list[int] = []
-        self.cache = kv.new_cache(member.model)
-        self.next_logits: torch.Tensor | None = None
-        self.num_forwards = 0  # forward passes run for this request (never reset)
+        self.cache: DynamicCache | None = kv.new_cache(member.model)  # None once closed
         self._fresh = True  # no forward since the cache was (re)created
-        self.last_sync: tuple[int, int] = (0, 0)  # (kept, dropped) by the latest sync
         self._rollback_floor = 0  # sliding-window layers cannot roll back before this position
 
-    def sync(self, target: list[int], first_row: int) -> torch.Tensor:
-        """Make the cache hold ``target`` and return logits rows predicting ``target[first_row:]``
-        plus the one after the end: shape ``[len(target) - first_row + 1, vocab]``.
-
-        Keeps the cache for the longest common prefix with the ids it holds and feeds only the
-        rest, in ONE forward pass (that is how a verifier scores a whole draft block).
-        """
-        if not 1 <= first_row <= len(target):
-            raise ValueError(f"first_row {first_row} outside 1..{len(target)}")
-        lcp = common_prefix_len(self.ids, target)
-        reuse_last = lcp == len(self.ids) and self.next_logits is not None and first_row == lcp
-        keep = lcp if reuse_last else min(lcp, first_row - 1)
-        if lcp == len(target) == len(self.ids) and reuse_last:
-            return self.next_logits.unsqueeze(0)
-        keep = self._truncate(keep)
+    def _compute(self, target: list[int], first_row: int, common: int) -> torch.Tensor:
+        """Keep the cache for the common prefix (up to the row before ``first_row``) and feed the
+        rest in ONE forward pass (that is how a verifier scores a whole draft block)."""
+        keep = self._truncate(min(common, first_row - 1))
         window = self.member.sliding_window
         if self._fresh and window and len(target) >= window and first_row - 1 > keep:
             # Prefill the part that is never rolled back on its own: sliding-window layers keep
             # only their window of a forward run before rollback is enabled.
             self._forward(target[keep:first_row - 1], 1)
             keep = first_row - 1
-        feed = target[keep:]
-        rows_needed = len(target) - first_row + (0 if reuse_last else 1)
-        logits = self._forward(feed, max(1, rows_needed))
-        rows = torch.cat([self.next_logits.unsqueeze(0), logits]) if reuse_last else logits
-        self.next_logits = rows[-1]
-        return rows
+        return self._forward(target[keep:], max(1, len(target) - first_row + 1))
 
     def _forward(self, feed: list[int], rows: int) -> torch.Tensor:
         """Feed ``feed`` after ``self.ids``; returns the last ``rows`` logits rows."""
@@ -151,7 +134,3 @@ class HFSession:
     def close(self) -> None:
         """Drop the KV cache now (the request has ended); the session must not be used again."""
         self.cache, self.next_logits, self.ids = None, None, []
-
-    def step(self, token: int) -> torch.Tensor:
-        """Append one token; return the distribution after it."""
-        return self.sync(self.ids + [token], len(self.ids) + 1)[-1]

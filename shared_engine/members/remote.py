@@ -11,7 +11,8 @@ llama.cpp server whose model file is not here, one read from the server itself
 
 Each backend only implements ``score(ids, first_row)`` (top-K at every position from
 ``first_row - 1`` to the end, i.e. the distributions predicting ``ids[first_row:]`` plus the next
-one) and ``server_tokenize(text)``; ``RemoteSession`` turns that into the ``Session`` contract.
+one) and ``server_tokenize(text)``; ``RemoteSession`` turns that into the ``Session`` contract
+(members/session.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,9 +30,10 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from ..alignment import TokenTable, common_prefix_len
 from ..errors import MemberError
-from .base import Capabilities
+from .base import Capabilities, R
 from .chat import PLAIN_TEMPLATE_STOPS, Message, render_prompt_ids
 from .http import HttpSettings, JsonClient
+from .session import PrefixSession
 from .topk import TopK, topk_rows
 
 PROBE_TEXT = "Hello, world! Grüße aus Köln, 東京 🙂.\n    def f(x):\n        return x**2  # 42"
@@ -44,9 +46,15 @@ DEFAULT_TOP_K = 20
 class MemberTokenizer(Protocol):
     """What a server-backed member needs of its model's tokenizer, wherever it comes from."""
 
-    context_window: int | None
-    has_chat_template: bool
-    from_server: bool  # the server's own tokenizer: nothing to check against the server
+    @property
+    def context_window(self) -> int | None: ...
+
+    @property
+    def has_chat_template(self) -> bool: ...
+
+    @property
+    def from_server(self) -> bool:
+        """The server's own tokenizer: nothing to check against the server."""
 
     def token_table(self) -> TokenTable: ...
 
@@ -169,7 +177,7 @@ class RemoteMember(ABC):
     def new_session(self) -> RemoteSession:
         return RemoteSession(self)
 
-    async def run(self, fn: Any, *args: Any) -> Any:
+    async def run(self, fn: Callable[..., R], *args: Any) -> R:
         """Blocking HTTP in a worker thread; the server serialises or batches the work itself."""
         return await asyncio.to_thread(fn, *args)
 
@@ -181,7 +189,7 @@ class RemoteMember(ABC):
         return f"{type(self).__name__}({self.name!r}, {self.url!r}, top_k={self.top_k})"
 
 
-class RemoteSession:
+class RemoteSession(PrefixSession):
     """One request's view of a remote member: the ids it last scored and the distribution after them.
 
     The server owns the KV cache (prefix caching); ``last_sync`` reports how much of the previous
@@ -189,24 +197,14 @@ class RemoteSession:
     """
 
     def __init__(self, member: RemoteMember) -> None:
+        super().__init__()
         self.member = member
-        self.ids: list[int] = []
-        self.num_forwards = 0  # scoring requests sent for this request
-        self.last_sync: tuple[int, int] = (0, 0)
-        self._next: torch.Tensor | None = None  # logits after ``ids``
 
-    def sync(self, target: list[int], first_row: int) -> torch.Tensor:
-        """Logits rows predicting ``target[first_row:]`` plus the next token (full-vocab, from top-K)."""
-        if not 1 <= first_row <= len(target):
-            raise ValueError(f"first_row {first_row} outside 1..{len(target)}")
-        lcp = common_prefix_len(self.ids, target)
-        self.last_sync = (lcp, len(self.ids) - lcp)
-        known = self._next is not None and lcp == len(self.ids) == first_row
-        if known and len(target) == lcp:
-            return self._next.unsqueeze(0)
-        start = first_row + 1 if known else first_row  # the row after ``ids`` is already known
-        entries = self.member.score(target, start)
-        expected = len(target) - start + 1
+    def _compute(self, target: list[int], first_row: int, common: int) -> torch.Tensor:
+        """One scoring request; full-vocabulary rows made from the server's top-K."""
+        self.last_sync = (common, len(self.ids) - common)
+        entries = self.member.score(target, first_row)
+        expected = len(target) - first_row + 1
         if len(entries) != expected:
             raise self.member.malformed("number of distributions", f"{len(entries)} instead of {expected}")
         self.num_forwards += 1
@@ -215,14 +213,8 @@ class RemoteSession:
                              self.member.table.vocab_size)
         except ValueError as exc:
             raise self.member.malformed("token ids", exc) from exc
-        if known:
-            rows = torch.cat([self._next.unsqueeze(0), rows])
         self.ids = list(target)
-        self._next = rows[-1]
         return rows
-
-    def step(self, token: int) -> torch.Tensor:
-        return self.sync(self.ids + [token], len(self.ids) + 1)[-1]
 
 
 def _within(entry: TopK, vocab_size: int) -> TopK:

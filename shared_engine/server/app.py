@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing, asynccontextmanager
 from functools import cache
 from importlib.resources import files
@@ -47,7 +47,7 @@ class ApiError(Exception):
 
     def __init__(self, status: int, message: str, type: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.headers = status, headers
         self.detail = ErrorDetail(message=message, type=type, param=param, code=code)
@@ -98,10 +98,10 @@ async def _parse(request: Request) -> ChatCompletionRequest:
 
 
 async def _events(engine: EnsembleEngine, ticket: Ticket, messages: list[dict[str, str]],
-                  params: dict[str, Any]) -> AsyncIterator[Event]:
+                  params: dict[str, Any]) -> AsyncGenerator[Event, None]:
     """The engine's event stream for one request, run while holding an admission slot."""
     try:
-        async with ticket, aclosing(engine.astream(messages, **params)) as stream:  # type: ignore[type-var]
+        async with ticket, aclosing(engine.astream(messages, **params)) as stream:
             async for event in stream:
                 yield event
     finally:
@@ -112,8 +112,8 @@ async def _first(events: AsyncIterator[Event]) -> Event:
     return await anext(events)
 
 
-async def _prepend(first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[Event]:
-    async with aclosing(rest):  # type: ignore[type-var]
+async def _prepend(first: Event, rest: AsyncGenerator[Event, None]) -> AsyncGenerator[Event, None]:
+    async with aclosing(rest):
         yield first
         async for event in rest:
             yield event

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 
-from ..engine import EnsembleEngine
+from ..engine_args import add_engine_args, engine_from_args
 from ..members import LOCAL_BACKENDS
 from ..options import METHODS
 
 
-def add_serve_command(sub: argparse._SubParsersAction, add_engine_args: Callable[[argparse.ArgumentParser], None]
-                      ) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server with a live page at /")
     add_engine_args(serve)
     serve.add_argument("--method", choices=METHODS, default="safe")
@@ -26,7 +24,7 @@ def add_serve_command(sub: argparse._SubParsersAction, add_engine_args: Callable
     serve.add_argument("--max-waiting", type=int, default=16, help="requests queued beyond those (then 429)")
 
 
-def serve(args: argparse.Namespace, engine: EnsembleEngine) -> int:
+def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
@@ -35,6 +33,7 @@ def serve(args: argparse.Namespace, engine: EnsembleEngine) -> int:
         print(f"error: {err.name} is missing; install the server extra: pip install 'safe-ensemble[server]'",
               file=sys.stderr)
         return 2
+    engine = engine_from_args(args, args.method)
     app = create_app(engine, model_name=args.served_model_name, max_active=args.max_active,
                      max_waiting=args.max_waiting)
     print(f"serving `{app.state.model_name}` ({args.method}: {', '.join(args.models)}) on "

@@ -22,8 +22,7 @@ from langchain_core.tools import tool
 import langchain_ensemble.chat_models as chat_models
 from langchain_ensemble import ChatEnsemble
 from shared_engine import ContextLengthError, InvalidRequestError
-from shared_engine.events import (Candidate, EnsembleEvent, FinishEvent, Stats, TokenEvent, VerifiedPosition,
-                                  VerifyEvent)
+from shared_engine.events import Candidate, EnsembleEvent, FinishEvent, Stats, TokenEvent, VerifiedPosition, VerifyEvent
 
 MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
 ENSEMBLE_NAMES = {"ensemble.verify", "ensemble.ensemble", "ensemble.finish"}

@@ -94,7 +94,7 @@ def toy_members() -> list[Any]:
 def real_llm() -> EnsembleLLM:
     """Qwen2.5-Coder-0.5B drafts, SmolLM2-135M verifies; short answers keep the suite fast."""
     llm = EnsembleLLM(models=REAL_PAIR, method="safe", max_tokens=24)
-    llm.metadata  # load both members once, outside any timed test body
+    _ = llm.metadata  # load both members once, outside any timed test body
     return llm
 
 

@@ -141,7 +141,8 @@ NAMES = ["multiply", "get_weather"]
 
 
 @pytest.mark.parametrize("raw, text, calls", [
-    ('<tool_call>\n{"name": "multiply", "arguments": {"a": 2, "b": 3}}\n</tool_call>', "", [("multiply", {"a": 2, "b": 3})]),
+    ('<tool_call>\n{"name": "multiply", "arguments": {"a": 2, "b": 3}}\n</tool_call>', "",
+     [("multiply", {"a": 2, "b": 3})]),
     ('Sure.<tool_call>{"name": "multiply", "arguments": {"a": 1, "b": 1}}', "Sure.", [("multiply", {"a": 1, "b": 1})]),
     ('<tool_call>{"name": "f", "parameters": "{\\"x\\": 1}"}</tool_call><tool_call>{"name": "g"}</tool_call>',
      "", [("f", {"x": 1}), ("g", {})]),
@@ -151,7 +152,8 @@ NAMES = ["multiply", "get_weather"]
     ('```json\n{name: "get_weather", arguments: {"city": "Osaka"}}\n```', "", [("get_weather", {"city": "Osaka"})]),
     ('{"name": "multiply", "arguments": {"a": 1, "b": 2}}\n{"type": "function", "function": {"na',
      "", [("multiply", {"a": 1, "b": 2})]),
-    ('```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Rome"}\n}\n```', "", [("get_weather", {"city": "Rome"})]),
+    ('```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Rome"}\n}\n```', "",
+     [("get_weather", {"city": "Rome"})]),
     ('I will call it.\n{"function": {"name": "get_weather", "arguments": "{\\"city\\": \\"Rome\\"}"}}',
      "I will call it.\n", [("get_weather", {"city": "Rome"})]),
     ('[{"name": "multiply", "arguments": {"a": 1, "b": 2}}, {"name": "get_weather", "arguments": {"city": "X"}}]',

@@ -1,0 +1,73 @@
+"""Engine flags and engine construction, shared by every command (``run``, ``bench``, ``serve``, ``eval``).
+
+A leaf of the command line: the commands import it, it imports only the engine, so no command
+imports another and nothing imports ``cli.py``. A new engine flag goes into ``add_engine_args`` and
+``engine_from_args`` and reaches every command at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .engine import EnsembleEngine
+from .members import with_backend
+
+
+def models_arg(value: str) -> list[str]:
+    """``--models a,b``: at least one name."""
+    models = [m.strip() for m in value.split(",") if m.strip()]
+    if not models:
+        raise argparse.ArgumentTypeError("give at least one model")
+    return models
+
+
+def weights_arg(value: str) -> list[float]:
+    """``--weights 2,1``: one number per model."""
+    try:
+        return [float(w) for w in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError("comma-separated numbers, one per model, e.g. 2,1") from None
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """The flags that configure an ``EnsembleEngine`` (read back by ``engine_from_args``)."""
+    parser.add_argument("--models", type=models_arg, required=True,
+                        help="comma-separated zoo names, local HF folders, .gguf paths or member specs "
+                             "such as llamacpp:NAME, vllm:URL#TOKENIZER (see README, Remote members)")
+    parser.add_argument("--drafter", help="member that drafts (default: the first)")
+    parser.add_argument("--weights", type=weights_arg,
+                        help="fusion weight of each model, in --models order, e.g. 2,1 (default: equal)")
+    parser.add_argument("--draft-length", type=int, default=5)
+    parser.add_argument("--fusion", choices=["unite", "gac"], default="unite")
+    parser.add_argument("--sharpen", choices=["heur", "geom", "none"], default="heur")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--drafter-confidence", type=float,
+                        help="safe: skip fusion where the drafter's probability is >= this (e.g. 0.5)")
+    parser.add_argument("--uncertainty", choices=["margin", "entropy"], default="margin",
+                        help="adafuse: how a member's uncertainty is measured")
+    parser.add_argument("--threshold", type=float,
+                        help="adafuse: sure when margin >= this (default 0.7) or entropy <= this (0.6)")
+    parser.add_argument("--max-words", type=int, default=3, help="adafuse: words per confident span")
+    parser.add_argument("--num-candidates", type=int, default=3,
+                        help="adafuse: continuations each member proposes where unsure")
+    parser.add_argument("--candidate-temperature", type=float, default=0.0,
+                        help="adafuse: sample candidates past their first token at this temperature")
+
+
+def default_method(models: list[str]) -> str:
+    """The method when ``--method`` is not given: ``single`` for one model, else ``safe``."""
+    return "single" if len(models) == 1 else "safe"
+
+
+def engine_from_args(args: argparse.Namespace, method: str, backend: str | None = None) -> EnsembleEngine:
+    """An engine from ``add_engine_args``' flags; ``backend`` (default: ``args.backend``, else
+    transformers) runs the model names that carry no backend prefix. Members load on first request."""
+    chosen = backend or getattr(args, "backend", None) or "transformers"
+    backend = chosen if isinstance(chosen, str) else chosen[0]
+    models = [with_backend(m, backend) for m in args.models]
+    return EnsembleEngine(models, method=method, drafter=args.drafter, weights=args.weights,
+                          draft_length=args.draft_length,
+                          fusion=args.fusion, sharpen=None if args.sharpen == "none" else args.sharpen,
+                          drafter_confidence=args.drafter_confidence, max_new_tokens=args.max_new_tokens,
+                          uncertainty=args.uncertainty, threshold=args.threshold, max_words=args.max_words,
+                          num_candidates=args.num_candidates, candidate_temperature=args.candidate_temperature)
