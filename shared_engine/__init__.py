@@ -8,10 +8,12 @@ from .engine import EnsembleEngine, GenerationResult
 from .errors import ContextLengthError, EngineClosedError, EnsembleError, InvalidRequestError, MemberError
 from .events import (AdaFuseEvent, CacheSyncEvent, DraftEvent, EnsembleEvent, Event, FinishEvent, SpanCandidate,
                      Stats, TokenEvent, VerifyEvent)
+from .members import MemberConfig, MemberDefaults
 from .options import EngineOptions, GenerationParams
 
 __all__ = [
     "AdaFuseEvent", "CacheSyncEvent", "ContextLengthError", "DraftEvent", "EngineClosedError", "EngineOptions",
     "EnsembleEngine", "EnsembleError", "EnsembleEvent", "Event", "FinishEvent", "GenerationParams",
-    "GenerationResult", "InvalidRequestError", "MemberError", "SpanCandidate", "Stats", "TokenEvent", "VerifyEvent",
+    "GenerationResult", "InvalidRequestError", "MemberConfig", "MemberDefaults", "MemberError", "SpanCandidate",
+    "Stats", "TokenEvent", "VerifyEvent",
 ]
