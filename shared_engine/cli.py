@@ -14,18 +14,12 @@ import sys
 
 from .engine import EnsembleEngine
 from .errors import EnsembleError
-from .members import LOCAL_BACKENDS, with_backend
+from .member_flags import add_member_args, member_configs
+from .members import LOCAL_BACKENDS
 from .options import METHODS
 from .server.command import add_serve_command
 
 _HIGHLIGHT, _RESET = "\033[1;33m", "\033[0m"
-
-
-def _models(value: str) -> list[str]:
-    models = [m.strip() for m in value.split(",") if m.strip()]
-    if not models:
-        raise argparse.ArgumentTypeError("give at least one model")
-    return models
 
 
 def _backends(value: str) -> list[str]:
@@ -44,9 +38,7 @@ def _weights(value: str) -> list[float]:
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models", type=_models, required=True,
-                        help="comma-separated zoo names, local HF folders, .gguf paths or member specs "
-                             "such as llamacpp:NAME, vllm:URL#TOKENIZER (see README, Remote members)")
+    add_member_args(parser)  # --models or --members FILE, --device, --dtype, ...
     parser.add_argument("--drafter", help="member that drafts (default: the first)")
     parser.add_argument("--weights", type=_weights,
                         help="fusion weight of each model, in --models order, e.g. 2,1 (default: equal)")
@@ -70,8 +62,7 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
 def _engine(args: argparse.Namespace, method: str, backend: str | None = None) -> EnsembleEngine:
     chosen = backend or getattr(args, "backend", None) or "transformers"
     backend = chosen if isinstance(chosen, str) else chosen[0]
-    models = [with_backend(m, backend) for m in args.models]
-    return EnsembleEngine(models, method=method, drafter=args.drafter, weights=args.weights,
+    return EnsembleEngine(member_configs(args, backend), method=method, drafter=args.drafter, weights=args.weights,
                           draft_length=args.draft_length,
                           fusion=args.fusion, sharpen=None if args.sharpen == "none" else args.sharpen,
                           drafter_confidence=args.drafter_confidence, max_new_tokens=args.max_new_tokens,

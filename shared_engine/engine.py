@@ -100,6 +100,11 @@ class EnsembleEngine:
         return order if self.options.method != "single" else [index]
 
     @property
+    def member_specs(self) -> list[MemberConfig | Member]:
+        """The members as given (configs with the engine-wide defaults applied), in the given order."""
+        return list(self._specs)
+
+    @property
     def members(self) -> list[Member]:
         """Members in decoding order (drafter first); loaded on first use, once per process."""
         with self._load_lock:

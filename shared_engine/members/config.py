@@ -34,6 +34,9 @@ SERVER_FIELDS = ("top_k", "http")
 LLAMACPP_FIELDS = ("threads", "slots", "n_ctx")
 """Options of a llama.cpp server this process starts for a GGUF."""
 
+_LOADER_DEFAULTS = {"device": "cpu", "dtype": "float32"}
+"""What a transformers member loads with when these are not set."""
+
 
 class MemberDefaults(BaseModel):
     """Engine-wide placement for transformers members that do not set their own."""
@@ -132,9 +135,11 @@ class MemberConfig(MemberDefaults):
 
     @property
     def key(self) -> str:
-        """Registry key: the spec, plus the options when any are set (a bfloat16 copy of a model is
-        another member than its float32 copy; two engines asking for the same config share one)."""
-        options = self.model_dump(mode="json", include=set(self.backend_options()))
+        """Registry key: the spec, plus the options that differ from the loader's defaults (a
+        bfloat16 copy of a model is another member than its float32 copy; ``device="cpu"`` is the
+        plain one; two engines asking for the same config share one member)."""
+        options = {k: v for k, v in self.model_dump(mode="json", include=set(self.backend_options())).items()
+                   if _LOADER_DEFAULTS.get(k) != v}
         return str(self.spec) + (f"?{json.dumps(options, sort_keys=True)}" if options else "")
 
     def with_defaults(self, defaults: MemberDefaults | None, backend: str | None = None) -> MemberConfig:
