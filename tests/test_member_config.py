@@ -18,8 +18,7 @@ import pytest
 import torch
 
 from shared_engine import EnsembleEngine, InvalidRequestError, MemberConfig
-from shared_engine.members import check_members_fit, load_member, member_config
-from shared_engine.members import devices
+from shared_engine.members import check_members_fit, devices, load_member, member_config
 from tests.toy import toy_member
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,7 +109,7 @@ def test_weights_that_cannot_fit_are_refused_before_loading(toy_folders: list[Pa
     with open(big / "model-00002.safetensors", "wb") as f:  # sparse: takes no disk, counts as 1 TiB
         f.truncate(2**40)
     with pytest.raises(InvalidRequestError, match="do not fit on cpu: .*big"):
-        EnsembleEngine([str(big), str(toy_folders[1])]).members
+        _ = EnsembleEngine([str(big), str(toy_folders[1])]).members
     halved = devices.estimated_weight_bytes(big, "bfloat16")
     assert halved == devices.estimated_weight_bytes(big, "float32") // 2  # saved in float32
     check_members_fit([MemberConfig(model=str(toy_folders[0]))])  # a small one fits
@@ -157,7 +156,8 @@ def test_llamaindex_adapter_passes_member_configs_and_options() -> None:
     configs = [MemberConfig(model="a", dtype="bfloat16"), {"model": "b", "attn_implementation": "eager"}]
     llm = EnsembleLLM(members=configs)
     assert llm.models == ["a", "b"]
-    assert [(s.dtype, s.attn_implementation) for s in llm.engine.member_specs] == [("bfloat16", None), (None, "eager")]
+    placed = [(s.dtype, s.attn_implementation) for s in llm.engine.member_specs]
+    assert placed == [("bfloat16", None), (None, "eager")]
     by_option = EnsembleLLM(models=["a", "b"], member_options={"dtype": "float16"}, draft_length=2)
     assert [s.dtype for s in by_option.engine.member_specs] == ["float16", "float16"]
     with pytest.raises(InvalidRequestError, match="colour"):
@@ -232,16 +232,17 @@ def test_a_hub_id_loads_from_the_local_hub_cache(tmp_path: Path, monkeypatch: py
     answer = EnsembleEngine([member], method="single").generate("What is 2 + 2?", max_new_tokens=4)
     assert answer.text.strip()
     with pytest.raises(InvalidRequestError, match="'someone/not-cached'.*not in the local hub cache"):
-        EnsembleEngine(["someone/not-cached"], method="single").members
+        _ = EnsembleEngine(["someone/not-cached"], method="single").members
 
 
 # -- scripts ---------------------------------------------------------------------------------
 
 def test_gpu_check_runs_the_device_path_on_the_cpu(toy_folders: list[Path]) -> None:
     models = ",".join(str(f) for f in toy_folders)
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--device", "cpu",
-                           "--models", models, "--max-new-tokens", "6"],
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = str(ROOT / "scripts" / "gpu_check.py")
+    done = subprocess.run([sys.executable, script, "--device", "cpu", "--models", models, "--max-new-tokens", "6"],
+                          check=False, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
     assert (report["device"], report["dtype"], report["reference"]) == ("cpu", "bfloat16", "cpu float32")
@@ -251,6 +252,6 @@ def test_gpu_check_runs_the_device_path_on_the_cpu(toy_folders: list[Path]) -> N
     assert report["drafter_generate"]["placement"] == "cpu bfloat16"
     assert report["drafter_generate"]["tokens_per_s"] > 0
     if not torch.cuda.is_available():
-        refused = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--models", models],
-                                 capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        refused = subprocess.run([sys.executable, script, "--models", models],  # default device: cuda
+                                 check=False, capture_output=True, text=True, timeout=120, env=env)
         assert refused.returncode == 2 and "no CUDA device" in refused.stderr

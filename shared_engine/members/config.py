@@ -114,11 +114,10 @@ class MemberConfig(MemberDefaults):
         except InvalidRequestError as err:
             raise ValueError(str(err)) from None
         in_process_llamacpp = spec.backend == "llamacpp" and not spec.is_url
-        for names, applies, runs in ((PLACEMENT_FIELDS, spec.backend == "transformers", "transformers members"),
-                                     (SERVER_FIELDS, spec.backend != "transformers", "server members "
-                                      "(llamacpp:, vllm:, sglang:)"),
-                                     (LLAMACPP_FIELDS, in_process_llamacpp, "a GGUF served by llama.cpp in "
-                                      "this process (llamacpp:NAME)")):
+        rules = ((PLACEMENT_FIELDS, spec.backend == "transformers", "transformers members"),
+                 (SERVER_FIELDS, spec.backend != "transformers", "server members (llamacpp:, vllm:, sglang:)"),
+                 (LLAMACPP_FIELDS, in_process_llamacpp, "a GGUF served by llama.cpp in this process (llamacpp:NAME)"))
+        for names, applies, runs in rules:
             given = [name for name in names if getattr(self, name) is not None]
             if given and not applies:
                 raise ValueError(f"{', '.join(given)}: only for {runs}, but {self.model!r} runs as {spec}")
@@ -180,5 +179,6 @@ def member_config(entry: str | dict[str, Any] | MemberConfig, defaults: MemberDe
     elif isinstance(entry, MemberConfig):
         config = entry
     else:
-        raise InvalidRequestError(f"a member must be a model name/path, a MemberConfig or a Member, got {type(entry).__name__}")
+        raise InvalidRequestError(
+            f"a member must be a model name/path, a MemberConfig or a Member, got {type(entry).__name__}")
     return config.with_defaults(defaults, backend)  # type: ignore[union-attr]
