@@ -19,6 +19,7 @@ import torch
 
 from shared_engine import EnsembleEngine, InvalidRequestError, MemberConfig
 from shared_engine.members import check_members_fit, devices, load_member, member_config
+from tests.benchdata import needs_data
 from tests.toy import toy_member
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -233,6 +234,19 @@ def test_a_hub_id_loads_from_the_local_hub_cache(tmp_path: Path, monkeypatch: py
     assert answer.text.strip()
     with pytest.raises(InvalidRequestError, match="'someone/not-cached'.*not in the local hub cache"):
         _ = EnsembleEngine(["someone/not-cached"], method="single").members
+
+
+@pytest.mark.zoo
+@needs_data
+def test_a_bfloat16_zoo_ensemble_answers_the_gsm8k_smoke_question_as_float32() -> None:
+    from tests.test_real_models import QWEN, SMOL, gsm8k_question
+
+    question = gsm8k_question(0)
+    full = EnsembleEngine([QWEN, SMOL], method="safe", max_new_tokens=48).generate(question)
+    half_engine = EnsembleEngine([QWEN, SMOL], method="safe", dtype="bfloat16", max_new_tokens=48)
+    half = half_engine.generate(question)
+    assert [m.model.dtype for m in half_engine.members] == [torch.bfloat16, torch.bfloat16]
+    assert half.text == full.text and half.stats.tokens == full.stats.tokens == 48
 
 
 # -- scripts ---------------------------------------------------------------------------------
