@@ -219,6 +219,7 @@ def _hub_layout(cache: Path, repo_id: str, folder: Path) -> Path:
     return snapshot
 
 
+@pytest.mark.zoo
 def test_a_hub_id_loads_from_the_local_hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from shared_engine.zoo import resolve
 

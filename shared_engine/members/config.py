@@ -57,11 +57,9 @@ class MemberDefaults(BaseModel):
     def _parsable_device(cls, value: str | None) -> str | None:
         if value is not None:
             try:
-                import torch
-
-                torch.device(value)
-            except (RuntimeError, TypeError):
-                raise ValueError(f"unknown device {value!r} (e.g. cpu, cuda, cuda:1, mps)") from None
+                devices.parse_device(value)
+            except InvalidRequestError as err:
+                raise ValueError(str(err)) from None
         return value
 
     @field_validator("device_map")

@@ -41,15 +41,19 @@ def torch_dtype(name: str) -> torch.dtype | str:
     return name if name == "auto" else getattr(torch, name)
 
 
+def parse_device(device: str) -> torch.device:
+    """``device`` as torch reads it (any machine: this only checks the spelling)."""
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InvalidRequestError(f"unknown device {device!r} (e.g. cpu, cuda, cuda:1, mps)") from exc
+
+
 def check_device(device: str) -> torch.device:
     """Parse ``device`` and make sure this machine has it, before any weights are read.
 
-    ``cpu``, ``cuda``, ``cuda:N``, ``mps`` (and whatever else torch can parse and reports present).
-    """
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise InvalidRequestError(f"unknown device {device!r} (e.g. cpu, cuda, cuda:1, mps)") from exc
+    ``cpu``, ``cuda``, ``cuda:N``, ``mps``."""
+    parsed = parse_device(device)
     if parsed.type == "cpu":
         return parsed
     if parsed.type == "cuda":
