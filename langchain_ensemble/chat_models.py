@@ -59,7 +59,14 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field, field_validator, model_validator
 
-from shared_engine import EngineOptions, EnsembleEngine, GenerationParams, InvalidRequestError
+from shared_engine import (
+    EngineOptions,
+    EnsembleEngine,
+    GenerationParams,
+    InvalidRequestError,
+    MemberConfig,
+    MemberDefaults,
+)
 from shared_engine.engine import iterate_sync
 from shared_engine.events import Event, FinishEvent
 from shared_engine.members import load_member
@@ -87,14 +94,15 @@ _ENGINES: dict[tuple[Any, ...], EnsembleEngine] = {}
 _ENGINES_LOCK = threading.Lock()
 
 
-def _shared_engine(models: Sequence[str], method: str, options: dict[str, Any]) -> EnsembleEngine:
+def _shared_engine(members: Sequence[str | MemberConfig], method: str, options: dict[str, Any]) -> EnsembleEngine:
     """One engine per configuration and process: constructing ``ChatEnsemble`` stays cheap, and
     members (weights) are loaded on first use, once per process, by ``load_member``."""
-    key = (tuple(models), method, json.dumps(options, sort_keys=True, default=str))
+    described = tuple(m if isinstance(m, str) else m.model_dump_json(exclude_none=True) for m in members)
+    key = (described, method, json.dumps(options, sort_keys=True, default=str))
     with _ENGINES_LOCK:
         engine = _ENGINES.get(key)
         if engine is None:
-            engine = _ENGINES[key] = EnsembleEngine(list(models), method=method, **options)
+            engine = _ENGINES[key] = EnsembleEngine(list(members), method=method, **options)
         return engine
 
 
@@ -143,7 +151,13 @@ class ChatEnsemble(BaseChatModel):
     """
 
     models: list[str] = Field(min_length=1)
-    """Member names (zoo names, local Hugging Face folders or .gguf paths); the first drafts."""
+    """Member names (zoo names, local Hugging Face folders, .gguf paths, hub ids or member specs);
+    the first drafts. Filled in from ``members`` when those are given instead."""
+    members: list[MemberConfig] | None = None
+    """Members with their own options (device, dtype, server settings), instead of ``models``."""
+    member_options: dict[str, Any] = Field(default_factory=dict)
+    """``MemberDefaults`` for every transformers member that sets none (device, device_map, dtype,
+    attn_implementation); also collected from plain keywords, e.g. ``dtype="bfloat16"``."""
     method: Method = "safe"
     """How the ensemble decodes (see the engine's README)."""
     max_tokens: int = Field(256, ge=1)
@@ -174,6 +188,14 @@ class ChatEnsemble(BaseChatModel):
         options = dict(values.get("engine_options") or {})
         for key in _ENGINE_OPTION_KEYS & values.keys():
             options[key] = values.pop(key)
+        placement = dict(values.get("member_options") or {})
+        for key in MemberDefaults.model_fields.keys() & values.keys():
+            placement[key] = values.pop(key)
+        values["member_options"] = placement
+        if values.get("members") and not values.get("models"):
+            values["members"] = [m if isinstance(m, MemberConfig) else validated(MemberConfig, **m)
+                                 for m in values["members"]]
+            values["models"] = [m.model for m in values["members"]]
         if "max_new_tokens" in values and "max_tokens" not in values:
             values["max_tokens"] = values.pop("max_new_tokens")
         values["engine_options"] = options
@@ -189,8 +211,12 @@ class ChatEnsemble(BaseChatModel):
 
     @model_validator(mode="after")
     def _validate_engine(self) -> ChatEnsemble:
-        """Fail at construction on bad options or generation defaults (no weights are loaded here)."""
-        _shared_engine(self.models, self.method, self.engine_options)
+        """Fail at construction on bad options, member configs or generation defaults (no weights
+        are loaded here)."""
+        if self.members and self.models != [m.model for m in self.members]:
+            raise InvalidRequestError("give models or members, not both")
+        validated(MemberDefaults, **self.member_options)
+        self._shared()
         defaults = {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed, "stop": self.stop}
         validated(GenerationParams, max_new_tokens=self.max_tokens,
                   **{k: v for k, v in defaults.items() if v is not None})
@@ -210,7 +236,8 @@ class ChatEnsemble(BaseChatModel):
     def _identifying_params(self) -> dict[str, Any]:
         return {"models": list(self.models), "method": self.method, "max_tokens": self.max_tokens,
                 "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
-                **self.engine_options}
+                **self.engine_options, **self.member_options,
+                **({"members": [m.model_dump(exclude_none=True) for m in self.members]} if self.members else {})}
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)
@@ -275,12 +302,18 @@ class ChatEnsemble(BaseChatModel):
         """The shared engine, or, with tools bound, one whose members render the tools (and a
         forced call's prefix) into their prompts. The latter loads members here (blocking, once
         per process) and shares their weights; building the engine itself is cheap."""
-        shared = _shared_engine(self.models, self.method, self.engine_options)
+        shared = self._shared()
         if not request.tools:
             return shared
-        members = [ToolPromptMember(load_member(name), request.tools, request.forced, request.prefix)
-                   for name in self.models]
+        members = [ToolPromptMember(load_member(spec) if isinstance(spec, MemberConfig) else spec,
+                                    request.tools, request.forced, request.prefix)
+                   for spec in shared.member_specs]
         return EnsembleEngine(members, method=self.method, **self.engine_options)
+
+    def _shared(self) -> EnsembleEngine:
+        """The engine shared by every instance with this configuration."""
+        return _shared_engine(self.members or self.models, self.method,
+                              {**self.member_options, **self.engine_options})
 
     # -- streaming core -------------------------------------------------------------------
     async def astream(self, input: LanguageModelInput, config: RunnableConfig | None = None, *,

@@ -32,7 +32,7 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from pydantic import Field, PrivateAttr
 
-from shared_engine import EnsembleEngine, InvalidRequestError
+from shared_engine import EnsembleEngine, InvalidRequestError, MemberConfig, MemberDefaults
 from shared_engine.engine import iterate_sync
 from shared_engine.events import Event, FinishEvent
 from shared_engine.members import Member
@@ -119,10 +119,17 @@ class EnsembleLLM(FunctionCallingLLM):
     ``EnsembleLLM(models=[...], method="safe", max_tokens=256, temperature=0.0, **engine_options)``:
     ``engine_options`` are ``shared_engine.EngineOptions`` (``drafter``, ``draft_length``, ``fusion``,
     ``weights``, ...); LlamaIndex ``LLM`` fields (``system_prompt``, ``callback_manager``, ...) are
-    recognised by name. Members load on first use (once per process).
+    recognised by name. ``members=[MemberConfig(...)]`` instead of ``models`` gives each member its
+    own device / dtype / server options; ``member_options={"dtype": "bfloat16"}`` (or ``dtype=``)
+    sets them for every transformers member. Members load on first use (once per process).
     """
 
-    models: list[str] = Field(description="Member names (zoo names, local folders or .gguf paths).")
+    models: list[str] = Field(description="Member names (zoo names, local folders, .gguf paths, hub ids, specs).")
+    members: list[MemberConfig] | None = Field(
+        None, description="Members with their own options (device, dtype, server settings), instead of models.")
+    member_options: dict[str, Any] = Field(
+        default_factory=dict, description="MemberDefaults for every transformers member that sets none "
+                                          "(device, device_map, dtype, attn_implementation).")
     method: str = Field("safe", description="safe | every-token | gac-threshold | single | adafuse")
     max_tokens: int = Field(256, ge=1, description="Default answer length cap (drafter tokens).")
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy.")
@@ -137,21 +144,29 @@ class EnsembleLLM(FunctionCallingLLM):
 
     _engine: EnsembleEngine = PrivateAttr()
 
-    def __init__(self, models: Sequence[str | Member], method: str = "safe", max_tokens: int = 256,
+    def __init__(self, models: Sequence[str | Member] | None = None, method: str = "safe", max_tokens: int = 256,
                  temperature: float = 0.0, context_window: int | None = None, step_events: bool = False,
-                 **kwargs: Any) -> None:
+                 members: Sequence[MemberConfig | dict[str, Any]] | None = None,
+                 member_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if (models is None) == (members is None):
+            raise InvalidRequestError("give models or members (MemberConfig list), not both")
         engine_options = dict(kwargs.pop("engine_options", None) or {})
         fields = {k: kwargs.pop(k) for k in list(kwargs) if k in type(self).model_fields}
         engine_options.update(kwargs)  # whatever is not a field is an engine option
-        members = list(models)
-        names = [m if isinstance(m, str) else getattr(m, "name", str(m)) for m in members]
-        # Validates method, options, parameters and member count first, so bad values raise the
-        # engine's InvalidRequestError (not LlamaIndex's field errors); loads nothing yet.
-        engine = EnsembleEngine(members, method=method, max_new_tokens=max_tokens, temperature=temperature,
-                                **engine_options)
-        super().__init__(models=names, method=method, max_tokens=max_tokens, temperature=temperature,
-                         context_window=context_window, engine_options=engine_options,
-                         step_events=step_events, **fields)
+        placement = dict(member_options or {})
+        for key in MemberDefaults.model_fields.keys() & engine_options.keys():
+            placement[key] = engine_options.pop(key)
+        validated(MemberDefaults, **placement)
+        # Validates method, options, member configs, parameters and member count first, so bad values
+        # raise the engine's InvalidRequestError (not LlamaIndex's field errors); loads nothing yet.
+        specs: list[Any] = list(members if members is not None else models or [])
+        engine = EnsembleEngine(specs, method=method,
+                                max_new_tokens=max_tokens, temperature=temperature, **placement, **engine_options)
+        names = [s.model if isinstance(s, MemberConfig) else s.name for s in engine.member_specs]
+        configs = [s for s in engine.member_specs if isinstance(s, MemberConfig)] if members is not None else None
+        super().__init__(models=names, members=configs, member_options=placement, method=method,
+                         max_tokens=max_tokens, temperature=temperature, context_window=context_window,
+                         engine_options=engine_options, step_events=step_events, **fields)
         self._engine = engine
 
     @classmethod

@@ -3,6 +3,11 @@ answers, printed as JSON (issue #10, "Resources").
 
     python scripts/memory_report.py                      # the three zoo members, SAFE, 32 tokens
     python scripts/memory_report.py --models a,b --max-new-tokens 64 --json memory.json
+    python scripts/memory_report.py --dtype float32,bfloat16 [--device cuda]   # per member and dtype
+
+With ``--dtype``, each (member, dtype) is also loaded alone in a fresh subprocess and its resident
+memory reported (``per_member``): a process never returns all freed memory to the OS, so measuring
+one after another in one process would blur the figures. On CUDA the GPU memory is reported too.
 
 Weights are memory-mapped and paged in on first use, so "after_load" is small; one forward per
 member makes them resident ("after_load_weights_resident") before the answer is measured.
@@ -71,13 +76,48 @@ class PeakSampler:
         self.peak = max(self.peak, rss_mb())
 
 
-def measure(models: list[str], method: str, max_new_tokens: int, prompt: str) -> dict:
+def measure_one(model: str, dtype: str, device: str) -> dict:
+    """One member alone in this process: RSS (and GPU memory) once its weights are resident."""
+    import torch
+
+    from shared_engine.members import MemberConfig, load_member
+    from shared_engine.members.devices import input_device
+
+    baseline = rss_mb()
+    member = load_member(MemberConfig(model=model, dtype=dtype, device=device), progress=False)
+    with torch.inference_mode():
+        member.model(input_ids=torch.tensor([[0]], device=input_device(member.model)))
+    gc.collect()
+    report = {"model": model, "dtype": dtype, "device": device, "placement": member.placement,
+              "rss_mb": round(rss_mb() - baseline, 1),
+              "weights_mb": round(sum(p.numel() * p.element_size() for p in member.model.parameters()) / 2**20, 1)}
+    if torch.device(device).type == "cuda":
+        report["gpu_allocated_mb"] = round(torch.cuda.memory_allocated(device) / 2**20, 1)
+    return report
+
+
+def per_member(models: list[str], dtypes: list[str], device: str) -> list[dict]:
+    """``measure_one`` for every (member, dtype), each in its own subprocess."""
+    import subprocess
+
+    rows = []
+    for dtype in dtypes:
+        for model in models:
+            out = subprocess.run([sys.executable, __file__, "--one", model, "--dtype", dtype, "--device", device],
+                                 capture_output=True, text=True, check=True).stdout
+            rows.append(json.loads(out))
+    return rows
+
+
+def measure(models: list[str], method: str, max_new_tokens: int, prompt: str, dtype: str = "float32",
+            device: str = "cpu") -> dict:
     import torch  # imported before the baseline: the report is about the engine, not the libraries
 
     from shared_engine import EnsembleEngine
+    from shared_engine.members.devices import input_device
 
     baseline = rss_mb()
-    engine = EnsembleEngine(models, method=method)
+    engine = EnsembleEngine(models, method=method, dtype=dtype, device=device)
     start = time.perf_counter()
     members = engine.members  # loads (once per process)
     load_s = time.perf_counter() - start
@@ -87,7 +127,7 @@ def measure(models: list[str], method: str, max_new_tokens: int, prompt: str) ->
     # of every member makes them resident, so the answer's own overhead is measured separately.
     with torch.inference_mode():
         for member in members:
-            member.model(input_ids=torch.tensor([[0]]))
+            member.model(input_ids=torch.tensor([[0]], device=input_device(member.model)))
     resident = rss_mb()
     weights = {m.name: round(sum(p.numel() * p.element_size() for p in m.model.parameters()) / 2**20, 1)
                for m in members}
@@ -105,6 +145,8 @@ def measure(models: list[str], method: str, max_new_tokens: int, prompt: str) ->
     gc.collect()
     return {
         "models": models,
+        "dtype": dtype,
+        "device": device,
         "method": method,
         "max_new_tokens": max_new_tokens,
         "answer_tokens": result.stats.tokens,
@@ -136,10 +178,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--method", default="safe")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--prompt", default=PROMPT)
+    parser.add_argument("--dtype", default="float32",
+                        help="comma-separated dtypes (float32, bfloat16, float16): per-member figures for each; "
+                             "the ensemble is measured in the first")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--json", help="also write the report here")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure this one member (per_member)
     args = parser.parse_args(argv)
-    report = measure([m.strip() for m in args.models.split(",") if m.strip()], args.method,
-                     args.max_new_tokens, args.prompt)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+    dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    if args.one:
+        print(json.dumps(measure_one(args.one, dtypes[0], args.device)))
+        return 0
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    report = measure(models, args.method, args.max_new_tokens, args.prompt, dtypes[0], args.device)
+    if args.dtype != parser.get_default("dtype") or len(dtypes) > 1:
+        report["per_member"] = per_member(models, dtypes, args.device)
     text = json.dumps(report, indent=2)
     if args.json:
         Path(args.json).write_text(text + "\n")

@@ -18,10 +18,12 @@ from .events import (
     TokenEvent,
     VerifyEvent,
 )
+from .members import MemberConfig, MemberDefaults
 from .options import EngineOptions, GenerationParams
 
 __all__ = [
     "AdaFuseEvent", "CacheSyncEvent", "ContextLengthError", "DraftEvent", "EngineClosedError", "EngineOptions",
     "EnsembleEngine", "EnsembleError", "EnsembleEvent", "Event", "FinishEvent", "GenerationParams",
-    "GenerationResult", "InvalidRequestError", "MemberError", "SpanCandidate", "Stats", "TokenEvent", "VerifyEvent",
+    "GenerationResult", "InvalidRequestError", "MemberConfig", "MemberDefaults", "MemberError", "SpanCandidate",
+    "Stats", "TokenEvent", "VerifyEvent",
 ]

@@ -30,13 +30,22 @@ from typing import Any, TypeVar
 
 import torch
 from pydantic import BaseModel
+from typing_extensions import TypeIs
 
 from .decoding import AdaFuseSettings, FusionSettings, RequestState, adafuse_round, decode_round
 from .decoding.adafuse import DEFAULT_THRESHOLD
 from .errors import ContextLengthError, EngineClosedError, InvalidRequestError, MemberError
 from .events import Event, FinishEvent, Stats
 from .fusion import make_fuser
-from .members import Member, acquire_member, release_member
+from .members import (
+    Member,
+    MemberConfig,
+    MemberDefaults,
+    acquire_member,
+    check_members_fit,
+    member_config,
+    release_member,
+)
 from .members.chat import Message, normalize_messages
 from .options import EngineOptions, GenerationParams, validated
 from .policies import make_policy
@@ -57,14 +66,23 @@ class GenerationResult(BaseModel):
 class EnsembleEngine:
     """Several members answering as one (SAFE by default; baselines share the same round)."""
 
-    def __init__(self, members: Sequence[str | Member], method: str = "safe", **options: Any) -> None:
+    def __init__(self, members: Sequence[str | MemberConfig | Member], method: str = "safe",
+                 **options: Any) -> None:
+        """``members``: names/specs, ``MemberConfig``s or built members. ``options``: any
+        ``EngineOptions`` field, plus the ``MemberDefaults`` (``device``, ``device_map``, ``dtype``,
+        ``attn_implementation``) applied to every transformers member that does not set its own.
+        Bad configs (unknown dtype or key, a device this machine lacks) fail here, loading nothing."""
         if not members:
             raise InvalidRequestError("an ensemble needs at least one member")
-        for spec in members:
-            if not isinstance(spec, str) and not all(hasattr(spec, a) for a in ("name", "table", "new_session")):
-                raise InvalidRequestError(f"a member must be a model name/path or a Member, got {type(spec).__name__}")
+        placement = {k: options.pop(k) for k in list(options) if k in MemberDefaults.model_fields}
+        defaults = validated(MemberDefaults, **placement)
         self.options = validated(EngineOptions, method=method, **options)
-        self._specs = list(members)
+        self._specs: list[MemberConfig | Member] = [
+            spec if _is_member(spec) else member_config(spec, defaults)
+            for spec in members]
+        for spec in self._specs:
+            if isinstance(spec, MemberConfig):
+                spec.check_placement()
         self._members: list[Member] | None = None
         self._load_lock = threading.Lock()
         if self.options.method != "single" and len(self._specs) < 2:
@@ -75,11 +93,11 @@ class EnsembleEngine:
         self.fuser = make_fuser(self.options.fusion, self.options.top_k)
         self._live: dict[int, RequestState] = {}  # requests that hold sessions, by id()
         self._closed = False
-        self._held: list[str] = []  # member specs acquired from the registry, released by close()
-        self._release_later: list[str] = []  # ... after the requests still running at close()
+        self._held: list[MemberConfig] = []  # members acquired from the registry, released by close()
+        self._release_later: list[MemberConfig] = []  # ... after the requests still running at close()
 
     def _drafter_first(self, drafter: str | int | None) -> list[int]:
-        names = [s if isinstance(s, str) else s.name for s in self._specs]
+        names = [s.model if isinstance(s, MemberConfig) else s.name for s in self._specs]
         if drafter is None:
             index = 0
         elif isinstance(drafter, int):
@@ -94,14 +112,21 @@ class EnsembleEngine:
         return order if self.options.method != "single" else [index]
 
     @property
+    def member_specs(self) -> list[MemberConfig | Member]:
+        """The members as given (configs with the engine-wide defaults applied), in the given order."""
+        return list(self._specs)
+
+    @property
     def members(self) -> list[Member]:
         """Members in decoding order (drafter first); loaded on first use, once per process."""
         with self._load_lock:
             if self._members is None:
                 if self._closed:
                     raise EngineClosedError("the engine is closed")
-                loaded = [acquire_member(s) if isinstance(s, str) else s for s in self._specs]
-                self._held = [s for s in self._specs if isinstance(s, str)]
+                configs = [s for s in self._specs if isinstance(s, MemberConfig)]
+                check_members_fit(configs)
+                loaded = [acquire_member(s) if isinstance(s, MemberConfig) else s for s in self._specs]
+                self._held = configs
                 _reject_ambiguous_names(loaded)
                 self._members = [loaded[i] for i in self._order]
             return self._members
@@ -256,6 +281,12 @@ class EnsembleEngine:
     def stream(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> Generator[Event, None, None]:
         """Blocking iterator over ``astream``'s events."""
         return iterate_sync(self.astream(messages_or_prompt, **params))
+
+
+def _is_member(spec: object) -> TypeIs[Member]:
+    """A built member (anything with the Member interface), as opposed to a description of one."""
+    return not isinstance(spec, (str, dict, MemberConfig)) and all(
+        hasattr(spec, a) for a in ("name", "table", "new_session"))
 
 
 def _reject_ambiguous_names(members: Sequence[Member]) -> None:

@@ -10,15 +10,7 @@ from __future__ import annotations
 import argparse
 
 from .engine import EnsembleEngine
-from .members import with_backend
-
-
-def models_arg(value: str) -> list[str]:
-    """``--models a,b``: at least one name."""
-    models = [m.strip() for m in value.split(",") if m.strip()]
-    if not models:
-        raise argparse.ArgumentTypeError("give at least one model")
-    return models
+from .member_flags import add_member_args, member_configs
 
 
 def weights_arg(value: str) -> list[float]:
@@ -31,9 +23,7 @@ def weights_arg(value: str) -> list[float]:
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """The flags that configure an ``EnsembleEngine`` (read back by ``engine_from_args``)."""
-    parser.add_argument("--models", type=models_arg, required=True,
-                        help="comma-separated zoo names, local HF folders, .gguf paths or member specs "
-                             "such as llamacpp:NAME, vllm:URL#TOKENIZER (see README, Remote members)")
+    add_member_args(parser)  # --models or --members FILE, --device, --dtype, ...
     parser.add_argument("--drafter", help="member that drafts (default: the first)")
     parser.add_argument("--weights", type=weights_arg,
                         help="fusion weight of each model, in --models order, e.g. 2,1 (default: equal)")
@@ -64,8 +54,7 @@ def engine_from_args(args: argparse.Namespace, method: str, backend: str | None 
     transformers) runs the model names that carry no backend prefix. Members load on first request."""
     chosen = backend or getattr(args, "backend", None) or "transformers"
     backend = chosen if isinstance(chosen, str) else chosen[0]
-    models = [with_backend(m, backend) for m in args.models]
-    return EnsembleEngine(models, method=method, drafter=args.drafter, weights=args.weights,
+    return EnsembleEngine(member_configs(args, backend), method=method, drafter=args.drafter, weights=args.weights,
                           draft_length=args.draft_length,
                           fusion=args.fusion, sharpen=None if args.sharpen == "none" else args.sharpen,
                           drafter_confidence=args.drafter_confidence, max_new_tokens=args.max_new_tokens,

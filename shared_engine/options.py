@@ -78,10 +78,11 @@ class EngineOptions(GenerationParams):
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
-def validated(model: type[ModelT], **values: object) -> ModelT:
+def validated(model: type[ModelT], /, **values: object) -> ModelT:
     """Build a pydantic model, turning validation errors into the engine's typed error."""
     try:
         return model(**values)
     except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in err.errors())
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
+                             for e in err.errors())
         raise InvalidRequestError(f"invalid parameters: {problems}") from None

@@ -32,6 +32,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -57,6 +58,7 @@ __all__ = [
     "cache_dir",
     "ensure_packages",
     "gguf_path",
+    "hub_snapshot",
     "known_models",
     "resolve",
 ]
@@ -579,16 +581,17 @@ def _resolve_gguf_file(path: Path, progress: bool = True) -> ResolvedModel:
 def _unknown(name_or_path: str) -> UnknownModelError:
     return UnknownModelError(
         f"unknown model {name_or_path!r}. Known zoo models: {', '.join(known_models())}. "
-        "A local Hugging Face model folder (containing config.json) or a path to a .gguf file "
-        "is accepted too."
+        "A local Hugging Face model folder (containing config.json), a path to a .gguf file "
+        "or a Hugging Face hub id (org/name) is accepted too."
     )
 
 
 def resolve(name_or_path: str, progress: bool = True) -> ResolvedModel:
-    """Turn a zoo name, HF folder or .gguf path into a loadable local HF folder.
+    """Turn a zoo name, HF folder, .gguf path or Hugging Face hub id into a loadable local HF folder.
 
     Zoo models and .gguf files are converted on first use (tens of seconds) and
-    cached under ``cache_dir()/hf``; afterwards this returns immediately.
+    cached under ``cache_dir()/hf``; afterwards this returns immediately. A hub id
+    (``org/name``, not an existing path) is read from the local hub cache (:func:`hub_snapshot`).
     Raises UnknownModelError (a ValueError) for anything else.
     """
     spec = ZOO.get(name_or_path)
@@ -600,6 +603,8 @@ def resolve(name_or_path: str, progress: bool = True) -> ResolvedModel:
         return ResolvedModel(name=path.name, path=path, spec=None)
     if path.is_file() and path.suffix.lower() == ".gguf":
         return _resolve_gguf_file(path.resolve(), progress)
+    if is_hub_id(name_or_path) and not path.exists():
+        return ResolvedModel(name=name_or_path, path=hub_snapshot(name_or_path), spec=None)
     raise _unknown(name_or_path)
 
 
@@ -637,6 +642,57 @@ def tokenizer_dir(name: str, progress: bool = True) -> Path:
                     shutil.rmtree(tmp_dir, ignore_errors=True)
                     raise
     return dest
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+
+
+def is_hub_id(name: str) -> bool:
+    """``org/name`` as the Hugging Face hub spells repository ids."""
+    return bool(_HUB_ID.match(name)) and not name.endswith(".gguf")
+
+
+def hub_cache_dir() -> Path:
+    """The hub cache, read from the environment at call time: ``HF_HUB_CACHE``, else
+    ``HF_HOME/hub``, else ``~/.cache/huggingface/hub`` (huggingface_hub's own rule)."""
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def hub_offline() -> bool:
+    """``HF_HUB_OFFLINE`` (read now, not at import): never try the network."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The local snapshot folder of a hub model (``models--org--name/snapshots/<commit>``).
+
+    The local cache is tried first; only when the id is not cached and ``HF_HUB_OFFLINE`` is not
+    set is it downloaded (huggingface_hub, into the same cache). Errors name the id and the cache."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    cache = hub_cache_dir()
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True, allow_patterns=patterns))
+    except HFValidationError as exc:
+        raise UnknownModelError(f"{repo_id!r} is not a valid Hugging Face hub id: {exc}") from None
+    except Exception as cached_exc:  # noqa: BLE001 - LocalEntryNotFoundError and friends: not cached
+        if hub_offline():
+            raise UnknownModelError(
+                f"hub model {repo_id!r} is not in the local hub cache ({cache}) and HF_HUB_OFFLINE is set; "
+                f"download it first (huggingface-cli download {repo_id}) or point HF_HUB_CACHE/HF_HOME at "
+                "the cache that holds it") from cached_exc
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache, allow_patterns=patterns))
+    except Exception as exc:  # noqa: BLE001 - network, auth, missing repo: one clear error
+        raise UnknownModelError(
+            f"hub model {repo_id!r} is not in the local hub cache ({cache}) and could not be downloaded "
+            f"({type(exc).__name__}: {exc})") from None
 
 
 def gguf_path(name_or_path: str, progress: bool = True) -> Path:

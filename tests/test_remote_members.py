@@ -229,9 +229,9 @@ def test_cli_backend_applies_to_names_without_a_prefix() -> None:
                                       "--backend", "transformers,llamacpp"])
     assert args.backend == ["transformers", "llamacpp"]
     engine = engine_from_args(args, "safe", "llamacpp")  # members load lazily: nothing starts here
-    assert engine._specs == ["llamacpp:smollm2-135m-instruct", "vllm:http://h:1#x"]
+    assert [s.model for s in engine._specs] == ["llamacpp:smollm2-135m-instruct", "vllm:http://h:1#x"]
     run = build_parser().parse_args(["run", "--models", "a,b", "--backend", "llamacpp", "hi"])
-    assert engine_from_args(run, "safe")._specs == ["llamacpp:a", "llamacpp:b"]
+    assert [s.model for s in engine_from_args(run, "safe")._specs] == ["llamacpp:a", "llamacpp:b"]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--models", "a", "--backend", "vllm"])
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..engine_args import add_engine_args, default_method, engine_from_args
 from ..errors import InvalidRequestError
+from ..member_flags import member_configs
 from ..members import LOCAL_BACKENDS
 from ..options import METHODS, GenerationParams
 from .benchmarks import BENCHMARKS, FLORES_PAIRS, get_benchmark
@@ -23,9 +24,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser = sub.add_parser("eval", help="accuracy / speed of a method on a benchmark (or: eval compare DIR...)",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_args(parser)
-    for action in parser._actions:  # not needed by `eval compare`; checked in run
-        if action.dest == "models":
-            action.required = False
+    for group in parser._mutually_exclusive_groups:  # --models/--members: not needed by `eval compare`;
+        group.required = False                          # checked in run
     parser.set_defaults(max_new_tokens=None)
     parser.add_argument("--bench", choices=BENCHMARKS)
     parser.add_argument("--backend", choices=LOCAL_BACKENDS, default="transformers",
@@ -63,15 +63,17 @@ def run(args: argparse.Namespace) -> int:
                            Path(args.baseline) if args.baseline else None))
         return 0
     if not args.bench or not args.models:
-        raise InvalidRequestError("eval needs --bench and --models (or: eval compare DIR...)")
+        raise InvalidRequestError("eval needs --bench and --models or --members (or: eval compare DIR...)")
     method = args.method or default_method(args.models)
     bench = get_benchmark(args.bench, args.data, args.pair)
     args.max_new_tokens = args.max_new_tokens or bench.max_new_tokens
     engine = engine_from_args(args, method)
     options = engine.options.model_dump(exclude=set(GenerationParams.model_fields) | {"method"})  # any method's
     models = [_drafter(args)] if method == "single" else args.models  # `single` runs the drafter alone
+    member_options = {c.model: c.model_dump(mode="json", exclude_none=True, exclude={"model"})
+                      for c in member_configs(args, args.backend) if c.backend_options()}  # a bf16 run is another run
     config = RunConfig(bench=bench.name, models=models, method=method, max_new_tokens=args.max_new_tokens,
-                       engine_options=options)
+                       engine_options=options, member_options=member_options)
     out = Path(args.out or f"eval-runs/{bench.name}-{method}-{'+'.join(_short(m) for m in models)}")
     summary = asyncio.run(evaluate(engine, bench, config, out, limit=args.limit, resume=args.resume,
                                    progress=not args.no_progress))

@@ -40,6 +40,8 @@ class RunConfig(BaseModel):
     method: str
     max_new_tokens: int
     engine_options: dict[str, Any] = Field(default_factory=dict)
+    member_options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Members run with options (device, dtype, ...), by model.")
     prompt_version: str = PROMPT_VERSION
 
 

@@ -10,106 +10,72 @@ A member is named by a **spec string**, ``[BACKEND:]TARGET[#TOKENIZER]``:
 ``#TOKENIZER`` (a zoo name, HF folder, .gguf file or cached hub id) names the tokenizer of a remote
 model; without it the tokenizer is loaded from the model path the server reports (it must exist on
 this machine). ``load_member(spec, backend=...)`` applies ``backend`` to specs without a prefix.
+
+A ``MemberConfig`` (members/config.py) is a spec plus how it runs (device, dtype, server options);
+the registry key is the spec plus those options. Hub ids (``org/name``) load from the local hub cache.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
-from ..errors import InvalidRequestError
+from . import devices
 from .base import Capabilities, Member, Session
+from .config import MemberConfig, MemberDefaults, member_config
 from .hf import HFMember, HFSession
-
-Backend = Literal["transformers", "llamacpp", "vllm", "sglang"]
-BACKENDS: tuple[str, ...] = get_args(Backend)
-LOCAL_BACKENDS = ("transformers", "llamacpp")
-"""Backends that can run a zoo name on this machine (``--backend`` of the CLI)."""
+from .spec import BACKENDS, LOCAL_BACKENDS, Backend, MemberSpec, parse_member_spec, with_backend
 
 _LOADED: dict[str, Member] = {}
 _HOLDERS: dict[str, int] = {}  # engines holding each registry member (acquire_member/release_member)
 _LOAD_LOCK = threading.Lock()
 
 
-class MemberSpec(BaseModel):
-    """A parsed member spec string (see the module docstring)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    backend: Backend
-    target: str
-    tokenizer: str | None = None
-
-    @property
-    def is_url(self) -> bool:
-        return self.target.startswith(("http://", "https://"))
-
-    def __str__(self) -> str:
-        return f"{self.backend}:{self.target}" + (f"#{self.tokenizer}" if self.tokenizer else "")
-
-
-def parse_member_spec(spec: str, backend: str | None = None) -> MemberSpec:
-    """``[BACKEND:]TARGET[#TOKENIZER]`` -> MemberSpec; ``backend`` is the default for bare targets."""
-    head, sep, rest = spec.partition(":")
-    if sep and head in BACKENDS:
-        chosen, target = head, rest
-    else:
-        chosen, target = backend or "transformers", spec
-    if chosen not in BACKENDS:
-        raise InvalidRequestError(f"unknown backend {chosen!r}; use one of {BACKENDS}")
-    target, _, tokenizer = target.partition("#")
-    parsed = MemberSpec(backend=chosen, target=target.strip(), tokenizer=tokenizer.strip() or None)
-    if not parsed.target:
-        raise InvalidRequestError(f"member spec {spec!r} names no model or URL")
-    if parsed.backend in ("vllm", "sglang") and not parsed.is_url:
-        raise InvalidRequestError(f"{parsed.backend} members are servers: give a URL, e.g. "
-                                  f"'{parsed.backend}:http://127.0.0.1:8000' (got {spec!r})")
-    if parsed.backend == "transformers" and parsed.is_url:
-        raise InvalidRequestError(f"a URL needs a server backend prefix (llamacpp:, vllm:, sglang:), got {spec!r}")
-    return parsed
-
-
-def with_backend(spec: str, backend: str | None) -> str:
-    """``spec`` with ``backend`` applied when it has no prefix of its own (for CLI model lists)."""
-    return str(parse_member_spec(spec, backend)) if backend else spec
-
-
-def load_member(name_or_spec: str, progress: bool = True, backend: str | None = None,
+def load_member(name_or_spec: str | MemberConfig, progress: bool = True, backend: str | None = None,
                 **options: Any) -> Member:
-    """Load a member once per process: a zoo name, HF folder, .gguf path or spec string.
+    """Load a member once per process: a zoo name, HF folder, .gguf path, hub id, spec string or
+    ``MemberConfig``.
 
-    ``options`` go to the backend (e.g. ``top_k=``, ``http=HttpSettings(...)``, ``n_ctx=`` for
-    llama.cpp); members loaded with options are not shared through the registry.
+    ``options`` are ``MemberConfig`` fields (e.g. ``dtype=``, ``device=``, ``top_k=``,
+    ``http=HttpSettings(...)``, ``n_ctx=``). Members are shared per configuration: the same
+    model with other options (a bfloat16 copy) is another member. The devices asked for are
+    checked before anything is read.
     """
-    spec = parse_member_spec(name_or_spec, backend)
-    key = str(spec)
+    config = _config(name_or_spec, backend, options)
     with _LOAD_LOCK:
-        member = None if options else _LOADED.get(key)
+        member = _LOADED.get(config.key)
         if member is None:
-            member = _build(spec, progress, options)
-            if not options:
-                _LOADED[key] = member
+            config.check_placement()
+            member = _LOADED[config.key] = _build(config, progress)
         return member
 
 
-def acquire_member(name_or_spec: str, backend: str | None = None) -> Member:
+def _config(name_or_spec: str | MemberConfig, backend: str | None = None,
+            options: dict[str, Any] | None = None) -> MemberConfig:
+    if isinstance(name_or_spec, MemberConfig):
+        if options:
+            return member_config({**name_or_spec.model_dump(exclude_none=True), **options}, backend=backend)
+        return name_or_spec.with_defaults(None, backend)
+    return member_config({"model": name_or_spec, **(options or {})}, backend=backend)
+
+
+def acquire_member(name_or_spec: str | MemberConfig, backend: str | None = None) -> Member:
     """``load_member`` for a holder that will ``release_member`` it (an engine): the registry
     counts holders, so the last one to let go frees the member."""
     member = load_member(name_or_spec, backend=backend)
     with _LOAD_LOCK:
-        key = str(parse_member_spec(name_or_spec, backend))
+        key = _config(name_or_spec, backend).key
         _HOLDERS[key] = _HOLDERS.get(key, 0) + 1
     return member
 
 
-def release_member(name_or_spec: str, backend: str | None = None) -> bool:
+def release_member(name_or_spec: str | MemberConfig, backend: str | None = None) -> bool:
     """One holder lets go; when none is left the member leaves the registry and its resources are
     closed (HTTP clients, an in-process llama.cpp server; transformers weights are freed once no
     Python object refers to them). Returns True if it was freed."""
-    key = str(parse_member_spec(name_or_spec, backend))
+    key = _config(name_or_spec, backend).key
     with _LOAD_LOCK:
         if key not in _HOLDERS:
             return False
@@ -122,6 +88,22 @@ def release_member(name_or_spec: str, backend: str | None = None) -> bool:
     if close is not None:
         close()
     return member is not None
+
+
+def check_members_fit(configs: Sequence[MemberConfig], progress: bool = True) -> None:
+    """Refuse, before loading any of them, transformers members whose weights cannot fit together
+    on their device (estimated from the weight files and the dtype; members already loaded are
+    already counted in what the device has free)."""
+    from ..zoo import resolve
+
+    planned = []
+    for config in configs:
+        device = devices.placement_device(config.device, config.device_map)
+        if config.spec.backend != "transformers" or device is None or config.key in _LOADED:
+            continue
+        folder = resolve(config.spec.target, progress=progress).path
+        planned.append((config.model, device, devices.estimated_weight_bytes(folder, config.dtype or "float32")))
+    devices.check_fits(planned)
 
 
 def register_member(member: Member, name: str | None = None) -> None:
@@ -141,12 +123,13 @@ def unregister_member(name: str) -> None:
         _HOLDERS.pop(key, None)
 
 
-def _build(spec: MemberSpec, progress: bool, options: dict[str, Any]) -> Member:
+def _build(config: MemberConfig, progress: bool) -> Member:
     from ..zoo import gguf_path, resolve
 
+    spec, options = config.spec, config.backend_options()
     if spec.backend == "transformers":
         resolved = resolve(spec.target, progress=progress)
-        return HFMember.from_pretrained(resolved.name, resolved.path)
+        return HFMember.from_pretrained(resolved.name, resolved.path, **options)
     from .remote import load_tokenizer
 
     if spec.backend == "llamacpp" and not spec.is_url:
@@ -204,6 +187,7 @@ def _connect(spec: MemberSpec, options: dict[str, Any]) -> Member:
         probe.close()
 
 
-__all__ = ["BACKENDS", "Capabilities", "HFMember", "HFSession", "Member", "MemberSpec", "Session",
-           "acquire_member", "load_member", "parse_member_spec", "register_member", "release_member",
+__all__ = ["BACKENDS", "LOCAL_BACKENDS", "Backend", "Capabilities", "HFMember", "HFSession", "Member",
+           "MemberConfig", "MemberDefaults", "MemberSpec", "Session", "acquire_member", "check_members_fit",
+           "load_member", "member_config", "parse_member_spec", "register_member", "release_member",
            "unregister_member", "with_backend"]

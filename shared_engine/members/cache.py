@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from .devices import input_device, to_host
+
 
 def cache_kwarg_name(model: PreTrainedModel) -> str:
     """The forward keyword that takes the cache: ``cache`` on >= 5.24, else ``past_key_values``."""
@@ -75,8 +77,9 @@ def sliding_window(model: PreTrainedModel) -> int | None:
 def forward_logits(model: PreTrainedModel, cache_kwarg: str, cache: Any, ids: list[int],
                    keep_logits: int) -> tuple[torch.Tensor, Any]:
     """Feed ``ids`` after what ``cache`` holds; return the last ``keep_logits`` rows of logits
-    (float32, shape [keep_logits, vocab]) and the cache. Positions come from the cache length."""
-    input_ids = torch.tensor([ids], dtype=torch.long)
+    (on the CPU in float32, shape [keep_logits, vocab]: ``devices.to_host``) and the cache, which
+    stays on the model's device. Positions come from the cache length."""
+    input_ids = torch.tensor([ids], dtype=torch.long, device=input_device(model))
     out = model(input_ids=input_ids, use_cache=True, logits_to_keep=keep_logits,
                 **{cache_kwarg: cache})
-    return out.logits[0, -keep_logits:].float(), output_cache(out)
+    return to_host(out.logits[0, -keep_logits:]), output_cache(out)

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 
 from ..alignment import TokenTable
 from . import cache as kv
+from . import devices
 from .base import FULL_LOCAL, Capabilities, R
 from .chat import PLAIN_TEMPLATE_STOPS, Message, render_prompt_ids
 from .session import PrefixSession
@@ -47,10 +48,24 @@ class HFMember:
         self.lock = threading.Lock()
 
     @classmethod
-    def from_pretrained(cls, name: str, path: str | Path) -> HFMember:
+    def from_pretrained(cls, name: str, path: str | Path, *, device: str | None = None,
+                        device_map: str | dict[str, int | str] | None = None, dtype: str | None = None,
+                        attn_implementation: str | None = None) -> HFMember:
+        """Load a local HF folder in ``dtype`` (default float32) on ``device`` (default cpu) or spread
+        by ``device_map``; logits leave the device only as float32 CPU rows (members/devices.py)."""
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        extra: dict[str, object] = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        if device_map is not None or (device is not None and devices.check_device(device).type != "cpu"):
+            extra["device_map"] = device_map if device_map is not None else device  # straight onto it
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=devices.torch_dtype(dtype or "float32"),
+                                                     **extra)
         return cls(name, model, tokenizer)
+
+    @property
+    def placement(self) -> str:
+        """Where the weights live and in which dtype, e.g. ``cuda:0 bfloat16`` (for reports)."""
+        places = sorted({str(p.device) for p in self.model.parameters()})
+        return f"{'+'.join(places)} {str(self.model.dtype).removeprefix('torch.')}"
 
     @property
     def eos_ids(self) -> frozenset[int]:

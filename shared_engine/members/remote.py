@@ -94,10 +94,12 @@ class LocalTokenizer:
 
 def load_tokenizer(spec: str | Path) -> LocalTokenizer:
     """Tokenizer from a zoo name, an HF folder, a .gguf file or a hub id already in the local cache."""
-    from ..zoo import ZOO, resolve
+    from ..zoo import ZOO, hub_snapshot, is_hub_id, resolve
 
     spec = str(spec)
     path = resolve(spec, progress=False).path if spec in ZOO else Path(spec).expanduser()
+    if not path.exists() and is_hub_id(spec):
+        path = hub_snapshot(spec)
     if path.is_file() and path.suffix.lower() == ".gguf":
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         return LocalTokenizer(tokenizer, len(tokenizer), frozenset(), None)

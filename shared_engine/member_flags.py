@@ -1,0 +1,95 @@
+"""The command-line flags that describe members, shared by run, bench, serve and eval:
+``--models a,b`` or ``--members FILE`` (a YAML or JSON list of ``MemberConfig``), plus
+``--device`` / ``--device-map`` / ``--dtype`` / ``--attn-implementation`` for every transformers
+member that does not set its own. Parsing only: the configs are the engine's ``MemberConfig``.
+
+    # members.yaml
+    - model: qwen2.5-coder-0.5b-instruct
+      dtype: bfloat16
+    - llamacpp:smollm2-135m-instruct        # a plain spec string is a member too
+    - {model: "vllm:http://gpu-box:8000", top_k: 20}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import EnsembleError
+from .members import MemberConfig, MemberDefaults, member_config, with_backend
+from .members.devices import DTYPES
+from .options import validated
+
+
+def _models(value: str) -> list[str]:
+    models = [m.strip() for m in value.split(",") if m.strip()]
+    if not models:
+        raise argparse.ArgumentTypeError("give at least one model")
+    return models
+
+
+def read_members_file(path: str | Path) -> list[MemberConfig]:
+    """A YAML (``.yaml``/``.yml``) or JSON file holding a list of members (dicts or spec strings),
+    or a mapping with that list under ``members``. Errors name the file, the entry and the key."""
+    text = Path(path).read_text()
+    if str(path).endswith((".yaml", ".yml")):
+        import yaml
+
+        data: Any = yaml.safe_load(text)
+    else:
+        data = json.loads(text)
+    if isinstance(data, dict) and set(data) == {"members"}:
+        data = data["members"]
+    if not isinstance(data, list) or not data:
+        raise ValueError(f"{path}: expected a non-empty list of members (dicts or model names)")
+    configs = []
+    for number, entry in enumerate(data, 1):
+        try:
+            configs.append(member_config(entry))
+        except EnsembleError as err:
+            raise ValueError(f"{path}, member {number}: {err}") from None
+    return configs
+
+
+class _MembersFile(argparse.Action):
+    """``--members FILE``: parsed at once (a bad file stops the command before anything loads);
+    ``args.models`` gets the members' names so every command can name them."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any,
+                 option_string: str | None = None) -> None:
+        try:
+            configs = read_members_file(value)
+        except (OSError, ValueError) as err:
+            parser.error(f"--members: {err}")
+        namespace.members = configs
+        namespace.models = [c.model for c in configs]
+
+
+def add_member_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """``--models`` or ``--members`` (one of them ``required``), and the placement defaults."""
+    which = parser.add_mutually_exclusive_group(required=required)
+    which.add_argument("--models", type=_models,
+                       help="comma-separated zoo names, local HF folders, .gguf paths, hub ids (org/name) or "
+                            "member specs such as llamacpp:NAME, vllm:URL#TOKENIZER (see README, Remote members)")
+    which.add_argument("--members", action=_MembersFile, metavar="FILE",
+                       help="YAML or JSON list of members, each a model spec or a MemberConfig "
+                            "(model, device, dtype, ...; see README, Members)")
+    parser.add_argument("--device", help="transformers members: cpu, cuda, cuda:1, mps (default: cpu)")
+    parser.add_argument("--device-map", help="transformers members: spread each model over devices "
+                                             "(auto, balanced, sequential)")
+    parser.add_argument("--dtype", choices=DTYPES, help="transformers members' weights (default: float32)")
+    parser.add_argument("--attn-implementation", help="transformers attention kernel (sdpa, eager, ...)")
+
+
+def member_configs(args: argparse.Namespace, backend: str | None = None) -> list[MemberConfig]:
+    """The members the flags describe: ``--members`` entries or ``--models`` names (``backend`` for
+    those without a prefix), with ``--device``/``--dtype``/... filled in where a member sets none."""
+    defaults = validated(
+        MemberDefaults, device=getattr(args, "device", None), device_map=getattr(args, "device_map", None),
+        dtype=getattr(args, "dtype", None), attn_implementation=getattr(args, "attn_implementation", None))
+    entries: Sequence[str | MemberConfig] = getattr(args, "members", None) or [
+        with_backend(m, backend) for m in args.models]
+    return [member_config(entry, defaults, backend) for entry in entries]

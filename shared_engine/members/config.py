@@ -1,0 +1,182 @@
+"""``MemberConfig``: the one description of a member, used by the engine, both adapters and the
+CLI (``--members FILE``, a YAML or JSON list of these).
+
+    MemberConfig(model="Qwen/Qwen2.5-7B-Instruct", device="cuda:0", dtype="bfloat16")
+    MemberConfig(model="llamacpp:smollm2-135m-instruct", threads=2)
+    MemberConfig(model="vllm:http://gpu-box:8000", top_k=20, http={"timeout_s": 30})
+
+Options belong to a backend, and setting one on a member of another backend is an error (a
+``dtype`` for a vLLM server would silently do nothing). ``MemberDefaults`` are the engine-wide
+placement options (``EnsembleEngine(..., device_map="auto", dtype="bfloat16")``); they fill in what
+a transformers member does not set itself and do not touch other backends.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..errors import InvalidRequestError
+from ..options import validated
+from . import devices
+from .devices import DType
+from .http import HttpSettings
+from .spec import Backend, MemberSpec, parse_member_spec
+
+DeviceMap = str | dict[str, int | str]
+
+PLACEMENT_FIELDS = ("device", "device_map", "dtype", "attn_implementation")
+"""Options of in-process transformers members."""
+SERVER_FIELDS = ("top_k", "http")
+"""Options of members that talk to a llama.cpp, vLLM or SGLang server."""
+LLAMACPP_FIELDS = ("threads", "slots", "n_ctx")
+"""Options of a llama.cpp server this process starts for a GGUF."""
+
+_LOADER_DEFAULTS = {"device": "cpu", "dtype": "float32"}
+"""What a transformers member loads with when these are not set."""
+
+
+class MemberDefaults(BaseModel):
+    """Engine-wide placement for transformers members that do not set their own."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    device: str | None = None
+    """Where the whole model runs: cpu, cuda, cuda:1, mps (default: cpu)."""
+    device_map: DeviceMap | None = None
+    """Spread one model over devices (accelerate): auto, balanced, sequential or {module: device}."""
+    dtype: DType | None = None
+    """Weight dtype: float32 (default), bfloat16, float16, or auto (the checkpoint's own)."""
+    attn_implementation: str | None = None
+    """transformers attention kernel: sdpa, eager, flash_attention_2, ... (default: transformers')."""
+
+    @field_validator("device")
+    @classmethod
+    def _parsable_device(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                devices.parse_device(value)
+            except InvalidRequestError as err:
+                raise ValueError(str(err)) from None
+        return value
+
+    @field_validator("device_map")
+    @classmethod
+    def _known_strategy(cls, value: DeviceMap | None) -> DeviceMap | None:
+        if isinstance(value, str) and value not in devices.DEVICE_MAPS:
+            raise ValueError(f"unknown device_map {value!r}; use one of {', '.join(devices.DEVICE_MAPS)} "
+                             "or a dict of module name -> device")
+        return value
+
+    @model_validator(mode="after")
+    def _device_or_map(self) -> MemberDefaults:
+        if self.device is not None and self.device_map is not None:
+            raise ValueError("give device or device_map, not both")
+        return self
+
+    def placement(self) -> dict[str, Any]:
+        """The placement options that are set."""
+        return {k: getattr(self, k) for k in PLACEMENT_FIELDS if getattr(self, k) is not None}
+
+
+class MemberConfig(MemberDefaults):
+    """One ensemble member: which model, on which backend, and how it runs.
+
+    Unknown keys are an error naming the key. Placement fields (device, device_map, dtype,
+    attn_implementation) apply to transformers members only; top_k and http to server members
+    (llama.cpp, vLLM, SGLang); threads, slots and n_ctx to a GGUF this process serves with llama.cpp.
+    """
+
+    model: str = Field(min_length=1)
+    """A zoo name, local HF folder, .gguf path, hub id (org/name) or spec string (llamacpp:NAME,
+    vllm:URL#TOKENIZER, ...; see the members package)."""
+    backend: Backend | None = None
+    """Backend for a model without a prefix (default: transformers)."""
+    top_k: int | None = Field(None, ge=1)
+    """Server members: how many of the most likely ids the server returns per position."""
+    http: HttpSettings | None = None
+    """Server members: timeouts, retries, API key."""
+    threads: int | None = Field(None, ge=1)
+    """In-process llama.cpp: CPU threads (default: all cores)."""
+    slots: int | None = Field(None, ge=1)
+    """In-process llama.cpp: parallel slots, each with its own prefix cache."""
+    n_ctx: int | None = Field(None, ge=16)
+    """In-process llama.cpp: context length per slot."""
+
+    @model_validator(mode="after")
+    def _options_fit_backend(self) -> MemberConfig:
+        try:
+            spec = parse_member_spec(self.model, self.backend)
+        except InvalidRequestError as err:
+            raise ValueError(str(err)) from None
+        in_process_llamacpp = spec.backend == "llamacpp" and not spec.is_url
+        rules = ((PLACEMENT_FIELDS, spec.backend == "transformers", "transformers members"),
+                 (SERVER_FIELDS, spec.backend != "transformers", "server members (llamacpp:, vllm:, sglang:)"),
+                 (LLAMACPP_FIELDS, in_process_llamacpp, "a GGUF served by llama.cpp in this process (llamacpp:NAME)"))
+        for names, applies, runs in rules:
+            given = [name for name in names if getattr(self, name) is not None]
+            if given and not applies:
+                raise ValueError(f"{', '.join(given)}: only for {runs}, but {self.model!r} runs as {spec}")
+        return self
+
+    @property
+    def spec(self) -> MemberSpec:
+        return parse_member_spec(self.model, self.backend)
+
+    def backend_options(self) -> dict[str, Any]:
+        """Keyword options for the backend's loader (only those that are set)."""
+        names = PLACEMENT_FIELDS + SERVER_FIELDS + LLAMACPP_FIELDS
+        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+
+    @property
+    def key(self) -> str:
+        """Registry key: the spec, plus the options that differ from the loader's defaults (a
+        bfloat16 copy of a model is another member than its float32 copy; ``device="cpu"`` is the
+        plain one; two engines asking for the same config share one member)."""
+        options = {k: v for k, v in self.model_dump(mode="json", include=set(self.backend_options())).items()
+                   if _LOADER_DEFAULTS.get(k) != v}
+        return str(self.spec) + (f"?{json.dumps(options, sort_keys=True)}" if options else "")
+
+    def with_defaults(self, defaults: MemberDefaults | None, backend: str | None = None) -> MemberConfig:
+        """This config with a default backend (for a model without a prefix) and the engine-wide
+        placement (transformers members only) filled in where it sets none. A member that sets
+        its own device or device_map keeps it: the two are never mixed."""
+        values = self.model_dump(exclude_none=True)
+        if self.backend is None and backend is not None:
+            values["backend"] = backend
+        config = validated(MemberConfig, **values)
+        if defaults is None or config.spec.backend != "transformers":
+            return config
+        fill = defaults.placement()
+        if config.device is not None or config.device_map is not None:
+            fill.pop("device", None)
+            fill.pop("device_map", None)
+        fill = {k: v for k, v in fill.items() if getattr(config, k) is None}
+        return validated(MemberConfig, **{**values, **fill}) if fill else config
+
+    def check_placement(self) -> None:
+        """Make sure this machine has the devices asked for (before any weights are read)."""
+        if self.device is not None:
+            devices.check_device(self.device)
+        if self.device_map is not None:
+            devices.check_device_map(self.device_map)
+        if self.dtype is not None:
+            devices.torch_dtype(self.dtype)
+
+
+def member_config(entry: str | dict[str, Any] | MemberConfig, defaults: MemberDefaults | None = None,
+                  backend: str | None = None) -> MemberConfig:
+    """A spec string, a dict (from YAML/JSON) or a MemberConfig -> MemberConfig with defaults applied;
+    validation errors become the engine's InvalidRequestError, naming the bad key."""
+    if isinstance(entry, str):
+        config = validated(MemberConfig, model=entry)
+    elif isinstance(entry, dict):
+        config = validated(MemberConfig, **entry)
+    elif isinstance(entry, MemberConfig):
+        config = entry
+    else:
+        raise InvalidRequestError(
+            f"a member must be a model name/path, a MemberConfig or a Member, got {type(entry).__name__}")
+    return config.with_defaults(defaults, backend)

@@ -1,0 +1,57 @@
+"""Member spec strings, ``[BACKEND:]TARGET[#TOKENIZER]`` (see the package docstring)."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import InvalidRequestError
+
+Backend = Literal["transformers", "llamacpp", "vllm", "sglang"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
+LOCAL_BACKENDS = ("transformers", "llamacpp")
+"""Backends that can run a zoo name on this machine (``--backend`` of the CLI)."""
+
+
+class MemberSpec(BaseModel):
+    """A parsed member spec string (see the ``members`` package docstring)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    backend: Backend
+    target: str
+    tokenizer: str | None = None
+
+    @property
+    def is_url(self) -> bool:
+        return self.target.startswith(("http://", "https://"))
+
+    def __str__(self) -> str:
+        return f"{self.backend}:{self.target}" + (f"#{self.tokenizer}" if self.tokenizer else "")
+
+
+def parse_member_spec(spec: str, backend: str | None = None) -> MemberSpec:
+    """``[BACKEND:]TARGET[#TOKENIZER]`` -> MemberSpec; ``backend`` is the default for bare targets."""
+    head, sep, rest = spec.partition(":")
+    if sep and head in BACKENDS:
+        chosen, target = head, rest
+    else:
+        chosen, target = backend or "transformers", spec
+    if chosen not in BACKENDS:
+        raise InvalidRequestError(f"unknown backend {chosen!r}; use one of {BACKENDS}")
+    target, _, tokenizer = target.partition("#")
+    parsed = MemberSpec(backend=chosen, target=target.strip(), tokenizer=tokenizer.strip() or None)
+    if not parsed.target:
+        raise InvalidRequestError(f"member spec {spec!r} names no model or URL")
+    if parsed.backend in ("vllm", "sglang") and not parsed.is_url:
+        raise InvalidRequestError(f"{parsed.backend} members are servers: give a URL, e.g. "
+                                  f"'{parsed.backend}:http://127.0.0.1:8000' (got {spec!r})")
+    if parsed.backend == "transformers" and parsed.is_url:
+        raise InvalidRequestError(f"a URL needs a server backend prefix (llamacpp:, vllm:, sglang:), got {spec!r}")
+    return parsed
+
+
+def with_backend(spec: str, backend: str | None) -> str:
+    """``spec`` with ``backend`` applied when it has no prefix of its own (for CLI model lists)."""
+    return str(parse_member_spec(spec, backend)) if backend else spec

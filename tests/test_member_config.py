@@ -1,0 +1,274 @@
+"""MemberConfig: one description of a member on every surface (engine, adapters, CLI), the device
+helper (members/devices.py), dtypes, the fit check, hub-cache loading and scripts/gpu_check.py.
+
+Toy models throughout (saved as HF folders where a path is needed); the real zoo only where the
+proof needs it (hub-cache layout, bfloat16 vs float32 answer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from shared_engine import EnsembleEngine, InvalidRequestError, MemberConfig
+from shared_engine.members import check_members_fit, devices, load_member, member_config
+from tests.benchdata import needs_data
+from tests.toy import toy_member
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+
+
+def _save_toy(folder: Path, name: str, tokenizer: str = "byte_level", seed: int = 0) -> Path:
+    member = toy_member(name, tokenizer, "llama", seed)
+    target = folder / name
+    member.model.save_pretrained(target)
+    member.tokenizer.save_pretrained(target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def toy_folders(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    root = tmp_path_factory.mktemp("toy-folders")
+    return [_save_toy(root, "toy-cfg-a", "byte_level", 0), _save_toy(root, "toy-cfg-b", "metaspace", 1)]
+
+
+# -- validation ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({"model": "m", "dtype": "int3"}, "dtype"),
+    ({"model": "m", "colour": "red"}, "colour"),
+    ({"model": "llamacpp:m", "dtype": "bfloat16"}, "dtype: only for transformers members"),
+    ({"model": "m", "threads": 2}, "threads: only for a GGUF served by llama.cpp"),
+    ({"model": "m", "top_k": 5}, "top_k: only for server members"),
+    ({"model": "m", "device": "cpu", "device_map": "auto"}, "device or device_map, not both"),
+    ({"model": "m", "device": "tpu:0"}, "unknown device 'tpu:0'"),
+    ({"model": "m", "device_map": "everywhere"}, "unknown device_map 'everywhere'"),
+    ({"model": "vllm:m"}, "give a URL"),
+])
+def test_bad_member_configs_are_refused_naming_the_problem(entry: dict, message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=message):
+        member_config(entry)
+    with pytest.raises(InvalidRequestError, match=message):  # the engine, before loading anything
+        EnsembleEngine([entry, "other"], method="safe")
+
+
+@NO_CUDA
+def test_a_cuda_device_on_a_machine_without_one_fails_before_loading() -> None:
+    for place in ({"device": "cuda:0"}, {"device": "cuda"}, {"device_map": {"model": 0}}):
+        with pytest.raises(InvalidRequestError, match="no CUDA device"):
+            EnsembleEngine([MemberConfig(model="not-loaded-anyway", **place), "x"])
+    with pytest.raises(InvalidRequestError, match="no CUDA device"):
+        EnsembleEngine(["a", "b"], device="cuda:1")
+    with pytest.raises(InvalidRequestError, match="no CUDA device"):
+        load_member(MemberConfig(model="never-resolved", device="cuda"))
+
+
+def test_engine_wide_placement_fills_only_transformers_members_that_set_none() -> None:
+    engine = EnsembleEngine(
+        ["a", MemberConfig(model="b", dtype="float16"), MemberConfig(model="c", device="cpu"),
+         "llamacpp:d", "vllm:http://h:1#tok"],
+        dtype="bfloat16", attn_implementation="eager")
+    a, b, c, d, v = engine.member_specs
+    assert (a.dtype, a.attn_implementation, a.device) == ("bfloat16", "eager", None)
+    assert b.dtype == "float16"  # its own dtype wins
+    assert (c.device, c.dtype) == ("cpu", "bfloat16")
+    assert d.dtype is None and v.dtype is None  # not transformers: untouched
+    mapped = EnsembleEngine(["a", MemberConfig(model="c", device="cpu")], device_map="auto").member_specs
+    assert mapped[0].device_map == "auto"
+    assert (mapped[1].device, mapped[1].device_map) == ("cpu", None)  # device and device_map never mixed
+
+
+def test_registry_keys_tell_dtypes_apart_and_treat_the_defaults_as_plain() -> None:
+    assert MemberConfig(model="m", device="cpu", dtype="float32").key == MemberConfig(model="m").key == "transformers:m"
+    assert MemberConfig(model="m", dtype="bfloat16").key != MemberConfig(model="m").key
+    assert member_config("m", backend="llamacpp").key == "llamacpp:m"
+
+
+# -- the device helper -----------------------------------------------------------------------
+
+def test_device_helper_on_the_cpu() -> None:
+    assert devices.check_device("cpu") == torch.device("cpu")
+    assert devices.torch_dtype("bfloat16") is torch.bfloat16 and devices.torch_dtype("auto") == "auto"
+    with pytest.raises(InvalidRequestError, match="unknown dtype 'fp8'"):
+        devices.torch_dtype("fp8")
+    rows = torch.randn(3, 11, dtype=torch.bfloat16)
+    home = devices.to_host(rows)
+    assert home.dtype is torch.float32 and home.device.type == "cpu" and torch.equal(home, rows.float())
+
+
+def test_weights_that_cannot_fit_are_refused_before_loading(toy_folders: list[Path], tmp_path: Path) -> None:
+    big = tmp_path / "big"
+    shutil.copytree(toy_folders[0], big)
+    with open(big / "model-00002.safetensors", "wb") as f:  # sparse: takes no disk, counts as 1 TiB
+        f.truncate(2**40)
+    with pytest.raises(InvalidRequestError, match="do not fit on cpu: .*big"):
+        _ = EnsembleEngine([str(big), str(toy_folders[1])]).members
+    halved = devices.estimated_weight_bytes(big, "bfloat16")
+    assert halved == devices.estimated_weight_bytes(big, "float32") // 2  # saved in float32
+    check_members_fit([MemberConfig(model=str(toy_folders[0]))])  # a small one fits
+
+
+# -- loading in a dtype, mixed dtypes in one ensemble -------------------------------------------
+
+def test_members_load_in_the_requested_dtype_and_mix_in_one_ensemble(toy_folders: list[Path]) -> None:
+    a, b = (str(f) for f in toy_folders)
+    half = load_member(MemberConfig(model=a, dtype="bfloat16"))
+    full = load_member(a)
+    assert half is not full and half.model.dtype is torch.bfloat16 and full.model.dtype is torch.float32
+    assert half.placement == "cpu bfloat16"
+    row = half.new_session().sync(half.prompt_ids([{"role": "user", "content": "hi"}]), 1)
+    assert row.dtype is torch.float32 and row.device.type == "cpu"  # rows come home as float32
+    engine = EnsembleEngine([MemberConfig(model=a, dtype="bfloat16"), MemberConfig(model=b, dtype="float16")],
+                            method="safe", max_new_tokens=6)
+    result = engine.generate("Sofia walked to")
+    assert result.stats.tokens > 0 and engine.members[0] is half
+    assert [str(m.model.dtype) for m in engine.members] == ["torch.bfloat16", "torch.float16"]
+
+
+# -- adapters pass members straight to the engine ---------------------------------------------
+
+def test_langchain_adapter_passes_member_configs_and_options() -> None:
+    from langchain_ensemble import ChatEnsemble
+
+    configs = [MemberConfig(model="a", dtype="bfloat16"), MemberConfig(model="llamacpp:b", threads=1)]
+    llm = ChatEnsemble(members=configs, draft_length=3)
+    assert llm.models == ["a", "llamacpp:b"]
+    assert llm._shared().member_specs == configs and llm._shared().options.draft_length == 3
+    by_keyword = ChatEnsemble(models=["a", "b"], dtype="float16", member_options={"device": "cpu"})
+    assert by_keyword.member_options == {"dtype": "float16", "device": "cpu"}
+    assert [(s.dtype, s.device) for s in by_keyword._shared().member_specs] == [("float16", "cpu")] * 2
+    with pytest.raises(ValueError, match="colour"):
+        ChatEnsemble(models=["a", "b"], member_options={"colour": 1})
+    with pytest.raises(ValueError, match="not both"):
+        ChatEnsemble(models=["x", "y"], members=configs)
+
+
+def test_llamaindex_adapter_passes_member_configs_and_options() -> None:
+    from llamaindex_ensemble import EnsembleLLM
+
+    configs = [MemberConfig(model="a", dtype="bfloat16"), {"model": "b", "attn_implementation": "eager"}]
+    llm = EnsembleLLM(members=configs)
+    assert llm.models == ["a", "b"]
+    placed = [(s.dtype, s.attn_implementation) for s in llm.engine.member_specs]
+    assert placed == [("bfloat16", None), (None, "eager")]
+    by_option = EnsembleLLM(models=["a", "b"], member_options={"dtype": "float16"}, draft_length=2)
+    assert [s.dtype for s in by_option.engine.member_specs] == ["float16", "float16"]
+    with pytest.raises(InvalidRequestError, match="colour"):
+        EnsembleLLM(models=["a", "b"], member_options={"colour": 1})
+    with pytest.raises(InvalidRequestError, match="not both"):
+        EnsembleLLM(models=["a", "b"], members=configs)
+
+
+# -- the CLI ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_cli_members_file_and_placement_flags(tmp_path: Path, suffix: str) -> None:
+    from shared_engine.cli import build_parser
+    from shared_engine.engine_args import engine_from_args
+
+    entries = [{"model": "a", "dtype": "bfloat16"}, "llamacpp:b", {"model": "c"}]
+    path = tmp_path / f"members{suffix}"
+    if suffix == ".yaml":
+        path.write_text("- model: a\n  dtype: bfloat16\n- llamacpp:b\n- {model: c}\n")
+    else:
+        path.write_text(json.dumps(entries))
+    commands = (("run", ["hi"]), ("bench", []), ("serve", []), ("eval", ["--bench", "gsm8k", "--max-new-tokens", "64"]))
+    for command, extra in commands:
+        args = build_parser().parse_args([command, "--members", str(path), "--dtype", "float16", *extra])
+        assert args.models == ["a", "llamacpp:b", "c"]
+        specs = engine_from_args(args, "safe").member_specs  # nothing loads here
+        assert [(s.model, s.dtype) for s in specs] == [("a", "bfloat16"), ("llamacpp:b", None), ("c", "float16")]
+    path.write_text(json.dumps([{"model": "a", "dtyp": "bfloat16"}]))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--members", str(path), "hi"])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--models", "a", "--members", str(path), "hi"])
+
+
+def test_cli_reports_a_missing_cuda_device_as_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from shared_engine.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the error on a machine without CUDA")
+    assert main(["run", "--models", "a,b", "--device", "cuda:0", "hi"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+# -- hub cache -------------------------------------------------------------------------------
+
+def _hub_layout(cache: Path, repo_id: str, folder: Path) -> Path:
+    """What huggingface_hub writes: blobs, a snapshot of symlinks named by commit, refs/main."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for file in folder.iterdir():
+        if file.is_file() and not file.name.startswith("."):
+            blob = repo / "blobs" / f"blob-{file.name}"
+            shutil.copyfile(file, blob)
+            (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot
+
+
+@pytest.mark.zoo
+def test_a_hub_id_loads_from_the_local_hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shared_engine.zoo import resolve
+
+    smol = resolve("smollm2-135m-instruct", progress=False).path  # converted once, shared by all tests
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    snapshot = _hub_layout(tmp_path / "hf-home" / "hub", "HuggingFaceTB/SmolLM2-135M-Instruct", smol)
+    assert resolve("HuggingFaceTB/SmolLM2-135M-Instruct").path == snapshot
+    member = load_member(MemberConfig(model="HuggingFaceTB/SmolLM2-135M-Instruct", dtype="bfloat16"))
+    assert member.name == "HuggingFaceTB/SmolLM2-135M-Instruct" and member.model.dtype is torch.bfloat16
+    answer = EnsembleEngine([member], method="single").generate("What is 2 + 2?", max_new_tokens=4)
+    assert answer.text.strip()
+    with pytest.raises(InvalidRequestError, match="'someone/not-cached'.*not in the local hub cache"):
+        _ = EnsembleEngine(["someone/not-cached"], method="single").members
+
+
+@pytest.mark.zoo
+@needs_data
+def test_a_bfloat16_zoo_ensemble_answers_the_gsm8k_smoke_question_as_float32() -> None:
+    from tests.test_real_models import QWEN, SMOL, gsm8k_question
+
+    question = gsm8k_question(0)
+    full = EnsembleEngine([QWEN, SMOL], method="safe", max_new_tokens=48).generate(question)
+    half_engine = EnsembleEngine([QWEN, SMOL], method="safe", dtype="bfloat16", max_new_tokens=48)
+    half = half_engine.generate(question)
+    assert [m.model.dtype for m in half_engine.members] == [torch.bfloat16, torch.bfloat16]
+    assert half.text == full.text and half.stats.tokens == full.stats.tokens == 48
+
+
+# -- scripts ---------------------------------------------------------------------------------
+
+def test_gpu_check_runs_the_device_path_on_the_cpu(toy_folders: list[Path]) -> None:
+    models = ",".join(str(f) for f in toy_folders)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = str(ROOT / "scripts" / "gpu_check.py")
+    done = subprocess.run([sys.executable, script, "--device", "cpu", "--models", models, "--max-new-tokens", "6"],
+                          check=False, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert (report["device"], report["dtype"], report["reference"]) == ("cpu", "bfloat16", "cpu float32")
+    assert set(report["methods"]) == {"single", "safe", "adafuse"}
+    for method in report["methods"].values():
+        assert method["tokens_per_s"] > 0 and method["reference_text"]
+    assert report["drafter_generate"]["placement"] == "cpu bfloat16"
+    assert report["drafter_generate"]["tokens_per_s"] > 0
+    if not torch.cuda.is_available():
+        refused = subprocess.run([sys.executable, script, "--models", models],  # default device: cuda
+                                 check=False, capture_output=True, text=True, timeout=120, env=env)
+        assert refused.returncode == 2 and "no CUDA device" in refused.stderr
