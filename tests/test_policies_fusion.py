@@ -31,16 +31,39 @@ def test_consensus_skip_never_changes_arithmetic_mean_argmax(probs: torch.Tensor
     drafted = int(torch.argmax(probs[0]))  # greedy drafter proposes its own argmax
     own = [float(p[drafted]) for p in probs]
     tops = [int(torch.argmax(p)) == drafted for p in probs]
-    if agree(own, tops):
+    if agree(own, tops, torch.full((probs.shape[0],), 1 / probs.shape[0], dtype=torch.float64)):
         mean = probs.mean(dim=0)
         assert float(mean[drafted]) >= float(mean.max()) - 1e-12
 
 
 def test_consensus_rule_cases() -> None:
-    assert agree([0.3, 0.2], [True, True])  # unanimous argmax, however unsure
-    assert agree([0.9, 0.2], [True, False])  # mean 0.55 > 0.5
-    assert not agree([0.6, 0.4], [True, False])  # mean exactly 0.5 is not enough
-    assert not agree([0.5, 0.1, 0.2], [True, False, False])
+    even2, even3 = torch.tensor([0.5, 0.5]), torch.full((3,), 1 / 3)
+    assert agree([0.3, 0.2], [True, True], even2)  # unanimous argmax, however unsure
+    assert agree([0.9, 0.2], [True, False], even2)  # mean 0.55 > 0.5
+    assert not agree([0.6, 0.4], [True, False], even2)  # mean exactly 0.5 is not enough
+    assert not agree([0.5, 0.1, 0.2], [True, False, False], even3)
+
+
+def test_consensus_uses_the_fusion_weights() -> None:
+    """Issue #16: with weights 0.2/0.8 the weighted mean of 0.95 and 0.1 is 0.27, so fusion could
+    well pick another token; the unweighted mean (0.525) used to skip the position."""
+    weights = torch.tensor([0.2, 0.8])
+    assert not agree([0.95, 0.1], [True, False], weights)
+    assert agree([0.1, 0.95], [False, True], weights)  # weighted mean 0.78
+
+
+@settings(max_examples=300, deadline=None, derandomize=os.environ.get("HYPOTHESIS_EXPLORE") != "1")
+@given(member_distributions(), st.lists(st.floats(0.01, 1.0), min_size=4, max_size=4))
+def test_weighted_consensus_skip_never_changes_the_weighted_mean_argmax(probs: torch.Tensor,
+                                                                       raw: list[float]) -> None:
+    weights = torch.tensor(raw[: probs.shape[0]], dtype=torch.float64)
+    weights = weights / weights.sum()
+    drafted = int(torch.argmax(probs[0]))
+    own = [float(p[drafted]) for p in probs]
+    tops = [int(torch.argmax(p)) == drafted for p in probs]
+    if agree(own, tops, weights):
+        mean = weights @ probs
+        assert float(mean[drafted]) >= float(mean.max()) - 1e-12
 
 
 def _fused(keys: list[bytes], member_probs: list[list[float]], weights: list[float]) -> tuple[Fused, torch.Tensor]:

@@ -138,7 +138,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
         position = VerifiedPosition(offset=offset, boundary_ok=boundary)
         if fusable and policy.skip_consensus:
             probs, tops = zip(*(_own_prob(d, o) for d, o in zip(dists, owns)))
-            position.consensus = agree(list(probs), list(tops)) or (
+            position.consensus = agree(list(probs), list(tops), fusion.weights) or (
                 policy.drafter_confidence is not None and probs[0] >= policy.drafter_confidence)
             position.probs = {d.name: p for d, p in zip(dists, probs)}
             fusable = not position.consensus
