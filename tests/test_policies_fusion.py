@@ -140,10 +140,30 @@ def test_unite_rescores_a_missing_word_through_the_first_subtoken() -> None:
     fused = UniteFusion(top_k=2)([byte_level, metaspace], torch.tensor([0.5, 0.5]))
     assert set(fused.keys) == {b" Sofia", b" Paris", b" So"}
     sofia, so = fused.keys.index(b" Sofia"), fused.keys.index(b" So")
-    # metaspace has no " Sofia" token: it is scored by its first sub-token " So", so both get equal mass
-    assert torch.isclose(fused.member_probs[1, sofia], fused.member_probs[1, so])
+    # metaspace has no " Sofia" token; its first sub-token " So" is already a candidate of its own,
+    # so that probability is given once, to " So", as UniTE's released code does
+    assert float(fused.member_probs[1, so]) == pytest.approx(0.5, abs=1e-4)
+    assert float(fused.member_probs[1, sofia]) == 0.0
     assert torch.allclose(fused.member_probs.sum(dim=1), torch.ones(2))
     assert fused.keys[int(torch.argmax(fused.fused))] == b" Sofia"
+
+
+def test_unite_gives_a_shared_first_subtoken_its_probability_once() -> None:
+    """Issue #16: " wrote" and " walked" are whole tokens of the byte-level drafter and both start
+    with " w" in the metaspace vocabulary. Re-scoring each through " w" used to hand the metaspace
+    member's " w" probability to both, so a word from another vocabulary could win on prefix mass
+    counted twice. Now the first candidate in union order gets it, the second gets nothing."""
+    from shared_engine.fusion import UniteFusion
+
+    byte_level = _dist("bl", "byte_level", {b" wrote": 5.0, b" walked": 4.9})
+    metaspace = _dist("ms", "metaspace", {b" Paris": 5.0, b" So": 4.5, b" w": 4.0})
+    fused = UniteFusion(top_k=2)([byte_level, metaspace], torch.tensor([0.5, 0.5]))
+    assert fused.keys == [b" wrote", b" walked", b" Paris", b" So"]
+    ms = fused.member_probs[1]
+    assert float(ms[1]) == 0.0  # " walked": its " w" was already spent on " wrote"
+    expected = torch.softmax(torch.tensor([4.0, 5.0, 4.5]), 0)  # " w", " Paris", " So"
+    assert torch.allclose(ms[[0, 2, 3]], expected, atol=1e-5)
+    assert float(fused.fused.sum()) == pytest.approx(1.0, abs=1e-5)
 
 
 def test_gac_union_matches_exact_strings_and_pools_eos() -> None:
