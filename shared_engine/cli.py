@@ -51,8 +51,8 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", type=_weights,
                         help="fusion weight of each model, in --models order, e.g. 2,1 (default: equal)")
     parser.add_argument("--draft-length", type=int, default=5)
-    parser.add_argument("--fusion", choices=["unite", "gac"], default="unite")
-    parser.add_argument("--sharpen", choices=["heur", "geom", "none"], default="heur")
+    parser.add_argument("--fusion", choices=["unite", "gac"], help="default: gac for gac-threshold, else unite")
+    parser.add_argument("--sharpen", choices=["heur", "geom", "none"], help="default: heur for safe, else none")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--drafter-confidence", type=float,
                         help="safe: skip fusion where the drafter's probability is >= this (e.g. 0.5)")
@@ -71,9 +71,11 @@ def _engine(args: argparse.Namespace, method: str, backend: str | None = None) -
     chosen = backend or getattr(args, "backend", None) or "transformers"
     backend = chosen if isinstance(chosen, str) else chosen[0]
     models = [with_backend(m, backend) for m in args.models]
+    explicit = {k: v for k, v in (("fusion", args.fusion), ("sharpen", args.sharpen)) if v is not None}
+    if explicit.get("sharpen") == "none":
+        explicit["sharpen"] = None
     return EnsembleEngine(models, method=method, drafter=args.drafter, weights=args.weights,
-                          draft_length=args.draft_length,
-                          fusion=args.fusion, sharpen=None if args.sharpen == "none" else args.sharpen,
+                          draft_length=args.draft_length, **explicit,
                           drafter_confidence=args.drafter_confidence, max_new_tokens=args.max_new_tokens,
                           uncertainty=args.uncertainty, threshold=args.threshold, max_words=args.max_words,
                           num_candidates=args.num_candidates, candidate_temperature=args.candidate_temperature)

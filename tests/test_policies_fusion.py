@@ -177,3 +177,42 @@ def test_gac_union_matches_exact_strings_and_pools_eos() -> None:
     assert probs[b" Sofia"] == pytest.approx(0.25, abs=1e-3)
     assert probs[b" So"] == pytest.approx(0.25, abs=1e-3)
     assert probs[EOS_KEY] == pytest.approx(0.5, abs=1e-3)  # "end of answer" is one candidate
+
+
+# ----------------------------------------------------------------- each baseline as its paper defines it
+
+@pytest.mark.parametrize(("method", "fusion", "sharpen"), [
+    ("safe", "unite", "heur"),  # sharpening is SAFE's
+    ("every-token", "unite", None),  # UniTE at every step, plain weighted mean
+    ("gac-threshold", "gac", None),  # GaC's union vocabulary behind its gate
+    ("adafuse", "unite", None),
+    ("single", "unite", None),
+])
+def test_each_method_defaults_to_its_papers_fusion_and_sharpening(method: str, fusion: str,
+                                                                  sharpen: str | None) -> None:
+    from shared_engine.options import EngineOptions
+
+    options = EngineOptions(method=method)
+    assert (options.fusion, options.sharpen) == (fusion, sharpen)
+
+
+def test_explicit_fusion_and_sharpening_still_win() -> None:
+    from shared_engine.options import EngineOptions
+
+    assert EngineOptions(method="every-token", sharpen="heur").sharpen == "heur"
+    assert EngineOptions(method="gac-threshold", fusion="unite").fusion == "unite"
+    assert EngineOptions(method="safe", sharpen=None).sharpen is None
+
+
+def test_cli_leaves_fusion_and_sharpening_to_the_method_unless_given() -> None:
+    from shared_engine.cli import _engine, build_parser
+
+    def options(*flags: str):  # noqa: ANN202 - engines built from names load nothing until used
+        args = build_parser().parse_args(["run", "--models", "a,b", *flags, "hi"])
+        return _engine(args, args.method or "safe").options
+
+    assert (options("--method", "gac-threshold").fusion, options("--method", "gac-threshold").sharpen) == ("gac", None)
+    assert options("--method", "every-token").sharpen is None
+    assert options().sharpen == "heur"
+    assert options("--method", "every-token", "--sharpen", "geom").sharpen == "geom"
+    assert options("--sharpen", "none").sharpen is None
