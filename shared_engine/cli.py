@@ -65,6 +65,8 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="adafuse: continuations each member proposes where unsure")
     parser.add_argument("--candidate-temperature", type=float, default=0.0,
                         help="adafuse: sample candidates past their first token at this temperature")
+    parser.add_argument("--vote", choices=["always", "uncertain"], default="always",
+                        help="adafuse: vote every round (the released code) or only where every member is unsure")
 
 
 def _engine(args: argparse.Namespace, method: str, backend: str | None = None) -> EnsembleEngine:
@@ -78,7 +80,8 @@ def _engine(args: argparse.Namespace, method: str, backend: str | None = None) -
                           draft_length=args.draft_length, **explicit,
                           drafter_confidence=args.drafter_confidence, max_new_tokens=args.max_new_tokens,
                           uncertainty=args.uncertainty, threshold=args.threshold, max_words=args.max_words,
-                          num_candidates=args.num_candidates, candidate_temperature=args.candidate_temperature)
+                          num_candidates=args.num_candidates, candidate_temperature=args.candidate_temperature,
+                          vote=args.vote)
 
 
 async def _run(args: argparse.Namespace) -> int:

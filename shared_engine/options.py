@@ -82,6 +82,10 @@ class EngineOptions(GenerationParams):
     candidate_temperature: float = Field(
         0.0, ge=0.0, description="adafuse: sample candidates past their first token at this temperature "
                                  "(0: complete each first-token branch greedily).")
+    vote: Literal["always", "uncertain"] = Field(
+        "always", description="adafuse: 'always' (the released code): every member proposes a span every "
+                              "round and the lowest weighted mean NLL wins; 'uncertain': a member that is "
+                              "sure writes alone, the vote runs only where even the surest is unsure.")
 
     @model_validator(mode="after")
     def _method_defaults(self) -> EngineOptions:
