@@ -61,9 +61,9 @@ def _check_encodable(text: str, where: str) -> None:
 
 def render_plain(messages: Sequence[Message]) -> str:
     """The fallback format for models without a chat template. It ends on a new line, as chat
-    templates' generation prompts do (``<|im_start|>assistant\n``): the answer is shared text, and
-    a chat drafter starts it with a word and no leading space, which reads naturally here
-    (``Assistant:\nThe``), while ``Assistant:The`` would not; a plain-format drafter, in turn,
+    templates' generation prompts do (``<|im_start|>assistant\\n``): the answer is shared text,
+    and a chat drafter starts it with a word and no leading space, which reads naturally here
+    (``Assistant:\\nThe``), while ``Assistant:The`` would not; a plain-format drafter, in turn,
     starts without the space that chat members would read after their newline."""
     parts = []
     for message in messages:
