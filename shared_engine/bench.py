@@ -109,6 +109,7 @@ def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
             "tokens_per_s": round(tokens / elapsed, 3) if elapsed else 0.0,
             "ensemble_rate": round(ensembled / tokens, 4) if tokens else 0.0,
             "forward_passes": forwards,
+            "fusion": engine.options.fusion, "sharpen": engine.options.sharpen,  # each method's own defaults
             **({"fused_span_rate": round(fused_spans / spans, 4)} if spans else {}),
             "forward_passes_per_token": {k: round(v / tokens, 3) for k, v in forwards.items()} if tokens else {},
         }

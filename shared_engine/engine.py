@@ -257,7 +257,7 @@ class EnsembleEngine:
             settings = AdaFuseSettings(
                 weights, opts.uncertainty,
                 DEFAULT_THRESHOLD[opts.uncertainty] if opts.threshold is None else opts.threshold,
-                opts.max_words, opts.num_candidates, opts.candidate_temperature)
+                opts.max_words, opts.num_candidates, opts.candidate_temperature, opts.vote)
             return lambda state, sampler: adafuse_round(state, settings, sampler)
         policy = make_policy(opts.method, opts.draft_length, opts.gate_threshold, opts.drafter_confidence)
         fusion = FusionSettings(self.fuser, weights, opts.sharpen)

@@ -28,8 +28,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", type=weights_arg,
                         help="fusion weight of each model, in --models order, e.g. 2,1 (default: equal)")
     parser.add_argument("--draft-length", type=int, default=5)
-    parser.add_argument("--fusion", choices=["unite", "gac"], default="unite")
-    parser.add_argument("--sharpen", choices=["heur", "geom", "none"], default="heur")
+    parser.add_argument("--fusion", choices=["unite", "gac"], help="default: gac for gac-threshold, else unite")
+    parser.add_argument("--sharpen", choices=["heur", "geom", "none"], help="default: heur for safe, else none")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--drafter-confidence", type=float,
                         help="safe: skip fusion where the drafter's probability is >= this (e.g. 0.5)")
@@ -42,6 +42,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="adafuse: continuations each member proposes where unsure")
     parser.add_argument("--candidate-temperature", type=float, default=0.0,
                         help="adafuse: sample candidates past their first token at this temperature")
+    parser.add_argument("--vote", choices=["always", "uncertain"], default="always",
+                        help="adafuse: vote every round (the released code) or only where every member is unsure")
 
 
 def default_method(models: list[str]) -> str:
@@ -54,9 +56,12 @@ def engine_from_args(args: argparse.Namespace, method: str, backend: str | None 
     transformers) runs the model names that carry no backend prefix. Members load on first request."""
     chosen = backend or getattr(args, "backend", None) or "transformers"
     backend = chosen if isinstance(chosen, str) else chosen[0]
+    explicit = {k: v for k, v in (("fusion", args.fusion), ("sharpen", args.sharpen)) if v is not None}
+    if explicit.get("sharpen") == "none":  # each method's own default applies unless a flag is given
+        explicit["sharpen"] = None
     return EnsembleEngine(member_configs(args, backend), method=method, drafter=args.drafter, weights=args.weights,
-                          draft_length=args.draft_length,
-                          fusion=args.fusion, sharpen=None if args.sharpen == "none" else args.sharpen,
+                          draft_length=args.draft_length, **explicit,
                           drafter_confidence=args.drafter_confidence, max_new_tokens=args.max_new_tokens,
                           uncertainty=args.uncertainty, threshold=args.threshold, max_words=args.max_words,
-                          num_candidates=args.num_candidates, candidate_temperature=args.candidate_temperature)
+                          num_candidates=args.num_candidates, candidate_temperature=args.candidate_temperature,
+                          vote=args.vote)

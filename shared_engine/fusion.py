@@ -64,18 +64,27 @@ def candidate_key(table: TokenTable, token_id: int) -> bytes | None:
     return table.pieces[token_id]
 
 
+def key_token(table: TokenTable, key: bytes) -> tuple[int | None, bool]:
+    """The id through which a member scores a candidate string, and whether it is an exact match:
+    the token with exactly these bytes if one exists, else the first sub-token of the member's own
+    tokenization of the string (UniTE's rule). None for EOS_KEY and what it cannot encode."""
+    if key == EOS_KEY:
+        return None, True
+    token = table.token_id(key)
+    if token is not None:
+        return token, True
+    try:
+        ids = table.encode_fragment(key.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None, False
+    return (ids[0] if ids else None), False
+
+
 def key_logit(table: TokenTable, logits: torch.Tensor, key: bytes) -> float:
-    """A member's logit for a candidate string it did not rank: exact token if one exists, else
-    the first sub-token of its own tokenization of the string (UniTE's rule)."""
+    """A member's logit for a candidate string (see ``key_token``); EOS is its best EOS id."""
     if key == EOS_KEY:
         return max(float(logits[i]) for i in table.eos_ids) if table.eos_ids else float("-inf")
-    token = table.token_id(key)
-    if token is None:
-        try:
-            ids = table.encode_fragment(key.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            return float("-inf")
-        token = ids[0] if ids else None
+    token, _ = key_token(table, key)
     return float(logits[token]) if token is not None and token < logits.shape[0] else float("-inf")
 
 
@@ -104,12 +113,39 @@ class UniteFusion:
         keys: list[bytes] = []
         for top in tops:  # dists[0] is the drafter: only what it can spell can be committed
             keys.extend(k for k in top if k not in keys and dists[0].table.can_spell(k))
-        rows = []
-        for dist, top in zip(dists, tops):
-            logits = [top[k] if k in top else key_logit(dist.table, dist.logits, k) for k in keys]
-            rows.append(torch.softmax(torch.tensor(logits, dtype=torch.float32), dim=0))
+        rows = [_softmax_or_zero(torch.tensor(_union_logits(d, top, keys), dtype=torch.float32))
+                for d, top in zip(dists, tops)]
         member_probs = torch.stack(rows)
         return Fused(keys, member_probs, weights @ member_probs)
+
+
+def _softmax_or_zero(logits: torch.Tensor) -> torch.Tensor:
+    """Softmax, or no mass at all for a member that can score none of the candidates."""
+    return torch.softmax(logits, dim=0) if bool(torch.isfinite(logits).any()) else torch.zeros_like(logits)
+
+
+def _union_logits(dist: MemberDist, top: dict[bytes, float], keys: list[bytes]) -> list[float]:
+    """One member's logit for every union candidate. Each of its token ids counts once: a
+    candidate re-scored through a first sub-token that an exact candidate (its own top-k or a
+    whole token) or an earlier re-scored candidate already stands for gets no mass. Otherwise
+    " So" and " Sofia" would both carry the member's " So" probability (UniTE's released code
+    also gives a used id once; it sets the second logit to 0, a scale-dependent neutral value,
+    where here it gets no probability at all)."""
+    tokens = [key_token(dist.table, k) if k not in top else (None, True) for k in keys]
+    used = {t for t, exact in tokens if exact and t is not None}
+    used |= {i for k in top if k in keys and k != EOS_KEY if (i := dist.table.token_id(k)) is not None}
+    logits = []
+    for key, (token, exact) in zip(keys, tokens):
+        if key in top:
+            logits.append(top[key])
+        elif exact or token is None:
+            logits.append(key_logit(dist.table, dist.logits, key))
+        elif token in used:
+            logits.append(float("-inf"))
+        else:
+            used.add(token)
+            logits.append(float(dist.logits[token]) if token < dist.logits.shape[0] else float("-inf"))
+    return logits
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,17 @@ from .errors import InvalidRequestError
 Method = Literal["safe", "every-token", "gac-threshold", "single", "adafuse"]
 METHODS: tuple[str, ...] = get_args(Method)
 
+METHOD_DEFAULTS: dict[str, dict[str, object]] = {
+    "safe": {"fusion": "unite", "sharpen": "heur"},
+    "every-token": {"fusion": "unite", "sharpen": None},
+    "gac-threshold": {"fusion": "gac", "sharpen": None},
+    "single": {"fusion": "unite", "sharpen": None},
+    "adafuse": {"fusion": "unite", "sharpen": None},
+}
+"""Fusion and sharpening each method runs with unless told otherwise: every baseline as its own
+paper defines it (every-token = UniTE at every step, gac-threshold = GaC's union vocabulary behind
+its gate), and sharpening only for SAFE, whose paper introduced it."""
+
 
 class GenerationParams(BaseModel):
     """Per-request parameters; any of them can be given to ``astream``/``agenerate``."""
@@ -43,8 +54,12 @@ class EngineOptions(GenerationParams):
     method: Method = Field("safe", description="safe | every-token | gac-threshold | single | adafuse")
     drafter: str | int | None = Field(None, description="Member name or index that drafts (default: the first).")
     draft_length: int = Field(5, ge=1, le=64, description="Tokens drafted per round (SAFE's gamma).")
-    fusion: Literal["unite", "gac"] = Field("unite", description="Cross-vocabulary fusion.")
-    sharpen: Literal["heur", "geom"] | None = Field("heur", description="Sharpening when fused max < 0.5.")
+    fusion: Literal["unite", "gac"] = Field(
+        "unite", description="Cross-vocabulary fusion (default per method: gac for gac-threshold, "
+                             "else unite).")
+    sharpen: Literal["heur", "geom"] | None = Field(
+        "heur", description="Sharpening when fused max < 0.5 (default per method: heur for safe, "
+                            "else None).")
     weights: list[float] | None = Field(None, description="Member weights (default: uniform).")
     gate_threshold: float = Field(0.5, gt=0.0, le=1.0, description="gac-threshold: fuse when drafter max prob < this.")
     drafter_confidence: float | None = Field(
@@ -67,6 +82,17 @@ class EngineOptions(GenerationParams):
     candidate_temperature: float = Field(
         0.0, ge=0.0, description="adafuse: sample candidates past their first token at this temperature "
                                  "(0: complete each first-token branch greedily).")
+    vote: Literal["always", "uncertain"] = Field(
+        "always", description="adafuse: 'always' (the released code): every member proposes a span every "
+                              "round and the lowest weighted mean NLL wins; 'uncertain': a member that is "
+                              "sure writes alone, the vote runs only where even the surest is unsure.")
+
+    @model_validator(mode="after")
+    def _method_defaults(self) -> EngineOptions:
+        for name, value in METHOD_DEFAULTS[self.method].items():
+            if name not in self.model_fields_set:
+                object.__setattr__(self, name, value)  # stays "not set": a dump shows the value used
+        return self
 
     @model_validator(mode="after")
     def _margin_at_most_one(self) -> EngineOptions:

@@ -40,11 +40,16 @@ class Policy:
         return float(torch.softmax(drafter_logits, dim=-1).max()) < self.gate_threshold
 
 
-def agree(own_probs: list[float], argmax_is_own: list[bool]) -> bool:
+def agree(own_probs: list[float], argmax_is_own: list[bool], weights: torch.Tensor) -> bool:
     """SAFE's consensus rule for N members: every member's argmax is its own next token, or the
-    mean probability of those tokens is > 0.5. Either guarantees the drafted token is the argmax
-    of the arithmetic-mean ensemble (mean > 0.5 leaves nothing that could beat it)."""
-    return all(argmax_is_own) or sum(own_probs) / len(own_probs) > 0.5
+    ``weights``-weighted mean probability of those tokens is > 0.5. ``weights`` are fusion's
+    (normalised), so either condition guarantees the drafted token is the argmax of the very
+    weighted mean fusion would take (> 0.5 leaves nothing that could beat it): a consensus skip
+    never disagrees with what fusion would pick."""
+    if all(argmax_is_own):
+        return True
+    mean = sum(float(w) * p for w, p in zip(weights.tolist(), own_probs)) / float(weights.sum())
+    return mean > 0.5
 
 
 def make_policy(method: str, draft_length: int, gate_threshold: float,

@@ -32,18 +32,65 @@ class Sampler:
             return int(top.indices[self._sample(torch.softmax(top.values / self.temperature, dim=-1))])
         return self._sample(torch.softmax(logits / self.temperature, dim=-1))
 
+    def distribution(self, logits: torch.Tensor, support: int | None = None) -> torch.Tensor:
+        """The distribution ``from_logits`` draws from, over the whole vocabulary (sampling only)."""
+        if support is not None and support < logits.shape[-1]:
+            top = torch.topk(logits, support)
+            probs = torch.zeros_like(logits, dtype=torch.float32)
+            return probs.scatter_(-1, top.indices, self._nucleus(torch.softmax(top.values / self.temperature, -1)))
+        return self._nucleus(torch.softmax(logits.float() / self.temperature, dim=-1))
+
     def from_probs(self, probs: torch.Tensor) -> int:
         """Pick from (possibly unnormalised) probabilities, e.g. a fused distribution."""
         if self.greedy:
             return int(torch.argmax(probs))
-        logp = torch.log(probs.clamp_min(1e-12)) / self.temperature
-        return self._sample(torch.softmax(logp, dim=-1))
+        return self._sample(self._tempered(probs))
 
-    def _sample(self, probs: torch.Tensor) -> int:
+    def tempered(self, scores: torch.Tensor) -> torch.Tensor:
+        """The distribution ``from_probs`` draws from: scores ** (1/T), normalised, nucleus."""
+        return self._nucleus(self._tempered(scores))
+
+    def _tempered(self, scores: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(torch.log(scores.clamp_min(1e-12)) / self.temperature, dim=-1)
+
+    def uniform(self) -> float:
+        return float(torch.rand((), generator=self.generator))
+
+    def pick(self, probs: torch.Tensor) -> int:
+        """Draw an index from ``probs`` as given (no temperature, no nucleus)."""
+        return int(torch.multinomial(probs / probs.sum(), 1, generator=self.generator))
+
+    def _nucleus(self, probs: torch.Tensor) -> torch.Tensor:
+        """``probs`` restricted to the top-p nucleus, renormalised."""
         if self.top_p < 1.0:
             sorted_probs, order = torch.sort(probs, descending=True)
             cumulative = torch.cumsum(sorted_probs, dim=-1)
             cut = cumulative - sorted_probs > self.top_p  # drop tokens outside the nucleus
             sorted_probs[cut] = 0.0
             probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-        return int(torch.multinomial(probs / probs.sum(), 1, generator=self.generator))
+        return probs / probs.sum()
+
+    def _sample(self, probs: torch.Tensor) -> int:
+        return self.pick(self._nucleus(probs))
+
+
+def speculative_choice(sampler: Sampler, target: torch.Tensor, proposal: torch.Tensor,
+                       drafted: int | None) -> int:
+    """Which of K candidates to commit where a drafted token meets a target distribution.
+
+    Greedy: the target's argmax. Sampling: speculative sampling (Leviathan et al. 2023, Chen et al.
+    2023): ``drafted`` (the candidate the draft spells, None if it spells none) was drawn from a
+    distribution giving candidate k the probability ``proposal[k]`` (the rest of its mass lies on
+    tokens that are no candidate); it is kept with probability min(1, target/proposal), otherwise
+    the choice is drawn from the normalised residual max(0, target - proposal). The result is
+    distributed exactly as ``target`` (which sums to 1), however the draft was drawn."""
+    if sampler.greedy:
+        return int(torch.argmax(target))
+    if drafted is not None and float(proposal[drafted]) > 0.0:
+        ratio = float(target[drafted]) / float(proposal[drafted])
+        if ratio >= 1.0 or sampler.uniform() < ratio:
+            return drafted
+    residual = (target - proposal).clamp_min(0.0)
+    if float(residual.sum()) <= 0.0:  # target == proposal up to rounding: nothing to correct
+        return drafted if drafted is not None else sampler.pick(target)
+    return sampler.pick(residual)

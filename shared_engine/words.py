@@ -1,12 +1,14 @@
 """Word spans for span-level decoding (AdaFuse): where a word ends, in any script, and whether
 every member could stop there.
 
-The released AdaFuse code cuts spans at whitespace and joins them back with ``" "``, which breaks
-code (``foo(bar)`` is one "word") and text without spaces (CJK). Here a *word* is leading
-whitespace plus one of: a run of letters/digits/underscores with their combining marks; a single
-CJK character (ideographs, kana, hangul each stand alone, as word segmenters treat them); or a
-single other symbol, keeping emoji ZWJ sequences and variation selectors whole. A word counts as
-*complete* only once something follows it, because the next token could still extend it.
+The released AdaFuse code splits text at whitespace and joins spans back with ``" "``, which breaks
+code (its indentation and newlines) and text without spaces (CJK is one endless "word"). Here a
+*word* is what a whitespace split gives, with its leading whitespace kept (so nothing is ever
+re-joined): a run of characters up to the next whitespace, punctuation attached to the word before
+it ("= 18." is the two words "=" and " 18."), except that a CJK character (ideograph, kana,
+hangul) is a word of its own, with the punctuation that follows it ("京。"), as word segmenters
+treat them. A word counts as *complete* only once something follows it (whitespace or a CJK
+character), because the next token could still extend it.
 
 A span may end only where every member's tokenization of the text has a token boundary
 (``SharedEnds``): the same OOV-like rule SAFE applies to single tokens.
@@ -34,8 +36,9 @@ def _is_mark(char: str) -> bool:
     return unicodedata.category(char).startswith("M") or char in (_ZWJ, _VS16) or 0x1F3FB <= ord(char) <= 0x1F3FF
 
 
-def _is_word_char(char: str) -> bool:
-    return (char == "_" or unicodedata.category(char)[0] in "LN") and not _is_cjk(char)
+def _is_cjk_letter(char: str) -> bool:
+    """A CJK character that is a word by itself (not CJK punctuation, which attaches)."""
+    return _is_cjk(char) and unicodedata.category(char)[0] in "LN"
 
 
 def word_ends(text: str) -> list[int]:
@@ -47,14 +50,13 @@ def word_ends(text: str) -> list[int]:
             i += 1
         if i == n:
             break
-        if _is_word_char(text[i]):
-            while i < n and (_is_word_char(text[i]) or (_is_mark(text[i]) and text[i] != _ZWJ)):
-                i += 1
-        else:
+        if _is_cjk_letter(text[i]):
             i += 1
-            while i < n and _is_mark(text[i]):
-                i += 2 if text[i] == _ZWJ else 1  # a ZWJ glues the next symbol on
-            i = min(i, n)
+            while i < n and (_is_mark(text[i]) or unicodedata.category(text[i])[0] in "PS"):
+                i += 1  # its marks, and the punctuation after it
+        else:  # a whitespace-split word, up to the next CJK character
+            while i < n and not text[i].isspace() and not _is_cjk_letter(text[i]):
+                i += 1
         ends.append(i)
     return ends
 

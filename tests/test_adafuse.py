@@ -19,13 +19,16 @@ def _words(text: str) -> list[str]:
 
 
 @pytest.mark.parametrize(("text", "words"), [
-    ("Hi Sofia, hi.", ["Hi", " Sofia", ",", " hi", "."]),
-    ("def add(a_b, c):\n    return a_b+c", ["def", " add", "(", "a_b", ",", " c", ")", ":", "\n    return",
-                                              " a_b", "+", "c"]),
-    ("我们去北京。", ["我", "们", "去", "北", "京", "。"]),
+    # punctuation attaches to the word before it, as a whitespace split would (issue #16) ...
+    ("Hi Sofia, hi.", ["Hi", " Sofia,", " hi."]),
+    ("= 18.", ["=", " 18."]),
+    ("3.14 km", ["3.14", " km"]),
+    ("def add(a_b, c):\n    return a_b+c", ["def", " add(a_b,", " c):", "\n    return", " a_b+c"]),
+    # ... while CJK characters stay words of their own (no whitespace to split on)
+    ("我们去北京。", ["我", "们", "去", "北", "京。"]),
+    ("用Python写，好", ["用", "Python", "写，", "好"]),
     ("e\u0301te\u0301 done", ["e\u0301te\u0301", " done"]),
     ("hi 👩\u200d💻 ok", ["hi", " 👩\u200d💻", " ok"]),
-    ("3.14 km", ["3", ".", "14", " km"]),
     ("  ", []),
 ])
 def test_words_work_for_prose_code_cjk_marks_and_emoji(text: str, words: list[str]) -> None:
@@ -35,9 +38,39 @@ def test_words_work_for_prose_code_cjk_marks_and_emoji(text: str, words: list[st
 
 def test_a_word_is_complete_only_once_something_follows_it() -> None:
     assert complete_word_ends(b" Sofia") == []
-    assert complete_word_ends(b" Sofia,") == [6]
+    assert complete_word_ends(b" Sofia,") == []  # the comma belongs to the word, which may go on
+    assert complete_word_ends(b" Sofia, hi") == [7]
     assert complete_word_ends(" 北京".encode()) == [4]  # bytes: " " + 3-byte 北
     assert complete_word_ends(b" ab\xe5\x8c") == []  # an incomplete character is not text yet
+
+
+def _continuation(table, pieces: list[bytes], sure: list[bool]):  # noqa: ANN001, ANN202
+    """A continuation written token by token with the given sureness of each token's row."""
+    from shared_engine.decoding.adafuse import Continuation
+
+    settings = AdaFuseSettings(torch.tensor([1.0]), max_words=3)
+    cont = Continuation()
+    for piece, is_sure in zip(pieces, sure):
+        logits = torch.zeros(table.vocab_size)
+        logits[table.token_id(piece)] = 20.0 if is_sure else 0.1  # margin ~1 or ~0
+        cont.add(table.token_id(piece), logits, table, settings)
+    return cont, settings
+
+
+@pytest.mark.parametrize(("sure", "words"), [
+    ([False, True, True, True], 1),  # unsure at step 1: one word
+    ([True, False, False, False], 2),  # sure at step 1 already gives 2 words (the released rule)
+    ([True, True, False, False], 3),  # sure at the first token of word 2 too: 3 words
+    ([True, False, True, True], 2),
+])
+def test_span_growth_follows_the_released_rule(sure: list[bool], words: int) -> None:
+    """Word k+1 joins the span when the first token of word k was sure (AdaFuse_two_models.py:
+    margin at step 1 -> 2 words, and at the next word's first token -> 3 words)."""
+    table = toy_member("a", "byte_level", "llama", 1).table
+    pieces = [b"Tom", b" wrote", b" about", b" numbers"]
+    assert all(table.token_id(p) is not None for p in pieces)
+    cont, settings = _continuation(table, pieces, sure)
+    assert cont.sure_words(settings) == (words, True)
 
 
 def test_spans_never_end_inside_a_token_of_any_member() -> None:
@@ -50,22 +83,45 @@ def test_spans_never_end_inside_a_token_of_any_member() -> None:
     shared = SharedEnds(b"Hi", texts)
     assert 3 not in shared(b" Sofia, hi")  # " So|fia": only the metaspace member may stop there
     assert 6 in shared(b" Sofia, hi")
-    assert span_end(b" Sofia, hi", 1, shared(b" Sofia, hi"), finished=False) == 6
-    assert span_end(b" Sofia, hi", 2, shared(b" Sofia, hi"), finished=False) == 7
+    assert span_end(b" Sofia, hi", 1, shared(b" Sofia, hi"), finished=False) == 7  # " Sofia," is one word
+    assert span_end(b" Sofia, hi there", 2, shared(b" Sofia, hi there"), finished=False) == 10
     assert span_end(b" So", 1, shared(b" So"), finished=False) == 0  # nothing safe yet: write on
 
 
+@pytest.mark.parametrize("vote", ["always", "uncertain"])
 @pytest.mark.parametrize("threshold", [0.0, 1.0])  # always sure / never sure
 @pytest.mark.parametrize("kind", ["byte_level", "metaspace"])
-def test_identical_members_with_one_candidate_equal_single_greedy(kind: str, threshold: float) -> None:
+def test_identical_members_with_one_candidate_equal_single_greedy(kind: str, threshold: float, vote: str) -> None:
     member = toy_member("toy", kind, "llama", seed=3)
     single = EnsembleEngine([member], method="single").generate("Sofia walked to the park", max_new_tokens=30)
-    result = EnsembleEngine([member, member], method="adafuse", num_candidates=1, threshold=threshold).generate(
-        "Sofia walked to the park", max_new_tokens=30)
+    result = EnsembleEngine([member, member], method="adafuse", num_candidates=1, threshold=threshold,
+                            vote=vote).generate("Sofia walked to the park", max_new_tokens=30)
     assert result.text == single.text
     assert result.stats.changed_tokens == 0
     assert result.stats.spans == result.stats.rounds
-    assert result.stats.fused_spans == (result.stats.spans if threshold == 1.0 else 0)
+    voted = vote == "always" or threshold == 1.0
+    assert result.stats.fused_spans == (result.stats.spans if voted else 0)
+
+
+def test_by_default_every_member_proposes_and_the_vote_decides_even_when_one_is_sure() -> None:
+    """The released AdaFuse: every model proposes a span every round (its length set by its own
+    margin) and the lowest mean NLL over all models wins; a sure member no longer writes alone
+    (that shortcut is ``vote="uncertain"``). Threshold 0: every member is always sure."""
+    a, b = toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)
+    engine = EnsembleEngine([a, b], method="adafuse", threshold=0.0, weights=[0.3, 0.7])
+    assert engine.options.vote == "always"
+    result = engine.generate("Tom wrote about numbers 12 and 7", max_new_tokens=24, keep_events=True)
+    decisions = [e for e in result.events if e.type == "adafuse"]
+    assert decisions and all(d.fused for d in decisions)
+    for d in decisions:
+        assert {name for c in d.candidates for name in c.proposed_by} == {"a", "b"}
+        assert all(set(c.member_nll) == {"a", "b"} for c in d.candidates)
+        assert d.chosen == min(d.candidates, key=lambda c: c.score).text
+    shortcut = EnsembleEngine([a, b], method="adafuse", threshold=0.0, vote="uncertain").generate(
+        "Tom wrote about numbers 12 and 7", max_new_tokens=24, keep_events=True)
+    assert not any(e.fused for e in shortcut.events if e.type == "adafuse")
+    with pytest.raises(InvalidRequestError, match="vote"):
+        EnsembleEngine([a, b], method="adafuse", vote="sometimes")
 
 
 def test_uncertain_rounds_vote_and_change_the_answer() -> None:
@@ -133,7 +189,7 @@ def test_candidates_are_scored_on_top_of_the_cached_answer() -> None:
 
 def test_entropy_mode_and_option_validation() -> None:
     a, b = toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)
-    result = EnsembleEngine([a, b], method="adafuse", uncertainty="entropy").generate(
+    result = EnsembleEngine([a, b], method="adafuse", uncertainty="entropy", vote="uncertain").generate(
         "Tom", max_new_tokens=12, keep_events=True)
     decisions = [e for e in result.events if e.type == "adafuse"]
     assert decisions and all(d.uncertainty == "entropy" for d in decisions)

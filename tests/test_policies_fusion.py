@@ -31,16 +31,39 @@ def test_consensus_skip_never_changes_arithmetic_mean_argmax(probs: torch.Tensor
     drafted = int(torch.argmax(probs[0]))  # greedy drafter proposes its own argmax
     own = [float(p[drafted]) for p in probs]
     tops = [int(torch.argmax(p)) == drafted for p in probs]
-    if agree(own, tops):
+    if agree(own, tops, torch.full((probs.shape[0],), 1 / probs.shape[0], dtype=torch.float64)):
         mean = probs.mean(dim=0)
         assert float(mean[drafted]) >= float(mean.max()) - 1e-12
 
 
 def test_consensus_rule_cases() -> None:
-    assert agree([0.3, 0.2], [True, True])  # unanimous argmax, however unsure
-    assert agree([0.9, 0.2], [True, False])  # mean 0.55 > 0.5
-    assert not agree([0.6, 0.4], [True, False])  # mean exactly 0.5 is not enough
-    assert not agree([0.5, 0.1, 0.2], [True, False, False])
+    even2, even3 = torch.tensor([0.5, 0.5]), torch.full((3,), 1 / 3)
+    assert agree([0.3, 0.2], [True, True], even2)  # unanimous argmax, however unsure
+    assert agree([0.9, 0.2], [True, False], even2)  # mean 0.55 > 0.5
+    assert not agree([0.6, 0.4], [True, False], even2)  # mean exactly 0.5 is not enough
+    assert not agree([0.5, 0.1, 0.2], [True, False, False], even3)
+
+
+def test_consensus_uses_the_fusion_weights() -> None:
+    """Issue #16: with weights 0.2/0.8 the weighted mean of 0.95 and 0.1 is 0.27, so fusion could
+    well pick another token; the unweighted mean (0.525) used to skip the position."""
+    weights = torch.tensor([0.2, 0.8])
+    assert not agree([0.95, 0.1], [True, False], weights)
+    assert agree([0.1, 0.95], [False, True], weights)  # weighted mean 0.78
+
+
+@settings(max_examples=300, deadline=None, derandomize=os.environ.get("HYPOTHESIS_EXPLORE") != "1")
+@given(member_distributions(), st.lists(st.floats(0.01, 1.0), min_size=4, max_size=4))
+def test_weighted_consensus_skip_never_changes_the_weighted_mean_argmax(probs: torch.Tensor,
+                                                                       raw: list[float]) -> None:
+    weights = torch.tensor(raw[: probs.shape[0]], dtype=torch.float64)
+    weights = weights / weights.sum()
+    drafted = int(torch.argmax(probs[0]))
+    own = [float(p[drafted]) for p in probs]
+    tops = [int(torch.argmax(p)) == drafted for p in probs]
+    if agree(own, tops, weights):
+        mean = weights @ probs
+        assert float(mean[drafted]) >= float(mean.max()) - 1e-12
 
 
 def _fused(keys: list[bytes], member_probs: list[list[float]], weights: list[float]) -> tuple[Fused, torch.Tensor]:
@@ -117,10 +140,30 @@ def test_unite_rescores_a_missing_word_through_the_first_subtoken() -> None:
     fused = UniteFusion(top_k=2)([byte_level, metaspace], torch.tensor([0.5, 0.5]))
     assert set(fused.keys) == {b" Sofia", b" Paris", b" So"}
     sofia, so = fused.keys.index(b" Sofia"), fused.keys.index(b" So")
-    # metaspace has no " Sofia" token: it is scored by its first sub-token " So", so both get equal mass
-    assert torch.isclose(fused.member_probs[1, sofia], fused.member_probs[1, so])
+    # metaspace has no " Sofia" token; its first sub-token " So" is already a candidate of its own,
+    # so that probability is given once, to " So", as UniTE's released code does
+    assert float(fused.member_probs[1, so]) == pytest.approx(0.5, abs=1e-4)
+    assert float(fused.member_probs[1, sofia]) == 0.0
     assert torch.allclose(fused.member_probs.sum(dim=1), torch.ones(2))
     assert fused.keys[int(torch.argmax(fused.fused))] == b" Sofia"
+
+
+def test_unite_gives_a_shared_first_subtoken_its_probability_once() -> None:
+    """Issue #16: " wrote" and " walked" are whole tokens of the byte-level drafter and both start
+    with " w" in the metaspace vocabulary. Re-scoring each through " w" used to hand the metaspace
+    member's " w" probability to both, so a word from another vocabulary could win on prefix mass
+    counted twice. Now the first candidate in union order gets it, the second gets nothing."""
+    from shared_engine.fusion import UniteFusion
+
+    byte_level = _dist("bl", "byte_level", {b" wrote": 5.0, b" walked": 4.9})
+    metaspace = _dist("ms", "metaspace", {b" Paris": 5.0, b" So": 4.5, b" w": 4.0})
+    fused = UniteFusion(top_k=2)([byte_level, metaspace], torch.tensor([0.5, 0.5]))
+    assert fused.keys == [b" wrote", b" walked", b" Paris", b" So"]
+    ms = fused.member_probs[1]
+    assert float(ms[1]) == 0.0  # " walked": its " w" was already spent on " wrote"
+    expected = torch.softmax(torch.tensor([4.0, 5.0, 4.5]), 0)  # " w", " Paris", " So"
+    assert torch.allclose(ms[[0, 2, 3]], expected, atol=1e-5)
+    assert float(fused.fused.sum()) == pytest.approx(1.0, abs=1e-5)
 
 
 def test_gac_union_matches_exact_strings_and_pools_eos() -> None:
@@ -134,3 +177,43 @@ def test_gac_union_matches_exact_strings_and_pools_eos() -> None:
     assert probs[b" Sofia"] == pytest.approx(0.25, abs=1e-3)
     assert probs[b" So"] == pytest.approx(0.25, abs=1e-3)
     assert probs[EOS_KEY] == pytest.approx(0.5, abs=1e-3)  # "end of answer" is one candidate
+
+
+# ----------------------------------------------------------------- each baseline as its paper defines it
+
+@pytest.mark.parametrize(("method", "fusion", "sharpen"), [
+    ("safe", "unite", "heur"),  # sharpening is SAFE's
+    ("every-token", "unite", None),  # UniTE at every step, plain weighted mean
+    ("gac-threshold", "gac", None),  # GaC's union vocabulary behind its gate
+    ("adafuse", "unite", None),
+    ("single", "unite", None),
+])
+def test_each_method_defaults_to_its_papers_fusion_and_sharpening(method: str, fusion: str,
+                                                                  sharpen: str | None) -> None:
+    from shared_engine.options import EngineOptions
+
+    options = EngineOptions(method=method)
+    assert (options.fusion, options.sharpen) == (fusion, sharpen)
+
+
+def test_explicit_fusion_and_sharpening_still_win() -> None:
+    from shared_engine.options import EngineOptions
+
+    assert EngineOptions(method="every-token", sharpen="heur").sharpen == "heur"
+    assert EngineOptions(method="gac-threshold", fusion="unite").fusion == "unite"
+    assert EngineOptions(method="safe", sharpen=None).sharpen is None
+
+
+def test_cli_leaves_fusion_and_sharpening_to_the_method_unless_given() -> None:
+    from shared_engine.cli import build_parser
+    from shared_engine.engine_args import engine_from_args
+
+    def options(*flags: str):  # noqa: ANN202 - engines built from names load nothing until used
+        args = build_parser().parse_args(["run", "--models", "a,b", *flags, "hi"])
+        return engine_from_args(args, args.method or "safe").options
+
+    assert (options("--method", "gac-threshold").fusion, options("--method", "gac-threshold").sharpen) == ("gac", None)
+    assert options("--method", "every-token").sharpen is None
+    assert options().sharpen == "heur"
+    assert options("--method", "every-token", "--sharpen", "geom").sharpen == "geom"
+    assert options("--sharpen", "none").sharpen is None

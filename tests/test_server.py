@@ -166,7 +166,8 @@ def test_adafuse_spans_are_span_decisions_streamed_and_whole() -> None:
 
 
 def test_confident_adafuse_spans_are_listed_only_on_request() -> None:
-    engine = EnsembleEngine(toy_members(), method="adafuse", threshold=0.0, max_new_tokens=8)  # always sure
+    engine = EnsembleEngine(toy_members(), method="adafuse", threshold=0.0, vote="uncertain",
+                            max_new_tokens=8)  # always sure: the leader writes alone
     body = {"model": "adafuse-ensemble", "messages": USER, "max_tokens": 8}
     with serve_in_background(create_app(engine)) as url:
         default = post(url, body).json()["ensemble"]
@@ -182,7 +183,8 @@ def test_page_lists_confident_spans_when_asked() -> None:
     """The page in headless Chromium (the real-model page tests are in test_server_zoo.py)."""
     from tests.test_server_zoo import ARTIFACTS, browser_page
 
-    engine = EnsembleEngine(toy_members(), method="adafuse", threshold=0.0, max_new_tokens=8)  # always sure
+    engine = EnsembleEngine(toy_members(), method="adafuse", threshold=0.0, vote="uncertain",
+                            max_new_tokens=8)  # always sure: the leader writes alone
     with browser_page(engine, "adafuse") as (page, console_errors):
         page.check("#all-spans")
         page.fill("#max-tokens", "6")

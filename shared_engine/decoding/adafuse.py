@@ -1,20 +1,26 @@
 """AdaFuse (Cui et al., arXiv 2601.06022) on the shared machinery: decide per *word span*.
 
-One round: every member looks at its next-token distribution after the committed answer and
-measures its uncertainty (top-1 margin, or entropy). If the most confident member (the *leader*)
-is sure, it writes on and commits up to ``max_words`` words, adding a word only while it stays sure
-at that word's first token. Otherwise the round is *fused*, with test-time scaling: every member
-proposes ``num_candidates`` one-word continuations (branching over its top first tokens, each
-completed greedily or, with ``candidate_temperature`` > 0, by sampling), the union of candidate
-texts is scored by every member (mean token NLL of the span through the member's own tokenizer,
-one forward that reuses the KV cache of the answer), and the weighted vote commits the best.
+One round (``vote="always"``, the released code's behaviour): every member looks at its
+next-token distribution after the committed answer and measures its uncertainty (top-1 margin, or
+entropy). A member that is sure there proposes one greedy span whose length its own sureness sets
+(the released rule: sure at the first token of word 1 -> 2 words, also sure at the first token of
+word 2 -> 3 words, up to ``max_words``); an unsure member proposes ``num_candidates`` one-word
+continuations (test-time scaling: branching over its top first tokens, each completed greedily or,
+with ``candidate_temperature`` > 0, by sampling). The union of proposals is scored by every member
+(mean token NLL of the span through the member's own tokenizer, one forward that reuses the KV
+cache of the answer) and the lowest weighted mean NLL wins.
+
+``vote="uncertain"`` (this project's earlier shortcut): if the most confident member (the
+*leader*) is sure, it alone writes and commits its span, with no vote.
 
 Where this differs from the released code (ensembling.md §3), on purpose:
-- spans end where every member has a token boundary (``words.py``), not at a whitespace split,
-  and the committed text is exactly the chosen candidate's bytes (no ``" ".join``): code and CJK
-  survive;
+- spans end where every member has a token boundary (``words.py``), not just at whitespace, and
+  the committed text is exactly the chosen candidate's bytes (no ``" ".join``, no dropped
+  punctuation-only words): code and CJK survive;
+- a "word" is one whitespace-split word (the released beam-1 path takes up to ``--span_length``,
+  default 4, of them as its "first word"; the paper describes one);
 - KV caches are kept across rounds (``Session.sync``); the prefix is never re-encoded;
-- N members; entropy as an alternative to the margin.
+- N members; entropy as an alternative to the margin; first-token branching for every member.
 
 With identical members and ``num_candidates=1`` it is exactly single-model greedy decoding; with
 more candidates the vote may deliberately prefer a branch greedy decoding would not take (mean
@@ -39,6 +45,7 @@ from ..words import SharedEnds, complete_word_ends, span_end, word_ends
 from .state import RequestState, spell_bytes
 
 Uncertainty = Literal["margin", "entropy"]
+Vote = Literal["always", "uncertain"]
 DEFAULT_THRESHOLD: dict[str, float] = {"margin": 0.7, "entropy": 0.6}
 """Margin: the paper's theta_delta. Entropy (nats): 0.6 is about a 0.85/0.15 split."""
 TOKENS_PER_WORD = 8
@@ -54,6 +61,7 @@ class AdaFuseSettings:
     max_words: int = 3
     num_candidates: int = 3
     candidate_temperature: float = 0.0
+    vote: Vote = "always"
 
     def measure(self, logits: torch.Tensor) -> float:
         """Top-1 margin p1 - p2 (higher = surer) or entropy in nats (lower = surer)."""
@@ -108,14 +116,15 @@ class Continuation:
         return -sum(self.logprobs[:len(ids)]) / len(ids) if ids else None
 
     def sure_words(self, settings: AdaFuseSettings) -> tuple[int, bool]:
-        """Words the writer is sure of (the first always counts; a later word counts if the token
-        that starts it was sure), and whether that number can no longer grow."""
+        """How many words the span gets, and whether that number can no longer grow. As in the
+        released code: one word, plus one more for each word, from the first on, whose first
+        token the writer was sure of (sure at step 1 already gives 2 words)."""
         ends = complete_word_ends(self.data)
         words = 1
         while words < settings.max_words:
-            if len(ends) < words:
-                return words, self.eos
-            start = ends[words - 1]
+            if words > 1 and len(ends) < words - 1:
+                return words, self.eos  # word ``words`` has not started yet
+            start = ends[words - 2] if words > 1 else 0  # where word ``words`` starts
             if start not in self.starts or not settings.is_sure(self.measures[self.starts.index(start)]):
                 return words, True
             words += 1
@@ -166,6 +175,16 @@ def _write(session: Session, context: list[int], first: torch.Tensor, token: int
 def _has_end(data: bytes, words: int, shared: set[int]) -> bool:
     ends = complete_word_ends(data)
     return any(e in shared for e in ends[words - 1:])
+
+
+def _propose(session: Session, context: list[int], first: torch.Tensor, table: TokenTable,
+             settings: AdaFuseSettings, shared: SharedEnds, seed: int, support: int | None) -> list[Span]:
+    """Blocking: one member's proposals for the vote. Sure at its first token: its greedy span,
+    as many words as its sureness gives (the released code's candidate); unsure: one-word
+    branches over its top first tokens (test-time scaling)."""
+    if settings.is_sure(settings.measure(first)):
+        return [_write(session, context, first, _argmax(first), table, settings, _argmax, None, shared)]
+    return _branches(session, context, first, table, settings, shared, seed, support)
 
 
 def _branches(session: Session, context: list[int], first: torch.Tensor, table: TokenTable,
@@ -226,7 +245,8 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
     state.stats.rounds += 1
     state.stats.spans += 1
 
-    if settings.is_sure(measures[leader]):
+    fused = settings.vote == "always" or not settings.is_sure(measures[leader])
+    if not fused:  # vote="uncertain" and the leader is sure: it writes alone
         member = members[leader]
         support = exact_support(member)
 
@@ -242,7 +262,7 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
     else:
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=sampler.generator))
         proposals = await asyncio.gather(*(
-            m.run(_branches, s, c, f, m.table, settings, shared, seed + i, exact_support(m))
+            m.run(_propose, s, c, f, m.table, settings, shared, seed + i, exact_support(m))
             for i, (m, s, c, f) in enumerate(zip(members, sessions, contexts, firsts))))
         spans = dict(enumerate(proposals))
         keys = list(dict.fromkeys(sp.key for props in proposals for sp in props if sp.key))
@@ -263,8 +283,7 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
                       for c, k in enumerate(keys)]
         candidates.sort(key=lambda c: c.score)
 
-    fused = not settings.is_sure(measures[leader])
-    words = next((sp.words for sp in spans.get(0, []) + spans.get(leader, []) if sp.key == chosen), 1)
+    words = next((sp.words for props in spans.values() for sp in props if sp.key == chosen), 1)
     yield AdaFuseEvent(position=position, offset=start, uncertainty=settings.uncertainty,
                        member_uncertainty={label: round(v, 4) for label, v in zip(labels, measures)},
                        leader=labels[leader], fused=fused, words=words, candidates=candidates,

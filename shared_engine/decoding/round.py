@@ -9,6 +9,11 @@ One deliberate difference from the released SAFE code: when fusion picks the ver
 drafted, the rest of the draft stays valid (every member's context is unchanged), so the scan goes
 on instead of throwing the draft away. Greedy output is identical; drafter work is saved (the
 project's findings measured ~half of all fusions choosing the drafted token).
+
+With a temperature (the released code is greedy only), every position where fusion may run (a
+shared boundary for SAFE) follows the fused distribution exactly: the drafted token is accepted
+by the speculative-sampling rule against it (``sampling.speculative_choice``). The consensus skip,
+which only proves that the drafted token is the fused argmax, applies to greedy decoding alone.
 """
 
 from __future__ import annotations
@@ -16,15 +21,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
-from ..alignment import EOS_KEY, is_char_boundary
+from ..alignment import EOS_KEY, TokenTable, is_char_boundary
 from ..events import Candidate, DraftEvent, EnsembleEvent, Event, VerifiedPosition, VerifyEvent
 from ..fusion import Fuser, MemberDist, SharpenMode, candidate_key, sharpen, top_keys
 from ..members.base import exact_support
 from ..policies import Policy, agree
-from ..sampling import Sampler
+from ..sampling import Sampler, speculative_choice
 from .state import RequestState
 
 
@@ -138,8 +144,11 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
         position = VerifiedPosition(offset=offset, boundary_ok=boundary)
         if fusable and policy.skip_consensus:
             probs, tops = zip(*(_own_prob(d, o) for d, o in zip(dists, owns)))
-            position.consensus = agree(list(probs), list(tops)) or (
-                policy.drafter_confidence is not None and probs[0] >= policy.drafter_confidence)
+            confident = policy.drafter_confidence is not None and probs[0] >= policy.drafter_confidence
+            # Consensus proves the drafted token is the fused *argmax*; a sampled answer must follow
+            # the fused distribution, so there only the drafter-confidence gate skips fusion.
+            position.consensus = confident or (
+                sampler.greedy and agree(list(probs), list(tops), fusion.weights))
             position.probs = {d.name: p for d, p in zip(dists, probs)}
             fusable = not position.consensus
         checked.append(position)
@@ -197,8 +206,13 @@ def _fuse(state: RequestState, dists: list[MemberDist], fusion: FusionSettings, 
     fused = fusion.fuse(dists, fusion.weights)
     drafter_top = set(top_keys(dists[0], 10))
     scores, sharpened = sharpen(fused, fusion.weights, fusion.sharpen, drafter_top)
-    key = fused.keys[sampler.from_probs(scores)]
     drafted_key = candidate_key(state.drafter.table, drafted)
+    if sampler.greedy:
+        key = fused.keys[int(torch.argmax(scores))]
+    else:  # speculative sampling against the fused distribution: the answer follows it exactly
+        proposal = _draft_mass(dists[0], sampler, fused.keys)
+        index = fused.keys.index(drafted_key) if drafted_key in fused.keys else None
+        key = fused.keys[speculative_choice(sampler, sampler.tempered(scores), proposal, index)]
     state.stats.ensembled_tokens += 1
     changed = key != drafted_key
     state.stats.changed_tokens += int(changed)
@@ -211,6 +225,29 @@ def _fuse(state: RequestState, dists: list[MemberDist], fusion: FusionSettings, 
                           sharpened=sharpened, chosen=_show(key),
                           drafted=_show(drafted_key) if drafted_key else None, changed=changed)
     return _Choice(key, event)
+
+
+def _draft_mass(drafter: MemberDist, sampler: Sampler, keys: list[bytes]) -> torch.Tensor:
+    """The probability that the drafter's sampling put on each candidate string (every id that
+    spells it; EOS: every EOS id)."""
+    probs = sampler.distribution(drafter.logits, drafter.support)
+    table, same = drafter.table, _ids_by_bytes(drafter.table)
+    mass = []
+    for key in keys:
+        ids = list(table.eos_ids) if key == EOS_KEY else same.get(key, [])
+        mass.append(float(probs[ids].sum()) if ids else 0.0)
+    return torch.tensor(mass)
+
+
+@lru_cache(maxsize=8)
+def _ids_by_bytes(table: TokenTable) -> dict[bytes, list[int]]:
+    """Every id that can stand for a candidate string (byte-fallback duplicates included)."""
+    out: dict[bytes, list[int]] = {}
+    for token in range(table.vocab_size):
+        key = candidate_key(table, token)
+        if key is not None and key != EOS_KEY:
+            out.setdefault(key, []).append(token)
+    return out
 
 
 def _show(key: bytes) -> str:

@@ -60,23 +60,27 @@ def _check_encodable(text: str, where: str) -> None:
 
 
 def render_plain(messages: Sequence[Message]) -> str:
-    """The fallback format for models without a chat template."""
+    """The fallback format for models without a chat template. It ends on a new line, as chat
+    templates' generation prompts do (``<|im_start|>assistant\\n``): the answer is shared text,
+    and a chat drafter starts it with a word and no leading space, which reads naturally here
+    (``Assistant:\\nThe``), while ``Assistant:The`` would not; a plain-format drafter, in turn,
+    starts without the space that chat members would read after their newline."""
     parts = []
     for message in messages:
         if message["role"] == "system":
             parts.append(f"{message['content']}\n\n")
         else:
             parts.append(f"{message['role'].capitalize()}: {message['content']}\n")
-    return "".join(parts) + "Assistant:"
+    return "".join(parts) + "Assistant:\n"
 
 
 def render_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> list[int]:
-    """Prompt token ids for ``messages`` in this tokenizer's own format, ready for generation."""
+    """Prompt token ids for ``messages`` in this tokenizer's own format, ready for generation:
+    exactly what ``apply_chat_template(..., tokenize=True, add_generation_prompt=True)`` gives
+    (a template writes its own BOS if the model wants one, so none is added), else the plain
+    format with the tokenizer's usual special tokens (its BOS, once)."""
     if getattr(tokenizer, "chat_template", None):
-        text = str(tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False,
-                                                 add_generation_prompt=True))
-    else:
-        text = render_plain(messages)
-    bos = tokenizer.bos_token
-    add_special = not (bos and text.startswith(bos))
-    return list(tokenizer(text, add_special_tokens=add_special)["input_ids"])
+        encoded: Any = tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=True,
+                                                     add_generation_prompt=True, return_dict=True)
+        return list(encoded["input_ids"])
+    return list(tokenizer(render_plain(messages))["input_ids"])

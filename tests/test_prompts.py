@@ -1,0 +1,107 @@
+"""Each member reads the prompt in its own format, exactly as its tokenizer renders it (issue #16).
+
+- A member with a chat template gets what ``apply_chat_template(..., tokenize=True,
+  add_generation_prompt=True)`` gives: no second BOS in front of a template that has its own
+  (or that has none on purpose).
+- A member without one gets the plain ``User:/Assistant:`` format, which ends like a chat
+  template's generation prompt: on a new line, so the answer's first word (written without a
+  leading space by a chat drafter after ``assistant\\n``) reads naturally for every member.
+- The answer's first token is read the same way by every member: the prompt ids followed by the
+  member's tokenization of the answer are what its tokenizer makes of prompt + answer as one text.
+
+On the toy tokenizers always, and on the three zoo tokenizers when their converted folders exist
+(as in test_alignment.py).
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+
+import pytest
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from shared_engine import zoo
+from shared_engine.alignment import TokenTable
+from shared_engine.members.chat import render_plain, render_prompt_ids
+from tests import toy
+from tests.test_alignment import REAL_NAMES
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is 2+2?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a color."}],
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+     {"role": "user", "content": "Count to 3."}],
+]
+ANSWERS = ["The answer is 4.", "42", "Sure! Here", "To find 17 + 25, add.", "- first"]
+"""Answers as a drafter starts them after a generation prompt: with a word, no leading whitespace."""
+
+
+@cache
+def _metaspace_with_template() -> PreTrainedTokenizerBase:
+    """A tokenizer whose post-processor adds BOS, with a chat template that does not start with
+    it (as some instruction-tuned SentencePiece models ship): rendering text, then tokenizing it
+    with special tokens, used to put a BOS the template never asked for in front."""
+    tokenizer = copy.deepcopy(toy.metaspace_tokenizer())
+    tokenizer.chat_template = toy.CHATML_TEMPLATE
+    return tokenizer
+
+
+@cache
+def _tokenizer(key: str) -> PreTrainedTokenizerBase:
+    if key == "metaspace+template":
+        return _metaspace_with_template()
+    if key in toy.TOKENIZERS:
+        return toy.TOKENIZERS[key]()
+    return AutoTokenizer.from_pretrained(str(zoo.tokenizer_dir(key, progress=False)))
+
+
+KEYS = (*toy.TOKENIZERS, "metaspace+template", *REAL_NAMES)
+
+
+def _prompt_text(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> str:
+    if tokenizer.chat_template:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return render_plain(messages)
+
+
+@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+def test_prompt_ids_are_the_members_own_rendering(key: str, messages: list[dict[str, str]]) -> None:
+    tokenizer = _tokenizer(key)
+    ids = render_prompt_ids(tokenizer, messages)
+    if tokenizer.chat_template:
+        expected = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                 return_dict=True)["input_ids"]
+        assert ids == list(expected)
+    else:  # the plain format, with the tokenizer's own special tokens (its BOS, once)
+        assert ids == list(tokenizer(render_plain(messages))["input_ids"])
+    bos = tokenizer.bos_token_id
+    if bos is not None:
+        assert ids[:2] != [bos, bos], "a second BOS in front of the prompt"
+
+
+def test_the_plain_format_ends_on_a_new_line_like_a_chat_template() -> None:
+    """A chat drafter writes its first word without a leading space after ``assistant\\n``; a
+    plain-format member must read that answer as a natural continuation (``Assistant:\\nThe``, not
+    ``Assistant:The``), and a plain-format drafter must not start the answer with a space that
+    every chat member would then read after its newline."""
+    text = render_plain(CONVERSATIONS[0])
+    assert text.endswith("\nAssistant:\n")
+    chatml = toy.byte_level_tokenizer().apply_chat_template(CONVERSATIONS[0], tokenize=False,
+                                                            add_generation_prompt=True)
+    assert chatml.endswith("\n") and text.endswith("\n")
+
+
+@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize("answer", ANSWERS)
+def test_every_member_reads_the_first_answer_token_as_its_tokenizer_would(key: str, answer: str) -> None:
+    """Prompt ids + the member's tokenization of the answer == the tokenizer's reading of prompt +
+    answer as one text: the prompt ends on a token boundary the answer does not merge across."""
+    tokenizer = _tokenizer(key)
+    messages = CONVERSATIONS[0]
+    table = TokenTable(tokenizer)
+    prompt_ids = render_prompt_ids(tokenizer, messages)
+    whole = tokenizer(_prompt_text(tokenizer, messages) + answer,
+                      add_special_tokens=not tokenizer.chat_template)["input_ids"]
+    assert prompt_ids + table.encode_fragment(answer) == list(whole)

@@ -1,0 +1,94 @@
+"""The engine's AdaFuse votes, one by one, against plain recomputation (no caches, full forwards).
+
+For every round of a toy ensemble (a drafter that memorised its answer, so it is often sure, and a
+random verifier of another tokenizer, which rarely is): the verifier's margin at the round start,
+its mean NLL of every candidate it did not propose (through its own fresh tokenization of answer +
+span), the weighted score, the winner (lowest score), who proposed what (a sure member exactly one
+span, for the verifier of >= 2 words unless its continuation ends first; an unsure member one-word
+branches; spans holding bytes that are not UTF-8, which random members emit, have no words to
+count) and that the answer is exactly the chosen spans. The drafter reads its own committed ids,
+which the events do not carry, so its NLLs are checked only through the score arithmetic.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shared_engine import EnsembleEngine
+from shared_engine.alignment import TokenizedText
+from shared_engine.decoding.state import spell_bytes
+from shared_engine.words import word_ends
+from tests.test_engine import QUESTION, trained_member
+from tests.toy import toy_member
+
+THRESHOLD = 0.5
+
+
+def _logits(member, ids: list[int]) -> torch.Tensor:  # noqa: ANN001
+    with torch.no_grad():
+        return member.model(torch.tensor([ids])).logits[0].float()
+
+
+def _margin(logits: torch.Tensor) -> float:
+    top = torch.topk(torch.softmax(logits, -1), 2).values
+    return float(top[0] - top[1])
+
+
+@pytest.mark.parametrize("weights", [(0.6, 0.4), (0.2, 0.8)])
+def test_adafuse_votes_equal_plain_recomputation(weights: tuple[float, float]) -> None:
+    drafter, verifier = trained_member("byte_level"), toy_member("v", "metaspace", "gpt2", 2)
+    engine = EnsembleEngine([drafter, verifier], method="adafuse", weights=list(weights), threshold=THRESHOLD)
+    prompts = [QUESTION] + [[{"role": "user", "content": text}] for text in (
+        "Tom wrote about numbers 12 and 7", "Sofia visited Berlin", "Hello Maria. So many apples", "def add(a, b):")]
+    checked = sure_rounds = 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for messages in prompts:
+            result = engine.generate(messages, max_new_tokens=32, keep_events=True)
+            prompt = verifier.prompt_ids(messages)
+            answer = b""
+            for event in (e for e in result.events if e.type == "adafuse"):
+                assert event.offset == len(answer) and event.fused
+                tokens = TokenizedText(verifier.table)
+                tokens.set_text(answer)
+                context = prompt + tokens.ids
+                first = _logits(verifier, context)[-1]
+                assert event.member_uncertainty["v"] == pytest.approx(_margin(first), abs=2e-3)
+                for c in event.candidates:
+                    assert c.score == pytest.approx(weights[0] * c.member_nll[drafter.name]
+                                                    + weights[1] * c.member_nll["v"], abs=2e-3)
+                    if "v" in c.proposed_by or c.text == "<eos>" or "\ufffd" in c.text:
+                        continue  # its own generation log-probs: same forward, not recomputed here
+                    ids = spell_bytes(verifier.table, c.text.encode())
+                    logp = torch.log_softmax(_logits(verifier, context + ids)[len(context) - 1:-1], -1)
+                    nll = -float(logp[torch.arange(len(ids)), torch.tensor(ids)].mean())
+                    assert c.member_nll["v"] == pytest.approx(nll, abs=2e-3), (event.chosen, c.text)
+                    checked += 1
+                assert event.chosen == min(event.candidates, key=lambda c: c.score).text
+                for name, margin in event.member_uncertainty.items():
+                    mine = [c for c in event.candidates if name in c.proposed_by]
+                    assert mine, f"{name} proposed nothing"
+                    if any("\ufffd" in c.text for c in mine):
+                        continue  # bytes that are no text have no words: such a span ends elsewhere
+                    if margin >= THRESHOLD:
+                        sure_rounds += 1
+                        assert len(mine) == 1
+                        if name == "v" and mine[0].text != "<eos>" and len(word_ends(mine[0].text)) < 2:
+                            # sure at step 1 gives 2 words, unless its own continuation ends there
+                            span = spell_bytes(verifier.table, mine[0].text.encode())
+                            after = int(torch.argmax(_logits(verifier, context + span)[-1]))
+                            assert after in verifier.table.eos_ids, mine[0].text
+                    else:
+                        assert len(mine) <= engine.options.num_candidates
+                        assert all(len(word_ends(c.text)) <= 1 or c.text == "<eos>" for c in mine), \
+                            [c.text for c in mine]
+                if event.chosen == "<eos>" or "\ufffd" in event.chosen:
+                    break
+                answer += event.chosen.encode()
+            else:
+                assert result.text == answer.decode("utf-8", "replace")
+    finally:
+        torch.set_num_threads(threads)
+    assert checked >= 10 and sure_rounds >= 3, (checked, sure_rounds)

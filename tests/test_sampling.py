@@ -1,0 +1,114 @@
+"""Sampling with a temperature gives the distribution the README promises (issue #16).
+
+At a position where SAFE may fuse, the drafted token is accepted with the speculative-sampling
+rule against the fused distribution q (keep it with probability min(1, q/p), else draw from the
+normalised residual max(0, q - p)), so what comes out there is distributed exactly as q, not
+biased toward the drafter's argmax. Checked on the pure rule with many draws and end to end on toy
+models, both with fixed seeds so the tests are deterministic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from shared_engine import EnsembleEngine
+from shared_engine.alignment import EOS_KEY
+from shared_engine.fusion import MemberDist, UniteFusion, sharpen, top_keys
+from shared_engine.sampling import Sampler, speculative_choice
+from tests.test_engine import ANSWER, QUESTION, trained_member
+from tests.toy import toy_member
+
+
+def _goodness_of_fit(counts: dict[int | str, int], expected: dict[int | str, float], total: int) -> float:
+    """Chi-square p-value of ``counts`` against the probabilities ``expected``; bins expecting fewer
+    than 5 draws are pooled into one, as the test requires."""
+    big = [k for k, p in expected.items() if p * total >= 5]
+    observed = [counts.get(k, 0) for k in big]
+    wanted = [expected[k] * total for k in big]
+    rest_observed, rest_wanted = total - sum(observed), total - sum(wanted)
+    if rest_wanted >= 5:
+        observed.append(rest_observed)
+        wanted.append(rest_wanted)
+    else:
+        assert rest_observed <= 10, "draws outside the expected support"
+        scale = sum(observed) / sum(wanted)
+        wanted = [w * scale for w in wanted]
+    return float(chisquare(observed, wanted).pvalue)
+
+
+def test_speculative_rule_reproduces_the_target_distribution() -> None:
+    """Drafts come from p (with mass outside the candidates, as a drafter's vocabulary has); the
+    rule's output follows q over the candidates, whatever p was."""
+    q = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    p = torch.tensor([0.05, 0.6, 0.1, 0.0, 0.05])  # + 0.2 on tokens that are no candidate
+    outside = 1.0 - float(p.sum())
+    sampler = Sampler(temperature=1.0, seed=1234)
+    draws = torch.Generator().manual_seed(99)
+    total = 20000
+    counts: dict[int | str, int] = {}
+    for _ in range(total):
+        u = float(torch.rand((), generator=draws))
+        drafted = int(torch.searchsorted(torch.cumsum(p, 0), torch.tensor(u), right=True))
+        chosen = speculative_choice(sampler, q, p, drafted if u < 1.0 - outside else None)
+        counts[chosen] = counts.get(chosen, 0) + 1
+    assert counts.get(4, 0) == 0  # q gives it nothing: never chosen, though p proposes it
+    freq = torch.tensor([counts.get(i, 0) / total for i in range(5)])
+    assert 0.5 * float((freq - q).abs().sum()) < 0.015  # total variation
+    assert _goodness_of_fit(counts, dict(enumerate(q.tolist())), total) > 1e-3
+
+
+def test_greedy_rule_is_the_argmax_whatever_was_drafted() -> None:
+    q = torch.tensor([0.2, 0.5, 0.3])
+    assert speculative_choice(Sampler(0.0), q, torch.tensor([0.9, 0.05, 0.05]), 0) == 1
+
+
+def _first_position_target(drafter, verifier, weights: torch.Tensor, temperature: float) -> dict[str, float]:  # noqa: ANN001
+    """The exact distribution SAFE must sample the answer's first position from: UniTE fusion of
+    both members' next-token distributions after the prompt, SAFE's sharpening, the temperature."""
+    dists = []
+    for member in (drafter, verifier):
+        ids = member.prompt_ids(QUESTION)
+        with torch.no_grad():
+            logits = member.model(torch.tensor([ids])).logits[0, -1].float()
+        dists.append(MemberDist(member.name, member.table, logits))
+    fused = UniteFusion(10)(dists, weights)
+    scores, _ = sharpen(fused, weights, "heur", set(top_keys(dists[0], 10)))
+    q = scores.clamp_min(1e-12) ** (1.0 / temperature)
+    q = q / q.sum()
+    return {("<eos>" if k == EOS_KEY else k.decode("utf-8", "replace")): float(p)
+            for k, p in zip(fused.keys, q.tolist())}
+
+
+async def _first_choices(engine: EnsembleEngine, seeds: range, temperature: float) -> dict[int | str, int]:
+    counts: dict[int | str, int] = {}
+    for seed in seeds:
+        result = await engine.agenerate(QUESTION, max_new_tokens=1, temperature=temperature, seed=seed,
+                                        keep_events=True)
+        fused = [e for e in result.events if e.type == "ensemble" and e.offset == 0]
+        if fused:
+            first = fused[0].chosen
+        else:  # no fusion at the first position: the drafted token stands
+            draft = next(e for e in result.events if e.type == "token")
+            first = draft.text
+        counts[first] = counts.get(first, 0) + 1
+    return counts
+
+
+def test_safe_samples_the_first_position_from_the_fused_distribution() -> None:
+    """A drafter that memorised its answer (p('H') ~ 1, its first token of "Hi") with a random
+    verifier, weights 0.6/0.4: the weighted mean puts > 0.5 on 'H', so SAFE's consensus rule would
+    keep every drafted 'H' (the old behaviour: 'H' almost always). The fused distribution gives it
+    only ~0.6; the rest belongs to the verifier's words. What comes out must follow it."""
+    drafter, verifier = trained_member("metaspace"), toy_member("v", "byte_level", "gpt2", 2)
+    weights, temperature, total = torch.tensor([0.6, 0.4]), 1.0, 300
+    target = _first_position_target(drafter, verifier, weights, temperature)
+    first = drafter.table.pieces[drafter.table.encode_fragment(ANSWER)[0]].decode()
+    assert 0.45 < target[first] < 0.75  # the case is sensitive: the drafter alone would say ~1.0
+    engine = EnsembleEngine([drafter, verifier], method="safe", weights=[0.6, 0.4])
+    counts = asyncio.run(_first_choices(engine, range(total), temperature))
+    assert counts.get(first, 0) / total == pytest.approx(target[first], abs=4 * (0.25 / total) ** 0.5)
+    assert _goodness_of_fit(counts, target, total) > 1e-3
