@@ -4,6 +4,7 @@ imported only when it runs)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -24,6 +25,9 @@ def add_serve_command(sub: argparse._SubParsersAction, add_engine_args: Callable
     serve.add_argument("--served-model-name", help="the `model` clients send (default: <method>-ensemble)")
     serve.add_argument("--max-active", type=int, default=4, help="requests generating at once")
     serve.add_argument("--max-waiting", type=int, default=16, help="requests queued beyond those (then 429)")
+    serve.add_argument("--api-key", default=os.environ.get("SAFE_ENSEMBLE_API_KEY"),
+                       help="require 'Authorization: Bearer KEY' on every /v1 route (default: "
+                            "$SAFE_ENSEMBLE_API_KEY; unset: open)")
 
 
 def serve(args: argparse.Namespace, engine: EnsembleEngine) -> int:
@@ -36,7 +40,7 @@ def serve(args: argparse.Namespace, engine: EnsembleEngine) -> int:
               file=sys.stderr)
         return 2
     app = create_app(engine, model_name=args.served_model_name, max_active=args.max_active,
-                     max_waiting=args.max_waiting)
+                     max_waiting=args.max_waiting, api_key=args.api_key)
     print(f"serving `{app.state.model_name}` ({args.method}: {', '.join(args.models)}) on "
           f"http://{args.host}:{args.port}/  (OpenAI base_url: http://{args.host}:{args.port}/v1)",
           file=sys.stderr, flush=True)
