@@ -12,7 +12,7 @@ from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
 from pydantic import Field
 
-from cookbooks.llamaindex_rag import MiniLMEmbedding
+from cookbooks.llamaindex_rag import minilm_embedding
 from llamaindex_ensemble import EnsembleLLM
 from shared_engine.events import Candidate, EnsembleEvent, FinishEvent, Stats, TokenEvent
 from shared_engine.tools import OutputOptions, OutputPlan
@@ -111,5 +111,5 @@ def real_llm() -> EnsembleLLM:
 
 
 @pytest.fixture(scope="session")
-def minilm() -> MiniLMEmbedding:  # the cookbook's embedding adapter, one copy
-    return MiniLMEmbedding()
+def minilm() -> Any:  # the cookbook's embedding model, one copy
+    return minilm_embedding()
