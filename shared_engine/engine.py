@@ -5,6 +5,8 @@
         if event.type == "token":
             print(event.text, end="")
     result = engine.generate("What is 17 + 25?")      # sync; result.text, result.stats
+    result = engine.generate("Weather in Oslo?", tools=[weather_tool], tool_choice="required")
+    result.tool_calls                                  # parsed calls (see shared_engine.tools)
 
 Concurrency: every request gets its own session (KV cache) in every member, so concurrent
 requests never see each other's state; each member runs one forward at a time (a lock), because
@@ -197,7 +199,8 @@ class EnsembleEngine:
             assert finish is not None, "the decoding loop always ends with finish"
             if finish.format_error and attempt < plan.attempts and finish.reason not in ("cancelled", "error"):
                 rejected.append((finish.text, finish.format_error))
-                yield FormatRetryEvent(attempt=attempt, error=finish.format_error, text=finish.text)
+                yield FormatRetryEvent(attempt=attempt, error=finish.format_error, text=finish.text,
+                                       stats=finish.stats)
                 continue
             for event in shaper.release():
                 yield event

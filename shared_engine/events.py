@@ -124,6 +124,8 @@ class FormatRetryEvent(_Event):
     attempt: int = Field(description="The attempt that failed (1 = the first answer).")
     error: str
     text: str = Field(description="The rejected answer.")
+    stats: Stats = Field(description="The rejected attempt's own statistics (finish.stats covers only "
+                                     "the accepted, last attempt: add these for the whole cost).")
 
 
 class Stats(BaseModel):
@@ -143,6 +145,9 @@ class Stats(BaseModel):
     time_to_first_token_s: float | None = None
     elapsed_s: float = 0.0
     tokens_per_s: float = 0.0
+
+
+FormatRetryEvent.model_rebuild()
 
 
 class FinishEvent(_Event):
