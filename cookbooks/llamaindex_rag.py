@@ -16,7 +16,6 @@ chosen text and the fused one. Then the ensemble statistics (``EnsembleFinishEve
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from typing import Any
 

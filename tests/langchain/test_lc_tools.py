@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from langchain_core.messages import (
     AIMessage,
-    AIMessageChunk,
     ChatMessage,
     HumanMessage,
     SystemMessage,

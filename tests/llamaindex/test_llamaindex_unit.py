@@ -8,8 +8,6 @@ import inspect
 
 import pytest
 from pydantic import BaseModel
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
 from llama_index.core.prompts import PromptTemplate
