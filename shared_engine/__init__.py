@@ -6,12 +6,13 @@ Knows nothing of LangChain or LlamaIndex; the adapters in ``langchain_ensemble``
 
 from .engine import EnsembleEngine, GenerationResult
 from .errors import ContextLengthError, EngineClosedError, EnsembleError, InvalidRequestError, MemberError
-from .events import (AdaFuseEvent, CacheSyncEvent, DraftEvent, EnsembleEvent, Event, FinishEvent, SpanCandidate,
-                     Stats, TokenEvent, VerifyEvent)
+from .events import (AdaFuseEvent, CacheSyncEvent, DraftEvent, EnsembleEvent, Event, FinishEvent, FormatRetryEvent,
+                     SpanCandidate, Stats, TokenEvent, ToolCallEvent, Usage, VerifyEvent)
 from .options import EngineOptions, GenerationParams
 
 __all__ = [
     "AdaFuseEvent", "CacheSyncEvent", "ContextLengthError", "DraftEvent", "EngineClosedError", "EngineOptions",
-    "EnsembleEngine", "EnsembleError", "EnsembleEvent", "Event", "FinishEvent", "GenerationParams",
-    "GenerationResult", "InvalidRequestError", "MemberError", "SpanCandidate", "Stats", "TokenEvent", "VerifyEvent",
+    "EnsembleEngine", "EnsembleError", "EnsembleEvent", "Event", "FinishEvent", "FormatRetryEvent", "GenerationParams",
+    "GenerationResult", "InvalidRequestError", "MemberError", "SpanCandidate", "Stats", "TokenEvent", "ToolCallEvent",
+    "Usage", "VerifyEvent",
 ]
