@@ -296,8 +296,9 @@ class ChatEnsemble(BaseChatModel):
         (the answer is prefilled with the call's start); ``"json_schema"`` asks for JSON matching the
         schema and *validates and retries* (``shared_engine.tools``: decoding is not constrained, an
         answer that fails ``jsonschema`` validation is regenerated with the error, up to three
-        tries); ``"json_mode"`` asks for any JSON object (describe the fields in the prompt) and
-        parses it into ``schema``. ``strict`` is accepted and changes nothing: every method already
+        tries); ``"json_mode"`` asks for a JSON object without showing the schema (describe the
+        fields in the prompt), validates it against the schema and retries the same way, and parses
+        it into ``schema``. ``strict`` is accepted and changes nothing: every method already
         checks the result against the schema. ``include_raw=True`` returns
         ``{"raw", "parsed", "parsing_error"}``.
         """
@@ -317,8 +318,9 @@ class ChatEnsemble(BaseChatModel):
             if method == "json_schema":
                 spec = convert_to_openai_tool(schema)["function"]
                 fmt = {"type": "json_schema", "json_schema": {"name": spec["name"], "schema": spec["parameters"]}}
-            else:
-                fmt = {"type": "json_object"}
+            else:  # the schema is not shown to the members (the prompt describes it), but checked
+                spec = convert_to_openai_tool(schema)["function"]
+                fmt = {"type": "json_object", "json_schema": {"name": spec["name"], "schema": spec["parameters"]}}
             llm = self.bind(response_format=fmt, ls_structured_output_format=ls_format)
             parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()  # type: ignore[arg-type]
         if not include_raw:

@@ -93,7 +93,9 @@ class JsonSchemaFormat(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    """OpenAI's ``response_format``: text (default), any JSON object, or JSON matching a schema."""
+    """OpenAI's ``response_format``: text (default), any JSON object, or JSON matching a schema.
+    A ``json_object`` format may carry a ``json_schema`` too (an extension LangChain's json_mode
+    uses): the answer is validated against it, but the schema is not put into the prompt."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -389,8 +391,8 @@ def format_error(text: str, response_format: ResponseFormat) -> str | None:
         return f"not valid JSON ({err.msg} at character {err.pos})"
     if not isinstance(value, dict):
         return f"a JSON {type(value).__name__}, not an object"
-    spec = response_format.json_schema
-    if response_format.type == "json_schema" and spec is not None and spec.json_schema:
+    spec = response_format.json_schema  # json_object may carry one too: checked, not shown to the members
+    if spec is not None and spec.json_schema:
         validator = jsonschema.validators.validator_for(spec.json_schema)(spec.json_schema)
         problem = jsonschema.exceptions.best_match(validator.iter_errors(value))
         if problem is not None:

@@ -164,6 +164,9 @@ def test_format_validation() -> None:
     assert "age" in format_error('{"name": "Ann"}', schema)
     assert "not valid JSON" in format_error('{"name": "Ann"', schema)
     assert format_error('{"anything": 1}', ResponseFormat(type="json_object")) is None
+    checked = ResponseFormat(type="json_object", json_schema={"name": "p", "schema": PERSON})
+    assert "age" in format_error('{"name": "Ann"}', checked)  # validated, though not shown in the prompt
+    assert "schema" not in OutputPlan(OutputOptions(response_format=checked)).messages([])[-1]["content"]
     with pytest.raises(ValueError, match="not a valid JSON schema"):
         ResponseFormat(type="json_schema", json_schema={"name": "p", "schema": {"type": 3}})
 
