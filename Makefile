@@ -12,7 +12,8 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first, pinned: this takes the local CPU wheel instead of a CUDA build.
+	# torch first, pinned: this takes the local CPU wheel instead of a CUDA build (pyproject only
+	# asks for a range, which this satisfies, so the install below adds no other torch).
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[langchain,llamaindex,server,eval,test]'
 	touch $(STAMP)

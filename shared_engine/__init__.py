@@ -13,9 +13,12 @@ from .events import (
     EnsembleEvent,
     Event,
     FinishEvent,
+    FormatRetryEvent,
     SpanCandidate,
     Stats,
     TokenEvent,
+    ToolCallEvent,
+    Usage,
     VerifyEvent,
 )
 from .members import MemberConfig, MemberDefaults
@@ -23,7 +26,7 @@ from .options import EngineOptions, GenerationParams
 
 __all__ = [
     "AdaFuseEvent", "CacheSyncEvent", "ContextLengthError", "DraftEvent", "EngineClosedError", "EngineOptions",
-    "EnsembleEngine", "EnsembleError", "EnsembleEvent", "Event", "FinishEvent", "GenerationParams",
+    "EnsembleEngine", "EnsembleError", "EnsembleEvent", "Event", "FinishEvent", "FormatRetryEvent", "GenerationParams",
     "GenerationResult", "InvalidRequestError", "MemberConfig", "MemberDefaults", "MemberError", "SpanCandidate",
-    "Stats", "TokenEvent", "VerifyEvent",
+    "Stats", "TokenEvent", "ToolCallEvent", "Usage", "VerifyEvent",
 ]

@@ -5,6 +5,8 @@
         if event.type == "token":
             print(event.text, end="")
     result = engine.generate("What is 17 + 25?")      # sync; result.text, result.stats
+    result = engine.generate("Weather in Oslo?", tools=[weather_tool], tool_choice="required")
+    result.tool_calls                                  # parsed calls (see shared_engine.tools)
 
 Concurrency: every request gets its own session (KV cache) in every member, so concurrent
 requests never see each other's state; each member runs one forward at a time (a lock), because
@@ -24,7 +26,7 @@ import asyncio
 import queue
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Generator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Generator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any, TypeVar
 
@@ -35,7 +37,7 @@ from typing_extensions import TypeIs
 from .decoding import AdaFuseSettings, FusionSettings, RequestState, adafuse_round, decode_round
 from .decoding.adafuse import DEFAULT_THRESHOLD
 from .errors import ContextLengthError, EngineClosedError, InvalidRequestError, MemberError
-from .events import Event, FinishEvent, Stats
+from .events import Event, FinishEvent, FormatRetryEvent, Stats, ToolCallEvent
 from .fusion import make_fuser
 from .members import (
     Member,
@@ -50,6 +52,7 @@ from .members.chat import Message, normalize_messages
 from .options import EngineOptions, GenerationParams, validated
 from .policies import make_policy
 from .sampling import Sampler
+from .tools import OutputOptions, OutputPlan
 
 T = TypeVar("T")
 RoundFunction = Callable[[RequestState, Sampler], AsyncGenerator[Event, None]]
@@ -60,6 +63,8 @@ class GenerationResult(BaseModel):
     text: str
     finish_reason: str
     stats: Stats
+    tool_calls: list[ToolCallEvent] = []
+    format_error: str | None = None
     events: list[Event] = []
 
 
@@ -190,23 +195,65 @@ class EnsembleEngine:
 
     # -- requests ----------------------------------------------------------------------------
 
-    async def astream(self, messages_or_prompt: str | Sequence[Message],
+    async def astream(self, messages_or_prompt: str | Sequence[Message], *,
+                      tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
+                      parallel_tool_calls: bool | None = None, prefix: str = "",
+                      response_format: Mapping[str, Any] | None = None,
                       **params: Any) -> AsyncGenerator[Event, None]:
-        """Stream typed events for one answer; the last event is always ``finish``."""
+        """Stream typed events for one answer; the last event is always ``finish``.
+
+        ``tools`` (OpenAI format), ``tool_choice``, ``parallel_tool_calls``, ``prefix`` (the text the
+        answer starts with) and ``response_format`` (json_object / json_schema): see
+        ``shared_engine.tools``; parsed calls come as ``tool_call`` events and in ``finish.tool_calls``.
+        """
         if self._closed:
             raise EngineClosedError("the engine is closed")
         defaults = self.options.model_dump(include=set(GenerationParams.model_fields))
         gen = validated(GenerationParams, **{**defaults, **params})
+        output = validated(
+            OutputOptions, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+            prefix=prefix, response_format=response_format)
+        plan = OutputPlan(output)
         messages = normalize_messages(messages_or_prompt)
+        rejected: list[tuple[str, str]] = []
+        for attempt in range(1, plan.attempts + 1):
+            shaper = plan.shaper()
+            finish: FinishEvent | None = None
+            async with aclosing(self._decode(plan.messages(messages, rejected), plan, gen)) as raw:
+                async for event in raw:
+                    for shaped in shaper.on_event(event):
+                        if isinstance(shaped, FinishEvent):
+                            finish = shaped
+                        else:
+                            yield shaped
+            assert finish is not None, "the decoding loop always ends with finish"
+            if finish.format_error and attempt < plan.attempts and finish.reason not in ("cancelled", "error"):
+                rejected.append((finish.text, finish.format_error))
+                yield FormatRetryEvent(attempt=attempt, error=finish.format_error, text=finish.text,
+                                       stats=finish.stats)
+                continue
+            for event in shaper.release():
+                yield event
+            yield finish
+            return
+
+    async def _decode(self, messages: list[dict[str, Any]], plan: OutputPlan,
+                      gen: GenerationParams) -> AsyncGenerator[Event, None]:
+        """One generation: the members' raw events (tool markup included), ending with ``finish``."""
         members = await asyncio.to_thread(lambda: self.members)
         _reject_oversized(messages, members, gen.max_new_tokens)
-        prompt_ids = await asyncio.to_thread(lambda: [m.prompt_ids(messages) for m in members])
+
+        def render(member: Member) -> list[int]:
+            ids = member.prompt_ids(messages, tools=plan.tools) if plan.tools else member.prompt_ids(messages)
+            return list(ids) + list(member.table.encode_fragment(plan.prefix))
+
+        prompt_ids = await asyncio.to_thread(lambda: [render(m) for m in members])
         for member, ids in zip(members, prompt_ids):
             if len(ids) + gen.max_new_tokens > member.context_window:
                 raise ContextLengthError(
                     f"prompt ({len(ids)} tokens) + max_new_tokens ({gen.max_new_tokens}) exceed "
                     f"{member.name}'s context window of {member.context_window} tokens")
-        stops = tuple(gen.stop) + tuple(s for m in members for s in m.stop_strings)
+        stops = tuple(gen.stop) + tuple(plan.stops) + tuple(s for m in members for s in m.stop_strings)
         state = RequestState(members, self.labels, [m.new_session() for m in members], prompt_ids,
                              gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)))
         sampler = Sampler(gen.temperature, gen.top_p, gen.seed)
@@ -271,6 +318,7 @@ class EnsembleEngine:
                 events.append(event)
             if event.type == "finish":
                 return GenerationResult(text=event.text, finish_reason=event.reason, stats=event.stats,
+                                        tool_calls=event.tool_calls, format_error=event.format_error,
                                         events=events)
         raise RuntimeError("the event stream ended without a finish event")  # pragma: no cover
 

@@ -1,13 +1,17 @@
 """Typed events streamed by the engine (pydantic, JSON-serialisable, stable ``type`` names).
 
 A stream is: ``draft``/``verify``/``ensemble``/``adafuse``/``cache_sync`` events as decisions happen, a
-``token`` event for every piece of committed text, and exactly one ``finish`` event at the end.
-Concatenating the ``text`` of all ``token`` events gives the answer.
+``token`` event for every piece of committed text, a ``tool_call`` event for every tool call parsed
+from the answer (tools offered; the call's markup never appears in ``token`` events),
+``format_retry`` when a structured-output answer failed validation and is regenerated, and exactly
+one ``finish`` event at the end. Concatenating the ``text`` of all ``token`` events gives the
+answer (``finish.text``).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import json
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,8 +23,9 @@ class _Event(BaseModel):
 class TokenEvent(_Event):
     type: Literal["token"] = "token"
     text: str = Field(description="Text delta (complete UTF-8 characters only).")
-    source: Literal["draft", "ensemble"] = Field(
-        description="'draft': a drafted token accepted as is; 'ensemble': chosen by fusion.")
+    source: Literal["draft", "ensemble", "prefix"] = Field(
+        description="'draft': a drafted token accepted as is; 'ensemble': chosen by fusion; 'prefix': "
+                    "the answer prefix the caller gave (prefill), which the members continued.")
     position: int = Field(description="Index of this token in the answer (drafter tokens).")
 
 
@@ -92,6 +97,37 @@ class CacheSyncEvent(_Event):
     dropped: int
 
 
+class ToolCallEvent(_Event):
+    """A tool call parsed from the answer. ``error`` set: a ``<tool_call>`` block that could not be
+    read (``name``/``arguments`` None, ``raw`` holds it); reported, never guessed at."""
+
+    type: Literal["tool_call"] = "tool_call"
+    index: int = Field(description="0 for the answer's first call, 1 for the next, ...")
+    id: str = Field(description="A fresh id ('call_...') to match the tool's result to the call.")
+    name: str | None = None
+    arguments: dict[str, Any] | None = None
+    raw: str = Field("", description="The call's text as the members wrote it.")
+    error: str | None = None
+
+    @property
+    def arguments_json(self) -> str:
+        """The arguments as a JSON string (OpenAI's and LangChain's streamed form); the raw text
+        for an unreadable call."""
+        return self.raw if self.arguments is None else json.dumps(self.arguments, ensure_ascii=False)
+
+
+class FormatRetryEvent(_Event):
+    """A structured-output answer failed validation; the members are asked again (its text was
+    never released)."""
+
+    type: Literal["format_retry"] = "format_retry"
+    attempt: int = Field(description="The attempt that failed (1 = the first answer).")
+    error: str
+    text: str = Field(description="The rejected answer.")
+    stats: Stats = Field(description="The rejected attempt's own statistics (finish.stats covers only "
+                                     "the accepted, last attempt: add these for the whole cost).")
+
+
 class Stats(BaseModel):
     prompt_tokens: int = 0
     tokens: int = Field(0, description="Answer tokens, counted in the drafter's vocabulary.")
@@ -111,6 +147,9 @@ class Stats(BaseModel):
     tokens_per_s: float = 0.0
 
 
+FormatRetryEvent.model_rebuild()
+
+
 class FinishEvent(_Event):
     type: Literal["finish"] = "finish"
     reason: Literal["stop", "length", "eos", "cancelled", "error"]
@@ -119,8 +158,40 @@ class FinishEvent(_Event):
     failed_members: dict[str, str] = Field(
         default_factory=dict, description="Members dropped mid-answer (on_member_failure='degrade'): "
                                           "member -> the error.")
+    tool_calls: list[ToolCallEvent] = Field(default_factory=list, description="Calls parsed from the answer.")
+    format_error: str | None = Field(
+        None, description="response_format given: why the last answer is still not the JSON asked for.")
+
+    @property
+    def usage(self) -> Usage:
+        return Usage.from_stats(self.stats)
+
+    @property
+    def openai_finish_reason(self) -> OpenAIFinishReason:
+        """The reason in OpenAI's vocabulary, the one mapping every surface uses: a cut answer is
+        ``length`` (a cut call may lack arguments), an answer with calls ``tool_calls``, anything
+        else ``stop`` (an end-of-turn token, a stop string, a cancelled or failed request)."""
+        if self.reason == "length":
+            return "length"
+        return "tool_calls" if any(c.error is None for c in self.tool_calls) else "stop"
+
+
+OpenAIFinishReason = Literal["stop", "length", "tool_calls"]
+
+
+class Usage(BaseModel):
+    """Token counts in the drafter's vocabulary (the members tokenize differently), OpenAI's names."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def from_stats(cls, stats: Stats) -> Usage:
+        return cls(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.tokens,
+                   total_tokens=stats.prompt_tokens + stats.tokens)
 
 
 Event = Annotated[TokenEvent | DraftEvent | VerifyEvent | EnsembleEvent | AdaFuseEvent | CacheSyncEvent
-                  | FinishEvent,
+                  | ToolCallEvent | FormatRetryEvent | FinishEvent,
                   Field(discriminator="type")]

@@ -334,7 +334,6 @@ USER = [ChatMessage(role="user", content="hi")]
     pytest.param(USER, {"max_tokens": -1}, InvalidRequestError, id="negative-max-tokens"),
     pytest.param(USER, {"temperature": -1.0}, InvalidRequestError, id="negative-temperature"),
     pytest.param(USER, {"top_p": 1.5}, InvalidRequestError, id="top-p-above-one"),
-    pytest.param(USER, {"nonsense": 1}, InvalidRequestError, id="unknown-parameter"),
     pytest.param([ChatMessage(role="user", content=LONG_PROMPT)], {}, ContextLengthError, id="prompt-over-context"),
     pytest.param(USER, {"max_tokens": 10**9}, ContextLengthError, id="too-many-tokens"),
 ])
@@ -343,6 +342,12 @@ def test_llamaindex_surfaces_the_engine_errors(toys: list, call: Any, messages: 
     llm = EnsembleLLM(models=toys, max_tokens=4)
     with pytest.raises(error):
         call(llm, messages, **kwargs)
+
+
+def test_llamaindex_warns_about_and_ignores_an_unknown_argument(toys: list) -> None:
+    # As other LlamaIndex LLMs do (another provider's ``format=`` must not break a shared pipeline).
+    with pytest.warns(UserWarning, match="ignores the unknown argument 'nonsense'"):
+        assert _li_chat(EnsembleLLM(models=toys, max_tokens=4), USER, nonsense=1) is not None
 
 
 @pytest.mark.parametrize("options", [

@@ -141,10 +141,10 @@ def test_langchain_adapter_passes_member_configs_and_options() -> None:
     configs = [MemberConfig(model="a", dtype="bfloat16"), MemberConfig(model="llamacpp:b", threads=1)]
     llm = ChatEnsemble(members=configs, draft_length=3)
     assert llm.models == ["a", "llamacpp:b"]
-    assert llm._shared().member_specs == configs and llm._shared().options.draft_length == 3
+    assert llm._engine().member_specs == configs and llm._engine().options.draft_length == 3
     by_keyword = ChatEnsemble(models=["a", "b"], dtype="float16", member_options={"device": "cpu"})
     assert by_keyword.member_options == {"dtype": "float16", "device": "cpu"}
-    assert [(s.dtype, s.device) for s in by_keyword._shared().member_specs] == [("float16", "cpu")] * 2
+    assert [(s.dtype, s.device) for s in by_keyword._engine().member_specs] == [("float16", "cpu")] * 2
     with pytest.raises(ValueError, match="colour"):
         ChatEnsemble(models=["a", "b"], member_options={"colour": 1})
     with pytest.raises(ValueError, match="not both"):

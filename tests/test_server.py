@@ -233,7 +233,10 @@ GOOD = {"model": MODEL, "messages": USER}
     ({**GOOD, "stop": [1]}, "stop", None),
     ({**GOOD, "n": 2}, "n", "invalid_value"),
     ({**GOOD, "stream": "yes"}, "stream", "invalid_type"),
-    ({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "unsupported_parameter"),
+    ({**GOOD, "functions": [{"name": "f"}]}, "functions", "unsupported_parameter"),
+    ({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "g"}, None, None),
+    ({**GOOD, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 3}}}},
+     None, None),
     ({**GOOD, "max_tokens": 100000}, "messages", "context_length_exceeded"),
     ({**GOOD, "max_tokens": 100000, "stream": True}, "messages", "context_length_exceeded"),
 ])

@@ -75,7 +75,9 @@ class Member(Protocol):
     @property
     def eos_ids(self) -> frozenset[int]: ...
 
-    def prompt_ids(self, messages: Sequence[Message]) -> list[int]: ...
+    def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Message] | None = None) -> list[int]:
+        """Prompt ids in the member's own chat format; ``tools`` (OpenAI format) rendered by its
+        template where it can, else by ``shared_engine.tools``' documented fallback."""
 
     def new_session(self) -> Session: ...
 

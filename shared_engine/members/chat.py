@@ -14,6 +14,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from ..errors import InvalidRequestError
+from ..tools import template_renders_tools, with_tools_system
 
 Message = Mapping[str, Any]
 ROLES = ("system", "user", "assistant", "tool")
@@ -22,8 +23,11 @@ PLAIN_TEMPLATE_STOPS = ("\nUser:",)
 """Stop strings implied by the plain template: a base model would go on to write the next turn."""
 
 
-def normalize_messages(messages_or_prompt: str | Sequence[Message]) -> list[dict[str, str]]:
-    """Accept a prompt string or OpenAI-style messages; reject what no template can render."""
+def normalize_messages(messages_or_prompt: str | Sequence[Message]) -> list[dict[str, Any]]:
+    """Accept a prompt string or OpenAI-style messages; reject what no template can render.
+
+    An assistant message may carry OpenAI-style ``tool_calls`` (its content may then be None or
+    empty); ``tool`` messages hold tool results. ``tools.tool_history_as_text`` renders both."""
     if isinstance(messages_or_prompt, str):
         if not messages_or_prompt.strip():
             raise InvalidRequestError("the prompt is empty")
@@ -42,11 +46,17 @@ def normalize_messages(messages_or_prompt: str | Sequence[Message]) -> list[dict
         role, content = message.get("role"), message.get("content")
         if role not in ROLES:
             raise InvalidRequestError(f"message {i} has unknown role {role!r}; use one of {ROLES}")
+        calls = message.get("tool_calls") or None
+        if calls is not None and (role != "assistant" or not isinstance(calls, Sequence)
+                                  or not all(isinstance(c, Mapping) for c in calls)):
+            raise InvalidRequestError(f"message {i}: tool_calls must be a list of calls on an assistant message")
+        if content is None and calls:
+            content = ""
         if not isinstance(content, str):
             raise InvalidRequestError(f"message {i} content must be a string, got {type(content).__name__}")
         _check_encodable(content, f"message {i}")
-        normalized.append({"role": role, "content": content})
-    if not any(m["content"].strip() for m in normalized):
+        normalized.append({"role": role, "content": content, **({"tool_calls": list(calls)} if calls else {})})
+    if not any(m["content"].strip() or m.get("tool_calls") for m in normalized):
         raise InvalidRequestError("every message is empty")
     return normalized
 
@@ -74,13 +84,20 @@ def render_plain(messages: Sequence[Message]) -> str:
     return "".join(parts) + "Assistant:\n"
 
 
-def render_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> list[int]:
+def render_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message],
+                      tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
     """Prompt token ids for ``messages`` in this tokenizer's own format, ready for generation:
     exactly what ``apply_chat_template(..., tokenize=True, add_generation_prompt=True)`` gives
     (a template writes its own BOS if the model wants one, so none is added), else the plain
-    format with the tokenizer's usual special tokens (its BOS, once)."""
+    format with the tokenizer's usual special tokens (its BOS, once).
+
+    ``tools`` (OpenAI format) go through the chat template where it renders them, else into the
+    system message in the documented fallback format (see ``shared_engine.tools``)."""
+    if tools and not template_renders_tools(tokenizer):
+        messages, tools = with_tools_system(messages, tools), None
     if getattr(tokenizer, "chat_template", None):
         encoded: Any = tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=True,
-                                                     add_generation_prompt=True, return_dict=True)
+                                                     add_generation_prompt=True, return_dict=True,
+                                                     tools=[dict(t) for t in tools] if tools else None)
         return list(encoded["input_ids"])
     return list(tokenizer(render_plain(messages))["input_ids"])

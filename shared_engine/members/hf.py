@@ -71,8 +71,8 @@ class HFMember:
     def eos_ids(self) -> frozenset[int]:
         return self.table.eos_ids
 
-    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
-        return render_prompt_ids(self.tokenizer, messages)
+    def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Message] | None = None) -> list[int]:
+        return render_prompt_ids(self.tokenizer, messages, tools)
 
     def new_session(self) -> HFSession:
         return HFSession(self)

@@ -58,7 +58,7 @@ class MemberTokenizer(Protocol):
 
     def token_table(self) -> TokenTable: ...
 
-    def prompt_ids(self, messages: Sequence[Message]) -> list[int]: ...
+    def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Message] | None = None) -> list[int]: ...
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -82,8 +82,8 @@ class LocalTokenizer:
     def token_table(self) -> TokenTable:
         return TokenTable(self.tokenizer, vocab_size=self.vocab_size, eos_ids=set(self.eos_ids))
 
-    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
-        return render_prompt_ids(self.tokenizer, messages)
+    def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Message] | None = None) -> list[int]:
+        return render_prompt_ids(self.tokenizer, messages, tools)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -173,8 +173,8 @@ class RemoteMember(ABC):
     def eos_ids(self) -> frozenset[int]:
         return self.table.eos_ids
 
-    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
-        return self.tokenizer.prompt_ids(messages)
+    def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Message] | None = None) -> list[int]:
+        return self.tokenizer.prompt_ids(messages, tools) if tools else self.tokenizer.prompt_ids(messages)
 
     def new_session(self) -> RemoteSession:
         return RemoteSession(self)

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..alignment import END_OF_TURN_TOKENS, TokenTable
+from ..tools import with_tools_system
 from .chat import Message, render_plain
 from .http import HttpSettings, JsonClient
 
@@ -116,7 +117,9 @@ class LlamaCppServerTokenizer:
     def encode(self, text: str) -> list[int]:
         return llamacpp_tokenize(self.client, text)
 
-    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+    def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Message] | None = None) -> list[int]:
+        if tools:  # /apply-template renders no tools: the documented fallback, in the system message
+            messages = with_tools_system(messages, tools)
         if self.has_chat_template:
             answer: Any = self.client.post("/apply-template", {"messages": [dict(m) for m in messages]})
             if not isinstance(answer, dict) or not isinstance(answer.get("prompt"), str):

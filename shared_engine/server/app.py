@@ -5,8 +5,10 @@
 
 Routes: ``POST /v1/chat/completions`` (streamed or not), ``GET /v1/models``, ``GET /health`` and
 ``GET /`` (the live page). Every error is an OpenAI-style ``{"error": {message, type, param,
-code}}`` body. Requests share the engine (each has its own sessions; members serialise their
-forwards), at most ``max_active`` run at once and ``max_waiting`` more queue; beyond that a 429
+code}}`` body. With ``api_key`` set, every ``/v1`` route wants ``Authorization: Bearer <key>``
+(else a 401 ``invalid_api_key``); ``/health`` and the page stay open. Requests share the engine
+(each has its own sessions; members serialise their forwards), at most ``max_active`` run at once
+and ``max_waiting`` more queue; beyond that a 429
 with ``Retry-After`` comes back at once. A client that disconnects, while queued or mid-answer,
 has its generation cancelled.
 """
@@ -14,6 +16,7 @@ has its generation cancelled.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -25,15 +28,18 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..engine import EnsembleEngine
 from ..errors import ContextLengthError, InvalidRequestError
 from ..events import Event
 from ..members.chat import normalize_messages
 from ..options import GenerationParams, validated
+from ..tools import OutputOptions, OutputPlan
 from .admission import Admission, Overloaded, Ticket
 from .completions import collect, stream_chunks
 from .openai_schema import ChatCompletionRequest, ErrorBody, ErrorDetail, ModelCard, ModelList, completion_id
@@ -97,7 +103,7 @@ async def _parse(request: Request) -> ChatCompletionRequest:
         raise _validation_error(err) from None
 
 
-async def _events(engine: EnsembleEngine, ticket: Ticket, messages: list[dict[str, str]],
+async def _events(engine: EnsembleEngine, ticket: Ticket, messages: list[dict[str, Any]],
                   params: dict[str, Any]) -> AsyncGenerator[Event, None]:
     """The engine's event stream for one request, run while holding an admission slot."""
     try:
@@ -124,12 +130,30 @@ def _page() -> str:
     return files(__package__).joinpath("static/index.html").read_text(encoding="utf-8")
 
 
+class ApiKeyGuard:
+    """ASGI middleware: every ``/v1`` request must carry ``Authorization: Bearer <api_key>``."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (scope["path"] == "/v1" or scope["path"].startswith("/v1/")):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                message = ("Incorrect API key provided." if given else
+                           "You didn't provide an API key: send 'Authorization: Bearer <key>'.")
+                await ApiError(401, message, code="invalid_api_key").response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_active: int = 4,
-               max_waiting: int = 16) -> Starlette:
+               max_waiting: int = 16, api_key: str | None = None) -> Starlette:
     """An ASGI app serving ``engine`` under ``model_name`` (default ``"<method>-ensemble"``).
 
     ``max_active`` requests generate at once (they interleave round by round on the shared
-    members); ``max_waiting`` more wait in a queue; any further request gets a 429."""
+    members); ``max_waiting`` more wait in a queue; any further request gets a 429. ``api_key``:
+    required on every ``/v1`` route (``/health`` and the page stay open)."""
     name = model_name or f"{engine.options.method}-ensemble"
     admission = Admission(max_active, max_waiting)
     created = int(time.time())
@@ -164,6 +188,9 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
             messages = normalize_messages([m.as_engine_message() for m in req.messages])
             params = req.generation_params()
             validated(GenerationParams, **params)
+            output = req.output_options()
+            OutputPlan(validated(OutputOptions, **output))
+            params.update(output)
         except InvalidRequestError as err:
             raise _engine_error(err) from None
         try:
@@ -217,7 +244,8 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan,
+    guard = [Middleware(ApiKeyGuard, api_key=api_key)] if api_key else []
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=guard,
                     exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error})
     app.state.engine, app.state.admission, app.state.model_name = engine, admission, name
     return app

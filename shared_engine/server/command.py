@@ -4,6 +4,7 @@ imported only when it runs)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..engine_args import add_engine_args, engine_from_args
@@ -22,6 +23,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument("--served-model-name", help="the `model` clients send (default: <method>-ensemble)")
     serve.add_argument("--max-active", type=int, default=4, help="requests generating at once")
     serve.add_argument("--max-waiting", type=int, default=16, help="requests queued beyond those (then 429)")
+    serve.add_argument("--api-key", default=os.environ.get("SAFE_ENSEMBLE_API_KEY"),
+                       help="require 'Authorization: Bearer KEY' on every /v1 route (default: "
+                            "$SAFE_ENSEMBLE_API_KEY; unset: open)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     engine = engine_from_args(args, args.method)
     app = create_app(engine, model_name=args.served_model_name, max_active=args.max_active,
-                     max_waiting=args.max_waiting)
+                     max_waiting=args.max_waiting, api_key=args.api_key)
     print(f"serving `{app.state.model_name}` ({args.method}: {', '.join(args.models)}) on "
           f"http://{args.host}:{args.port}/  (OpenAI base_url: http://{args.host}:{args.port}/v1)",
           file=sys.stderr, flush=True)

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Literal
 
-from ..events import AdaFuseEvent, EnsembleEvent, Event, FinishEvent
+from ..events import AdaFuseEvent, EnsembleEvent, Event, FinishEvent, ToolCallEvent
 from .openai_schema import (
     AssistantMessage,
     ChatCompletion,
@@ -25,14 +25,19 @@ from .openai_schema import (
     EnsembleSummary,
     ErrorBody,
     ErrorDetail,
-    Usage,
+    ToolCallDelta,
+    ToolCallOut,
     as_decision,
-    finish_reason,
 )
 from .sse import sse
 
-
 Listing = bool | Literal["all"]
+
+
+def unreadable_call_text(call: ToolCallEvent) -> str:
+    """A call the engine could not read goes back as the text the members wrote (OpenAI's
+    ``tool_calls`` has no place for it)."""
+    return f"<tool_call>\n{call.raw}\n</tool_call>"
 
 
 def listed(event: EnsembleEvent | AdaFuseEvent, listing: Listing) -> bool:
@@ -48,8 +53,8 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
 
     Closing this iterator closes ``events`` (and so the engine stream under it)."""
 
-    def chunk(delta: Delta, reason: str | None = None, ensemble: EnsembleDelta | None = None) -> str:
-        choice = ChunkChoice(delta=delta, finish_reason=finish_reason(reason) if reason else None)
+    def chunk(delta: Delta, finish: FinishEvent | None = None, ensemble: EnsembleDelta | None = None) -> str:
+        choice = ChunkChoice(delta=delta, finish_reason=finish.openai_finish_reason if finish else None)
         body = ChatCompletionChunk(id=completion_id, model=model, choices=[choice],
                                    ensemble=ensemble if ensemble_events else None)
         return sse(body.model_dump_json(exclude={"ensemble"} if body.ensemble is None else None))
@@ -70,11 +75,16 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
                                 ensemble=EnsembleDelta(source=event.source, position=event.position,
                                                        span=span, decisions=pending))
                     pending = []
+                elif isinstance(event, ToolCallEvent):
+                    if event.error is None:
+                        call = ToolCallDelta(index=event.index, **ToolCallOut.from_event(event).model_dump())
+                        yield chunk(Delta(tool_calls=[call]))
+                    else:  # unreadable: the client sees what the members wrote, as text
+                        yield chunk(Delta(content=unreadable_call_text(event)))
                 elif event.type == "finish":
-                    yield chunk(Delta(), event.reason, EnsembleDelta(decisions=pending, stats=event.stats))
+                    yield chunk(Delta(), event, EnsembleDelta(decisions=pending, stats=event.stats))
                     if include_usage:
-                        usage = ChatCompletionChunk(id=completion_id, model=model, choices=[],
-                                                    usage=Usage.from_stats(event.stats))
+                        usage = ChatCompletionChunk(id=completion_id, model=model, choices=[], usage=event.usage)
                         yield sse(usage.model_dump_json(exclude={"ensemble"}))
         except Exception as err:  # noqa: BLE001 - the status line is sent; report in-stream
             error = ErrorBody(error=ErrorDetail(message=f"generation failed: {err}", type="server_error"))
@@ -96,8 +106,11 @@ async def collect(events: AsyncIterator[Event], *, completion_id: str, model: st
                 finish = event
     if finish is None:  # pragma: no cover - the engine always ends with finish
         raise RuntimeError("the engine stream ended without a finish event")
+    calls = [ToolCallOut.from_event(c) for c in finish.tool_calls if c.error is None]
+    content = finish.text + "".join(unreadable_call_text(c) for c in finish.tool_calls if c.error is not None)
+    message = AssistantMessage(content=content or (None if calls else ""), tool_calls=calls or None)
     return ChatCompletion(
         id=completion_id, model=model,
-        choices=[Choice(message=AssistantMessage(content=finish.text), finish_reason=finish_reason(finish.reason))],
-        usage=Usage.from_stats(finish.stats),
+        choices=[Choice(message=message, finish_reason=finish.openai_finish_reason)],
+        usage=finish.usage,
         ensemble=EnsembleSummary(method=method, members=members, decisions=decisions, stats=finish.stats))

@@ -3,8 +3,10 @@
 Requests are validated strictly (``"5"`` is not an integer, as with OpenAI) so that a client bug
 surfaces as a 400 naming the parameter instead of a silent coercion. Unknown request fields are
 accepted and ignored, as OpenAI-compatible servers usually do, except those whose silent omission
-would change the answer's meaning (``tools``, ``response_format`` other than text, ``logprobs``):
-those get a 400 saying they are not supported.
+would change the answer's meaning (the legacy ``functions``, ``logprobs``): those get a 400 saying
+they are not supported. ``tools``, ``tool_choice``, ``parallel_tool_calls`` and ``response_format``
+go to the engine's one mechanism (``shared_engine.tools``); calls come back as OpenAI
+``tool_calls``, streamed as one delta per call.
 
 The ensemble extension: every response carries an extra top-level ``ensemble`` object (OpenAI
 clients keep unknown fields in ``model_extra`` and otherwise ignore them); see ``EnsembleDelta``,
@@ -19,7 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
-from ..events import AdaFuseEvent, EnsembleEvent, Stats
+from ..events import AdaFuseEvent, EnsembleEvent, OpenAIFinishReason, Stats, ToolCallEvent, Usage
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -31,6 +33,23 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCallIn(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallIn(BaseModel):
+    """An earlier call in an assistant message of the conversation."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(BaseModel):
     """One input message; ``content`` may be a string or a list of text parts (no images)."""
 
@@ -39,12 +58,19 @@ class ChatMessage(BaseModel):
     role: Role
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
 
-    def as_engine_message(self) -> dict[str, str]:
+    def as_engine_message(self) -> dict[str, Any]:
         """The engine's message form: ``developer`` is OpenAI's newer name for ``system``."""
         content = self.content if isinstance(self.content, str) else "".join(
             part.text for part in self.content or [])
-        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
 
 class StreamOptions(BaseModel):
@@ -67,6 +93,10 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = Field(None, ge=1, le=1, description="Only one choice per request.")
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
     ensemble_events: bool | Literal["all"] = Field(
         True, description="Extension: send ensemble decisions along; 'all' adds AdaFuse's confident "
                           "(not voted) spans.")
@@ -82,11 +112,8 @@ class ChatCompletionRequest(BaseModel):
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) for a feature this server cannot honour, rather than ignore."""
         extra = self.model_extra or {}
-        if extra.get("tools") or extra.get("functions"):
-            return "tools", "tool calling is not supported by this server"
-        fmt = extra.get("response_format")
-        if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
-            return "response_format", "only {'type': 'text'} is supported"
+        if extra.get("functions"):
+            return "functions", "the legacy functions API is not supported; use tools"
         if extra.get("logprobs"):
             return "logprobs", "log probabilities are not returned by this server"
         return None
@@ -98,29 +125,38 @@ class ChatCompletionRequest(BaseModel):
             "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed, "stop": self.stop}
         return {k: v for k, v in params.items() if v is not None}
 
+    def output_options(self) -> dict[str, Any]:
+        """The engine's tool and format options (``shared_engine.tools.OutputOptions``)."""
+        options = {"tools": self.tools or None, "tool_choice": self.tool_choice,
+                   "parallel_tool_calls": self.parallel_tool_calls, "response_format": self.response_format}
+        return {k: v for k, v in options.items() if v is not None}
+
 
 # ----------------------------------------------------------------------------- responses
 
 
-class Usage(BaseModel):
-    """Token counts in the drafter's vocabulary (the members tokenize differently)."""
+FinishReason = OpenAIFinishReason  # the engine's one mapping: FinishEvent.openai_finish_reason
 
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
+
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str = Field(description="The arguments as a JSON string, as OpenAI sends them.")
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
 
     @classmethod
-    def from_stats(cls, stats: Stats) -> Usage:
-        return cls(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.tokens,
-                   total_tokens=stats.prompt_tokens + stats.tokens)
+    def from_event(cls, call: ToolCallEvent) -> ToolCallOut:
+        return cls(id=call.id, function=FunctionCallOut(name=call.name or "", arguments=call.arguments_json))
 
 
-FinishReason = Literal["stop", "length"]
+class ToolCallDelta(ToolCallOut):
+    """A streamed call: sent whole, in one delta (a valid form of OpenAI's incremental deltas)."""
 
-
-def finish_reason(engine_reason: str) -> FinishReason:
-    """OpenAI has no ``eos``: ending at a model's end-of-turn is ``stop``, as in OpenAI."""
-    return "length" if engine_reason == "length" else "stop"
+    index: int
 
 
 class TokenDecision(EnsembleEvent):
@@ -154,7 +190,7 @@ class EnsembleDelta(BaseModel):
     on the chunk of the text it concerns or an earlier one (match a token decision by
     ``position``, a span decision by ``span``). ``stats`` is set on the final chunk only."""
 
-    source: Literal["draft", "ensemble"] | None = Field(
+    source: Literal["draft", "ensemble", "prefix"] | None = Field(
         None, description="'ensemble': this text was chosen by fusion (a fused token or a voted "
                           "span) over the drafter's own continuation.")
     position: int | None = Field(None, description="Answer position (drafter tokens) of this text.")
@@ -176,11 +212,14 @@ class EnsembleSummary(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
     @model_serializer
-    def _only_set(self) -> dict[str, str]:
+    def _only_set(self) -> dict[str, Any]:
         """OpenAI sends only the delta's present fields (``{}`` on the final chunk)."""
-        return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+        calls = [c.model_dump() for c in self.tool_calls] if self.tool_calls is not None else None
+        return {k: v for k, v in (("role", self.role), ("content", self.content), ("tool_calls", calls))
+                if v is not None}
 
 
 class ChunkChoice(BaseModel):
@@ -206,7 +245,8 @@ class ChatCompletionChunk(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None = Field(description="None when the answer is tool calls only, as with OpenAI.")
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class Choice(BaseModel):

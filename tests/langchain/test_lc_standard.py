@@ -49,7 +49,11 @@ class TestChatEnsembleIntegration(ChatModelIntegrationTests):
     # Capability flags that skip tests, each with its reason:
     @property
     def supports_json_mode(self) -> bool:
-        return False  # no JSON-only decoding; with_structured_output goes through a forced tool call
+        # method="json_mode" works (prefilled "{", validated against the schema, retried: see
+        # tests/langchain/test_lc_tools.py), but this suite's test shows the members no schema and
+        # caps answers at 48 tokens: the 0.5B drafter loops ('{"setup": "A cat is a cat, a cat is
+        # ...') on all three tries (measured). json_schema and function_calling pass the suite.
+        return False
 
     @property
     def supports_image_inputs(self) -> bool:
@@ -85,7 +89,7 @@ class TestChatEnsembleIntegration(ChatModelIntegrationTests):
 
     @property
     def model_override_value(self) -> None:
-        return None  # members are fixed per instance: `model=` per call only names the LangSmith run
+        return None  # members are fixed per instance: a per-call `model=` naming others is refused
 
     @property
     def enable_vcr_tests(self) -> bool:

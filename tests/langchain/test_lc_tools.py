@@ -1,124 +1,30 @@
-"""Tool prompt and tool-call parsing, message conversion and bad input: no model is loaded."""
+"""ChatEnsemble's type translation for tools and structured output, message conversion, bad
+input and engine lifetime: no model is loaded (tool parsing itself is tested in tests/test_tools.py)."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 from langchain_core.messages import (
     AIMessage,
-    AIMessageChunk,
     ChatMessage,
     HumanMessage,
     SystemMessage,
     ToolMessage,
 )
 from langchain_core.tools import tool
+from pydantic import BaseModel
 
-from langchain_ensemble import ChatEnsemble
 import langchain_ensemble
-from langchain_ensemble._tools import (
-    ParsedCall,
-    ToolCallStreamParser,
-    ToolPromptMember,
-    call_prefix,
-    forced_tool,
-    parse_calls,
-    with_tools_system,
-)
+import langchain_ensemble.chat_models as chat_models
+from langchain_ensemble import ChatEnsemble
 from langchain_ensemble.chat_models import to_engine_messages
 from shared_engine import InvalidRequestError
+from shared_engine.events import FinishEvent, Stats, TokenEvent, ToolCallEvent
 
 MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather at a place.",
                                            "parameters": {"type": "object",
                                                           "properties": {"location": {"type": "string"}}}}}]
-
-
-def run_parser(deltas: list[str], prefix: str = "") -> tuple[str, list[ParsedCall]]:
-    parser = ToolCallStreamParser(["get_weather"], prefix)
-    pieces = [p for d in deltas for p in parser.feed(d)] + parser.close()
-    text = "".join(p for p in pieces if isinstance(p, str))
-    return text, [p for p in pieces if isinstance(p, ParsedCall)]
-
-
-def char_deltas(text: str) -> list[str]:
-    return list(text)  # the hardest split: one character at a time
-
-
-def test_plain_text_passes_through_unchanged() -> None:
-    answer = " It is sunny <b>today</b>, 20 °C. <tool is a word>\n"
-    assert run_parser(char_deltas(answer)) == (answer, [])
-
-
-def test_tagged_call_is_parsed_and_markup_never_leaks() -> None:
-    answer = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"location": "Paris"}}\n</tool_call>\n'
-    text, calls = run_parser(char_deltas(answer))
-    assert text == "Let me check."
-    assert [(c.name, json.loads(c.args)) for c in calls] == [("get_weather", {"location": "Paris"})]
-    assert calls[0].id.startswith("call_")
-
-
-def test_two_calls_get_distinct_ids() -> None:
-    one = '<tool_call>{"name": "get_weather", "arguments": {"location": "A"}}</tool_call>'
-    _, calls = run_parser([one + "\n" + one.replace('"A"', '"B"')])
-    assert [json.loads(c.args)["location"] for c in calls] == ["A", "B"]
-    assert calls[0].id != calls[1].id
-
-
-def test_prefilled_unterminated_call_with_unicode() -> None:
-    prefix = call_prefix("get_weather")
-    assert prefix == '<tool_call>\n{"name": "get_weather", "arguments":'
-    text, calls = run_parser([' {"location": "東京", "note": "こんにちは"}}\n'], prefix)
-    assert text == ""
-    assert json.loads(calls[0].args) == {"location": "東京", "note": "こんにちは"}
-    assert "東京" in calls[0].args  # not \\u-escaped
-
-
-def test_bare_json_answer_naming_a_bound_tool_is_a_call() -> None:
-    text, calls = run_parser(char_deltas('```json\n{"name": "get_weather", "arguments": {"location": "Oslo"}}\n```'))
-    assert (text, calls[0].name) == ("", "get_weather")
-
-
-def test_bare_json_answer_not_naming_a_tool_stays_text() -> None:
-    answer = '{"city": "Oslo", "temp": 3}'
-    assert run_parser(char_deltas(answer)) == (answer, [])
-
-
-def test_truncated_and_sloppy_calls() -> None:
-    [call] = parse_calls('{"name": "get_weather", "arguments": {"location": "Ber')  # cut by max_tokens
-    assert json.loads(call.args) == {"location": "Ber"}
-    [call] = parse_calls('{"name": "get_weather", "arguments": "{\\"location\\": \\"Rome\\"}"} trailing')
-    assert json.loads(call.args) == {"location": "Rome"}
-    [call] = parse_calls('{"name": "get_weather", "parameters": {}}')
-    assert (call.name, call.args) == ("get_weather", "{}")
-
-
-def test_unparseable_call_becomes_an_invalid_tool_call() -> None:
-    [call] = parse_calls("get_weather(Paris)")
-    assert call.name is None and call.args == "get_weather(Paris)"
-    from langchain_core.messages.tool import tool_call_chunk
-    message = AIMessageChunk(content="", tool_call_chunks=[
-        tool_call_chunk(name=call.name, args=call.args, id=call.id, index=0)])
-    assert message.tool_calls == [] and len(message.invalid_tool_calls) == 1
-
-
-def test_tool_choice_normalisation() -> None:
-    two = TOOLS + [{"type": "function", "function": {"name": "other", "parameters": {}}}]
-    assert forced_tool(None, two) is None and forced_tool("auto", two) is None
-    assert forced_tool("any", TOOLS) == "get_weather"  # one tool: its name is prefilled too
-    assert forced_tool("required", two) == "any" and forced_tool(True, two) == "any"
-    assert forced_tool({"type": "function", "function": {"name": "other"}}, two) == "other"
-    with pytest.raises(ValueError, match="not 'auto'"):
-        forced_tool("nope", two)
-
-
-def test_documented_format_goes_into_the_system_message() -> None:
-    rendered = with_tools_system([{"role": "user", "content": "hi"}], TOOLS)
-    assert rendered[0]["role"] == "system" and "<tools>" in rendered[0]["content"]
-    assert json.dumps(TOOLS[0]) in rendered[0]["content"]
-    rendered = with_tools_system([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}], TOOLS)
-    assert rendered[0]["content"].startswith("Be brief.\n\n# Tools")
 
 
 def test_message_conversion_with_tool_history() -> None:
@@ -131,11 +37,12 @@ def test_message_conversion_with_tool_history() -> None:
         ChatMessage(role="assistant", content="It is sunny."),
     ]
     out = to_engine_messages(messages)
-    assert [m["role"] for m in out] == ["system", "user", "assistant", "user", "assistant"]
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "tool", "tool", "assistant"]
     assert out[1]["content"] == "weather in Paris?"
-    assert out[2]["content"] == '<tool_call>\n{"name": "get_weather", "arguments": {"location": "Paris"}}\n</tool_call>'
-    assert out[3]["content"] == ("<tool_response>\nsunny\n</tool_response>\n"
-                                 "<tool_response>\nError: boom\n</tool_response>")
+    assert out[2]["tool_calls"] == [{"id": "1", "type": "function",
+                                     "function": {"name": "get_weather", "arguments": {"location": "Paris"}}}]
+    assert (out[3]["content"], out[3]["tool_call_id"]) == ("sunny", "1")
+    assert out[4]["content"] == "Error: boom"
 
 
 @pytest.mark.parametrize("messages, match", [
@@ -174,7 +81,7 @@ def test_bind_tools_rejects_an_unknown_forced_tool() -> None:
         return "sunny"
 
     llm = ChatEnsemble(models=MODELS)
-    with pytest.raises(ValueError, match="bound tools"):
+    with pytest.raises(ValueError, match="one of the tools"):
         llm.bind_tools([get_weather], tool_choice="get_time")
 
 
@@ -182,30 +89,118 @@ def test_public_surface() -> None:
     assert sorted(langchain_ensemble.__all__) == ["ChatEnsemble", "__version__"]
 
 
-class StubMember:
-    """Enough of an engine member to see what ToolPromptMember hands it."""
-
-    name = "stub"
-    tokenizer = None  # no chat template: the documented format is used
-
-    class table:  # noqa: N801 - mimics the attribute
-        @staticmethod
-        def encode_fragment(text: str) -> list[int]:
-            return [ord(c) for c in text]
+class ToolEngine:
+    """Stands in for EnsembleEngine: answers with one parsed call, records what it was asked."""
 
     def __init__(self) -> None:
-        self.seen: list[dict] = []
+        self.params: list[dict] = []
 
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
-        self.seen = list(messages)
-        return [1, 2, 3]
+    async def astream(self, messages: list[dict], **params: object):
+        self.params.append(params)
+        yield TokenEvent(text="Checking.", source="draft", position=0)
+        call = ToolCallEvent(index=0, id="call_1", name="get_weather", arguments={"location": "東京"})
+        yield call
+        yield FinishEvent(reason="stop", text="Checking.", stats=Stats(prompt_tokens=5, tokens=9), tool_calls=[call])
 
 
-def test_tool_prompt_member_renders_tools_instruction_and_prefill() -> None:
-    member = StubMember()
-    proxy = ToolPromptMember(member, TOOLS, "get_weather", call_prefix("get_weather"))
-    ids = proxy.prompt_ids([{"role": "user", "content": "Weather in Oslo?"}])
-    assert ids[:3] == [1, 2, 3] and "".join(map(chr, ids[3:])) == call_prefix("get_weather")
-    assert [m["role"] for m in member.seen] == ["system", "user", "system"]
-    assert "<tools>" in member.seen[0]["content"] and "get_weather" in member.seen[2]["content"]
-    assert proxy.name == "stub"  # everything else is the shared member's
+@pytest.fixture
+def tool_engine(monkeypatch: pytest.MonkeyPatch) -> ToolEngine:
+    engine = ToolEngine()
+    monkeypatch.setattr(chat_models, "_shared_engine", lambda *args: engine)
+    return engine
+
+
+def test_tool_call_events_become_tool_calls_and_streamed_chunks(tool_engine: ToolEngine) -> None:
+    llm = ChatEnsemble(models=MODELS).bind_tools(TOOLS, tool_choice="any")
+    message = llm.invoke("Weather in Tokyo?")
+    assert message.content == "Checking."
+    assert message.tool_calls == [{"name": "get_weather", "args": {"location": "東京"}, "id": "call_1",
+                                   "type": "tool_call"}]
+    assert message.response_metadata["finish_reason"] == "tool_calls"
+    assert message.response_metadata["model_provider"] == "safe-ensemble"
+    assert message.usage_metadata == {"input_tokens": 5, "output_tokens": 9, "total_tokens": 14}
+    assert tool_engine.params[0]["tools"] == TOOLS and tool_engine.params[0]["tool_choice"] == "any"
+    chunks = list(llm.stream("Weather in Tokyo?"))
+    assert [c.tool_call_chunks[0]["args"] for c in chunks if c.tool_call_chunks] == ['{"location": "東京"}']
+
+
+def test_non_streaming_invoke_reports_new_tokens(tool_engine: ToolEngine) -> None:
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class Tokens(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.tokens: list[str] = []
+
+        def on_llm_new_token(self, token: str, **kwargs: object) -> None:
+            self.tokens.append(token)
+
+    handler = Tokens()
+    ChatEnsemble(models=MODELS).invoke("hi", config={"callbacks": [handler]})
+    assert "Checking." in handler.tokens
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+
+
+@pytest.mark.parametrize("method, engine_kwargs", [
+    ("function_calling", {"tool_choice": "any"}),
+    ("json_schema", {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "Person", "schema": {"type": "object", "properties": {"name": {"type": "string"},
+                                                                      "age": {"type": "integer"}},
+                                     "required": ["name", "age"]}}}}),
+    ("json_mode", {"response_format": {"type": "json_object"}}),  # plus the schema, to validate against
+])
+def test_structured_output_methods_reach_the_engine_as_what_they_say(monkeypatch: pytest.MonkeyPatch,
+                                                                      method: str, engine_kwargs: dict) -> None:
+    seen: list[dict] = []
+
+    class JsonEngine:
+        async def astream(self, messages: list[dict], **params: object):
+            seen.append(params)
+            if "tools" in params:
+                call = ToolCallEvent(index=0, id="call_1", name="Person", arguments={"name": "Ann", "age": 3})
+                yield call
+                yield FinishEvent(reason="stop", text="", stats=Stats(), tool_calls=[call])
+            else:
+                yield TokenEvent(text='{"name": "Ann", "age": 3}', source="draft", position=0)
+                yield FinishEvent(reason="eos", text='{"name": "Ann", "age": 3}', stats=Stats())
+
+    monkeypatch.setattr(chat_models, "_shared_engine", lambda *args: JsonEngine())
+    structured = ChatEnsemble(models=MODELS).with_structured_output(Person, method=method, include_raw=True)
+    out = structured.invoke("Ann is 3.")
+    assert out["parsed"] == Person(name="Ann", age=3) and out["parsing_error"] is None
+    assert isinstance(out["raw"], AIMessage)
+    for key, value in engine_kwargs.items():
+        got = seen[0][key]
+        if key == "response_format":
+            assert got["type"] == value["type"] and got["json_schema"]["schema"]["required"] == ["name", "age"]
+        else:
+            assert got == value
+
+
+def test_unsupported_structured_output_method_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="method 'xml' is not supported"):
+        ChatEnsemble(models=MODELS).with_structured_output(Person, method="xml")  # type: ignore[arg-type]
+
+
+def test_a_per_call_model_is_refused_not_silently_replaced(tool_engine: ToolEngine) -> None:
+    llm = ChatEnsemble(models=MODELS)
+    with pytest.raises(InvalidRequestError, match="per call is not supported"):
+        llm.invoke("hi", model="gpt-4o")
+    assert llm.invoke("hi", model=llm.model_name).content == "Checking."  # naming itself is fine
+
+
+def test_engines_are_released_with_the_last_chat_model() -> None:
+    import gc
+
+    options = {"draft_length": 7}
+    key = chat_models._engine_key(MODELS, "safe", options)
+    first, second = ChatEnsemble(models=MODELS, **options), ChatEnsemble(models=MODELS, **options)
+    engine = chat_models._ENGINES[key].engine
+    first.close()
+    assert chat_models._ENGINES[key].users == 1
+    del second
+    gc.collect()
+    assert key not in chat_models._ENGINES and engine._closed

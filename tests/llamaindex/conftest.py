@@ -12,9 +12,10 @@ from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
 from pydantic import Field
 
-from cookbooks.llamaindex_rag import MiniLMEmbedding
+from cookbooks.llamaindex_rag import minilm_embedding
 from llamaindex_ensemble import EnsembleLLM
 from shared_engine.events import Candidate, EnsembleEvent, FinishEvent, Stats, TokenEvent
+from shared_engine.tools import OutputOptions, OutputPlan
 
 QWEN, SMOL = "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"
 REAL_PAIR = [QWEN, SMOL]
@@ -51,7 +52,8 @@ class ScriptedEngine:
     """Stands in for ``EnsembleEngine``: replays scripted answers as engine events, one per call.
 
     Each answer is split into the given pieces; an ensemble decision is emitted before the
-    second piece, so instrumentation and stats can be checked without any model.
+    second piece, so instrumentation and stats can be checked without any model. Tool and format
+    options go through the engine's own answer shaping (``shared_engine.tools``), as in the engine.
     """
 
     def __init__(self, answers: Sequence[Sequence[str]]) -> None:
@@ -59,7 +61,17 @@ class ScriptedEngine:
         self.requests: list[tuple[list[dict[str, str]], dict[str, Any]]] = []
 
     async def astream(self, messages: Any, **params: Any) -> AsyncIterator[Any]:
+        output = {k: params[k] for k in OutputOptions.model_fields if k in params}
+        shaper = OutputPlan(OutputOptions(**output)).shaper()  # raises on bad options, as the engine does
         self.requests.append((list(messages), params))
+        async for event in self._raw():
+            for shaped in shaper.on_event(event):
+                if shaped.type == "finish":
+                    for held in shaper.release():
+                        yield held
+                yield shaped
+
+    async def _raw(self) -> AsyncIterator[Any]:
         pieces = self.answers[min(len(self.requests), len(self.answers)) - 1]
         for i, piece in enumerate(pieces):
             if i == 1:
@@ -99,5 +111,5 @@ def real_llm() -> EnsembleLLM:
 
 
 @pytest.fixture(scope="session")
-def minilm() -> MiniLMEmbedding:  # the cookbook's embedding adapter, one copy
-    return MiniLMEmbedding()
+def minilm() -> Any:  # the cookbook's embedding model, one copy
+    return minilm_embedding()

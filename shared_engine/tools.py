@@ -1,0 +1,506 @@
+"""Tool calling and structured output, once for every surface (CLI, LangChain, LlamaIndex, HTTP).
+
+The ensemble has no provider-side tool API: tools travel through each member's prompt and calls
+are parsed back out of the shared answer text. The format is Hermes / Qwen2.5's::
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"location": "Paris"}}
+    </tool_call>
+
+Rendering (``render_prompt_ids`` in ``members/chat.py``): a member whose chat template renders
+``tools=`` (Qwen2.5) gets its own rendering, default system prompt included; every other member
+(SmolLM2, base models, llama.cpp servers) gets the one documented fallback, the block of
+``tools_system_block`` appended to the system message -- for Qwen, word for word what its own
+template writes. Earlier calls and tool results are written back as ``<tool_call>`` blocks in the
+assistant turn and one user turn of ``<tool_response>`` blocks (``tool_history_as_text``), again
+what Qwen's template does.
+
+Forcing a call (``tool_choice`` "required"/"any"/True or a tool's name) adds a closing system turn
+("Answer with a call to ...") and prefills the answer with ``<tool_call>\\n{"name": "`` (plus the
+name when it is known), so a small model only writes the arguments; generation stops at
+``</tool_call>``. An answer prefix of the caller's own (``prefix=``) works the same way.
+
+Parsing (``ToolCallParser``) is incremental, so tool markup never reaches the token stream, and
+lenient through ``json_repair`` (code fences, single quotes, unquoted keys, truncated JSON,
+arguments given as a JSON string); a bare JSON answer counts as a call only when it names an
+offered tool; a tagged block that still cannot be read is reported as an invalid call, never
+guessed at.
+
+Structured output (``response_format`` json_object / json_schema) is validate-and-retry, not
+constrained decoding: the members are asked for JSON (with the schema), the answer is prefilled
+with ``{``, held back until it parses (and, for json_schema, validates with ``jsonschema``), and
+regenerated with the error fed back if it does not (``FORMAT_ATTEMPTS`` tries in all). The tokens
+of the accepted attempt are then released at once; an answer that never validates is released
+as is, with ``FinishEvent.format_error`` saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import json_repair
+import jsonschema
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .errors import InvalidRequestError
+from .events import Event, FinishEvent, TokenEvent, ToolCallEvent
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+DEFAULT_SYSTEM = "You are a helpful assistant."
+"""System text put before the tools block when the conversation has no system message."""
+FORMAT_ATTEMPTS = 3
+"""Generations a structured-output request may take: the first answer plus two corrections."""
+
+_TOOLS_HEADER = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n")
+_TOOLS_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+
+
+# -- request options -----------------------------------------------------------------------------
+
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class ToolSpec(BaseModel):
+    """An OpenAI-format tool: ``{"type": "function", "function": {"name", "description", "parameters"}}``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: text (default), any JSON object, or JSON matching a schema.
+    A ``json_object`` format may carry a ``json_schema`` too (an extension LangChain's json_mode
+    uses): the answer is validated against it, but the schema is not put into the prompt."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: JsonSchemaFormat | None = None
+
+    @field_validator("json_schema")
+    @classmethod
+    def _valid_schema(cls, value: JsonSchemaFormat | None) -> JsonSchemaFormat | None:
+        if value is not None and value.json_schema:
+            try:
+                jsonschema.validators.validator_for(value.json_schema).check_schema(value.json_schema)
+            except jsonschema.SchemaError as err:
+                raise ValueError(f"not a valid JSON schema: {err.message}") from None
+        return value
+
+
+class OutputOptions(BaseModel):
+    """Per-request tool and format options of ``EnsembleEngine.astream``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tools: list[ToolSpec] | None = Field(None, description="Tools the members may call (OpenAI format).")
+    tool_choice: str | bool | dict[str, Any] | None = Field(
+        None, description="'auto' (default), 'none', 'required'/'any'/True, a tool name or "
+                          "{'type': 'function', 'function': {'name': ...}}.")
+    parallel_tool_calls: bool | None = Field(None, description="False: stop after the first call.")
+    prefix: str = Field("", description="Text the answer starts with (prefill): the members continue it.")
+    response_format: ResponseFormat | None = None
+
+
+def forced_tool(tool_choice: Any, names: Sequence[str]) -> str | None:
+    """``tool_choice`` as None (the model decides), "any", or the one tool name that must be called."""
+    if tool_choice in (None, False, "auto", "none"):
+        return None
+    if tool_choice in (True, "any", "required"):
+        return names[0] if len(names) == 1 else "any"
+    if isinstance(tool_choice, Mapping):
+        function = tool_choice.get("function")
+        tool_choice = (function.get("name") if isinstance(function, Mapping) else None) or tool_choice.get("name")
+    if isinstance(tool_choice, str) and tool_choice in names:
+        return tool_choice
+    raise InvalidRequestError(f"tool_choice {tool_choice!r} is not 'auto', 'none', 'required' or one of the "
+                              f"tools {list(names)}")
+
+
+# -- prompt rendering ----------------------------------------------------------------------------
+
+def tools_system_block(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The documented tools block (appended to the system message by the fallback)."""
+    return _TOOLS_HEADER + "\n".join(json.dumps(dict(t), ensure_ascii=False) for t in tools) + _TOOLS_FOOTER
+
+
+def with_tools_system(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]
+                      ) -> list[dict[str, Any]]:
+    """The fallback for templates without tool support: the tools block in the system message."""
+    out = [dict(m) for m in messages]
+    block = tools_system_block(tools)
+    if out and out[0]["role"] == "system":
+        out[0]["content"] = f"{out[0]['content']}\n\n{block}"
+    else:
+        out.insert(0, {"role": "system", "content": f"{DEFAULT_SYSTEM}\n\n{block}"})
+    return out
+
+
+def template_renders_tools(tokenizer: Any) -> bool:
+    """Whether a chat template renders ``tools=`` itself (Qwen2.5's does, SmolLM2's does not)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and "tools" in template
+
+
+def tool_call_text(name: str, arguments: Mapping[str, Any] | str | None) -> str:
+    """An earlier tool call, written the way the members are asked to write one."""
+    if isinstance(arguments, str):
+        loaded = json_repair.loads(arguments) if arguments.strip() else {}
+        arguments = loaded if isinstance(loaded, dict) else {}
+    body = json.dumps({"name": name, "arguments": dict(arguments or {})}, ensure_ascii=False)
+    return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
+
+
+def tool_history_as_text(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI-style tool history -> plain turns every template can render.
+
+    An assistant message's ``tool_calls`` become ``<tool_call>`` blocks after its text; a run of
+    ``tool`` messages becomes one user turn of ``<tool_response>`` blocks (Qwen2.5's own form).
+    """
+    out: list[dict[str, Any]] = []
+    results: list[str] = []
+    for message in messages:
+        if message.get("role") == "tool":
+            results.append(f"<tool_response>\n{message.get('content') or ''}\n</tool_response>")
+            continue
+        if results:
+            out.append({"role": "user", "content": "\n".join(results)})
+            results = []
+        calls = message.get("tool_calls") or []
+        if message.get("role") == "assistant" and calls:
+            parts = [(message.get("content") or "").strip()]
+            for i, call in enumerate(calls):
+                function = call.get("function", call) if isinstance(call, Mapping) else None
+                if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+                    raise InvalidRequestError(f"tool call {i} of an assistant message has no function name")
+                parts.append(tool_call_text(function["name"], function.get("arguments")))
+            out.append({"role": "assistant", "content": "\n".join(p for p in parts if p)})
+        else:
+            out.append({k: v for k, v in message.items() if k != "tool_calls"})
+    if results:
+        out.append({"role": "user", "content": "\n".join(results)})
+    return out
+
+
+def forced_instruction(forced: str, names: Sequence[str]) -> dict[str, str]:
+    """A closing system turn for a forced call: after the question, where a small model heeds it."""
+    if forced == "any":
+        return {"role": "system", "content": f"Answer with a call to one of these functions: {', '.join(names)}."}
+    return {"role": "system", "content": f"Answer with a call to the function {forced}."}
+
+
+def call_prefix(forced: str | None) -> str:
+    """The prefill of a forced call. It ends before the space after a colon: BPE vocabularies
+    attach that space to the next token, so the model continues at a natural token boundary."""
+    if forced is None:
+        return ""
+    if forced == "any":
+        return TOOL_CALL_OPEN + '\n{"name": "'
+    return TOOL_CALL_OPEN + "\n" + json.dumps({"name": forced}, ensure_ascii=False)[:-1] + ', "arguments":'
+
+
+def format_instruction(response_format: ResponseFormat) -> dict[str, str]:
+    """The system turn that asks for JSON (and shows the schema)."""
+    text = "Answer with one JSON object only: no prose, no code fence."
+    spec = response_format.json_schema
+    if response_format.type == "json_schema" and spec is not None and spec.json_schema:
+        text += (f" It must match this JSON schema:\n{json.dumps(spec.json_schema, ensure_ascii=False)}")
+    return {"role": "system", "content": text}
+
+
+# -- parsing -------------------------------------------------------------------------------------
+
+def _new_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _loads(text: str) -> Any:
+    """JSON as a small model writes it; None when there is no object or list in ``text``."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return json.JSONDecoder().raw_decode(text)[0]  # the common, clean case; trailing text ignored
+    except json.JSONDecodeError:
+        pass
+    loaded = json_repair.loads(text)
+    return loaded if isinstance(loaded, dict | list) and loaded else None
+
+
+def _as_call(obj: Any) -> tuple[str, dict[str, Any]] | None:
+    """(name, arguments) from ``{"name", "arguments"}`` (or ``parameters``/``args``, or OpenAI's
+    ``{"function": {...}}`` wrapper); None if ``obj`` is no call."""
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("function"), dict):
+        obj = obj["function"]
+    name = obj.get("name")
+    args: Any = next((obj[k] for k in ("arguments", "parameters", "args", "input") if k in obj), {})
+    if isinstance(args, str):
+        args = _loads(args) if args.strip() else {}
+    if args is None:
+        args = {}
+    if not isinstance(name, str) or not name.strip() or not isinstance(args, dict):
+        return None
+    return name.strip(), args
+
+
+def parse_calls(body: str, first_index: int = 0) -> list[ToolCallEvent]:
+    """The calls in the text of one ``<tool_call>`` block (usually one; a list is accepted),
+    numbered from ``first_index``; an unreadable block is one call with ``error`` set."""
+    obj = _loads(body)
+    items = obj if isinstance(obj, list) and obj else [obj]
+    calls = [_as_call(item) for item in items]
+    if any(c is None for c in calls):
+        return [ToolCallEvent(index=first_index, id=_new_id(), raw=body.strip(),
+                              error='not a {"name": ..., "arguments": {...}} object')]
+    return [ToolCallEvent(index=first_index + i, id=_new_id(), name=call[0], arguments=call[1], raw=body.strip())
+            for i, call in enumerate(calls) if call is not None]
+
+
+def _partial_suffix(text: str, token: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``token``."""
+    for n in range(min(len(token) - 1, len(text)), 0, -1):
+        if text.endswith(token[:n]):
+            return n
+    return 0
+
+
+class ToolCallParser:
+    """Splits a streamed answer into plain text and tool calls, without leaking tool markup.
+
+    ``feed`` takes text deltas and returns what can be released now (``str`` pieces and
+    ``ToolCallEvent``s); ``close`` releases the rest. Text that may be the start of ``<tool_call>``
+    is held back; an answer that *starts* with ``{`` or a code fence is held to the end, because
+    small models often drop the tags and answer with the bare JSON object (a call only when it
+    names an offered tool). Whitespace next to calls is dropped, so an answer of calls only has
+    empty text.
+    """
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = set(names)
+        self.buffer = ""
+        self.in_call = False
+        self.hold_all = False
+        self.started = False  # some non-whitespace text was released
+        self.num_calls = 0
+        self._after_call = False
+        self._pending_ws = ""  # trailing whitespace, held until we know whether text follows
+
+    def _text(self, text: str) -> list[str | ToolCallEvent]:
+        text = self._pending_ws + text
+        body = text.rstrip()
+        self._pending_ws = text[len(body):]
+        if self._after_call:
+            body = body.lstrip()
+        if not body:
+            return []
+        self.started, self._after_call = True, False
+        return [body]
+
+    def feed(self, delta: str) -> list[str | ToolCallEvent]:
+        out: list[str | ToolCallEvent] = []
+        self.buffer += delta
+        while True:
+            if self.in_call:
+                end = self.buffer.find(TOOL_CALL_CLOSE)
+                if end < 0:
+                    break
+                out += self._calls(self.buffer[:end])
+                self.buffer, self.in_call = self.buffer[end + len(TOOL_CALL_CLOSE):], False
+                continue
+            start = self.buffer.find(TOOL_CALL_OPEN)
+            if start >= 0:  # a tagged call ends a held bare-JSON guess: what came before is text
+                self.hold_all = False
+                out += self._text(self.buffer[:start])
+                self._pending_ws = ""
+                self.buffer, self.in_call = self.buffer[start + len(TOOL_CALL_OPEN):], True
+                continue
+            if self.hold_all:
+                break
+            head = self.buffer.lstrip()
+            if not self.started and not self.num_calls and head[:1] in ("{", "`"):
+                self.hold_all = True
+                break
+            if not self.started and not head:
+                break  # only whitespace so far: undecided
+            keep = _partial_suffix(self.buffer, TOOL_CALL_OPEN)
+            out += self._text(self.buffer[:len(self.buffer) - keep])
+            self.buffer = self.buffer[len(self.buffer) - keep:]
+            break
+        return out
+
+    def close(self) -> list[str | ToolCallEvent]:
+        """Release everything: an unterminated call (cut by a stop string or the length limit) is
+        still parsed; a held bare-JSON answer becomes a call only if it names an offered tool."""
+        out = self.feed("")
+        rest, self.buffer = self.buffer, ""
+        if self.in_call:
+            out += self._calls(rest)
+        elif self.hold_all:
+            obj = _loads(rest)
+            calls = [_as_call(item) for item in (obj if isinstance(obj, list) and obj else [obj])]
+            if all(c is not None and c[0] in self.names for c in calls):
+                out += self._calls(rest)
+            else:
+                out += self._text(rest)
+        elif rest:
+            out += self._text(rest)
+        if not self.num_calls and self.started and self._pending_ws:
+            out.append(self._pending_ws)  # trailing whitespace of a plain answer is kept
+        return out
+
+    def _calls(self, body: str) -> list[ToolCallEvent]:
+        calls = parse_calls(body, self.num_calls)
+        self.num_calls += len(calls)
+        self._pending_ws, self._after_call = "", True
+        return list(calls)
+
+
+def format_error(text: str, response_format: ResponseFormat) -> str | None:
+    """Why ``text`` is not the JSON ``response_format`` asks for (None: it is)."""
+    body = text.strip()
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError as err:
+        return f"not valid JSON ({err.msg} at character {err.pos})"
+    if not isinstance(value, dict):
+        return f"a JSON {type(value).__name__}, not an object"
+    spec = response_format.json_schema  # json_object may carry one too: checked, not shown to the members
+    if spec is not None and spec.json_schema:
+        validator = jsonschema.validators.validator_for(spec.json_schema)(spec.json_schema)
+        problem = jsonschema.exceptions.best_match(validator.iter_errors(value))
+        if problem is not None:
+            where = "/".join(map(str, problem.absolute_path)) or "the object"
+            return f"{where}: {problem.message}"
+    return None
+
+
+# -- one request's plan and answer shaping ----------------------------------------------------------
+
+class OutputPlan:
+    """What ``OutputOptions`` mean for one request: extra turns, prefill, stops, and how the
+    engine's raw events are shaped into the answer the caller sees (``AnswerShaper``)."""
+
+    def __init__(self, options: OutputOptions) -> None:
+        tools = [t.model_dump(exclude_none=True) for t in options.tools or []]
+        self.names = [t["function"]["name"] for t in tools]
+        if len(set(self.names)) != len(self.names):
+            raise InvalidRequestError(f"tool names must be unique, got {self.names}")
+        fmt = options.response_format
+        self.response_format = fmt if fmt is not None and fmt.type != "text" else None
+        if self.response_format is not None and tools and options.tool_choice not in (None, "none", "auto"):
+            raise InvalidRequestError("a forced tool call and a JSON response_format cannot be combined")
+        self.forced = forced_tool(options.tool_choice, self.names) if tools else None
+        self.tools = tools if tools and options.tool_choice != "none" else None
+        self.prefix = options.prefix or call_prefix(self.forced) or ("{" if self.response_format else "")
+        self.stops = [TOOL_CALL_CLOSE] if self.forced or (self.tools and options.parallel_tool_calls is False) else []
+
+    @property
+    def attempts(self) -> int:
+        return FORMAT_ATTEMPTS if self.response_format is not None else 1
+
+    def messages(self, messages: list[dict[str, Any]], earlier: Sequence[tuple[str, str]] = ()) -> list[dict[str, Any]]:
+        """The conversation one attempt sees: tool history as text, the format instruction, a
+        forced call's instruction, and the rejected earlier answers with what was wrong."""
+        out = tool_history_as_text(messages)
+        if self.response_format is not None:
+            out.append(format_instruction(self.response_format))
+            for answer, problem in earlier:
+                out += [{"role": "assistant", "content": answer},
+                        {"role": "user", "content": f"That is not valid: {problem}. Reply with the corrected "
+                                                    "JSON object only."}]
+        if self.forced:
+            out.append(forced_instruction(self.forced, self.names))
+        return out
+
+    def shaper(self) -> AnswerShaper:
+        return AnswerShaper(self)
+
+
+class AnswerShaper:
+    """Raw engine events of one attempt -> the events the caller sees.
+
+    Prepends the prefix (a ``token`` event with ``source="prefix"``), routes text through the
+    tool-call parser when tools are offered (text as ``token`` events, calls as ``tool_call``
+    events), holds the text of a structured-output answer until ``finish`` decides whether it is
+    valid, and completes the ``finish`` event (text, tool calls, format error)."""
+
+    def __init__(self, plan: OutputPlan) -> None:
+        self.plan = plan
+        self.parser = ToolCallParser(plan.names) if plan.tools else None
+        self.text = ""  # what the caller has been (or, when held, will be) shown
+        self.calls: list[ToolCallEvent] = []
+        self.held: list[Event] = []
+        self.format_error: str | None = None
+        self._prefix_pending = bool(plan.prefix)
+
+    def on_event(self, event: Event) -> list[Event]:
+        out: list[Event] = []
+        if self._prefix_pending:
+            self._prefix_pending = False
+            out += self._text(TokenEvent(text=self.plan.prefix, source="prefix", position=0))
+        if event.type == "token":
+            out += self._text(event)
+        elif event.type == "finish":
+            if self.parser is not None:
+                out += self._pieces(self.parser.close(), TokenEvent(text="", source="draft", position=0))
+            if self.plan.response_format is not None:
+                self.format_error = format_error(self.text, self.plan.response_format)
+            out.append(FinishEvent(reason=event.reason, text=self.text, stats=event.stats,
+                                   failed_members=event.failed_members, tool_calls=self.calls,
+                                   format_error=self.format_error))
+        else:
+            out.append(event)
+        if self.plan.response_format is None:
+            return out
+        self.held += [e for e in out if e.type == "token"]  # released by release() once valid
+        return [e for e in out if e.type != "token"]
+
+    def release(self) -> list[Event]:
+        """The held text of a structured-output attempt (after its ``finish`` was decided)."""
+        held, self.held = self.held, []
+        return held
+
+    def _text(self, token: TokenEvent) -> list[Event]:
+        if self.parser is None:
+            self.text += token.text
+            return [token]
+        return self._pieces(self.parser.feed(token.text), token)
+
+    def _pieces(self, pieces: list[str | ToolCallEvent], token: TokenEvent) -> list[Event]:
+        out: list[Event] = []
+        for piece in pieces:
+            if isinstance(piece, str):
+                if piece:
+                    self.text += piece
+                    out.append(TokenEvent(text=piece, source=token.source, position=token.position))
+            else:
+                self.calls.append(piece)
+                out.append(piece)
+        return out

@@ -1,0 +1,157 @@
+"""Tool calls, structured output and the API key over HTTP, with the official ``openai`` client and
+LangChain's ``ChatOpenAI``. The engine is real except for its decoding (``_decode``), which replays
+scripted answers: prompts, prefills, parsing, validation and retries are the engine's own."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from pydantic import BaseModel
+
+from shared_engine import EnsembleEngine
+from shared_engine.events import Event, FinishEvent, Stats, TokenEvent
+from shared_engine.options import GenerationParams
+from shared_engine.server import create_app
+from shared_engine.server.background import serve_in_background
+from shared_engine.tools import OutputPlan
+from tests.toy import toy_member
+
+MODEL = "every-token-ensemble"
+USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather at a place.",
+    "parameters": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}}}
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+
+
+class ScriptedDecoding(EnsembleEngine):
+    """A real engine whose members' output is scripted: each request takes the next answer (the
+    last one repeats), streamed in three pieces."""
+
+    def __init__(self, answers: list[str]) -> None:
+        super().__init__([toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)],
+                         method="every-token", max_new_tokens=24)
+        self.answers = answers
+        self.prompts: list[tuple[list[dict[str, Any]], OutputPlan]] = []
+
+    async def _decode(self, messages: list[dict[str, Any]], plan: OutputPlan,
+                      gen: GenerationParams) -> AsyncIterator[Event]:
+        self.prompts.append((messages, plan))
+        text = self.answers[min(len(self.prompts), len(self.answers)) - 1]
+        cut = [0, len(text) // 3, 2 * len(text) // 3, len(text)]
+        for i in range(3):
+            yield TokenEvent(text=text[cut[i]:cut[i + 1]], source="draft", position=i)
+        yield FinishEvent(reason="eos", text=text, stats=Stats(prompt_tokens=5, tokens=3))
+
+
+@pytest.fixture
+def serve() -> Iterator[Any]:
+    def start(answers: list[str], **app_options: Any) -> tuple[str, ScriptedDecoding]:
+        engine = ScriptedDecoding(answers)
+        context = serve_in_background(create_app(engine, **app_options))
+        started.append(context)
+        return context.__enter__(), engine
+
+    started: list[Any] = []
+    yield start
+    for context in started:
+        context.__exit__(None, None, None)
+
+
+def client(url: str, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+
+
+def test_official_client_gets_a_forced_tool_call(serve: Any) -> None:
+    # The engine prefills '<tool_call>\n{"name": "get_weather", "arguments":'; the members write the rest.
+    url, engine = serve([' {"location": "Paris"}}'])
+    answer = client(url).chat.completions.create(model=MODEL, messages=USER, tools=[WEATHER],  # type: ignore[list-item]
+                                                 tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("get_weather", '{"location": "Paris"}')
+    assert call.id.startswith("call_")
+    messages, plan = engine.prompts[0]
+    assert plan.tools and messages[-1]["content"] == "Answer with a call to the function get_weather."
+
+
+def test_streamed_tool_calls_arrive_as_deltas_and_never_as_text(serve: Any) -> None:
+    url, _ = serve(['Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"location": "東京"}}\n</tool_call>'])
+    stream = client(url).chat.completions.create(model=MODEL, messages=USER, tools=[WEATHER], stream=True)  # type: ignore[list-item]
+    text, calls, reasons = "", [], []
+    for chunk in stream:
+        delta = chunk.choices[0].delta
+        text += delta.content or ""
+        calls += delta.tool_calls or []
+        reasons.append(chunk.choices[0].finish_reason)
+    assert text == "Let me look." and reasons[-1] == "tool_calls"
+    assert [(c.index, c.function.name, c.function.arguments) for c in calls] == \
+        [(0, "get_weather", '{"location": "東京"}')]
+
+
+def test_tool_results_go_back_through_the_conversation(serve: Any) -> None:
+    url, engine = serve(["It is sunny in Paris."])
+    history = [*USER, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"location": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    answer = client(url).chat.completions.create(model=MODEL, messages=history, tools=[WEATHER])  # type: ignore[arg-type]
+    assert answer.choices[0].message.content == "It is sunny in Paris."
+    assert answer.choices[0].finish_reason == "stop"
+    messages, _ = engine.prompts[0]
+    assert messages[1]["content"] == '<tool_call>\n{"name": "get_weather", "arguments": {"location": "Paris"}}\n</tool_call>'
+    assert messages[2] == {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}
+
+
+def test_json_schema_output_is_validated_and_retried(serve: Any) -> None:
+    # After the prefilled "{": the first answer lacks "age" (rejected, regenerated), the second is valid.
+    url, engine = serve(['"name": "Ann"}', '"name": "Ann", "age": 3}'])
+    parsed = client(url).chat.completions.parse(model=MODEL, messages=[{"role": "user", "content": "Ann is 3."}],
+                                                response_format=Person)
+    assert parsed.choices[0].message.parsed == Person(name="Ann", age=3)
+    assert len(engine.prompts) == 2
+    retry_turn = engine.prompts[1][0][-1]["content"]
+    assert retry_turn.startswith("That is not valid:") and "age" in retry_turn
+
+
+def test_json_object_mode_streams_only_the_valid_answer(serve: Any) -> None:
+    url, _ = serve(['"a": [1, 2', '"a": [1, 2]}'])
+    stream = client(url).chat.completions.create(model=MODEL, messages=USER, stream=True,
+                                                 response_format={"type": "json_object"})
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == '{"a": [1, 2]}'
+
+
+def test_langchain_chat_openai_bind_tools_calls_a_tool(serve: Any) -> None:
+    @tool
+    def get_weather(location: str) -> str:
+        """Weather at a place."""
+        return "sunny"
+
+    url, _ = serve([' {"location": "Paris"}}'])
+    llm = ChatOpenAI(base_url=f"{url}/v1", api_key="unused", model=MODEL, max_retries=0)
+    message = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("Weather in Paris?")
+    assert [(c["name"], c["args"]) for c in message.tool_calls] == [("get_weather", {"location": "Paris"})]
+    assert get_weather.invoke(message.tool_calls[0]).content == "sunny"
+
+
+def test_api_key_guards_every_v1_route_and_health_stays_open(serve: Any) -> None:
+    url, _ = serve(["Hello."], api_key="s3cret")
+    with pytest.raises(openai.AuthenticationError) as info:
+        client(url, "wrong").models.list()
+    assert info.value.status_code == 401 and info.value.code == "invalid_api_key"
+    assert httpx.get(f"{url}/v1/models").status_code == 401
+    bare = httpx.post(f"{url}/v1/chat/completions", json={"model": MODEL, "messages": USER})
+    assert bare.status_code == 401 and set(bare.json()["error"]) == {"message", "type", "param", "code"}
+    assert httpx.get(f"{url}/v1/unknown").status_code == 401  # every /v1 route, known or not
+    assert httpx.get(f"{url}/health").status_code == 200
+    assert client(url, "s3cret").chat.completions.create(model=MODEL, messages=USER).choices[0].message.content == "Hello."

@@ -1,0 +1,229 @@
+"""The engine's one tool-calling and structured-output mechanism (shared_engine.tools): parsing,
+prompt rendering, and whole requests on the toy members (no real model)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared_engine import EnsembleEngine, InvalidRequestError
+from shared_engine.events import FinishEvent, Stats, TokenEvent, ToolCallEvent
+from shared_engine.members.chat import normalize_messages
+from shared_engine.tools import (
+    OutputOptions,
+    OutputPlan,
+    ResponseFormat,
+    ToolCallParser,
+    call_prefix,
+    forced_tool,
+    format_error,
+    parse_calls,
+    tool_history_as_text,
+    with_tools_system,
+)
+from tests.toy import toy_member
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather at a place.",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"location": {"type": "string"}}}}}]
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+
+
+def run_parser(deltas: list[str]) -> tuple[str, list[ToolCallEvent]]:
+    parser = ToolCallParser(["get_weather"])
+    pieces = [p for d in deltas for p in parser.feed(d)] + parser.close()
+    return "".join(p for p in pieces if isinstance(p, str)), [p for p in pieces if isinstance(p, ToolCallEvent)]
+
+
+# -- parsing ----------------------------------------------------------------------------------------
+
+def test_plain_text_passes_through_unchanged() -> None:
+    answer = " It is sunny <b>today</b>, 20 °C. <tool is a word>\n"
+    assert run_parser(list(answer)) == (answer, [])
+
+
+def test_tagged_call_is_parsed_and_markup_never_leaks() -> None:
+    answer = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"location": "Paris"}}\n</tool_call>\n'
+    text, calls = run_parser(list(answer))  # one character at a time: the hardest split
+    assert text == "Let me check."
+    assert [(c.name, c.arguments, c.index) for c in calls] == [("get_weather", {"location": "Paris"}, 0)]
+    assert calls[0].id.startswith("call_") and calls[0].error is None
+
+
+def test_two_calls_get_distinct_ids_and_indexes() -> None:
+    one = '<tool_call>{"name": "get_weather", "arguments": {"location": "A"}}</tool_call>'
+    _, calls = run_parser([one + "\n" + one.replace('"A"', '"B"')])
+    assert [(c.arguments["location"], c.index) for c in calls] == [("A", 0), ("B", 1)]
+    assert calls[0].id != calls[1].id
+
+
+def test_prefilled_unterminated_call_keeps_unicode() -> None:
+    text, calls = run_parser([call_prefix("get_weather"), ' {"location": "東京", "note": "こんにちは"}}\n'])
+    assert text == "" and calls[0].arguments == {"location": "東京", "note": "こんにちは"}
+    assert "東京" in calls[0].arguments_json  # not \\u-escaped
+
+
+@pytest.mark.parametrize("body, name, arguments", [
+    ('{"name": "get_weather", "arguments": {"location": "Ber', "get_weather", {"location": "Ber"}),  # cut
+    ('{"name": "get_weather", "arguments": "{\\"location\\": \\"Rome\\"}"} trailing', "get_weather", {"location": "Rome"}),
+    ('{"name": "get_weather", "parameters": {}}', "get_weather", {}),
+    ("{'name': 'get_weather', 'arguments': {'location': 'Oslo', 'metric': True}}", "get_weather",
+     {"location": "Oslo", "metric": True}),  # a Python dict
+    ('{name: "get_weather", arguments: {location: "Oslo"}}', "get_weather", {"location": "Oslo"}),  # bare keys
+    ('```json\n{"function": {"name": "get_weather", "arguments": {}}}\n```', "get_weather", {}),
+])
+def test_sloppy_calls_are_repaired(body: str, name: str, arguments: dict) -> None:
+    [call] = parse_calls(body)
+    assert (call.name, call.arguments, call.error) == (name, arguments, None)
+
+
+def test_unreadable_call_is_reported_not_guessed() -> None:
+    [call] = parse_calls("get_weather(Paris)")
+    assert call.name is None and call.arguments is None and call.error
+    assert call.arguments_json == "get_weather(Paris)"
+
+
+def test_bare_json_answer_is_a_call_only_when_it_names_an_offered_tool() -> None:
+    text, calls = run_parser(list('```json\n{"name": "get_weather", "arguments": {"location": "Oslo"}}\n```'))
+    assert (text, calls[0].name) == ("", "get_weather")
+    answer = '{"city": "Oslo", "temp": 3}'
+    assert run_parser(list(answer)) == (answer, [])
+
+
+@given(st.lists(st.sampled_from(["<tool_call>", "</tool_call>", "<tool", "_call>", "`", "\n", " ", "{", "}",
+                                 '"name": "get_weather"', "word", "é"]), max_size=12))
+def test_parser_never_loses_plain_text_or_leaks_a_whole_tag(pieces: list[str]) -> None:
+    text, calls = run_parser(pieces)
+    assert "<tool_call>" not in text
+    if "<tool_call>" not in "".join(pieces) and not "".join(pieces).lstrip().startswith(("{", "`")):
+        assert text.strip() == "".join(pieces).strip()
+
+
+def test_tool_choice_normalisation() -> None:
+    names = ["get_weather", "other"]
+    assert forced_tool(None, names) is None and forced_tool("auto", names) is None
+    assert forced_tool("any", ["get_weather"]) == "get_weather"  # one tool: its name is prefilled too
+    assert forced_tool("required", names) == "any" and forced_tool(True, names) == "any"
+    assert forced_tool({"type": "function", "function": {"name": "other"}}, names) == "other"
+    with pytest.raises(InvalidRequestError, match="not 'auto'"):
+        forced_tool("nope", names)
+
+
+# -- prompts ----------------------------------------------------------------------------------------
+
+def test_fallback_puts_the_tools_block_into_the_system_message() -> None:
+    rendered = with_tools_system([{"role": "user", "content": "hi"}], TOOLS)
+    assert rendered[0]["role"] == "system" and json.dumps(TOOLS[0]) in rendered[0]["content"]
+    rendered = with_tools_system([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}], TOOLS)
+    assert rendered[0]["content"].startswith("Be brief.\n\n# Tools")
+
+
+def test_openai_tool_history_becomes_text_turns() -> None:
+    history = normalize_messages([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "1", "type": "function", "function": {"name": "get_weather", "arguments": '{"location": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "2", "content": "Error: boom"},
+    ])
+    out = tool_history_as_text(history)
+    assert [m["role"] for m in out] == ["user", "assistant", "user"]
+    assert out[1]["content"] == '<tool_call>\n{"name": "get_weather", "arguments": {"location": "Paris"}}\n</tool_call>'
+    assert out[2]["content"] == "<tool_response>\nsunny\n</tool_response>\n<tool_response>\nError: boom\n</tool_response>"
+
+
+def test_each_member_renders_tools_its_own_way() -> None:
+    native, plain = toy_member("toy-bpe", "byte_level"), toy_member("toy-sp", "metaspace", seed=1)
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    for member in (native, plain):
+        with_tools = member.tokenizer.decode(member.prompt_ids(messages, tools=TOOLS))
+        assert '"name": "get_weather"' in with_tools and "<tool_call>" in with_tools
+        assert "get_weather" not in member.tokenizer.decode(member.prompt_ids(messages))
+
+
+def test_plan_for_a_forced_call_and_for_json() -> None:
+    plan = OutputPlan(OutputOptions(tools=TOOLS, tool_choice="required"))
+    assert plan.forced == "get_weather" and plan.prefix == call_prefix("get_weather")
+    assert plan.stops == ["</tool_call>"]
+    assert plan.messages([{"role": "user", "content": "hi"}])[-1]["content"] == \
+        "Answer with a call to the function get_weather."
+    assert OutputPlan(OutputOptions(tools=TOOLS, tool_choice="none")).tools is None
+    json_plan = OutputPlan(OutputOptions(response_format={"type": "json_schema",
+                                                          "json_schema": {"name": "p", "schema": PERSON}}))
+    assert json_plan.prefix == "{" and json_plan.attempts == 3
+    assert json.dumps(PERSON) in json_plan.messages([{"role": "user", "content": "hi"}])[-1]["content"]
+
+
+def test_format_validation() -> None:
+    schema = ResponseFormat(type="json_schema", json_schema={"name": "p", "schema": PERSON})
+    assert format_error('{"name": "Ann", "age": 3}', schema) is None
+    assert "age" in format_error('{"name": "Ann"}', schema)
+    assert "not valid JSON" in format_error('{"name": "Ann"', schema)
+    assert format_error('{"anything": 1}', ResponseFormat(type="json_object")) is None
+    checked = ResponseFormat(type="json_object", json_schema={"name": "p", "schema": PERSON})
+    assert "age" in format_error('{"name": "Ann"}', checked)  # validated, though not shown in the prompt
+    assert "schema" not in OutputPlan(OutputOptions(response_format=checked)).messages([])[-1]["content"]
+    with pytest.raises(ValueError, match="not a valid JSON schema"):
+        ResponseFormat(type="json_schema", json_schema={"name": "p", "schema": {"type": 3}})
+
+
+def test_shaper_holds_structured_text_until_finish() -> None:
+    plan = OutputPlan(OutputOptions(response_format={"type": "json_object"}))
+    shaper = plan.shaper()
+    assert shaper.on_event(TokenEvent(text='"a": 1}', source="draft", position=0)) == []
+    [finish] = shaper.on_event(FinishEvent(reason="eos", text='"a": 1}', stats=Stats()))
+    assert finish.text == '{"a": 1}' and finish.format_error is None
+    assert "".join(e.text for e in shaper.release()) == '{"a": 1}'
+
+
+# -- whole requests on toy members --------------------------------------------------------------------
+
+SMALL_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+"""The toys' context is 512 tokens and their tokenizers know little English: a short spec."""
+
+
+@pytest.fixture(scope="module")
+def engine() -> EnsembleEngine:
+    return EnsembleEngine([toy_member("toy-bpe", "byte_level"), toy_member("toy-sp", "metaspace", seed=1)],
+                          max_new_tokens=12)
+
+
+def test_forced_call_comes_as_a_tool_call_event_and_never_as_text(engine: EnsembleEngine) -> None:
+    events = list(engine.stream("Weather?", tools=SMALL_TOOLS, tool_choice="get_weather"))
+    tokens = [e for e in events if e.type == "token"]
+    calls = [e for e in events if e.type == "tool_call"]
+    finish = events[-1]
+    assert not any("<tool_call>" in t.text for t in tokens)
+    assert len(calls) == 1 and finish.tool_calls == calls
+    assert calls[0].name == "get_weather" or calls[0].error  # what the random toy writes is its business
+    assert finish.text == "".join(t.text for t in tokens)
+
+
+def test_prefix_is_continued_and_is_part_of_the_answer(engine: EnsembleEngine) -> None:
+    result = engine.generate("Say something.", prefix="Sure: ", keep_events=True)
+    first = next(e for e in result.events if e.type == "token")
+    assert (first.text, first.source) == ("Sure: ", "prefix")
+    assert result.text.startswith("Sure: ")
+
+
+def test_structured_output_retries_and_reports_what_is_still_wrong(engine: EnsembleEngine) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    result = engine.generate("Give me a person.", response_format=fmt, keep_events=True)
+    retries = [e for e in result.events if e.type == "format_retry"]
+    # A random toy writes no valid person: every attempt fails, each rejected one is announced
+    # and never released as text, and the last answer comes back with the reason.
+    assert [r.attempt for r in retries] == [1, 2] and result.format_error
+    assert result.text.startswith("{") and result.text == "".join(e.text for e in result.events if e.type == "token")
+
+
+def test_bad_tool_options_are_typed_errors(engine: EnsembleEngine) -> None:
+    with pytest.raises(InvalidRequestError, match="tool_choice"):
+        engine.generate("hi", tools=TOOLS, tool_choice="nope")
+    with pytest.raises(InvalidRequestError, match="tools"):
+        engine.generate("hi", tools=[{"type": "function", "function": {"name": "has space"}}])
+    with pytest.raises(InvalidRequestError, match="response_format"):
+        engine.generate("hi", response_format={"type": "xml"})
