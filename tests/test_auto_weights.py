@@ -78,7 +78,9 @@ def test_auto_weights_cost_no_extra_forward_pass_and_change_only_weights() -> No
     given = [auto.stats.member_weights["a"], auto.stats.member_weights["b"]]
     same = EnsembleEngine(members, weights=given).generate(PROMPT, max_new_tokens=6)
     assert same.text == auto.text
-    assert same.stats.forward_passes == auto.stats.forward_passes  # the scored prefill is the prefill
+    # The scored prefill IS the prefill: no member runs more forward passes than with given weights
+    # (a verifier may run fewer: its prompt is already in its cache when the first draft arrives).
+    assert all(auto.stats.forward_passes[m] <= same.stats.forward_passes[m] for m in ("a", "b"))
 
 
 def test_chunked_prefill_gives_the_same_nlls_as_one_forward() -> None:
