@@ -3,7 +3,10 @@
 The prompt is prefilled anyway; here that prefill goes through the member's session with
 ``first_row=1`` (``Session.sync(prompt, 1)``), which returns the logits over the whole prompt
 instead of only the last row. The round that follows finds the prompt in the session and
-starts from its last row, so no forward pass is repeated. What it costs, per backend:
+starts from its last row, so no prompt token is read twice (a verifier reads its prompt in a
+forward of its own instead of together with the first draft block: one more forward call per
+verifier and request, over the same tokens). All members score concurrently. What it costs, per
+backend:
 
 - transformers (``distribution="full"``): the same prefill forward, plus the output layer over
   every prompt position (``prompt_tokens x vocab x hidden`` multiply-adds) and a log-softmax.
