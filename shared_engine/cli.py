@@ -12,6 +12,7 @@ import asyncio
 import json
 import sys
 
+from . import calibration
 from .engine import EnsembleEngine
 from .errors import EnsembleError
 from .members import LOCAL_BACKENDS, with_backend
@@ -36,11 +37,13 @@ def _backends(value: str) -> list[str]:
     return backends
 
 
-def _weights(value: str) -> list[float]:
+def _weights(value: str) -> list[float] | str:
+    if value.strip() == "auto":
+        return "auto"
     try:
         return [float(w) for w in value.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError("comma-separated numbers, one per model, e.g. 2,1") from None
+        raise argparse.ArgumentTypeError("comma-separated numbers, one per model, e.g. 2,1, or auto") from None
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +52,12 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "such as llamacpp:NAME, vllm:URL#TOKENIZER (see README, Remote members)")
     parser.add_argument("--drafter", help="member that drafts (default: the first)")
     parser.add_argument("--weights", type=_weights,
-                        help="fusion weight of each model, in --models order, e.g. 2,1 (default: equal)")
+                        help="fusion weight of each model, in --models order, e.g. 2,1 (default: equal), or "
+                             "auto: per request, from how well each model fits the prompt (PackLLM-sim)")
+    parser.add_argument("--weights-temperature", type=float, default=1.0,
+                        help="--weights auto: softmax temperature over the prompt losses (default 1)")
+    parser.add_argument("--profile", help="a profile from `safe-ensemble calibrate`: its weights, drafter and "
+                                          "drafter confidence fill those not given here")
     parser.add_argument("--draft-length", type=int, default=5)
     parser.add_argument("--fusion", choices=["unite", "gac"], default="unite")
     parser.add_argument("--sharpen", choices=["heur", "geom", "none"], default="heur")
@@ -72,6 +80,7 @@ def _engine(args: argparse.Namespace, method: str, backend: str | None = None) -
     backend = chosen if isinstance(chosen, str) else chosen[0]
     models = [with_backend(m, backend) for m in args.models]
     return EnsembleEngine(models, method=method, drafter=args.drafter, weights=args.weights,
+                          weights_temperature=args.weights_temperature, profile=args.profile,
                           draft_length=args.draft_length,
                           fusion=args.fusion, sharpen=None if args.sharpen == "none" else args.sharpen,
                           drafter_confidence=args.drafter_confidence, max_new_tokens=args.max_new_tokens,
@@ -133,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_command(sub, _add_engine_args)
     from .evaluation.cli import add_eval_parser  # `safe-ensemble eval`: shared_engine/evaluation/
     add_eval_parser(sub)
+    calibration.add_parser(sub)  # `safe-ensemble calibrate`: shared_engine/calibration.py
     return parser
 
 
@@ -144,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             from .server.command import serve
             return serve(args, _engine(args, args.method))
+        if args.command == "calibrate":
+            return calibration.run(args)
         if args.command == "eval":
             from .evaluation.cli import run_eval_command
             return run_eval_command(args)
