@@ -104,3 +104,15 @@ def test_auto_weights_with_a_single_member_or_bad_values() -> None:
         EnsembleEngine([toy_member("a"), toy_member("b")], weights="best")
     with pytest.raises(InvalidRequestError):
         EnsembleEngine([toy_member("a"), toy_member("b")], weights="auto", weights_temperature=0)
+
+
+def test_cli_weights_auto_reaches_the_engine_and_labels_the_run() -> None:
+    from shared_engine.cli import _engine, build_parser
+    from shared_engine.evaluation.compare import run_label
+
+    args = build_parser().parse_args(["run", "--models", "a,b", "--weights", "auto", "--weights-temperature",
+                                      "2", "hi"])
+    engine = _engine(args, "safe")  # members load on first request
+    assert (engine.options.weights, engine.options.weights_temperature) == ("auto", 2.0)
+    summary = {"method": "safe", "models": ["a", "b"], "engine_options": engine.options.model_dump()}
+    assert run_label(summary) == "safe (a+b) w=auto"
