@@ -42,7 +42,7 @@ from .evaluation import prompts
 from .evaluation.benchmarks import get_benchmark
 from .evaluation.datasets import Record
 from .fusion import MemberDist, make_fuser
-from .members import Member, load_member, with_backend
+from .members import Member, Session, load_member, with_backend
 from .members.topk import TopK, topk_rows
 from .profile import EnsembleProfile, FitInfo, member_key
 from .weighting import best_threshold, mixture_weights, segment_logprobs, token_nlls
@@ -120,20 +120,15 @@ class _Reading:
     tops: dict[int, TopK]  # at token starts that are shared boundaries: the stored top-K
 
 
-def teacher_forced(member: Member, messages: list[dict[str, str]], answer: bytes, keep_at: set[int] | None = None,
-                   top_k: int = STORED_TOP_K) -> _Reading:
+def teacher_forced(member: Member, session: Session, messages: list[dict[str, str]], answer: bytes,
+                   keep_at: set[int] | None = None, top_k: int = STORED_TOP_K) -> _Reading:
     """Blocking: ``member`` reads prompt + answer in one forward; the log-probability of each answer
-    token and, at the byte offsets in ``keep_at``, the top-K of its distribution there."""
+    token and, at the byte offsets in ``keep_at``, the top-K of its distribution there. One
+    ``session`` serves every question: the few-shot prefix they share stays in its KV cache."""
     text = TokenizedText(member.table)
     text.set_text(answer)
     prompt = member.prompt_ids(messages)
-    session = member.new_session()
-    try:
-        rows = session.sync(prompt + text.ids, len(prompt))  # rows predicting text.ids, then the next
-    finally:
-        close = getattr(session, "close", None)
-        if close is not None:
-            close()
+    rows = session.sync(prompt + text.ids, len(prompt))  # rows predicting text.ids, then the next
     logprobs = (-token_nlls(rows[:-1], text.ids)).tolist()
     tops = {}
     for offset in keep_at or ():
@@ -158,26 +153,39 @@ def collect(members: Sequence[Member], bench: str, records: Sequence[Record], be
             progress: bool = True) -> _Evidence:
     """Teacher-force every member on every record (a progress bar per question)."""
     evidence = _Evidence(nll=[0.0] * len(members))
-    for record in tqdm(records, desc=f"calibrate {bench}", unit="q", disable=not progress, file=sys.stderr):
-        messages = benchmark.messages(record)
-        answer = reference_answer(bench, record).encode("utf-8")
-        texts = []
-        for member in members:
-            text = TokenizedText(member.table)
-            text.set_text(answer)
-            texts.append(text)
-        common = shared_boundaries(answer, texts)
-        inner = set(common[:-1])
-        readings = [teacher_forced(m, messages, answer, inner) for m in members]
-        evidence.spans.append(segment_logprobs([r.text.ends for r in readings], [r.logprobs for r in readings],
-                                               common))
-        for i, reading in enumerate(readings):
-            evidence.nll[i] -= sum(reading.logprobs)
-        evidence.num_bytes += len(answer)
-        for offset in common[:-1]:
-            if all(offset in r.tops for r in readings):
-                evidence.positions.append((answer[offset:], {i: r.tops[offset] for i, r in enumerate(readings)}))
+    sessions = [m.new_session() for m in members]
+    try:
+        for record in tqdm(records, desc=f"calibrate {bench}", unit="q", disable=not progress, file=sys.stderr):
+            _read_one(members, sessions, bench, record, benchmark, evidence)
+    finally:
+        for session in sessions:
+            close = getattr(session, "close", None)
+            if close is not None:
+                close()
     return evidence
+
+
+def _read_one(members: Sequence[Member], sessions: Sequence[Session], bench: str, record: Record,
+              benchmark, evidence: _Evidence) -> None:  # noqa: ANN001 - a Benchmark
+    """Add one question's evidence: span log-probabilities, NLLs and fusable positions."""
+    messages = benchmark.messages(record)
+    answer = reference_answer(bench, record).encode("utf-8")
+    texts = []
+    for member in members:
+        text = TokenizedText(member.table)
+        text.set_text(answer)
+        texts.append(text)
+    common = shared_boundaries(answer, texts)
+    inner = set(common[:-1])
+    readings = [teacher_forced(m, s, messages, answer, inner) for m, s in zip(members, sessions)]
+    evidence.spans.append(segment_logprobs([r.text.ends for r in readings], [r.logprobs for r in readings],
+                                           common))
+    for i, reading in enumerate(readings):
+        evidence.nll[i] -= sum(reading.logprobs)
+    evidence.num_bytes += len(answer)
+    for offset in common[:-1]:
+        if all(offset in r.tops for r in readings):
+            evidence.positions.append((answer[offset:], {i: r.tops[offset] for i, r in enumerate(readings)}))
 
 
 def fit_profile(members: Sequence[Member], names: Sequence[str], evidence: _Evidence, bench: str, data: Path,

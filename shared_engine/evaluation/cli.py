@@ -50,10 +50,11 @@ def _short(model: str) -> str:
     return Path(model).name.split("-")[0]
 
 
-def _drafter(args: argparse.Namespace) -> str:
-    if args.drafter is None:
+def _drafter(args: argparse.Namespace, drafter: str | int | None) -> str:
+    """The drafter's name; ``drafter`` is the engine's resolved option (a profile may have set it)."""
+    if drafter is None:
         return args.models[0]
-    return args.models[int(args.drafter)] if args.drafter.isdigit() else args.drafter
+    return args.models[int(drafter)] if isinstance(drafter, int) or drafter.isdigit() else drafter
 
 
 def run_eval_command(args: argparse.Namespace) -> int:
@@ -72,7 +73,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     args.max_new_tokens = args.max_new_tokens or bench.max_new_tokens
     engine = _engine(args, method)
     options = engine.options.model_dump(exclude=set(GenerationParams.model_fields) | {"method"})  # any method's
-    models = [_drafter(args)] if method == "single" else args.models  # `single` runs the drafter alone
+    models = [_drafter(args, engine.options.drafter)] if method == "single" else args.models  # `single` runs the drafter alone
     config = RunConfig(bench=bench.name, models=models, method=method, max_new_tokens=args.max_new_tokens,
                        engine_options=options)
     out = Path(args.out or f"eval-runs/{bench.name}-{method}-{'+'.join(_short(m) for m in models)}")
