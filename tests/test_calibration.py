@@ -187,3 +187,18 @@ def test_adapters_accept_a_profile(tmp_path: Path) -> None:
         assert llm._engine.options.weights == [0.3, 0.7] and llm._engine.options.drafter == 1
         with pytest.raises(InvalidRequestError, match="fitted for members"):
             EnsembleLLM(models=["a", "a"], profile=str(path))
+
+
+def test_a_session_reused_across_questions_reads_like_a_fresh_one(train_file: Path) -> None:
+    from shared_engine.calibration import teacher_forced
+
+    member = toy_member("a", "byte_level", "llama", 1)
+    _, records, benchmark = calibration_records("gsm8k", str(train_file), 2)
+    shared = member.new_session()
+    for record in records:
+        answer = reference_answer("gsm8k", record).encode()
+        messages = benchmark.messages(record)
+        reused = teacher_forced(member, shared, messages, answer, {0})
+        fresh = teacher_forced(member, member.new_session(), messages, answer, {0})
+        assert reused.logprobs == pytest.approx(fresh.logprobs, abs=1e-4)
+        assert reused.tops[0].ids[:5] == fresh.tops[0].ids[:5]
