@@ -38,7 +38,15 @@ import torch
 
 from .members import Member, Session
 from .members.chat import Message
-from .weighting import TextFit, content_spans, fit_of, packllm_weights, reference_losses, token_nlls, tokens_inside
+from .weighting import (
+    TextFit,
+    content_spans,
+    fit_of,
+    packllm_weights,
+    reference_losses,
+    token_nlls,
+    tokens_inside,
+)
 
 PREFILL_CHUNK = 256
 """Prompt positions scored per forward pass (bounds the logits held at once)."""

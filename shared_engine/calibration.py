@@ -39,7 +39,7 @@ from .alignment import EOS_KEY, TokenizedText, shared_boundaries
 from .data_paths import find_data_dir
 from .errors import EnsembleError, InvalidRequestError
 from .evaluation import prompts
-from .evaluation.benchmarks import get_benchmark
+from .evaluation.benchmarks import Benchmark, get_benchmark
 from .evaluation.datasets import Record
 from .fusion import MemberDist, make_fuser
 from .members import Member, Session, load_member, with_backend
@@ -67,7 +67,7 @@ def reference_answer(bench: str, record: Record) -> str:
     return f"The answer is ({answer}) {text}."
 
 
-def calibration_records(bench: str, data: str | None, limit: int) -> tuple[Path, list[Record], list]:
+def calibration_records(bench: str, data: str | None, limit: int) -> tuple[Path, list[Record], Benchmark]:
     """The labelled records to fit on (exemplars and a test split refused), the data path and
     the benchmark whose prompts are used."""
     if bench not in CALIBRATION_SPLITS:
@@ -86,7 +86,7 @@ def calibration_records(bench: str, data: str | None, limit: int) -> tuple[Path,
                                   f"({CALIBRATION_SPLITS[bench]}), never on the questions evaluated")
     benchmark = get_benchmark(bench, data=str(path))
     records = benchmark.load(path).records
-    shots = {user for user, _ in _exemplars(bench, benchmark)}
+    shots = {user for user, _ in _exemplars(benchmark)}
     kept = [r for r in records if _prompt_question(bench, r) not in shots]
     if not kept:
         raise InvalidRequestError(f"{path} has no questions left after removing the prompt's exemplars")
@@ -100,7 +100,8 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def _exemplars(bench: str, benchmark) -> Sequence[tuple[str, str]]:  # noqa: ANN001 - a Benchmark
+def _exemplars(benchmark: Benchmark) -> Sequence[tuple[str, str]]:
+    """The (user, assistant) few-shot pairs the benchmark's prompt carries (the last user turn is the question)."""
     messages = benchmark.messages(Record(id="probe", question="?", answers=["A"]))
     users = [m["content"] for m in messages if m["role"] == "user"][:-1]
     assistants = [m["content"] for m in messages if m["role"] == "assistant"]
@@ -149,7 +150,7 @@ class _Evidence:
     positions: list[tuple[bytes, dict[int, TopK]]] = field(default_factory=list)  # (continuation, tops by member)
 
 
-def collect(members: Sequence[Member], bench: str, records: Sequence[Record], benchmark,  # noqa: ANN001
+def collect(members: Sequence[Member], bench: str, records: Sequence[Record], benchmark: Benchmark,
             progress: bool = True) -> _Evidence:
     """Teacher-force every member on every record (a progress bar per question)."""
     evidence = _Evidence(nll=[0.0] * len(members))
@@ -166,7 +167,7 @@ def collect(members: Sequence[Member], bench: str, records: Sequence[Record], be
 
 
 def _read_one(members: Sequence[Member], sessions: Sequence[Session], bench: str, record: Record,
-              benchmark, evidence: _Evidence) -> None:  # noqa: ANN001 - a Benchmark
+              benchmark: Benchmark, evidence: _Evidence) -> None:
     """Add one question's evidence: span log-probabilities, NLLs and fusable positions."""
     messages = benchmark.messages(record)
     answer = reference_answer(bench, record).encode("utf-8")

@@ -4,7 +4,7 @@ tokenizer it has; the prefill is not repeated; the weights are reported in the f
 from __future__ import annotations
 
 import copy
-from functools import lru_cache
+from functools import cache
 
 import pytest
 import torch
@@ -19,7 +19,7 @@ from tests.toy import TOKENIZERS, tiny_gpt2, tiny_llama, toy_member
 PROMPT = "Sofia counted 42 apples; Maria counted 17 books."
 
 
-@lru_cache(maxsize=None)
+@cache
 def fitted_member(name: str, tokenizer: str, steps: int = 30) -> HFMember:
     """A tiny model trained for a few steps on PROMPT as its own chat template renders it: a real
     model that fits this prompt far better than a random one."""

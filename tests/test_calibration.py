@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -40,7 +40,7 @@ def train_file(tmp_path: Path) -> Path:
     return path
 
 
-@lru_cache(maxsize=None)
+@cache
 def knowing_member(data: str) -> HFMember:
     """A tiny byte-level model trained on the calibration questions' prompts and reference answers:
     a real model that predicts those answers far better than a random one."""
