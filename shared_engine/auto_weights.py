@@ -23,8 +23,9 @@ backend:
 
 Which text is scored: the messages' contents as they appear in each member's rendered prompt
 (tokens wholly inside them), so chat-template markup, which differs per member, does not count.
-If a member's prompt shows none of the content (a template that rewrites it), the request falls
-back to the configured weights and says so in a warning.
+If a member's prompt shows none of the content (a template that rewrites it), or a member's server
+fails while scoring (the round then meets that failure and handles it as ``on_member_failure``
+says), the request falls back to the configured weights and says so in a warning.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import MemberError
 from .members import Member, Session
 from .members.chat import Message
 from .weighting import (
@@ -87,8 +89,13 @@ async def auto_weights(members: Sequence[Member], sessions: Sequence[Session], p
                        messages: Sequence[Message], temperature: float) -> AutoWeights:
     """PackLLM-sim weights for one request (see weighting.py), the drafter's tokens as reference."""
     contents = [str(m["content"]) for m in messages]
-    fits = await asyncio.gather(*(member.run(prompt_fit, member, session, ids, contents)
-                                  for member, session, ids in zip(members, sessions, prompt_ids)))
+    try:
+        fits = await asyncio.gather(*(member.run(prompt_fit, member, session, ids, contents)
+                                      for member, session, ids in zip(members, sessions, prompt_ids)))
+    except MemberError as err:  # the round meets the failure again and handles it (on_member_failure)
+        reason = f"weights='auto' fell back to the configured weights: {err}"
+        log.warning(reason)
+        return AutoWeights(None, [], reason)
     per_byte = [f.nll_per_byte for f in fits]
     try:
         losses = reference_losses(fits, reference=0)

@@ -116,3 +116,50 @@ def test_cli_weights_auto_reaches_the_engine_and_labels_the_run() -> None:
     assert (engine.options.weights, engine.options.weights_temperature) == ("auto", 2.0)
     summary = {"method": "safe", "models": ["a", "b"], "engine_options": engine.options.model_dump()}
     assert run_label(summary) == "safe (a+b) w=auto"
+
+
+class _BrokenSession:
+    """A session whose server is down: every sync fails the way a remote member's does."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.ids, self.num_forwards, self.last_sync = name, [], 0, (0, 0)
+
+    def sync(self, target: list[int], first_row: int) -> torch.Tensor:
+        from shared_engine.errors import MemberError
+
+        raise MemberError(self.name, "http://127.0.0.1:9", "connection refused")
+
+    def step(self, token: int) -> torch.Tensor:
+        return self.sync(self.ids + [token], len(self.ids) + 1)
+
+
+class _BrokenMember:
+    """A toy member whose sessions fail (the rest of the Member interface is the toy's)."""
+
+    def __init__(self, member: HFMember) -> None:
+        self._member = member
+        self.name, self.table, self.context_window = "broken", member.table, member.context_window
+        self.stop_strings, self.capabilities, self.eos_ids = member.stop_strings, member.capabilities, member.eos_ids
+
+    def prompt_ids(self, messages: list) -> list[int]:
+        return self._member.prompt_ids(messages)
+
+    def new_session(self) -> _BrokenSession:
+        return _BrokenSession(self.name)
+
+    async def run(self, fn, *args):  # noqa: ANN001, ANN202
+        return fn(*args)
+
+
+def test_a_member_failing_while_scoring_the_prompt_is_handled_by_the_round() -> None:
+    members = [toy_member("a", "byte_level", "llama", 1), _BrokenMember(toy_member("b", "metaspace", "gpt2", 2))]
+    engine = EnsembleEngine(members, weights="auto", on_member_failure="degrade")
+    result = engine.generate(PROMPT, max_new_tokens=3, keep_events=True)
+    finish = result.events[-1]
+    assert finish.type == "finish" and "broken" in finish.failed_members  # dropped by the round
+    assert result.stats.member_weights == {"a": 0.5, "broken": 0.5}  # the configured weights
+    assert result.stats.tokens == 3
+    from shared_engine.errors import MemberError
+
+    with pytest.raises(MemberError, match="connection refused"):
+        EnsembleEngine(members, weights="auto").generate(PROMPT, max_new_tokens=3)
