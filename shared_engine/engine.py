@@ -224,7 +224,8 @@ class EnsembleEngine:
         if self.options.weights == "auto" and len(state.members) > 1:
             fitted = await auto_weights(state.members, state.sessions, state.prompt_ids, messages,
                                         self.options.weights_temperature)
-            state.stats.prompt_nll_per_byte = {label: round(v, 5) for label, v in zip(state.labels, fitted.nll_per_byte)}
+            state.stats.prompt_nll_per_byte = {label: round(v, 5)
+                                               for label, v in zip(state.labels, fitted.nll_per_byte)}
             if fitted.weights is not None:
                 weights = fitted.weights
         state.stats.member_weights = {label: round(float(w), 5) for label, w in zip(state.labels, weights)}

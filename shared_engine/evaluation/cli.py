@@ -73,7 +73,8 @@ def run_eval_command(args: argparse.Namespace) -> int:
     args.max_new_tokens = args.max_new_tokens or bench.max_new_tokens
     engine = _engine(args, method)
     options = engine.options.model_dump(exclude=set(GenerationParams.model_fields) | {"method"})  # any method's
-    models = [_drafter(args, engine.options.drafter)] if method == "single" else args.models  # `single` runs the drafter alone
+    # `single` runs the drafter alone
+    models = [_drafter(args, engine.options.drafter)] if method == "single" else args.models
     config = RunConfig(bench=bench.name, models=models, method=method, max_new_tokens=args.max_new_tokens,
                        engine_options=options)
     out = Path(args.out or f"eval-runs/{bench.name}-{method}-{'+'.join(_short(m) for m in models)}")
