@@ -148,6 +148,9 @@ def mixture_weights(span_logprobs: torch.Tensor, max_iterations: int = 500, tol:
     if span_logprobs.ndim != 2 or span_logprobs.shape[0] == 0:
         raise ValueError("need a [spans, members] matrix with at least one span")
     spans = span_logprobs.to(torch.float64)
+    spans = spans[torch.isfinite(spans).any(dim=1)]  # a span no member can produce says nothing about weights
+    if spans.shape[0] == 0:
+        raise ValueError("no span has a finite log-probability under any member")
     members = spans.shape[1]
     weights = torch.full((members,), 1.0 / members, dtype=torch.float64)
     iterations = 0

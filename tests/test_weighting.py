@@ -89,6 +89,9 @@ def test_mixture_weights_reach_the_maximum_likelihood() -> None:
     assert fit.log_likelihood == pytest.approx(float(total.max()), abs=1e-6)
     with pytest.raises(ValueError):
         mixture_weights(torch.zeros(0, 2))
+    # A span only B can produce pulls weight to B; one neither can is ignored.
+    spans = torch.tensor([[-math.inf, math.log(0.5)], [-math.inf, -math.inf], [math.log(0.5), math.log(0.5)]])
+    assert mixture_weights(spans).weights == pytest.approx([0.0, 1.0], abs=1e-4)
 
 
 def test_best_threshold_keeps_the_drafter_only_where_that_is_right_more_often() -> None:
