@@ -81,7 +81,8 @@ def calibration_records(bench: str, data: str | None, limit: int) -> tuple[Path,
         path = Path(data).expanduser()
         if path.is_dir():
             path = path / Path(CALIBRATION_SPLITS[bench]).name
-    if path.stem.lower() == "test" or (root is not None and _same_file(path, get_benchmark(bench).path)):
+    named_test = re.search(r"(^|[_\-.])test($|[_\-.])", path.stem.lower()) is not None
+    if named_test or (root is not None and _same_file(path, get_benchmark(bench).path)):
         raise InvalidRequestError(f"{path} is a test split: calibrate on training/dev data "
                                   f"({CALIBRATION_SPLITS[bench]}), never on the questions evaluated")
     benchmark = get_benchmark(bench, data=str(path))

@@ -83,6 +83,10 @@ def test_the_prompts_exemplars_are_never_fitted_on_and_test_splits_are_refused(t
     test.write_text(train_file.read_text())
     with pytest.raises(InvalidRequestError, match="test split"):
         calibration_records("gsm8k", str(test), 10)
+    renamed = tmp_path / "gsm8k_test.jsonl"
+    renamed.write_text(train_file.read_text())
+    with pytest.raises(InvalidRequestError, match="test split"):
+        calibration_records("gsm8k", str(renamed), 10)
     with pytest.raises(InvalidRequestError, match="test split"):
         calibration_records("gsm8k", str(get_benchmark("gsm8k").path), 10)
     with pytest.raises(InvalidRequestError, match="calibrate supports"):
