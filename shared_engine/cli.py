@@ -14,7 +14,7 @@ import asyncio
 import sys
 from collections.abc import Callable
 
-from . import bench
+from . import bench, calibration
 from .engine_args import add_engine_args, default_method, engine_from_args
 from .errors import EnsembleError
 from .evaluation import cli as eval_command
@@ -69,6 +69,7 @@ def _run(args: argparse.Namespace) -> int:
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": _run, "bench": bench.run, "serve": serve_command.run, "eval": eval_command.run,
+    "calibrate": calibration.run,
 }
 
 
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(sub)
     serve_command.add_parser(sub)
     eval_command.add_parser(sub)
+    calibration.add_parser(sub)  # `safe-ensemble calibrate`: shared_engine/calibration.py
     return parser
 
 

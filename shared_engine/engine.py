@@ -34,6 +34,7 @@ import torch
 from pydantic import BaseModel
 from typing_extensions import TypeIs
 
+from .auto_weights import auto_weights
 from .decoding import AdaFuseSettings, FusionSettings, RequestState, adafuse_round, decode_round
 from .decoding.adafuse import DEFAULT_THRESHOLD
 from .errors import ContextLengthError, EngineClosedError, InvalidRequestError, MemberError
@@ -51,6 +52,7 @@ from .members import (
 from .members.chat import Message, normalize_messages
 from .options import EngineOptions, GenerationParams, validated
 from .policies import make_policy
+from .profile import apply_profile
 from .sampling import Sampler
 from .tools import OutputOptions, OutputPlan
 
@@ -81,10 +83,11 @@ class EnsembleEngine:
             raise InvalidRequestError("an ensemble needs at least one member")
         placement = {k: options.pop(k) for k in list(options) if k in MemberDefaults.model_fields}
         defaults = validated(MemberDefaults, **placement)
-        self.options = validated(EngineOptions, method=method, **options)
         self._specs: list[MemberConfig | Member] = [
             spec if _is_member(spec) else member_config(spec, defaults)
             for spec in members]
+        options = apply_profile(self._specs, options)  # a calibration profile fills what is not given
+        self.options = validated(EngineOptions, method=method, **options)
         for spec in self._specs:
             if isinstance(spec, MemberConfig):
                 spec.check_placement()
@@ -92,7 +95,7 @@ class EnsembleEngine:
         self._load_lock = threading.Lock()
         if self.options.method != "single" and len(self._specs) < 2:
             raise InvalidRequestError(f"method {method!r} needs at least two members (or use method='single')")
-        if self.options.weights is not None and len(self.options.weights) != len(self._specs):
+        if isinstance(self.options.weights, list) and len(self.options.weights) != len(self._specs):
             raise InvalidRequestError(f"{len(self.options.weights)} weights for {len(self._specs)} members")
         self._order = self._drafter_first(self.options.drafter)
         self.fuser = make_fuser(self.options.fusion, self.options.top_k)
@@ -147,7 +150,7 @@ class EnsembleEngine:
         return labels
 
     def _weights(self) -> torch.Tensor:
-        raw = self.options.weights or [1.0] * len(self._specs)
+        raw = self.options.weights if isinstance(self.options.weights, list) else [1.0] * len(self._specs)
         ordered = torch.tensor([raw[i] for i in self._order], dtype=torch.float32)
         if (ordered < 0).any() or ordered.sum() <= 0:
             raise InvalidRequestError("weights must be non-negative and not all zero")
@@ -258,9 +261,10 @@ class EnsembleEngine:
                              gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)))
         sampler = Sampler(gen.temperature, gen.top_p, gen.seed)
         weights = self._weights()
-        next_round = self._round_function(weights)
         self._live[id(state)] = state
         try:
+            weights = await self._request_weights(state, messages, weights)
+            next_round = self._round_function(weights)
             while not state.finish_reason:
                 if self._closed:
                     state.finish_reason = "cancelled"
@@ -289,6 +293,20 @@ class EnsembleEngine:
                 release = getattr(session, "close", None)
                 if release is not None:
                     release()
+
+    async def _request_weights(self, state: RequestState, messages: Sequence[Message],
+                               weights: torch.Tensor) -> torch.Tensor:
+        """This request's member weights (``weights="auto"``: from the prompt, auto_weights.py),
+        recorded in the finish stats."""
+        if self.options.weights == "auto" and len(state.members) > 1:
+            fitted = await auto_weights(state.members, state.sessions, state.prompt_ids, messages,
+                                        self.options.weights_temperature)
+            state.stats.prompt_nll_per_byte = {label: round(v, 5)
+                                               for label, v in zip(state.labels, fitted.nll_per_byte)}
+            if fitted.weights is not None:
+                weights = fitted.weights
+        state.stats.member_weights = {label: round(float(w), 5) for label, w in zip(state.labels, weights)}
+        return weights
 
     def _degradable(self, state: RequestState, err: MemberError) -> int | None:
         """With ``on_member_failure="degrade"``: the index of the failed member if the request can

@@ -13,12 +13,14 @@ from .engine import EnsembleEngine
 from .member_flags import add_member_args, member_configs
 
 
-def weights_arg(value: str) -> list[float]:
-    """``--weights 2,1``: one number per model."""
+def weights_arg(value: str) -> list[float] | str:
+    """``--weights 2,1``: one number per model; ``--weights auto``: per request (PackLLM-sim)."""
+    if value.strip() == "auto":
+        return "auto"
     try:
         return [float(w) for w in value.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError("comma-separated numbers, one per model, e.g. 2,1") from None
+        raise argparse.ArgumentTypeError("comma-separated numbers, one per model, e.g. 2,1, or auto") from None
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +28,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     add_member_args(parser)  # --models or --members FILE, --device, --dtype, ...
     parser.add_argument("--drafter", help="member that drafts (default: the first)")
     parser.add_argument("--weights", type=weights_arg,
-                        help="fusion weight of each model, in --models order, e.g. 2,1 (default: equal)")
+                        help="fusion weight of each model, in --models order, e.g. 2,1 (default: equal), or "
+                             "auto: per request, from how well each model fits the prompt (PackLLM-sim)")
+    parser.add_argument("--weights-temperature", type=float, default=1.0,
+                        help="--weights auto: softmax temperature over the prompt losses (default 1)")
+    parser.add_argument("--profile", help="a profile from `safe-ensemble calibrate`: its weights, drafter and "
+                                          "drafter confidence fill those not given here")
     parser.add_argument("--draft-length", type=int, default=5)
     parser.add_argument("--fusion", choices=["unite", "gac"], help="default: gac for gac-threshold, else unite")
     parser.add_argument("--sharpen", choices=["heur", "geom", "none"], help="default: heur for safe, else none")
@@ -60,6 +67,7 @@ def engine_from_args(args: argparse.Namespace, method: str, backend: str | None 
     if explicit.get("sharpen") == "none":  # each method's own default applies unless a flag is given
         explicit["sharpen"] = None
     return EnsembleEngine(member_configs(args, backend), method=method, drafter=args.drafter, weights=args.weights,
+                          weights_temperature=args.weights_temperature, profile=args.profile,
                           draft_length=args.draft_length, **explicit,
                           drafter_confidence=args.drafter_confidence, max_new_tokens=args.max_new_tokens,
                           uncertainty=args.uncertainty, threshold=args.threshold, max_words=args.max_words,

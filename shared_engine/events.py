@@ -145,6 +145,12 @@ class Stats(BaseModel):
     time_to_first_token_s: float | None = None
     elapsed_s: float = 0.0
     tokens_per_s: float = 0.0
+    member_weights: dict[str, float] = Field(
+        default_factory=dict, description="The fusion weight each member had in this request (weights='auto' "
+                                          "resolved), summing to 1.")
+    prompt_nll_per_byte: dict[str, float] = Field(
+        default_factory=dict, description="weights='auto': each member's NLL of the prompt's content, "
+                                          "nats per byte (lower = fits better).")
 
 
 FormatRetryEvent.model_rebuild()

@@ -60,7 +60,15 @@ class EngineOptions(GenerationParams):
     sharpen: Literal["heur", "geom"] | None = Field(
         "heur", description="Sharpening when fused max < 0.5 (default per method: heur for safe, "
                             "else None).")
-    weights: list[float] | None = Field(None, description="Member weights (default: uniform).")
+    weights: list[float] | Literal["auto"] | None = Field(
+        None, description="Member weights in member order (default: uniform), or 'auto': per request, "
+                          "from each member's fit of the prompt (PackLLM-sim, see auto_weights.py).")
+    weights_temperature: float = Field(
+        1.0, gt=0.0, allow_inf_nan=False,
+        description="weights='auto': softmax temperature over the members' prompt losses (PackLLM's 1).")
+    profile: str | None = Field(
+        None, description="A calibration profile (JSON from `safe-ensemble calibrate`): its weights, "
+                          "drafter and drafter_confidence fill the options not given here.")
     gate_threshold: float = Field(0.5, gt=0.0, le=1.0, description="gac-threshold: fuse when drafter max prob < this.")
     drafter_confidence: float | None = Field(
         None, gt=0.0, le=1.0,

@@ -49,10 +49,11 @@ def _short(model: str) -> str:
     return Path(model).name.split("-")[0]
 
 
-def _drafter(args: argparse.Namespace) -> str:
-    if args.drafter is None:
+def _drafter(args: argparse.Namespace, drafter: str | int | None) -> str:
+    """The drafter's name; ``drafter`` is the engine's resolved option (a profile may have set it)."""
+    if drafter is None:
         return args.models[0]
-    return args.models[int(args.drafter)] if args.drafter.isdigit() else args.drafter
+    return args.models[int(drafter)] if isinstance(drafter, int) or drafter.isdigit() else drafter
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     args.max_new_tokens = args.max_new_tokens or bench.max_new_tokens
     engine = engine_from_args(args, method)
     options = engine.options.model_dump(exclude=set(GenerationParams.model_fields) | {"method"})  # any method's
-    models = [_drafter(args)] if method == "single" else args.models  # `single` runs the drafter alone
+    # `single` runs the drafter alone
+    models = [_drafter(args, engine.options.drafter)] if method == "single" else args.models
     member_options = {c.model: c.model_dump(mode="json", exclude_none=True, exclude={"model"})
                       for c in member_configs(args, args.backend) if c.backend_options()}  # a bf16 run is another run
     config = RunConfig(bench=bench.name, models=models, method=method, max_new_tokens=args.max_new_tokens,

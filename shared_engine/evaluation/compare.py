@@ -20,7 +20,11 @@ def run_label(summary: dict[str, Any]) -> str:
     options = summary.get("engine_options", {})
     confidence, weights = options.get("drafter_confidence"), options.get("weights")
     return (f"{summary['method']} ({models})" + (f" dc={confidence}" if confidence else "")
-            + (f" w={','.join(f'{w:g}' for w in weights)}" if weights and summary["method"] != "single" else ""))
+            + (f" w={_weights_label(weights)}" if weights and summary["method"] != "single" else ""))
+
+
+def _weights_label(weights: list[float] | str) -> str:
+    return weights if isinstance(weights, str) else ",".join(f"{w:g}" for w in weights)  # "auto" or numbers
 
 
 def load_summaries(dirs: list[Path]) -> list[dict[str, Any]]:

@@ -1,0 +1,291 @@
+"""``safe-ensemble calibrate``: fit member weights, the drafter and ``drafter_confidence`` on a
+labelled training/dev split and save them as a profile (profile.py).
+
+Everything is teacher-forced (no generation, so it is cheap): each member reads the benchmark's
+own prompt (the evaluation's few-shot messages, through its own chat template) followed by the
+reference answer written the way the evaluation's exemplars are (GSM8K: the worked solution,
+``The answer is N.``; ARC: ``The answer is (X) <option>.``), in ONE forward pass per member and
+question. From the log-probabilities of the answer's tokens:
+
+- **weights**: the mixture weights that maximise the likelihood of the reference answers, span by
+  span between the byte offsets where every member has a token boundary (where SAFE fuses), under
+  the weighted mean of the members' probabilities (what fusion computes); EM, weighting.py.
+- **drafter**: the member with the lowest NLL per byte of the reference answers.
+- **drafter_confidence**: at every fusable position (a shared boundary) the engine's fusion
+  (UniTE, fusion.py) is run on the members' distributions with the fitted weights; a choice is
+  right when the reference continues with it. The threshold (or None: always fuse, the paper's
+  rule) that makes the most choices right is kept (``weighting.best_threshold``). Distributions
+  are stored as their top ``STORED_TOP_K`` (the rest spread evenly, as for top-K server members)
+  to keep memory flat; sharpening and the consensus skip are left out (they rarely change an
+  argmax), so this is an estimate of the round's choice, stated as such in the profile.
+
+Questions used as few-shot exemplars in the evaluation's prompt are skipped, and a test split is
+refused: a profile must never be fitted on the questions it is evaluated on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .alignment import EOS_KEY, TokenizedText, shared_boundaries
+from .data_paths import find_data_dir
+from .errors import EnsembleError, InvalidRequestError
+from .evaluation import prompts
+from .evaluation.benchmarks import Benchmark, get_benchmark
+from .evaluation.datasets import Record
+from .fusion import MemberDist, make_fuser
+from .members import Member, Session, load_member, with_backend
+from .members.topk import TopK, topk_rows
+from .profile import EnsembleProfile, FitInfo, member_key
+from .weighting import best_threshold, mixture_weights, segment_logprobs, token_nlls
+
+CALIBRATION_SPLITS = {"gsm8k": "gsm8k/train.jsonl", "arc-challenge": "arc_challenge/dev.jsonl"}
+"""The labelled non-test split of each benchmark calibrate supports, under the data folder."""
+
+THRESHOLD_GRID = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+STORED_TOP_K = 64
+DEFAULT_QUESTIONS = 50
+
+
+def reference_answer(bench: str, record: Record) -> str:
+    """The answer as the evaluation's exemplars write it (what a member is prompted to produce)."""
+    if bench == "gsm8k":
+        if not record.solution or "####" not in record.solution:
+            raise InvalidRequestError(f"GSM8K record {record.id} has no worked solution")
+        body, final = record.solution.rsplit("####", 1)
+        return f"{re.sub(r'<<[^>]*>>', '', body).strip()}\nThe answer is {final.strip()}."
+    answer = record.answers[0]
+    text = next(c.text for c in record.choices if c.label == answer)
+    return f"The answer is ({answer}) {text}."
+
+
+def calibration_records(bench: str, data: str | None, limit: int) -> tuple[Path, list[Record], Benchmark]:
+    """The labelled records to fit on (exemplars and a test split refused), the data path and
+    the benchmark whose prompts are used."""
+    if bench not in CALIBRATION_SPLITS:
+        raise InvalidRequestError(f"calibrate supports {sorted(CALIBRATION_SPLITS)}, not {bench!r}")
+    root = find_data_dir()
+    if data is None:
+        if root is None:
+            raise InvalidRequestError("no data folder found: give --data (a GSM8K train / ARC dev file)")
+        path = root / CALIBRATION_SPLITS[bench]
+    else:
+        path = Path(data).expanduser()
+        if path.is_dir():
+            path = path / Path(CALIBRATION_SPLITS[bench]).name
+    named_test = re.search(r"(^|[_\-.])test($|[_\-.])", path.stem.lower()) is not None
+    if named_test or (root is not None and _same_file(path, get_benchmark(bench).path)):
+        raise InvalidRequestError(f"{path} is a test split: calibrate on training/dev data "
+                                  f"({CALIBRATION_SPLITS[bench]}), never on the questions evaluated")
+    benchmark = get_benchmark(bench, data=str(path))
+    records = benchmark.load(path).records
+    shots = {user for user, _ in _exemplars(benchmark)}
+    kept = [r for r in records if _prompt_question(bench, r) not in shots]
+    if not kept:
+        raise InvalidRequestError(f"{path} has no questions left after removing the prompt's exemplars")
+    return path, kept[:limit], benchmark
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def _exemplars(benchmark: Benchmark) -> Sequence[tuple[str, str]]:
+    """The (user, assistant) few-shot pairs the benchmark's prompt carries (the last user turn is the question)."""
+    messages = benchmark.messages(Record(id="probe", question="?", answers=["A"]))
+    users = [m["content"] for m in messages if m["role"] == "user"][:-1]
+    assistants = [m["content"] for m in messages if m["role"] == "assistant"]
+    return list(zip(users, assistants))
+
+
+def _prompt_question(bench: str, record: Record) -> str:
+    return record.question if bench == "gsm8k" else prompts.format_choices(record)
+
+
+@dataclass
+class _Reading:
+    """One member's teacher-forced reading of one reference answer."""
+
+    text: TokenizedText
+    logprobs: list[float]
+    tops: dict[int, TopK]  # at token starts that are shared boundaries: the stored top-K
+
+
+def teacher_forced(member: Member, session: Session, messages: list[dict[str, str]], answer: bytes,
+                   keep_at: set[int] | None = None, top_k: int = STORED_TOP_K) -> _Reading:
+    """Blocking: ``member`` reads prompt + answer in one forward; the log-probability of each answer
+    token and, at the byte offsets in ``keep_at``, the top-K of its distribution there. One
+    ``session`` serves every question: the few-shot prefix they share stays in its KV cache."""
+    text = TokenizedText(member.table)
+    text.set_text(answer)
+    prompt = member.prompt_ids(messages)
+    rows = session.sync(prompt + text.ids, len(prompt))  # rows predicting text.ids, then the next
+    logprobs = (-token_nlls(rows[:-1], text.ids)).tolist()
+    tops = {}
+    for offset in keep_at or ():
+        index = text.index_at(offset)
+        if index is None or index >= len(text.ids):
+            continue
+        logp = torch.log_softmax(rows[index].float(), dim=-1)
+        values, ids = torch.topk(logp, min(top_k, logp.shape[0]))
+        tops[offset] = TopK(ids.tolist(), values.tolist())
+    return _Reading(text, logprobs, tops)
+
+
+@dataclass
+class _Evidence:
+    spans: list[torch.Tensor] = field(default_factory=list)
+    nll: list[float] = field(default_factory=list)
+    num_bytes: int = 0
+    positions: list[tuple[bytes, dict[int, TopK]]] = field(default_factory=list)  # (continuation, tops by member)
+
+
+def collect(members: Sequence[Member], bench: str, records: Sequence[Record], benchmark: Benchmark,
+            progress: bool = True) -> _Evidence:
+    """Teacher-force every member on every record (a progress bar per question)."""
+    evidence = _Evidence(nll=[0.0] * len(members))
+    sessions = [m.new_session() for m in members]
+    try:
+        for record in tqdm(records, desc=f"calibrate {bench}", unit="q", disable=not progress, file=sys.stderr):
+            _read_one(members, sessions, bench, record, benchmark, evidence)
+    finally:
+        for session in sessions:
+            close = getattr(session, "close", None)
+            if close is not None:
+                close()
+    return evidence
+
+
+def _read_one(members: Sequence[Member], sessions: Sequence[Session], bench: str, record: Record,
+              benchmark: Benchmark, evidence: _Evidence) -> None:
+    """Add one question's evidence: span log-probabilities, NLLs and fusable positions."""
+    messages = benchmark.messages(record)
+    answer = reference_answer(bench, record).encode("utf-8")
+    texts = []
+    for member in members:
+        text = TokenizedText(member.table)
+        text.set_text(answer)
+        texts.append(text)
+    common = shared_boundaries(answer, texts)
+    inner = set(common[:-1])
+    readings = [teacher_forced(m, s, messages, answer, inner) for m, s in zip(members, sessions)]
+    evidence.spans.append(segment_logprobs([r.text.ends for r in readings], [r.logprobs for r in readings],
+                                           common))
+    for i, reading in enumerate(readings):
+        evidence.nll[i] -= sum(reading.logprobs)
+    evidence.num_bytes += len(answer)
+    for offset in common[:-1]:
+        if all(offset in r.tops for r in readings):
+            evidence.positions.append((answer[offset:], {i: r.tops[offset] for i, r in enumerate(readings)}))
+
+
+def fit_profile(members: Sequence[Member], names: Sequence[str], evidence: _Evidence, bench: str, data: Path,
+                questions: int, grid: Sequence[float] = THRESHOLD_GRID) -> EnsembleProfile:
+    """Weights (EM), drafter (lowest NLL/byte) and drafter_confidence (most right choices) from the evidence."""
+    spans = torch.cat(evidence.spans)
+    mixture = mixture_weights(spans)
+    per_byte = [n / evidence.num_bytes for n in evidence.nll]
+    drafter = min(range(len(members)), key=lambda i: per_byte[i])
+    order = [drafter] + [i for i in range(len(members)) if i != drafter]
+    weights = torch.tensor([mixture.weights[i] for i in order], dtype=torch.float32)
+    fuse = make_fuser("unite", 10)
+    top_probs, drafter_right, fused_right = [], [], []
+    for continuation, tops in evidence.positions:
+        dists = [MemberDist(names[i], members[i].table, topk_rows([tops[i]], members[i].table.vocab_size)[0],
+                            STORED_TOP_K) for i in order]
+        fused = fuse(dists, weights)
+        key = fused.keys[int(torch.argmax(fused.fused))]
+        top = tops[drafter]
+        best = max(range(len(top.ids)), key=lambda j: top.logprobs[j])
+        piece = members[drafter].table.pieces[top.ids[best]]
+        top_probs.append(float(torch.tensor(top.logprobs[best]).exp()))
+        drafter_right.append(bool(piece) and continuation.startswith(piece))
+        fused_right.append(key != EOS_KEY and bool(key) and continuation.startswith(key))
+    confidence, accuracy = (best_threshold(top_probs, drafter_right, fused_right, grid) if top_probs
+                            else (None, {}))
+    method = ("weights: maximum-likelihood mixture of the members' probabilities of the reference "
+              "answers, spans between shared token boundaries (EM); drafter: lowest NLL per byte; "
+              "drafter_confidence: most right choices at fusable positions between keeping the "
+              f"drafter's top token (prob >= c) and UniTE fusion with the fitted weights (top-{STORED_TOP_K} "
+              "distributions, no sharpening or consensus skip); grid " + ", ".join(f"{c:g}" for c in grid))
+    return EnsembleProfile(
+        members=list(names), weights=[round(w, 6) for w in mixture.weights], drafter=names[drafter],
+        drafter_confidence=confidence,
+        fitted=FitInfo(bench=bench, data=str(data), questions=questions, spans=int(spans.shape[0]),
+                       positions=len(top_probs), method=method,
+                       nll_per_byte={n: round(v, 5) for n, v in zip(names, per_byte)},
+                       log_likelihood=round(mixture.log_likelihood, 3),
+                       threshold_accuracy={k: round(v, 4) for k, v in accuracy.items()}))
+
+
+def calibrate(models: Sequence[str | Member], bench: str = "gsm8k", data: str | None = None,
+              limit: int = DEFAULT_QUESTIONS, backend: str | None = None, progress: bool = True) -> EnsembleProfile:
+    """Fit a profile for ``models`` on ``bench``'s training/dev split (the Python entry point)."""
+    if len(models) < 2:
+        raise InvalidRequestError("calibrate needs at least two members")
+    if limit < 1:
+        raise InvalidRequestError("calibrate needs at least one question")
+    path, records, benchmark = calibration_records(bench, data, limit)
+    members = [load_member(with_backend(m, backend)) if isinstance(m, str) else m for m in models]
+    names = [member_key(m) for m in models]
+    if len(set(names)) != len(names):
+        raise InvalidRequestError(f"calibrate needs distinct members, got {names}")
+    evidence = collect(members, bench, records, benchmark, progress)
+    return fit_profile(members, names, evidence, bench, path, len(records))
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _models(value: str) -> list[str]:
+    models = [m.strip() for m in value.split(",") if m.strip()]
+    if len(models) < 2:
+        raise argparse.ArgumentTypeError("give at least two comma-separated models")
+    return models
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``safe-ensemble calibrate``."""
+    from .members import LOCAL_BACKENDS
+
+    parser = subparsers.add_parser(
+        "calibrate", help="fit member weights, drafter and drafter_confidence on a train/dev split",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bench", choices=sorted(CALIBRATION_SPLITS), default="gsm8k")
+    parser.add_argument("--models", type=_models, required=True,
+                        help="comma-separated members, as for `run` (zoo names, folders, .gguf, specs)")
+    parser.add_argument("--backend", choices=LOCAL_BACKENDS, default="transformers",
+                        help="how zoo names without a backend prefix run")
+    parser.add_argument("--data", help="the labelled split (default: the data folder's "
+                                       "gsm8k/train.jsonl or arc_challenge/dev.jsonl); never a test split")
+    parser.add_argument("--limit", type=int, default=DEFAULT_QUESTIONS, help="questions to fit on")
+    parser.add_argument("--out", required=True, help="where to write the profile JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fit, save, print a summary; 2 on a clear error (the CLI's convention)."""
+    try:
+        profile = calibrate(args.models, args.bench, args.data, args.limit, args.backend, not args.no_progress)
+    except EnsembleError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    profile.save(args.out)
+    weights = ", ".join(f"{m}={w:.3f}" for m, w in zip(profile.members, profile.weights))
+    print(f"{args.out}: weights {weights}; drafter {profile.drafter}; drafter_confidence "
+          f"{profile.drafter_confidence}; fitted on {profile.fitted.questions} {args.bench} questions "
+          f"({profile.fitted.data})")
+    return 0

@@ -1,0 +1,122 @@
+"""Calibration profiles: member weights, drafter and ``drafter_confidence`` fitted on labelled
+development data (``safe-ensemble calibrate``, calibration.py), saved as JSON and accepted by
+every surface as ``profile=`` / ``--profile``.
+
+A profile's values are defaults: an option given explicitly (not None) wins. A profile names its
+members; an engine whose members are not the same models (in any order) refuses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import InvalidRequestError
+from .members import Member, MemberConfig, parse_member_spec
+
+
+class FitInfo(BaseModel):
+    """How a profile was fitted, so a reader can judge it."""
+
+    bench: str
+    data: str = Field(description="The labelled file fitted on (a train/dev split, never a test split).")
+    questions: int = Field(description="Questions used.")
+    spans: int = Field(0, description="Spans between shared token boundaries the weights were fitted on.")
+    positions: int = Field(0, description="Fusable drafter positions drafter_confidence was chosen on.")
+    method: str = Field(description="How weights, drafter and drafter_confidence were chosen.")
+    nll_per_byte: dict[str, float] = Field(default_factory=dict,
+                                           description="Each member's NLL of the reference answers, nats/byte.")
+    log_likelihood: float | None = Field(None, description="Of the spans under the fitted mixture, nats.")
+    threshold_accuracy: dict[str, float] = Field(
+        default_factory=dict, description="Right choices at fusable positions for each drafter_confidence "
+                                          "tried ('none' = always fuse).")
+
+
+class EnsembleProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = 1
+    members: list[str] = Field(min_length=1, description="Member names (zoo names, model folders, GGUF stems).")
+    weights: list[float] = Field(description="Fusion weight of each member, in ``members`` order; sums to 1.")
+    drafter: str = Field(description="The member that drafts.")
+    drafter_confidence: float | None = Field(None, gt=0.0, le=1.0)
+    fitted: FitInfo
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EnsembleProfile:
+        if len(self.weights) != len(self.members):
+            raise ValueError(f"{len(self.weights)} weights for {len(self.members)} members")
+        if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
+            raise ValueError("weights must be non-negative and not all zero")
+        if self.drafter not in self.members:
+            raise ValueError(f"drafter {self.drafter!r} is not one of the members {self.members}")
+        return self
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> EnsembleProfile:
+        try:
+            text = Path(path).expanduser().read_text(encoding="utf-8")
+        except OSError as err:
+            raise InvalidRequestError(f"cannot read profile {path}: {err.strerror or err}") from None
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as err:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in err.errors())
+            raise InvalidRequestError(f"{path} is not a valid profile: {problems}") from None
+
+
+def member_key(spec: str | MemberConfig | Member) -> str:
+    """The model a member spec names, independent of backend: ``llamacpp:qwen2.5-coder-0.5b-instruct``
+    and ``qwen2.5-coder-0.5b-instruct`` are the same model; a path counts by its last part (a
+    .gguf without its suffix); a Member by its name."""
+    if isinstance(spec, MemberConfig):
+        spec = spec.model
+    if not isinstance(spec, str):
+        return spec.name
+    parsed = parse_member_spec(spec)
+    if parsed.is_url:
+        return parsed.tokenizer or parsed.target
+    name = Path(parsed.target.rstrip("/")).name if "/" in parsed.target else parsed.target
+    return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
+
+
+def apply_profile(specs: Sequence[str | MemberConfig | Member], options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with the profile named by ``options["profile"]`` filling weights, drafter and
+    drafter_confidence where they are absent or None. Raises if the members do not match."""
+    merged = dict(options)
+    path = merged.get("profile")
+    if path is None:
+        return merged
+    if not isinstance(path, (str, Path)):
+        raise InvalidRequestError(f"profile must be a path to a profile JSON, got {type(path).__name__}")
+    merged["profile"] = str(path)
+    profile = EnsembleProfile.load(path)
+    keys = [member_key(s) for s in specs]
+    if sorted(keys) != sorted(profile.members):
+        raise InvalidRequestError(f"profile {path} was fitted for members {profile.members}, "
+                                  f"but this ensemble has {keys}; calibrate again for these members")
+    order = _match(keys, profile.members)
+    if merged.get("weights") is None:
+        merged["weights"] = [profile.weights[j] for j in order]
+    if merged.get("drafter") is None:
+        merged["drafter"] = keys.index(profile.drafter)
+    if merged.get("drafter_confidence") is None:
+        merged["drafter_confidence"] = profile.drafter_confidence
+    return merged
+
+
+def _match(keys: Sequence[str], names: Sequence[str]) -> list[int]:
+    """For each engine member, the index of the profile member it is (a repeated name pairs in order)."""
+    used: set[int] = set()
+    order = []
+    for key in keys:
+        j = next(j for j, name in enumerate(names) if name == key and j not in used)
+        used.add(j)
+        order.append(j)
+    return order

@@ -1,0 +1,166 @@
+"""weights="auto" on toy models: the member that fits the prompt gets the larger weight, whichever
+tokenizer it has; the prefill is not repeated; the weights are reported in the finish stats."""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+
+import pytest
+import torch
+
+from shared_engine import EnsembleEngine
+from shared_engine.auto_weights import prefill_nlls
+from shared_engine.members import HFMember
+from shared_engine.members.chat import normalize_messages
+from shared_engine.weighting import content_spans, packllm_weights, tokens_inside
+from tests.toy import TOKENIZERS, tiny_gpt2, tiny_llama, toy_member
+
+PROMPT = "Sofia counted 42 apples; Maria counted 17 books."
+
+
+@cache
+def fitted_member(name: str, tokenizer: str, steps: int = 30) -> HFMember:
+    """A tiny model trained for a few steps on PROMPT as its own chat template renders it: a real
+    model that fits this prompt far better than a random one."""
+    tok = TOKENIZERS[tokenizer]()
+    base = tiny_llama(tok, 11) if tokenizer == "byte_level" else tiny_gpt2(tok, 11)
+    model = copy.deepcopy(base).train()
+    member = HFMember(name, model, tok)
+    ids = torch.tensor([member.prompt_ids(normalize_messages(PROMPT))])
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+    torch.manual_seed(0)
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    return HFMember(name, model, tok)
+
+
+@pytest.mark.parametrize("fits", ["byte_level", "metaspace"])
+def test_the_member_that_fits_the_prompt_weighs_more(fits: str) -> None:
+    other = "metaspace" if fits == "byte_level" else "byte_level"
+    good = fitted_member("fits", fits)
+    plain = toy_member("random", other, "llama" if other == "byte_level" else "gpt2", seed=2)
+    for members in ([good, plain], [plain, good]):  # drafter first, then verifier first
+        engine = EnsembleEngine(members, weights="auto")
+        result = engine.generate(PROMPT, max_new_tokens=4)
+        weights, nll = result.stats.member_weights, result.stats.prompt_nll_per_byte
+        assert set(weights) == {"fits", "random"} and sum(weights.values()) == pytest.approx(1.0, abs=1e-4)
+        assert nll["fits"] < nll["random"]
+        assert weights["fits"] > 0.9
+
+
+def test_auto_weights_match_packllm_on_the_measured_losses() -> None:
+    members = [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
+    engine = EnsembleEngine(members, weights="auto", weights_temperature=20.0)
+    stats = engine.generate(PROMPT, max_new_tokens=2).stats
+    per_byte = [stats.prompt_nll_per_byte["a"], stats.prompt_nll_per_byte["b"]]
+    # The reference unit: bytes per drafter token over the drafter's tokens inside the content.
+    drafter = members[0]
+    ids = drafter.prompt_ids(normalize_messages(PROMPT))
+    lengths = [len(drafter.table.pieces[t]) for t in ids]
+    scored = tokens_inside(lengths, content_spans(drafter.table.to_bytes(ids), [PROMPT]))
+    bytes_per_token = sum(lengths[i] for i in scored) / len(scored)
+    expected = packllm_weights([v * bytes_per_token for v in per_byte], temperature=20.0)
+    assert [stats.member_weights["a"], stats.member_weights["b"]] == pytest.approx(expected, abs=1e-4)
+    assert 0.55 < expected[0] < 0.9  # a real contest, not a rounding artefact
+
+
+def test_auto_weights_repeat_no_prefill_and_change_only_weights() -> None:
+    members = [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
+    fixed = EnsembleEngine(members).generate(PROMPT, max_new_tokens=6)
+    assert fixed.stats.member_weights == {"a": 0.5, "b": 0.5}
+    assert fixed.stats.prompt_nll_per_byte == {}
+    auto = EnsembleEngine(members, weights="auto", weights_temperature=20.0).generate(PROMPT, max_new_tokens=6)
+    given = [auto.stats.member_weights["a"], auto.stats.member_weights["b"]]
+    same = EnsembleEngine(members, weights=given).generate(PROMPT, max_new_tokens=6)
+    assert same.text == auto.text
+    # The scored prefill IS the prefill: the drafter runs no extra forward; a verifier reads its
+    # prompt in a forward of its own instead of together with the first draft block (same tokens).
+    assert auto.stats.forward_passes["a"] == same.stats.forward_passes["a"]
+    assert auto.stats.forward_passes["b"] == same.stats.forward_passes["b"] + 1
+
+
+def test_chunked_prefill_gives_the_same_nlls_as_one_forward() -> None:
+    member = toy_member("a", "byte_level", "llama", 1)
+    ids = member.prompt_ids(normalize_messages(PROMPT * 3))
+    whole = prefill_nlls(member.new_session(), ids, chunk=len(ids))
+    chunked_session = member.new_session()
+    chunked = prefill_nlls(chunked_session, ids, chunk=7)
+    assert chunked.shape == (len(ids) - 1,)
+    assert torch.allclose(whole, chunked, atol=1e-4)
+    assert chunked_session.ids == ids  # the session holds the prompt for the first round
+
+
+def test_auto_weights_with_a_single_member_or_bad_values() -> None:
+    from shared_engine.errors import InvalidRequestError
+
+    engine = EnsembleEngine([toy_member("a")], method="single", weights="auto")
+    assert engine.generate(PROMPT, max_new_tokens=2).stats.member_weights == {"a": 1.0}
+    with pytest.raises(InvalidRequestError):
+        EnsembleEngine([toy_member("a"), toy_member("b")], weights="best")
+    with pytest.raises(InvalidRequestError):
+        EnsembleEngine([toy_member("a"), toy_member("b")], weights="auto", weights_temperature=0)
+
+
+def test_cli_weights_auto_reaches_the_engine_and_labels_the_run() -> None:
+    from shared_engine.cli import build_parser
+    from shared_engine.engine_args import engine_from_args
+    from shared_engine.evaluation.compare import run_label
+
+    args = build_parser().parse_args(["run", "--models", "a,b", "--weights", "auto", "--weights-temperature",
+                                      "2", "hi"])
+    engine = engine_from_args(args, "safe")  # members load on first request
+    assert (engine.options.weights, engine.options.weights_temperature) == ("auto", 2.0)
+    summary = {"method": "safe", "models": ["a", "b"], "engine_options": engine.options.model_dump()}
+    assert run_label(summary) == "safe (a+b) w=auto"
+
+
+class _BrokenSession:
+    """A session whose server is down: every sync fails the way a remote member's does."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.ids, self.num_forwards, self.last_sync = name, [], 0, (0, 0)
+
+    def sync(self, target: list[int], first_row: int) -> torch.Tensor:
+        from shared_engine.errors import MemberError
+
+        raise MemberError(self.name, "http://127.0.0.1:9", "connection refused")
+
+    def step(self, token: int) -> torch.Tensor:
+        return self.sync(self.ids + [token], len(self.ids) + 1)
+
+
+class _BrokenMember:
+    """A toy member whose sessions fail (the rest of the Member interface is the toy's)."""
+
+    def __init__(self, member: HFMember) -> None:
+        self._member = member
+        self.name, self.table, self.context_window = "broken", member.table, member.context_window
+        self.stop_strings, self.capabilities, self.eos_ids = member.stop_strings, member.capabilities, member.eos_ids
+
+    def prompt_ids(self, messages: list) -> list[int]:
+        return self._member.prompt_ids(messages)
+
+    def new_session(self) -> _BrokenSession:
+        return _BrokenSession(self.name)
+
+    async def run(self, fn, *args):  # noqa: ANN001, ANN202
+        return fn(*args)
+
+
+def test_a_member_failing_while_scoring_the_prompt_is_handled_by_the_round() -> None:
+    members = [toy_member("a", "byte_level", "llama", 1), _BrokenMember(toy_member("b", "metaspace", "gpt2", 2))]
+    engine = EnsembleEngine(members, weights="auto", on_member_failure="degrade")
+    result = engine.generate(PROMPT, max_new_tokens=3, keep_events=True)
+    finish = result.events[-1]
+    assert finish.type == "finish" and "broken" in finish.failed_members  # dropped by the round
+    assert result.stats.member_weights == {"a": 0.5, "broken": 0.5}  # the configured weights
+    assert result.stats.tokens == 3
+    from shared_engine.errors import MemberError
+
+    with pytest.raises(MemberError, match="connection refused"):
+        EnsembleEngine(members, weights="auto").generate(PROMPT, max_new_tokens=3)

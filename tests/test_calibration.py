@@ -1,0 +1,208 @@
+"""``safe-ensemble calibrate`` and profiles on toy models and a tiny labelled GSM8K-format file:
+the member that knows the answers gets the weight and drafts, profiles round-trip and are
+validated, test splits are refused, and every surface accepts ``profile=``."""
+
+from __future__ import annotations
+
+import copy
+import json
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+
+from shared_engine import EnsembleEngine
+from shared_engine.calibration import calibrate, calibration_records, reference_answer
+from shared_engine.cli import main
+from shared_engine.errors import InvalidRequestError
+from shared_engine.evaluation.benchmarks import get_benchmark
+from shared_engine.members import HFMember
+from shared_engine.profile import EnsembleProfile, FitInfo, apply_profile, member_key
+from tests.toy import TOKENIZERS, registered_members, tiny_llama, toy_member
+
+SHOTS = 4  # the evaluation's GSM8K prompt takes the first 4 train rows as exemplars
+
+
+def _rows(n: int) -> list[dict[str, str]]:
+    rows = []
+    for i in range(n):
+        a, b = 3 + i, 11 + 2 * i
+        rows.append({"question": f"Sofia has {a} apples and buys {b} more. How many apples does she have?",
+                     "answer": f"She has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} apples.\n#### {a + b}"})
+    return rows
+
+
+@pytest.fixture
+def train_file(tmp_path: Path) -> Path:
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _rows(SHOTS + 4)))
+    return path
+
+
+@cache
+def knowing_member(data: str) -> HFMember:
+    """A tiny byte-level model trained on the calibration questions' prompts and reference answers:
+    a real model that predicts those answers far better than a random one."""
+    tok = TOKENIZERS["byte_level"]()
+    model = copy.deepcopy(tiny_llama(tok, 21)).train()
+    member = HFMember("knows", model, tok)
+    _, records, benchmark = calibration_records("gsm8k", data, 10)
+    sequences = []
+    for record in records:
+        prompt = member.prompt_ids(benchmark.messages(record))
+        answer = tok(reference_answer("gsm8k", record), add_special_tokens=False)["input_ids"]
+        sequences.append((prompt, answer))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.03)
+    torch.manual_seed(0)
+    for _ in range(8):
+        for prompt, answer in sequences:
+            ids = torch.tensor([prompt + answer])
+            labels = torch.tensor([[-100] * len(prompt) + answer])
+            loss = model(input_ids=ids, labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    model.eval()
+    return HFMember("knows", model, tok)
+
+
+def test_reference_answer_is_written_like_the_evaluation_exemplars(train_file: Path) -> None:
+    _, records, benchmark = calibration_records("gsm8k", str(train_file), 10)
+    assert reference_answer("gsm8k", records[0]) == "She has 7 + 19 = 26 apples.\nThe answer is 26."
+    shot_answers = [m["content"] for m in benchmark.messages(records[0]) if m["role"] == "assistant"]
+    assert shot_answers[0] == "She has 3 + 11 = 14 apples.\nThe answer is 14."  # the same format
+
+
+def test_the_prompts_exemplars_are_never_fitted_on_and_test_splits_are_refused(train_file: Path,
+                                                                               tmp_path: Path) -> None:
+    path, records, _ = calibration_records("gsm8k", str(train_file), 100)
+    assert path == train_file and len(records) == 4
+    assert [r.question for r in records] == [r["question"] for r in _rows(SHOTS + 4)[SHOTS:]]
+    test = tmp_path / "test.jsonl"
+    test.write_text(train_file.read_text())
+    with pytest.raises(InvalidRequestError, match="test split"):
+        calibration_records("gsm8k", str(test), 10)
+    renamed = tmp_path / "gsm8k_test.jsonl"
+    renamed.write_text(train_file.read_text())
+    with pytest.raises(InvalidRequestError, match="test split"):
+        calibration_records("gsm8k", str(renamed), 10)
+    with pytest.raises(InvalidRequestError, match="test split"):
+        calibration_records("gsm8k", str(get_benchmark("gsm8k").path), 10)
+    with pytest.raises(InvalidRequestError, match="calibrate supports"):
+        calibration_records("flores", str(train_file), 10)
+
+
+def test_calibrate_weights_and_drafter_favour_the_member_that_knows_the_answers(train_file: Path) -> None:
+    knows = knowing_member(str(train_file))
+    plain = toy_member("random", "metaspace", "gpt2", seed=2)
+    profile = calibrate([plain, knows], "gsm8k", str(train_file), limit=10, progress=False)
+    assert profile.members == ["random", "knows"]
+    assert profile.drafter == "knows"
+    assert profile.weights[1] > 0.9 and sum(profile.weights) == pytest.approx(1.0, abs=1e-5)
+    assert profile.fitted.nll_per_byte["knows"] < profile.fitted.nll_per_byte["random"]
+    assert profile.fitted.questions == 4 and profile.fitted.spans > 4 and profile.fitted.positions > 4
+    assert profile.fitted.data == str(train_file)
+    assert set(profile.fitted.threshold_accuracy) >= {"none", "0.5"}
+
+
+def test_profile_round_trip_and_validation(tmp_path: Path) -> None:
+    fitted = FitInfo(bench="gsm8k", data="train.jsonl", questions=3, method="test")
+    profile = EnsembleProfile(members=["a", "b"], weights=[0.25, 0.75], drafter="b", drafter_confidence=0.6,
+                              fitted=fitted)
+    path = tmp_path / "profile.json"
+    profile.save(path)
+    assert EnsembleProfile.load(path) == profile
+    for bad in ({"weights": [1.0]}, {"drafter": "c"}, {"weights": [-1.0, 2.0]}, {"drafter_confidence": 1.5}):
+        values = {**profile.model_dump(), **bad}
+        path.write_text(json.dumps(values))
+        with pytest.raises(InvalidRequestError, match="not a valid profile"):
+            EnsembleProfile.load(path)
+    with pytest.raises(InvalidRequestError, match="cannot read profile"):
+        EnsembleProfile.load(tmp_path / "missing.json")
+
+
+def _profile(tmp_path: Path, members: list[str], weights: list[float], drafter: str,
+             confidence: float | None = 0.7) -> Path:
+    path = tmp_path / "profile.json"
+    EnsembleProfile(members=members, weights=weights, drafter=drafter, drafter_confidence=confidence,
+                    fitted=FitInfo(bench="gsm8k", data="train.jsonl", questions=1, method="test")).save(path)
+    return path
+
+
+def test_engine_takes_profile_values_as_defaults_that_options_override(tmp_path: Path) -> None:
+    a, b = toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)
+    path = _profile(tmp_path, ["b", "a"], [0.8, 0.2], drafter="b")
+    engine = EnsembleEngine([a, b], profile=str(path))
+    assert engine.options.weights == [0.2, 0.8]  # reordered to the engine's member order
+    assert engine.options.drafter == 1 and engine.options.drafter_confidence == 0.7
+    assert [m.name for m in engine.members] == ["b", "a"]
+    assert engine.generate("Hello", max_new_tokens=2).stats.member_weights == {"b": 0.8, "a": 0.2}
+    explicit = EnsembleEngine([a, b], profile=str(path), weights=[1, 1], drafter="a", drafter_confidence=0.4)
+    assert (explicit.options.weights, explicit.options.drafter, explicit.options.drafter_confidence) == \
+        ([1.0, 1.0], "a", 0.4)
+    assert EnsembleEngine([a, b], profile=str(path), weights="auto").options.weights == "auto"
+    with pytest.raises(InvalidRequestError, match="fitted for members"):
+        EnsembleEngine([a, toy_member("c", "byte_level", "llama", 3)], profile=str(path))
+
+
+def test_member_keys_ignore_the_backend() -> None:
+    assert member_key("llamacpp:qwen2.5-coder-0.5b-instruct") == member_key("qwen2.5-coder-0.5b-instruct")
+    assert member_key("/models/smollm2-135m-instruct.gguf") == "smollm2-135m-instruct"
+    assert apply_profile(["x"], {"draft_length": 3}) == {"draft_length": 3}
+
+
+def test_cli_calibrate_writes_a_profile_that_run_accepts(train_file: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    members = [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
+    out = tmp_path / "profile.json"
+    with registered_members(members):
+        assert main(["calibrate", "--bench", "gsm8k", "--models", "a,b", "--data", str(train_file),
+                     "--limit", "2", "--out", str(out), "--no-progress"]) == 0
+        profile = EnsembleProfile.load(out)
+        assert profile.members == ["a", "b"] and profile.fitted.questions == 2
+        assert main(["run", "--models", "a,b", "--profile", str(out), "--max-new-tokens", "2", "--events",
+                     "Hello"]) == 0
+        finish = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert finish["stats"]["member_weights"][profile.drafter] == pytest.approx(
+            profile.weights[profile.members.index(profile.drafter)], abs=1e-5)
+        assert main(["run", "--models", "a,b", "--weights", "auto", "--max-new-tokens", "2", "--events",
+                     "Hello"]) == 0
+        finish = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert set(finish["stats"]["prompt_nll_per_byte"]) == {"a", "b"}
+        assert main(["calibrate", "--models", "a,b", "--data", str(tmp_path / "test.jsonl"),
+                     "--out", str(out)]) == 2
+
+
+def test_adapters_accept_a_profile(tmp_path: Path) -> None:
+    pytest.importorskip("langchain_core")
+    pytest.importorskip("llama_index.core")
+    from langchain_ensemble import ChatEnsemble
+    from llamaindex_ensemble import EnsembleLLM
+
+    members = [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
+    path = _profile(tmp_path, ["a", "b"], [0.3, 0.7], drafter="b", confidence=None)
+    with registered_members(members) as names:
+        chat = ChatEnsemble(models=names, profile=str(path), max_tokens=2)
+        assert chat.engine_options["profile"] == str(path)
+        message = chat.invoke("Hello")
+        assert isinstance(message.content, str)
+        llm = EnsembleLLM(models=names, profile=str(path), max_tokens=2)
+        assert llm._engine.options.weights == [0.3, 0.7] and llm._engine.options.drafter == 1
+        with pytest.raises(InvalidRequestError, match="fitted for members"):
+            EnsembleLLM(models=["a", "a"], profile=str(path))
+
+
+def test_a_session_reused_across_questions_reads_like_a_fresh_one(train_file: Path) -> None:
+    from shared_engine.calibration import teacher_forced
+
+    member = toy_member("a", "byte_level", "llama", 1)
+    _, records, benchmark = calibration_records("gsm8k", str(train_file), 2)
+    shared = member.new_session()
+    for record in records:
+        answer = reference_answer("gsm8k", record).encode()
+        messages = benchmark.messages(record)
+        reused = teacher_forced(member, shared, messages, answer, {0})
+        fresh = teacher_forced(member, member.new_session(), messages, answer, {0})
+        assert reused.logprobs == pytest.approx(fresh.logprobs, abs=1e-4)
+        assert reused.tops[0].ids[:5] == fresh.tops[0].ids[:5]
