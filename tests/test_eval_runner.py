@@ -179,3 +179,12 @@ async def test_resume_rescores_stored_answers_with_the_current_scorer(tmp_path: 
                            on_sample=lambda s: answered.append(s.id))
     assert answered == [] and again["correct"] == 2 and first["n"] == again["n"] == 2
     assert all(json.loads(line)["correct"] for line in (tmp_path / SAMPLES).read_text().splitlines())
+
+
+def test_sign_test_matches_hand_computed_binomial_tails() -> None:
+    from shared_engine.evaluation.compare import sign_test
+
+    assert sign_test(0, 7) == pytest.approx((2 / 128, 1 / 128))  # the issue's +0 -7: p = 0.016
+    assert sign_test(3, 11)[0] == pytest.approx(2 * (1 + 14 + 91 + 364) / 2**14)  # README's +3 -11
+    assert sign_test(11, 3)[1] == pytest.approx(1 - (1 + 14 + 91) / 2**14)  # many wins: "worse" unlikely
+    assert sign_test(0, 0) == (1.0, 1.0) and sign_test(5, 5)[0] == 1.0

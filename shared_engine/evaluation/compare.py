@@ -6,6 +6,7 @@ on small N the paired view says more than two overlapping intervals."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -137,28 +138,45 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def paired(baseline: Path, other: Path, limit: int | None = None) -> dict[str, int]:
+def sign_test(wins: int, losses: int) -> tuple[float, float]:
+    """Exact sign test on the discordant pairs (ties dropped): the two-sided p-value, and the
+    one-sided p-value for "the run is worse than the baseline" (as many losses or more by chance)."""
+    n = wins + losses
+    if n == 0:
+        return 1.0, 1.0
+    tail = [math.comb(n, k) / 2**n for k in range(n + 1)]
+    worse = sum(tail[losses:])
+    two_sided = min(1.0, 2 * min(sum(tail[: min(wins, losses) + 1]), 1.0))
+    return two_sided, worse
+
+
+def paired(baseline: Path, other: Path, limit: int | None = None) -> dict[str, Any]:
     """Question by question on the (first ``limit``) questions both runs answered: where ``other``
-    wins and loses."""
+    wins and loses, with the sign test's p-values (``p`` two-sided, ``p_worse`` one-sided)."""
     def verdicts(folder: Path) -> dict[str, bool]:
         lines = (folder / SAMPLES).read_text(encoding="utf-8").splitlines()[:limit]
         return {row["id"]: bool(row["correct"]) for row in map(json.loads, lines)}
 
     base, new = verdicts(baseline), verdicts(other)
     common = [i for i in new if i in base]
+    wins = sum(new[i] and not base[i] for i in common)
+    losses = sum(base[i] and not new[i] for i in common)
+    p, p_worse = sign_test(wins, losses)
     return {"n": len(common), "both_right": sum(base[i] and new[i] for i in common),
-            "wins": sum(new[i] and not base[i] for i in common), "losses": sum(base[i] and not new[i] for i in common)}
+            "wins": wins, "losses": losses, "p": round(p, 4), "p_worse": round(p_worse, 4)}
 
 
 def paired_table(baseline: Path, summaries: list[dict[str, Any]]) -> str:
     """Pairs each run with the baseline over the questions both summaries cover."""
     base_n = next((s["n"] for s in summaries if Path(s["dir"]) == baseline), None)
     lines = [f"Paired with {baseline} (the same questions):", "",
-             "| run | N | both right | right only here | right only in baseline |", "|---|---|---|---|---|"]
+             "| run | N | both right | right only here | right only in baseline | sign test p | p (worse) |",
+             "|---|---|---|---|---|---|---|"]
     for s in summaries:
         if Path(s["dir"]) != baseline and s["metric"] != "chrf":
             p = paired(baseline, Path(s["dir"]), min(s["n"], base_n) if base_n is not None else s["n"])
-            lines.append(f"| {s['label']} | {p['n']} | {p['both_right']} | {p['wins']} | {p['losses']} |")
+            lines.append(f"| {s['label']} | {p['n']} | {p['both_right']} | {p['wins']} | {p['losses']} "
+                         f"| {p['p']:.3f} | {p['p_worse']:.3f} |")
     return "\n".join(lines)
 
 
