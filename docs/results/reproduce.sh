@@ -20,3 +20,9 @@ ev --backend llamacpp --bench gsm8k --method safe --models $Q,$S --drafter-confi
 ev --backend llamacpp --bench gsm8k --method safe --models $Q,$S --weights 2,1 --limit 100 \
   --max-new-tokens 256 --out $OUT/llama/gsm8k-safe-w2-q+s
 # README Results: compare the first N questions common to every run (see the N column)
+# After the fidelity fixes: GSM8K first 40, Qwen alone vs SAFE defaults vs SAFE with the calibrated profile
+# (the profile was fitted on GSM8K train: safe-ensemble calibrate --bench gsm8k --models $Q,$S --limit 20 ...)
+for spec in "single $Q q" "safe $Q,$S q+s"; do set -- $spec
+  ev --backend llamacpp --bench gsm8k --method $1 --models $2 --limit 40 --max-new-tokens 256 --out $OUT/llama40/gsm8k-$1-$3; done
+ev --backend llamacpp --bench gsm8k --method safe --models $Q,$S --profile docs/results/profile-qwen-smol-gsm8k-train20.json \
+  --limit 40 --max-new-tokens 256 --out $OUT/llama40/gsm8k-safe-profile-q+s
