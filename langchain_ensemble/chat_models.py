@@ -22,6 +22,7 @@ prompt, a LangGraph node) they belong to the enclosing run; ``invoke``/``ainvoke
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import threading
@@ -93,6 +94,8 @@ class _SharedEngine:
 
 _ENGINES: dict[tuple[Any, ...], _SharedEngine] = {}
 _ENGINES_LOCK = threading.Lock()
+_PENDING_RELEASES: collections.deque[tuple[Any, ...]] = collections.deque()
+"""Chat models closed or collected whose count-off has not been applied yet (see ``_release_engine``)."""
 
 
 def _engine_key(members: Sequence[str | MemberConfig], method: str, options: dict[str, Any]) -> tuple[Any, ...]:
@@ -111,7 +114,9 @@ def _shared_engine(members: Sequence[str | MemberConfig], method: str, options: 
         if entry is None:
             entry = _ENGINES[key] = _SharedEngine(EnsembleEngine(list(members), method=method, **options))
         entry.users += hold
-        return entry.engine
+        engine = entry.engine
+    _apply_pending_releases()  # count-offs queued while the lock was held (e.g. by a collection above)
+    return engine
 
 
 _hold_shared_engine = functools.partial(_shared_engine, hold=True)
@@ -120,16 +125,40 @@ _hold_shared_engine = functools.partial(_shared_engine, hold=True)
 
 def _release_engine(key: tuple[Any, ...]) -> None:
     """One chat model of this configuration is closed or collected; the last one closes the
-    engine, which releases the members it loaded (unloaded unless another engine holds them)."""
-    with _ENGINES_LOCK:
-        entry = _ENGINES.get(key)
-        if entry is None:
-            return
-        entry.users -= 1
-        if entry.users > 0:
-            return
-        del _ENGINES[key]
-    entry.engine.close()  # running requests end at their next round; members go when they have
+    engine, which releases the members it loaded (unloaded unless another engine holds them).
+
+    Runs from ``weakref.finalize``, so also inside a garbage collection that a thread triggers while
+    it holds ``_ENGINES_LOCK`` (building an engine allocates): a blocking acquire there would wait
+    for itself forever. So the count-off is queued, and applied now if the lock is free, else by
+    whoever holds it when it lets go."""
+    _PENDING_RELEASES.append(key)
+    _apply_pending_releases()
+
+
+def _apply_pending_releases() -> None:
+    while _PENDING_RELEASES:
+        if not _ENGINES_LOCK.acquire(blocking=False):
+            return  # the holder applies the queue when it is done
+        _count_off_pending()
+
+
+def _count_off_pending() -> None:
+    """Apply the queued count-offs (``_ENGINES_LOCK`` held on entry, released here)."""
+    closing: list[EnsembleEngine] = []
+    try:
+        while _PENDING_RELEASES:
+            key = _PENDING_RELEASES.popleft()
+            entry = _ENGINES.get(key)
+            if entry is None:
+                continue
+            entry.users -= 1
+            if entry.users <= 0:
+                del _ENGINES[key]
+                closing.append(entry.engine)
+    finally:
+        _ENGINES_LOCK.release()
+    for engine in closing:
+        engine.close()  # running requests end at their next round; members go when they have
 
 
 @dataclass

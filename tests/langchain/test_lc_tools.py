@@ -204,3 +204,28 @@ def test_engines_are_released_with_the_last_chat_model() -> None:
     del second
     gc.collect()
     assert key not in chat_models._ENGINES and engine._closed
+
+
+def test_a_release_while_the_engine_lock_is_held_is_queued_not_a_deadlock() -> None:
+    """A chat model collected by a garbage collection that runs while this thread holds the engine
+    lock (building an engine allocates) used to wait for the lock forever: the suite hung here."""
+    import threading
+
+    from langchain_ensemble import chat_models
+
+    first = ChatEnsemble(models=MODELS, draft_length=2)
+    key = chat_models._engine_key(*first._engine_config())
+    users = chat_models._ENGINES[key].users
+
+    def release_under_the_lock() -> None:
+        with chat_models._ENGINES_LOCK:
+            first.close()  # the finalizer, as a collection inside _shared_engine would run it
+            assert chat_models._ENGINES[key].users == users  # queued, not applied yet
+
+    worker = threading.Thread(target=release_under_the_lock)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), "releasing under the engine lock deadlocked"
+    second = ChatEnsemble(models=MODELS, draft_length=2)  # the next holder applies the queued count-off
+    assert chat_models._ENGINES[key].users == users and not chat_models._PENDING_RELEASES
+    second.close()
