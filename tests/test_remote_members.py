@@ -125,7 +125,8 @@ def test_safe_over_full_topk_members_equals_safe_over_transformers() -> None:
     assert got.text == want.text and got.stats.ensembled_tokens == want.stats.ensembled_tokens
     # K = 10 < vocabulary: the mass outside the top-10 is spread evenly, decoding still runs
     small = EnsembleEngine([TopKOfHF(a, 10), TopKOfHF(b, 10)], method="safe").generate(prompt, max_new_tokens=24)
-    assert small.stats.tokens == 24 and small.stats.ensembled_tokens > 0
+    # (the random toy pair may choose EOS before the cap: a finished answer, not a stall)
+    assert (small.stats.tokens == 24 or small.finish_reason == "eos") and small.stats.ensembled_tokens > 0
 
 
 # ------------------------------------------------------------------ SGLang contract (fixtures)
