@@ -41,7 +41,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     bench = sub.add_parser("bench", help="drafter alone vs SAFE vs every-token vs AdaFuse on the same prompts")
     add_engine_args(bench)
     bench.add_argument("--prompts", type=int, default=4, help="number of GSM8K questions")
-    bench.add_argument("--data", help="a GSM8K-format JSONL file (default: ../shared/data/gsm8k/test.jsonl)")
+    bench.add_argument("--data", help="a GSM8K-format JSONL file (default: the data folder's gsm8k/test.jsonl, "
+                            "else the GSM8K sample shipped in the package)")
     bench.add_argument("--methods", default="single,safe,every-token,adafuse")
     bench.add_argument("--json", help="write the results here")
     bench.add_argument("--backend", type=_backends, default=["transformers"],

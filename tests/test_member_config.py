@@ -196,10 +196,9 @@ def test_cli_members_file_and_placement_flags(tmp_path: Path, suffix: str) -> No
 def test_cli_reports_a_missing_cuda_device_as_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     from shared_engine.cli import main
 
-    if torch.cuda.is_available():
-        pytest.skip("checks the error on a machine without CUDA")
-    assert main(["run", "--models", "a,b", "--device", "cuda:0", "hi"]) == 2
-    assert "no CUDA device" in capsys.readouterr().err
+    missing = f"cuda:{torch.cuda.device_count()}"  # one past the last device: absent on any machine
+    assert main(["run", "--models", "a,b", "--device", missing, "hi"]) == 2
+    assert ("no CUDA device" if not torch.cuda.is_available() else "does not exist") in capsys.readouterr().err
 
 
 # -- hub cache -------------------------------------------------------------------------------
