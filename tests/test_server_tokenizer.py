@@ -88,10 +88,6 @@ def server_without_local_file(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.mark.zoo
-@pytest.mark.xfail(strict=True, reason="known since the UniTE once-per-sub-token fix: with SmolLM2's tokenizer "
-                   "read from the server, SAFE's answer leaves the local-tokenizer answer after ~130 characters "
-                   "(prompt ids are equal); the two token tables must be compared id by id in fusion (see the "
-                   "session note); strict, so the fix turns this red until the mark is removed")
 def test_a_member_whose_model_file_is_elsewhere_ensembles_like_one_with_a_local_tokenizer(
         server_without_local_file: str) -> None:
     url = server_without_local_file
@@ -100,6 +96,10 @@ def test_a_member_whose_model_file_is_elsewhere_ensembles_like_one_with_a_local_
     with_local = load_member(f"llamacpp:{url}#{SMOL}")  # the same server, tokenizer loaded here
     qwen = f"llamacpp:{QWEN}"
     prompt = "Natalia sold 48 clips in April and half as many in May. How many clips in total?"
+    # llama.cpp is not batch-invariant: the first request on a fresh server reads the prompt in one
+    # batch, later ones reuse the cached prefix, and a near-tie can flip between the two. One
+    # discarded answer puts the server in the state both compared runs then see.
+    EnsembleEngine([from_server, qwen], method="safe").generate(prompt, max_new_tokens=32)
     for members in ([from_server, qwen], [qwen, from_server]):  # drafting, then verifying
         twin = [with_local if m is from_server else m for m in members]
         a = EnsembleEngine(members, method="safe").generate(prompt, max_new_tokens=32)
