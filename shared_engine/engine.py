@@ -47,6 +47,7 @@ from .members import (
     acquire_member,
     check_members_fit,
     member_config,
+    parse_member_spec,
     release_member,
 )
 from .members.chat import Message, normalize_messages
@@ -112,10 +113,8 @@ class EnsembleEngine:
             if not 0 <= drafter < len(names):
                 raise InvalidRequestError(f"drafter index {drafter} out of range")
             index = drafter
-        elif drafter in names:
-            index = names.index(drafter)
         else:
-            raise InvalidRequestError(f"drafter {drafter!r} is not a member; members: {names}")
+            index = _member_index(drafter, names)
         order = [index] + [i for i in range(len(names)) if i != index]
         return order if self.options.method != "single" else [index]
 
@@ -440,3 +439,24 @@ def iterate_sync(agen: AsyncIterator[T]) -> Generator[T, None, None]:
                 items.get(timeout=0.05)
             except queue.Empty:
                 pass
+
+
+def _member_index(name: str, names: list[str]) -> int:
+    """Which member ``name`` means: the member spec as given, or the model it names without its
+    backend prefix (``--drafter qwen2.5-coder-0.5b-instruct`` for ``llamacpp:qwen2.5-coder-0.5b-instruct``)."""
+    if name in names:
+        return names.index(name)
+    targets = [_spec_target(n) for n in names]
+    matching = sorted({names[i] for i, t in enumerate(targets) if t == _spec_target(name)})
+    if len(matching) > 1:
+        raise InvalidRequestError(f"drafter {name!r} could be any of {matching}: give the member spec as listed")
+    if not matching:
+        raise InvalidRequestError(f"drafter {name!r} is not a member; members: {names}")
+    return names.index(matching[0])
+
+
+def _spec_target(name: str) -> str:
+    try:
+        return parse_member_spec(name).target
+    except InvalidRequestError:
+        return name

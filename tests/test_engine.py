@@ -184,6 +184,17 @@ def test_context_too_long_is_a_clear_error() -> None:
         EnsembleEngine([member], method="single").generate("hello " * 10, max_new_tokens=10**6)
 
 
+def test_the_drafter_may_be_named_without_its_backend_prefix() -> None:
+    """``--drafter qwen`` for a member given as ``llamacpp:qwen`` (nothing is loaded to decide)."""
+    engine = EnsembleEngine(["llamacpp:first-model", "llamacpp:second-model"], drafter="second-model")
+    assert engine._order == [1, 0]
+    assert EnsembleEngine(["a-model", "transformers:b-model"], drafter="transformers:b-model")._order == [1, 0]
+    with pytest.raises(InvalidRequestError, match="could be any of"):
+        EnsembleEngine(["llamacpp:same-model", "transformers:same-model"], drafter="same-model")
+    with pytest.raises(InvalidRequestError, match="is not a member"):
+        EnsembleEngine(["llamacpp:first-model", "second-model"], drafter="third-model")
+
+
 def test_verifiers_read_on_after_the_drafter_commits_invalid_utf8() -> None:
     """A drafter can commit bytes that are not UTF-8 (a random model's lone 0xFF). Verifiers used to
     stop reading there for the rest of the answer, so the ensemble silently became the drafter
