@@ -19,7 +19,6 @@ import torch
 
 from shared_engine import EnsembleEngine, InvalidRequestError, MemberConfig
 from shared_engine.members import check_members_fit, devices, load_member, member_config
-from tests.benchdata import needs_data
 from tests.toy import toy_member
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -239,7 +238,6 @@ def test_a_hub_id_loads_from_the_local_hub_cache(tmp_path: Path, monkeypatch: py
 
 
 @pytest.mark.zoo
-@needs_data
 def test_a_bfloat16_zoo_ensemble_answers_the_gsm8k_smoke_question_as_float32() -> None:
     from tests.test_real_models import QWEN, SMOL, gsm8k_question
 
