@@ -2,6 +2,7 @@
 
 from .adafuse import AdaFuseSettings, adafuse_round
 from .round import FusionSettings, decode_round
-from .state import RequestState
+from .state import RequestMember, RequestState, request_members
 
-__all__ = ["AdaFuseSettings", "FusionSettings", "RequestState", "adafuse_round", "decode_round"]
+__all__ = ["AdaFuseSettings", "FusionSettings", "RequestMember", "RequestState", "adafuse_round", "decode_round",
+           "request_members"]
