@@ -1,4 +1,5 @@
-"""The decoding rounds (SAFE's token round, AdaFuse's span round) and the per-request state they advance."""
+"""The decoding rounds (SAFE's token round, AdaFuse's span round), the per-request state they advance
+(one record per member), and the report that turns their decisions into stats and events."""
 
 from .adafuse import AdaFuseSettings, adafuse_round
 from .round import FusionSettings, decode_round
