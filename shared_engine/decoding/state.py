@@ -45,13 +45,11 @@ class RequestMember:
     label: str  # unique display name (the same model may appear twice)
     session: Session  # this request's KV cache in the member
     prompt_ids: list[int]  # the prompt in the member's own chat format
-    tokens: TokenizedText  # its canonical tokenization of the answer (re-encoded incrementally)
     weight: float  # its fusion weight; the request's weights sum to 1
+    tokens: TokenizedText = field(init=False)  # its canonical tokenization of the answer (incremental)
 
-    @classmethod
-    def start(cls, member: Member, label: str, session: Session, prompt_ids: list[int],
-              weight: float) -> RequestMember:
-        return cls(member, label, session, prompt_ids, TokenizedText(member.table), weight)
+    def __post_init__(self) -> None:
+        self.tokens = TokenizedText(self.member.table)
 
     @property
     def table(self) -> TokenTable:
@@ -67,7 +65,7 @@ def request_members(members: Sequence[Member], labels: Sequence[str], sessions: 
     """One record per member, in decoding order (drafter first); ``weights`` default to equal."""
     if weights is None:
         weights = torch.full((len(members),), 1 / len(members))
-    return [RequestMember.start(m, label, session, ids, float(w))
+    return [RequestMember(m, label, session, ids, w)
             for m, label, session, ids, w in zip(members, labels, sessions, prompt_ids, weights.tolist())]
 
 
