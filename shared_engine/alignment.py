@@ -37,6 +37,8 @@ END_OF_TURN_TOKENS = frozenset({
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _LOOKBEHIND_TOKENS = 4
 """Tokens re-encoded before the first changed byte: BPE merges can reach back across the edit."""
+_WORD_LOOKBEHIND_TOKENS = 32
+"""At most this many more, to start the re-encode at the beginning of the word the edit is in."""
 
 
 @lru_cache(maxsize=1)
@@ -288,6 +290,13 @@ def _starts_segment(data: bytes, offset: int) -> bool:
     return not (before and _is_symbol(before) and _is_symbol(after))
 
 
+def _inside_word(data: bytes, offset: int) -> bool:
+    """True if ``offset`` (a character boundary) falls between two letters."""
+    before = data[max(0, offset - 4):offset].decode("utf-8", "ignore")[-1:]
+    after = data[offset:offset + 4].decode("utf-8", "ignore")[:1]
+    return before.isalpha() and after.isalpha()
+
+
 def _is_symbol(char: str) -> bool:
     return not (char.isspace() or unicodedata.category(char)[0] in "LN")
 
@@ -394,6 +403,15 @@ class TokenizedText:
         keep = max(0, bisect.bisect_right(self.ends, same) - _LOOKBEHIND_TOKENS)
         while keep > 0 and not _starts_segment(data, self.ends[keep - 1]):
             keep -= 1
+        # Nor inside a word: its tokens depend on the whole word (a split kept from when the word
+        # ended in a combining mark, e.g. single bytes, must not survive). Bounded for scripts
+        # written without spaces, where a "word" can be a whole paragraph.
+        inside_word = 0
+        while keep > 0 and inside_word < _WORD_LOOKBEHIND_TOKENS and _inside_word(data, self.ends[keep - 1]):
+            keep -= 1
+            inside_word += 1
+            while keep > 0 and not _starts_segment(data, self.ends[keep - 1]):
+                keep -= 1
         anchor = self.ends[keep - 1] if keep else 0
         tail, spans, uncovered = _cover(self.table, data[anchor:])
         self.ids = self.ids[:keep] + tail

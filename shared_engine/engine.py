@@ -35,7 +35,7 @@ from pydantic import BaseModel
 from typing_extensions import TypeIs
 
 from .auto_weights import auto_weights
-from .decoding import AdaFuseSettings, FusionSettings, RequestState, adafuse_round, decode_round
+from .decoding import AdaFuseSettings, FusionSettings, RequestState, adafuse_round, decode_round, request_members
 from .decoding.adafuse import DEFAULT_THRESHOLD
 from .errors import ContextLengthError, EngineClosedError, InvalidRequestError, MemberError
 from .events import Event, FinishEvent, FormatRetryEvent, Stats, ToolCallEvent
@@ -256,14 +256,14 @@ class EnsembleEngine:
                     f"prompt ({len(ids)} tokens) + max_new_tokens ({gen.max_new_tokens}) exceed "
                     f"{member.name}'s context window of {member.context_window} tokens")
         stops = tuple(gen.stop) + tuple(plan.stops) + tuple(s for m in members for s in m.stop_strings)
-        state = RequestState(members, self.labels, [m.new_session() for m in members], prompt_ids,
-                             gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)))
+        state = RequestState(
+            request_members(members, self.labels, [m.new_session() for m in members], prompt_ids, self._weights()),
+            gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)))
         sampler = Sampler(gen.temperature, gen.top_p, gen.seed)
-        weights = self._weights()
         self._live[id(state)] = state
         try:
-            weights = await self._request_weights(state, messages, weights)
-            next_round = self._round_function(weights)
+            await self._request_weights(state, messages)
+            next_round = self._round_function()
             while not state.finish_reason:
                 if self._closed:
                     state.finish_reason = "cancelled"
@@ -276,8 +276,7 @@ class EnsembleEngine:
                     index = self._degradable(state, err)
                     if index is None:
                         raise
-                    weights = state.drop_member(index, weights, str(err))
-                    next_round = self._round_function(weights)
+                    state.drop_member(index, str(err))
             for event in state.flush():
                 yield event
             yield FinishEvent(reason=state.finish_reason, text=state.text, stats=state.finalize_stats(),
@@ -288,43 +287,39 @@ class EnsembleEngine:
                 held, self._release_later = self._release_later, []
                 for spec in held:
                     release_member(spec)
-            for session in state.sessions:  # free KV caches now, not when the generator is collected
-                release = getattr(session, "close", None)
+            for record in state.members:  # free KV caches now, not when the generator is collected
+                release = getattr(record.session, "close", None)
                 if release is not None:
                     release()
 
-    async def _request_weights(self, state: RequestState, messages: Sequence[Message],
-                               weights: torch.Tensor) -> torch.Tensor:
-        """This request's member weights (``weights="auto"``: from the prompt, auto_weights.py),
-        recorded in the finish stats."""
+    async def _request_weights(self, state: RequestState, messages: Sequence[Message]) -> None:
+        """``weights="auto"``: this request's member weights from the prompt (auto_weights.py)."""
         if self.options.weights == "auto" and len(state.members) > 1:
-            fitted = await auto_weights(state.members, state.sessions, state.prompt_ids, messages,
-                                        self.options.weights_temperature)
-            state.stats.prompt_nll_per_byte = {label: round(v, 5)
-                                               for label, v in zip(state.labels, fitted.nll_per_byte)}
+            records = state.members
+            fitted = await auto_weights([m.member for m in records], [m.session for m in records],
+                                        [m.prompt_ids for m in records], messages, self.options.weights_temperature)
+            state.stats.prompt_nll_per_byte = {m.label: round(v, 5) for m, v in zip(records, fitted.nll_per_byte)}
             if fitted.weights is not None:
-                weights = fitted.weights
-        state.stats.member_weights = {label: round(float(w), 5) for label, w in zip(state.labels, weights)}
-        return weights
+                state.set_weights(fitted.weights)
 
     def _degradable(self, state: RequestState, err: MemberError) -> int | None:
         """With ``on_member_failure="degrade"``: the index of the failed member if the request can
         go on without it (at least one member left), else None (the error ends the request)."""
         if self.options.on_member_failure != "degrade" or len(state.members) < 2:
             return None
-        return next((i for i, m in enumerate(state.members) if m.name == err.member), None)
+        return next((i for i, m in enumerate(state.members) if m.member.name == err.member), None)
 
-    def _round_function(self, weights: torch.Tensor) -> RoundFunction:
+    def _round_function(self) -> RoundFunction:
         """The method's decoding round, bound to its settings: ``(state, sampler) -> events``."""
         opts = self.options
         if opts.method == "adafuse":
             settings = AdaFuseSettings(
-                weights, opts.uncertainty,
+                opts.uncertainty,
                 DEFAULT_THRESHOLD[opts.uncertainty] if opts.threshold is None else opts.threshold,
                 opts.max_words, opts.num_candidates, opts.candidate_temperature, opts.vote)
             return lambda state, sampler: adafuse_round(state, settings, sampler)
         policy = make_policy(opts.method, opts.draft_length, opts.gate_threshold, opts.drafter_confidence)
-        fusion = FusionSettings(self.fuser, weights, opts.sharpen)
+        fusion = FusionSettings(self.fuser, opts.sharpen)
         return lambda state, sampler: decode_round(state, policy, fusion, sampler)
 
     async def agenerate(self, messages_or_prompt: str | Sequence[Message], *, keep_events: bool = False,

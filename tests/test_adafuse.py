@@ -48,7 +48,7 @@ def _continuation(table, pieces: list[bytes], sure: list[bool]):  # noqa: ANN001
     """A continuation written token by token with the given sureness of each token's row."""
     from shared_engine.decoding.adafuse import Continuation
 
-    settings = AdaFuseSettings(torch.tensor([1.0]), max_words=3)
+    settings = AdaFuseSettings(max_words=3)
     cont = Continuation()
     for piece, is_sure in zip(pieces, sure):
         logits = torch.zeros(table.vocab_size)
@@ -198,7 +198,7 @@ def test_entropy_mode_and_option_validation() -> None:
         EnsembleEngine([a, b], method="adafuse", threshold=1.5)
     with pytest.raises(InvalidRequestError, match="num_candidates"):
         EnsembleEngine([a, b], method="adafuse", num_candidates=0)
-    settings = AdaFuseSettings(torch.tensor([0.5, 0.5]))
+    settings = AdaFuseSettings()
     assert settings.measure(torch.tensor([10.0, 0.0, 0.0])) > 0.99
     assert settings.is_sure(0.7) and not settings.is_sure(0.69)
 

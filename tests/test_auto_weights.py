@@ -158,7 +158,7 @@ def test_a_member_failing_while_scoring_the_prompt_is_handled_by_the_round() -> 
     result = engine.generate(PROMPT, max_new_tokens=3, keep_events=True)
     finish = result.events[-1]
     assert finish.type == "finish" and "broken" in finish.failed_members  # dropped by the round
-    assert result.stats.member_weights == {"a": 0.5, "broken": 0.5}  # the configured weights
+    assert result.stats.member_weights == {"a": 1.0}  # the configured 0.5/0.5, renormalised without "broken"
     assert result.stats.tokens == 3
     from shared_engine.errors import MemberError
 

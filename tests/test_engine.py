@@ -199,13 +199,13 @@ def test_verifiers_read_on_after_the_drafter_commits_invalid_utf8() -> None:
     """A drafter can commit bytes that are not UTF-8 (a random model's lone 0xFF). Verifiers used to
     stop reading there for the rest of the answer, so the ensemble silently became the drafter
     alone; they now leave those bytes out and score the text after them."""
-    from shared_engine.decoding import RequestState
+    from shared_engine.decoding import RequestState, request_members
     from shared_engine.decoding.round import _verify
 
     a, b = toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)
     messages = [{"role": "user", "content": "Hi"}]
-    state = RequestState([a, b], ["a", "b"], sessions=[a.new_session(), b.new_session()],
-                         prompt_ids=[a.prompt_ids(messages), b.prompt_ids(messages)], max_new_tokens=100)
+    state = RequestState(request_members([a, b], ["a", "b"], [a.new_session(), b.new_session()],
+                                         [a.prompt_ids(messages), b.prompt_ids(messages)]), max_new_tokens=100)
     invalid = a.table.token_id(b"\xff")
     assert invalid is not None
     state.commit(a.table.spell("ok ") + [invalid] + a.table.spell(" fine"), "draft")
@@ -219,15 +219,15 @@ def test_verifiers_read_on_after_the_drafter_commits_invalid_utf8() -> None:
 def test_a_verifier_sharing_the_drafters_vocabulary_reads_its_exact_ids() -> None:
     """Two models with one tokenizer: the verifier reads the drafter's own ids (speculative
     verification), not a re-tokenization that would differ where the drafter split a word its own way."""
-    from shared_engine.decoding import RequestState
+    from shared_engine.decoding import RequestState, request_members
 
     a, b = toy_member("a", "metaspace", "llama", 3), toy_member("b", "metaspace", "gpt2", 5)
     other = toy_member("c", "byte_level", "llama", 1)
     assert a.table.same_vocabulary(b.table) and not a.table.same_vocabulary(other.table)
     messages = [{"role": "user", "content": "Hi"}]
     members = [a, b, other]
-    state = RequestState(members, ["a", "b", "c"], sessions=[m.new_session() for m in members],
-                         prompt_ids=[m.prompt_ids(messages) for m in members], max_new_tokens=100)
+    state = RequestState(request_members(members, ["a", "b", "c"], [m.new_session() for m in members],
+                                         [m.prompt_ids(messages) for m in members]), max_new_tokens=100)
     split = a.table.spell(" l") + a.table.spell("ool") + a.table.spell(" park")
     canonical = a.table.spell(" lool park")
     assert split != canonical and a.table.to_bytes(split) == a.table.to_bytes(canonical)
@@ -235,4 +235,4 @@ def test_a_verifier_sharing_the_drafters_vocabulary_reads_its_exact_ids() -> Non
     text = bytes(state.answer) + a.table.to_bytes(split[2:])
     assert state.reading(1, text, split[2:]).ids == split  # as drafted
     assert state.reading(2, text, split[2:]).ids == other.table.spell(" lool park")  # re-tokenized
-    assert state.member_context(1) == state.prompt_ids[1] + split[:2]
+    assert state.member_context(1) == state.members[1].prompt_ids + split[:2]

@@ -46,7 +46,7 @@ from shared_engine.alignment import (
     utf8_runs,
     valid_prefix_length,
 )
-from shared_engine.decoding import RequestState
+from shared_engine.decoding import RequestState, request_members
 from shared_engine.fusion import MemberDist, make_fuser
 from shared_engine.members import HFMember
 from tests import toy
@@ -303,6 +303,10 @@ class _TableOnly:
         return self.table.eos_ids
 
 
+_NO_SESSION = object()
+"""Committing never touches a member's session: these members have none."""
+
+
 @st.composite
 def drafter_splits(draw: st.DrawFn, table: TokenTable) -> tuple[str, list[list[int]]]:
     """A text and the drafter ids that spell it, grouped into commits. Parts are spelled
@@ -336,16 +340,16 @@ def test_committing_never_changes_emitted_text(names: tuple[str, ...], data: st.
                      label="stop")
     drafts = data.draw(st.lists(st.one_of(st.just(""), _part), min_size=len(groups), max_size=len(groups)),
                        label="rejected drafts")
-    state = RequestState(members, list(names), sessions=[], prompt_ids=[[] for _ in names],
-                         max_new_tokens=10**6, stop=stop)
+    state = RequestState(request_members(members, list(names), sessions=[_NO_SESSION] * len(names),
+                                         prompt_ids=[[] for _ in names]), max_new_tokens=10**6, stop=stop)
     deltas, emitted = [], ""
     for ids, draft in zip(groups, drafts):
         committed = bytes(state.answer)
-        for tokens in state.texts:  # verifiers see the draft, then the committed part only
+        for tokens in [v.tokens for v in state.verifiers]:  # they see the draft, then the committed part only
             tokens.set_text(committed + draft.encode())
             _check_exact(tokens, committed + draft.encode(), text + draft)
         deltas += [e.text for e in state.commit(ids, "draft")]
-        for tokens in state.texts:
+        for tokens in [v.tokens for v in state.verifiers]:
             tokens.set_text(bytes(state.answer))
             _check_exact(tokens, bytes(state.answer), text)
             assert tokens.ids == _fresh(tokens.table, bytes(state.answer)).ids
@@ -363,6 +367,22 @@ def test_committing_never_changes_emitted_text(names: tuple[str, ...], data: st.
         assert not any(s in final for s in stop)
     else:
         assert final == text
+
+
+def test_reencoding_after_a_rejected_combining_mark_matches_a_fresh_encoding() -> None:
+    """A failing example the fuzz test above found, replayed step by step: the SmolLM2 drafter commits
+    these ids, the Qwen verifier reads answer + rejected draft, then the longer answer. The re-encode
+    used to start inside an Arabic word and keep qwen2.5's stale split (س|لا|م) of it."""
+    drafter, verifier = table_for("smollm2-135m-instruct"), table_for("qwen2.5-coder-0.5b-instruct")
+    commits = [[216, 216, 216, 174], [218, 218, 32, 32], [32, 32, 32, 32], [163, 218, 163, 218],
+               [163, 218, 163, 128], [164, 222, 163, 117], [164, 223, 164, 230], [216, 163, 134, 164]]
+    drafts = ["", "", "", "", "", "", "", "\u05b0"]
+    tokens, answer = TokenizedText(verifier), b""
+    for ids, draft in zip(commits, drafts):
+        tokens.set_text(answer + draft.encode())
+        answer += drafter.to_bytes(ids)
+        tokens.set_text(answer)
+    assert tokens.ids == _fresh(verifier, answer).ids
 
 
 # --------------------------------------------------------------------- shared boundaries

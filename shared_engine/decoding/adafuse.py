@@ -37,11 +37,13 @@ from typing import Literal
 import torch
 
 from ..alignment import EOS_KEY, TokenTable, valid_prefix_length
-from ..events import AdaFuseEvent, Event, SpanCandidate
+from ..events import Event
 from ..members import Session
 from ..members.base import exact_support
 from ..sampling import Sampler
 from ..words import SharedEnds, complete_word_ends, span_end, word_ends
+from .decisions import ScoredSpan, SpanDecision
+from .report import count_span, count_span_round, span_event
 from .state import RequestState, spell_bytes
 
 Uncertainty = Literal["margin", "entropy"]
@@ -55,7 +57,6 @@ UNSPELLABLE_NLL = 50.0
 
 @dataclass(frozen=True, slots=True)
 class AdaFuseSettings:
-    weights: torch.Tensor  # [num_members], sums to 1
     uncertainty: Uncertainty = "margin"
     threshold: float = 0.7
     max_words: int = 3
@@ -232,78 +233,134 @@ def _score(session: Session, context: list[int], first: torch.Tensor, table: Tok
     return scores
 
 
+@dataclass(frozen=True, slots=True)
+class _Outlook:
+    """Where every member stands at the start of a round (lists in decoding order)."""
+
+    contexts: list[list[int]]  # prompt + answer in each member's ids
+    firsts: list[torch.Tensor]  # each member's next-token logits after the answer
+    measures: list[float]  # each member's uncertainty there
+    leader: int  # the most confident member
+    shared: SharedEnds  # where every member has a token boundary
+
+
+Proposals = list[list[Span]]
+"""Per member, in decoding order: the spans it proposed this round ([] for none)."""
+
+
 async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
                         sampler: Sampler) -> AsyncGenerator[Event, None]:
     """One AdaFuse round; yields events and leaves the state advanced (or finished)."""
-    members, sessions, labels = state.members, state.sessions, state.labels
     start, position = len(state.answer), state.stats.tokens
-    contexts = [state.member_context(i) for i in range(len(members))]
-    shared = SharedEnds(bytes(state.answer), state.canonical_texts())
-    firsts = await asyncio.gather(*(m.run(_next_logits, s, c) for m, s, c in zip(members, sessions, contexts)))
-    measures = [settings.measure(f) for f in firsts]
-    leader = max(range(len(members)), key=lambda i: (settings.sureness(measures[i]), -i))
-    state.stats.rounds += 1
-    state.stats.spans += 1
-
-    fused = settings.vote == "always" or not settings.is_sure(measures[leader])
-    if not fused:  # vote="uncertain" and the leader is sure: it writes alone
-        member = members[leader]
-        support = exact_support(member)
-
-        def pick(logits: torch.Tensor) -> int:
-            return sampler.from_logits(logits, support)
-
-        span = await member.run(_write, sessions[leader], contexts[leader], firsts[leader],
-                                pick(firsts[leader]), member.table, settings, pick, None, shared)
-        chosen, spans = span.key, {leader: [span]}
-        candidates = [SpanCandidate(text=_show(span.key), proposed_by=[labels[leader]],
-                                    member_nll={labels[leader]: round(span.nll or 0.0, 4)},
-                                    score=round(span.nll or 0.0, 4))]
-    else:
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=sampler.generator))
-        proposals = await asyncio.gather(*(
-            m.run(_propose, s, c, f, m.table, settings, shared, seed + i, exact_support(m))
-            for i, (m, s, c, f) in enumerate(zip(members, sessions, contexts, firsts))))
-        spans = dict(enumerate(proposals))
-        keys = list(dict.fromkeys(sp.key for props in proposals for sp in props if sp.key))
-        if not keys:  # nothing spellable came out (cannot happen with real text): take one token
-            keys = [state.drafter.table.pieces[int(torch.argmax(firsts[0]))]]
-        owns = [{sp.key: sp.nll for sp in props if sp.nll is not None} for props in proposals]
-        nlls = await asyncio.gather(*(
-            m.run(_score, s, c, f, m.table, keys, own, m.name)
-            for m, s, c, f, own in zip(members, sessions, contexts, firsts, owns)))
-        table = torch.tensor(nlls, dtype=torch.float32)  # [members, candidates]
-        scores = settings.weights @ table
-        chosen = keys[sampler.from_probs(torch.softmax(-scores, dim=0))]
-        candidates = [SpanCandidate(text=_show(k), member_nll={labels[m]: round(float(table[m, c]), 4)
-                                                               for m in range(len(members))},
-                                    proposed_by=[labels[i] for i, props in spans.items()
-                                                 if any(sp.key == k for sp in props)],
-                                    score=round(float(scores[c]), 4))
-                      for c, k in enumerate(keys)]
-        candidates.sort(key=lambda c: c.score)
-
-    words = next((sp.words for props in spans.values() for sp in props if sp.key == chosen), 1)
-    yield AdaFuseEvent(position=position, offset=start, uncertainty=settings.uncertainty,
-                       member_uncertainty={label: round(v, 4) for label, v in zip(labels, measures)},
-                       leader=labels[leader], fused=fused, words=words, candidates=candidates,
-                       chosen=_show(chosen))
+    outlook = await _look(state, settings)
+    count_span_round(state.stats)
+    voted = settings.vote == "always" or not settings.is_sure(outlook.measures[outlook.leader])
+    if voted:
+        proposals = await _propose_spans(state, outlook, settings, sampler)
+        keys = _candidate_keys(state, outlook, proposals)
+        nlls = await _score_candidates(state, outlook, proposals, keys)
+        chosen, candidates = _vote(state, keys, proposals, nlls, sampler)
+    else:  # vote="uncertain" and the leader is sure: it writes alone
+        proposals = await _leader_writes(state, outlook, settings, sampler)
+        chosen, candidates = _leader_span(state, outlook.leader, proposals)
+    labels = [m.label for m in state.members]
+    decision = SpanDecision(
+        position=position, offset=start, uncertainty=settings.uncertainty,
+        member_uncertainty=dict(zip(labels, outlook.measures)), leader=labels[outlook.leader], voted=voted,
+        candidates=candidates, chosen=chosen,
+        words=next((sp.words for props in proposals for sp in props if sp.key == chosen), 1),
+        drafter_proposal=proposals[0][0].key if proposals[0] else None)
+    yield span_event(decision)
     if chosen == EOS_KEY:
         state.finish_reason = "eos"
         return
-    own = next((sp.ids for sp in spans.get(0, []) if sp.key == chosen and sp.ids), None)
-    # An empty span (a member wrote only text-less tokens) still has to move the answer on.
-    ids = own or (state.ids_for_piece(chosen) if chosen else [int(torch.argmax(firsts[0]))])
     before = state.stats.tokens
-    for event in state.commit(ids, "ensemble" if fused else "draft"):
+    for event in state.commit(_span_ids(state, outlook, chosen, proposals), "ensemble" if voted else "draft"):
         yield event
-    if fused:
-        state.stats.fused_spans += 1
-        state.stats.ensembled_tokens += state.stats.tokens - before
-        greedy = spans.get(0, [])[:1]
-        if greedy and greedy[0].key and greedy[0].key != chosen:
-            state.stats.changed_tokens += state.stats.tokens - before
+    count_span(state.stats, decision, state.stats.tokens - before)
 
 
-def _show(key: bytes) -> str:
-    return "<eos>" if key == EOS_KEY else key.decode("utf-8", "replace")
+async def _look(state: RequestState, settings: AdaFuseSettings) -> _Outlook:
+    """Every member's next-token distribution after the answer, its uncertainty, and the leader."""
+    contexts = [state.member_context(i) for i in range(len(state.members))]
+    shared = SharedEnds(bytes(state.answer), state.canonical_texts())
+    firsts = await asyncio.gather(*(m.member.run(_next_logits, m.session, c) for m, c in zip(state.members, contexts)))
+    measures = [settings.measure(f) for f in firsts]
+    leader = max(range(len(measures)), key=lambda i: (settings.sureness(measures[i]), -i))
+    return _Outlook(contexts, list(firsts), measures, leader, shared)
+
+
+async def _propose_spans(state: RequestState, outlook: _Outlook, settings: AdaFuseSettings,
+                         sampler: Sampler) -> Proposals:
+    """Every member's proposals for the vote, written concurrently (see ``_propose``)."""
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=sampler.generator))
+    return list(await asyncio.gather(*(
+        m.member.run(_propose, m.session, outlook.contexts[i], outlook.firsts[i], m.table, settings,
+                     outlook.shared, seed + i, exact_support(m.member))
+        for i, m in enumerate(state.members))))
+
+
+def _candidate_keys(state: RequestState, outlook: _Outlook, proposals: Proposals) -> list[bytes]:
+    """The distinct proposed spans, in proposal order."""
+    keys = list(dict.fromkeys(sp.key for props in proposals for sp in props if sp.key))
+    if not keys:  # nothing spellable came out (cannot happen with real text): take one token
+        keys = [state.drafter.table.pieces[int(torch.argmax(outlook.firsts[0]))]]
+    return keys
+
+
+async def _score_candidates(state: RequestState, outlook: _Outlook, proposals: Proposals,
+                            keys: list[bytes]) -> torch.Tensor:
+    """Every member's mean NLL of every candidate, [members, candidates] (see ``_score``)."""
+    owns = [{sp.key: sp.nll for sp in props if sp.nll is not None} for props in proposals]
+    nlls = await asyncio.gather(*(
+        m.member.run(_score, m.session, outlook.contexts[i], outlook.firsts[i], m.table, keys, owns[i],
+                     m.member.name)
+        for i, m in enumerate(state.members)))
+    return torch.tensor(nlls, dtype=torch.float32)
+
+
+def _vote(state: RequestState, keys: list[bytes], proposals: Proposals, nlls: torch.Tensor,
+          sampler: Sampler) -> tuple[bytes, list[ScoredSpan]]:
+    """The span with the lowest weighted mean NLL (sampling: softmax of minus the score)."""
+    scores = state.weights @ nlls
+    chosen = keys[sampler.from_probs(torch.softmax(-scores, dim=0))]
+    labels = [m.label for m in state.members]
+    candidates = [ScoredSpan(key, proposed_by=[labels[i] for i, props in enumerate(proposals)
+                                               if any(sp.key == key for sp in props)],
+                             member_nll={label: float(nlls[m, c]) for m, label in enumerate(labels)},
+                             score=float(scores[c]))
+                  for c, key in enumerate(keys)]
+    return chosen, candidates
+
+
+async def _leader_writes(state: RequestState, outlook: _Outlook, settings: AdaFuseSettings,
+                         sampler: Sampler) -> Proposals:
+    """The sure leader's span, as many words as its sureness gives, sampled as the request asks."""
+    leader = state.members[outlook.leader]
+    support = exact_support(leader.member)
+
+    def pick(logits: torch.Tensor) -> int:
+        return sampler.from_logits(logits, support)
+
+    first = outlook.firsts[outlook.leader]
+    span = await leader.member.run(_write, leader.session, outlook.contexts[outlook.leader], first, pick(first),
+                                   leader.table, settings, pick, None, outlook.shared)
+    proposals: Proposals = [[] for _ in state.members]
+    proposals[outlook.leader] = [span]
+    return proposals
+
+
+def _leader_span(state: RequestState, leader: int, proposals: Proposals) -> tuple[bytes, list[ScoredSpan]]:
+    """The leader's span as the only candidate, scored by the leader alone."""
+    (span,) = proposals[leader]
+    label = state.members[leader].label
+    nll = span.nll or 0.0
+    return span.key, [ScoredSpan(span.key, proposed_by=[label], member_nll={label: nll}, score=nll)]
+
+
+def _span_ids(state: RequestState, outlook: _Outlook, chosen: bytes, proposals: Proposals) -> list[int]:
+    """Drafter ids to commit for the chosen span: the drafter's own if it wrote the span, else its
+    spelling of the span's bytes. An empty span (a member wrote only text-less tokens) still has to
+    move the answer on: the drafter's most likely token."""
+    own = next((sp.ids for sp in proposals[0] if sp.key == chosen and sp.ids), None)
+    return own or (state.ids_for_piece(chosen) if chosen else [int(torch.argmax(outlook.firsts[0]))])

@@ -26,11 +26,13 @@ from functools import lru_cache
 import torch
 
 from ..alignment import EOS_KEY, TokenTable, is_char_boundary
-from ..events import Candidate, DraftEvent, EnsembleEvent, Event, VerifiedPosition, VerifyEvent
-from ..fusion import Fuser, MemberDist, SharpenMode, candidate_key, sharpen, top_keys
+from ..events import Event, VerifiedPosition, VerifyEvent
+from ..fusion import HEUR_DRAFTER_TOP, Fuser, MemberDist, SharpenMode, candidate_key, sharpen, top_keys
 from ..members.base import exact_support
 from ..policies import Policy, agree
 from ..sampling import Sampler, speculative_choice
+from .decisions import FusionDecision
+from .report import count_draft, count_fusion, draft_event, fusion_event
 from .state import RequestState
 
 
@@ -50,14 +52,13 @@ class VerifierView:
 @dataclass(frozen=True, slots=True)
 class FusionSettings:
     fuse: Fuser
-    weights: torch.Tensor  # [num_members], sums to 1
     sharpen: SharpenMode
 
 
 def _draft(state: RequestState, length: int, sampler: Sampler) -> Draft:
     """Blocking: the drafter syncs its cache to the answer and drafts up to ``length`` tokens."""
-    session, eos = state.sessions[0], state.drafter.eos_ids
-    support = exact_support(state.drafter)
+    session, eos = state.drafter.session, state.drafter.eos_ids
+    support = exact_support(state.drafter.member)
     target = state.drafter_target()
     logits = session.sync(target, len(target))[-1]
     ids, rows = [], []
@@ -78,10 +79,9 @@ async def _verify(state: RequestState, text: bytes, start: int, ends_with_eos: b
     forward pass; verifiers run concurrently."""
     readings = [state.reading(i, text, draft_ids) for i in range(1, len(state.members))]
     jobs = []
-    for member, session, tokens, prompt in zip(state.members[1:], state.sessions[1:], readings,
-                                               state.prompt_ids[1:]):
-        first = tokens.first_token_from(start)
-        jobs.append(member.run(session.sync, prompt + tokens.ids, len(prompt) + first))
+    for verifier, tokens in zip(state.verifiers, readings):
+        first, prompt = tokens.first_token_from(start), verifier.prompt_ids
+        jobs.append(verifier.member.run(verifier.session.sync, prompt + tokens.ids, len(prompt) + first))
     all_rows = await asyncio.gather(*jobs)
     views = []
     for tokens, rows in zip(readings, all_rows):
@@ -117,12 +117,10 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     drafter = state.drafter
     start = len(state.answer)
     length = min(policy.draft_length, state.max_new_tokens - state.stats.tokens)
-    draft = await drafter.run(_draft, state, length, sampler)
-    state.stats.rounds += 1
-    state.stats.drafted_tokens += len(draft.ids)
+    draft = await drafter.member.run(_draft, state, length, sampler)
+    count_draft(state.stats, len(draft.ids))
     if len(draft.ids) > 1:
-        yield DraftEvent(member=state.labels[0], token_ids=draft.ids,
-                         tokens=[drafter.table.pieces[t].decode("utf-8", "replace") for t in draft.ids])
+        yield draft_event(drafter.label, [drafter.table.pieces[t] for t in draft.ids], draft.ids)
 
     if len(state.members) == 1 or not policy.needs_verification(draft.logits[0]):
         for event in state.commit(draft.ids, "draft"):
@@ -136,6 +134,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     for sync_event in state.sync_events():
         yield sync_event
 
+    weights = state.weights
     checked: list[VerifiedPosition] = []
     offset = start
     for j, token in enumerate(draft.ids):
@@ -148,23 +147,24 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
             # Consensus proves the drafted token is the fused *argmax*; a sampled answer must follow
             # the fused distribution, so there only the drafter-confidence gate skips fusion.
             position.consensus = confident or (
-                sampler.greedy and agree(list(probs), list(tops), fusion.weights))
+                sampler.greedy and agree(list(probs), list(tops), weights))
             position.probs = {d.name: p for d, p in zip(dists, probs)}
             fusable = not position.consensus
         checked.append(position)
         if fusable:
-            chosen = _fuse(state, dists, fusion, sampler, offset, token, state.stats.tokens + j)
-            yield chosen.event
-            if chosen.key != candidate_key(drafter.table, token):  # the draft diverges here
+            decision = _fuse(dists, weights, fusion, sampler, offset, token, state.stats.tokens + j)
+            count_fusion(state.stats, decision)
+            yield fusion_event(decision)
+            if decision.changed:  # the draft diverges here
                 yield VerifyEvent(positions=checked)
                 for event in state.commit(draft.ids[:j], "draft"):
                     yield event
                 if state.finish_reason:
                     return
-                if chosen.key == EOS_KEY:
+                if decision.chosen == EOS_KEY:
                     state.finish_reason = "eos"
                     return
-                for event in state.commit(state.ids_for_piece(chosen.key), "ensemble"):
+                for event in state.commit(state.ids_for_piece(decision.chosen), "ensemble"):
                     yield event
                 return
             # fusion kept the drafted token: every member's context is unchanged, scan on
@@ -181,50 +181,37 @@ def _member_views(state: RequestState, views: list[VerifierView], text: bytes, o
     boundary for all members (SAFE's OOV-like check)."""
     drafter = state.drafter
     piece = drafter.table.pieces[token]
-    dists = [MemberDist(state.labels[0], drafter.table, drafter_logits, exact_support(drafter))]
+    dists = [MemberDist(drafter.label, drafter.table, drafter_logits, exact_support(drafter.member))]
     owns: list[tuple[int, ...]] = [(token,)]
     boundary = offset <= len(text) and is_char_boundary(text, offset)
-    for label, member, view in zip(state.labels[1:], state.members[1:], views):
+    for verifier, view in zip(state.verifiers, views):
         row = view.rows.get(offset)
         if row is None:
             boundary = False
             continue
-        dists.append(MemberDist(label, member.table, row[0], exact_support(member)))
+        member = verifier.member
+        dists.append(MemberDist(verifier.label, member.table, row[0], exact_support(member)))
         same = member.table.token_id(piece) if token not in drafter.eos_ids else None
         owns.append(tuple(t for t in (row[1], same) if t is not None))
     return dists, owns, boundary
 
 
-@dataclass(frozen=True, slots=True)
-class _Choice:
-    key: bytes
-    event: EnsembleEvent
-
-
-def _fuse(state: RequestState, dists: list[MemberDist], fusion: FusionSettings, sampler: Sampler,
-          offset: int, drafted: int, position: int) -> _Choice:
-    fused = fusion.fuse(dists, fusion.weights)
-    drafter_top = set(top_keys(dists[0], 10))
-    scores, sharpened = sharpen(fused, fusion.weights, fusion.sharpen, drafter_top)
-    drafted_key = candidate_key(state.drafter.table, drafted)
+def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings, sampler: Sampler,
+          offset: int, drafted: int, position: int) -> FusionDecision:
+    """Fuse the members' distributions at one position and pick the token (greedy: the fused
+    argmax; sampling: the speculative rule against the fused distribution)."""
+    fused = fusion.fuse(dists, weights)
+    drafter_top = set(top_keys(dists[0], HEUR_DRAFTER_TOP))
+    scores, sharpened = sharpen(fused, weights, fusion.sharpen, drafter_top)
+    drafted_key = candidate_key(dists[0].table, drafted)
     if sampler.greedy:
         key = fused.keys[int(torch.argmax(scores))]
     else:  # speculative sampling against the fused distribution: the answer follows it exactly
         proposal = _draft_mass(dists[0], sampler, fused.keys)
         index = fused.keys.index(drafted_key) if drafted_key in fused.keys else None
         key = fused.keys[speculative_choice(sampler, sampler.tempered(scores), proposal, index)]
-    state.stats.ensembled_tokens += 1
-    changed = key != drafted_key
-    state.stats.changed_tokens += int(changed)
-    order = torch.argsort(fused.fused, descending=True)[:10].tolist()
-    candidates = [Candidate(text=_show(fused.keys[i]), fused=round(float(fused.fused[i]), 5),
-                            member_probs={d.name: round(float(fused.member_probs[m, i]), 5)
-                                          for m, d in enumerate(dists)})
-                  for i in order]
-    event = EnsembleEvent(position=position, offset=offset, candidates=candidates,
-                          sharpened=sharpened, chosen=_show(key),
-                          drafted=_show(drafted_key) if drafted_key else None, changed=changed)
-    return _Choice(key, event)
+    return FusionDecision(position=position, offset=offset, members=tuple(d.name for d in dists), fused=fused,
+                          sharpened=sharpened, chosen=key, drafted=drafted_key)
 
 
 def _draft_mass(drafter: MemberDist, sampler: Sampler, keys: list[bytes]) -> torch.Tensor:
@@ -249,6 +236,3 @@ def _ids_by_bytes(table: TokenTable) -> dict[bytes, list[int]]:
             out.setdefault(key, []).append(token)
     return out
 
-
-def _show(key: bytes) -> str:
-    return "<eos>" if key == EOS_KEY else key.decode("utf-8", "replace")

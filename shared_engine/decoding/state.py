@@ -36,18 +36,46 @@ def spell_bytes(table: TokenTable, piece: bytes, member: str = "member") -> list
     return [t for t in singles if t is not None]
 
 
+@dataclass(slots=True)
+class RequestMember:
+    """One member's part in one request: everything the decoders read of it, in one record, so
+    that dropping a member (its server failed) removes exactly one thing."""
+
+    member: Member
+    label: str  # unique display name (the same model may appear twice)
+    session: Session  # this request's KV cache in the member
+    prompt_ids: list[int]  # the prompt in the member's own chat format
+    weight: float  # its fusion weight; the request's weights sum to 1
+    tokens: TokenizedText = field(init=False)  # its canonical tokenization of the answer (incremental)
+
+    def __post_init__(self) -> None:
+        self.tokens = TokenizedText(self.member.table)
+
+    @property
+    def table(self) -> TokenTable:
+        return self.member.table
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self.member.eos_ids
+
+
+def request_members(members: Sequence[Member], labels: Sequence[str], sessions: Sequence[Session],
+                    prompt_ids: Sequence[list[int]], weights: torch.Tensor | None = None) -> list[RequestMember]:
+    """One record per member, in decoding order (drafter first); ``weights`` default to equal."""
+    if weights is None:
+        weights = torch.full((len(members),), 1 / len(members))
+    return [RequestMember(m, label, session, ids, w)
+            for m, label, session, ids, w in zip(members, labels, sessions, prompt_ids, weights.tolist())]
+
+
 @dataclass
 class RequestState:
-    members: Sequence[Member]  # members[0] is the drafter
-    labels: list[str]  # unique display names (the same model may appear twice)
-    sessions: list[Session]
-    prompt_ids: list[list[int]]
+    members: list[RequestMember]  # members[0] is the drafter
     max_new_tokens: int
     stop: tuple[str, ...] = ()
     answer: bytearray = field(default_factory=bytearray)
     drafter_ids: list[int] = field(default_factory=list)
-    texts: list[TokenizedText] = field(default_factory=list)  # verifiers' tokenizations
-    drafter_text: TokenizedText | None = None  # the drafter's canonical tokenization (span decoders)
     text: str = ""  # decoded answer (complete characters only)
     emitted: int = 0  # characters of ``text`` already sent as token events
     finish_reason: str | None = None
@@ -58,36 +86,53 @@ class RequestState:
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
 
     def __post_init__(self) -> None:
-        self.texts = [TokenizedText(m.table) for m in self.members[1:]]
-        self.drafter_text = TokenizedText(self.drafter.table)
-        self.stats.prompt_tokens = len(self.prompt_ids[0])
+        self.stats.prompt_tokens = len(self.members[0].prompt_ids)
+        self.stats.member_weights = self.weight_stats()
 
     @property
-    def drafter(self) -> Member:
+    def drafter(self) -> RequestMember:
         return self.members[0]
 
+    @property
+    def verifiers(self) -> list[RequestMember]:
+        return self.members[1:]
+
+    @property
+    def weights(self) -> torch.Tensor:
+        """The members' fusion weights in decoding order (float32, sums to 1)."""
+        return torch.tensor([m.weight for m in self.members], dtype=torch.float32)
+
+    def set_weights(self, weights: torch.Tensor) -> None:
+        """This request's weights (``weights="auto"``), one per member in decoding order."""
+        for record, weight in zip(self.members, weights.tolist()):
+            record.weight = weight
+        self.stats.member_weights = self.weight_stats()
+
+    def weight_stats(self) -> dict[str, float]:
+        return {m.label: round(m.weight, 5) for m in self.members}
+
     def drafter_target(self) -> list[int]:
-        return self.prompt_ids[0] + self.drafter_ids
+        return self.drafter.prompt_ids + self.drafter_ids
 
     def ids_for_piece(self, piece: bytes) -> list[int]:
         """Drafter ids spelling ``piece`` (a candidate that may come from another vocabulary)."""
-        return spell_bytes(self.drafter.table, piece, self.drafter.name)
+        return spell_bytes(self.drafter.table, piece, self.drafter.member.name)
 
     def member_context(self, index: int) -> list[int]:
         """Prompt + answer in member ``index``'s ids, as that member reads it (see ``reading``)."""
         if index == 0:
             return self.drafter_target()
-        return self.prompt_ids[index] + self.reading(index, bytes(self.answer), []).ids
+        return self.members[index].prompt_ids + self.reading(index, bytes(self.answer), []).ids
 
     def reading(self, index: int, text: bytes, draft_ids: list[int]) -> TokenizedText:
         """How verifier ``index`` reads ``text`` (the answer, then ``draft_ids`` if ``text`` holds
         them): the canonical re-tokenization in its own vocabulary, or, for a verifier sharing the
         drafter's vocabulary, the drafter's own ids (plain speculative verification: no
         re-tokenization, so a non-canonical drafter split is read exactly as written)."""
-        if not self.members[index].table.same_vocabulary(self.drafter.table):
-            tokens = self.texts[index - 1]
-            tokens.set_text(text)
-            return tokens
+        verifier = self.members[index]
+        if not verifier.table.same_vocabulary(self.drafter.table):
+            verifier.tokens.set_text(text)
+            return verifier.tokens
         table = self.drafter.table
         ids = self.drafter_ids + (draft_ids if len(text) > len(self.answer) else [])
         ids = [t for t in ids if t not in table.eos_ids]
@@ -97,34 +142,28 @@ class RequestState:
             ends.append(end)
         return TokenizedText(table, ids, ends, table.to_bytes(ids))
 
-    def drop_member(self, index: int, weights: torch.Tensor, reason: str) -> torch.Tensor:
-        """Go on without member ``index`` (its server failed); returns the remaining members'
-        weights, renormalised. If the drafter goes, the next member drafts from its canonical
-        tokenization of the answer, so nothing committed changes."""
-        self.failed_members[self.labels[index]] = reason
-        close = getattr(self.sessions[index], "close", None)
+    def drop_member(self, index: int, reason: str) -> None:
+        """Go on without member ``index`` (its server failed): its record goes, the others'
+        weights are renormalised (and reported so in the stats). If the drafter goes, the next
+        member drafts from its canonical tokenization of the answer, so nothing committed changes."""
+        gone = self.members[index]
+        self.failed_members[gone.label] = reason
+        close = getattr(gone.session, "close", None)
         if close is not None:
             close()
+        rest = torch.cat([self.weights[:index], self.weights[index + 1:]])
+        del self.members[index]
         if index == 0:
-            heir = self.texts[0]
+            heir = self.drafter.tokens
             heir.set_text(bytes(self.answer))
             self.drafter_ids = list(heir.ids)
-            self.drafter_text = TokenizedText(heir.table, list(heir.ids), list(heir.ends), heir.data)
-        keep = [i for i in range(len(self.members)) if i != index]
-        self.members = [self.members[i] for i in keep]
-        self.labels = [self.labels[i] for i in keep]
-        self.sessions = [self.sessions[i] for i in keep]
-        self.prompt_ids = [self.prompt_ids[i] for i in keep]
-        self.texts = [t for i, t in enumerate(self.texts, start=1) if i != index]
-        rest = weights[keep]
-        return rest / rest.sum() if float(rest.sum()) > 0 else torch.full_like(rest, 1 / len(rest))
+        self.set_weights(rest / rest.sum() if float(rest.sum()) > 0 else torch.full_like(rest, 1 / len(rest)))
 
     def canonical_texts(self) -> list[TokenizedText]:
         """Every member's canonical tokenization of the answer (for boundary checks)."""
-        assert self.drafter_text is not None
-        for tokens in [self.drafter_text, *self.texts]:
-            tokens.set_text(bytes(self.answer))
-        return [self.drafter_text, *self.texts]
+        for record in self.members:
+            record.tokens.set_text(bytes(self.answer))
+        return [m.tokens for m in self.members]
 
     def commit(self, ids: list[int], source: str) -> list[TokenEvent]:
         """Append drafter ids to the answer; returns the token events to stream. Sets
@@ -182,17 +221,17 @@ class RequestState:
 
     def sync_events(self) -> list[CacheSyncEvent]:
         events = []
-        for label, session in zip(self.labels, self.sessions):
-            kept, dropped = session.last_sync
+        for record in self.members:
+            kept, dropped = record.session.last_sync
             if dropped:
-                events.append(CacheSyncEvent(member=label, kept=kept, dropped=dropped))
-                session.last_sync = (kept, 0)
+                events.append(CacheSyncEvent(member=record.label, kept=kept, dropped=dropped))
+                record.session.last_sync = (kept, 0)
         return events
 
     def finalize_stats(self) -> Stats:
         stats = self.stats
         stats.elapsed_s = time.perf_counter() - self.started
-        stats.forward_passes = {n: s.num_forwards for n, s in zip(self.labels, self.sessions)}
+        stats.forward_passes = {m.label: m.session.num_forwards for m in self.members}
         # The position where the answer ended with EOS was decided too (and may have been fused).
         positions = stats.tokens + (1 if self.finish_reason == "eos" else 0)
         stats.ensemble_rate = stats.ensembled_tokens / positions if positions else 0.0

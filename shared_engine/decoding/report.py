@@ -1,0 +1,88 @@
+"""Decisions into what the caller sees: ``Stats`` counters and the rounded display events.
+
+The one place both rounds (SAFE's ``decode_round``, AdaFuse's ``adafuse_round``) report through, so
+a counter means the same for every method and the display rules (rounding, how many candidates are
+shown) are written once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..alignment import EOS_KEY
+from ..events import AdaFuseEvent, Candidate, DraftEvent, EnsembleEvent, SpanCandidate, Stats
+from .decisions import FusionDecision, SpanDecision
+
+CANDIDATES_SHOWN = 10
+"""Fused candidates listed in an ``ensemble`` event, most probable first."""
+PROB_DIGITS = 5
+"""Decimals of a probability in an event."""
+NLL_DIGITS = 4
+"""Decimals of a negative log-likelihood or uncertainty measure in an event."""
+
+
+def show(key: bytes) -> str:
+    """A candidate as display text: ``<eos>`` for ending the answer, bytes decoded leniently."""
+    return "<eos>" if key == EOS_KEY else key.decode("utf-8", "replace")
+
+
+# -- SAFE's round and the per-token baselines ----------------------------------------------------
+
+def count_draft(stats: Stats, drafted: int) -> None:
+    """A round began with a draft of ``drafted`` tokens."""
+    stats.rounds += 1
+    stats.drafted_tokens += drafted
+
+
+def draft_event(label: str, pieces: list[bytes], ids: list[int]) -> DraftEvent:
+    return DraftEvent(member=label, token_ids=ids, tokens=[p.decode("utf-8", "replace") for p in pieces])
+
+
+def count_fusion(stats: Stats, decision: FusionDecision) -> None:
+    """Fusion ran at one position (and may have changed the drafted token)."""
+    stats.ensembled_tokens += 1
+    stats.changed_tokens += int(decision.changed)
+
+
+def fusion_event(decision: FusionDecision) -> EnsembleEvent:
+    fused = decision.fused
+    order = torch.argsort(fused.fused, descending=True)[:CANDIDATES_SHOWN].tolist()
+    candidates = [Candidate(text=show(fused.keys[i]), fused=round(float(fused.fused[i]), PROB_DIGITS),
+                            member_probs={label: round(float(fused.member_probs[m, i]), PROB_DIGITS)
+                                          for m, label in enumerate(decision.members)})
+                  for i in order]
+    return EnsembleEvent(position=decision.position, offset=decision.offset, candidates=candidates,
+                         sharpened=decision.sharpened, chosen=show(decision.chosen),
+                         drafted=show(decision.drafted) if decision.drafted else None, changed=decision.changed)
+
+
+# -- AdaFuse's round -------------------------------------------------------------------------------
+
+def count_span_round(stats: Stats) -> None:
+    """An AdaFuse round began: it commits one span (or ends the answer)."""
+    stats.rounds += 1
+    stats.spans += 1
+
+
+def count_span(stats: Stats, decision: SpanDecision, committed: int) -> None:
+    """The chosen span was committed as ``committed`` drafter tokens. A voted span counts as fused
+    (all its tokens ensembled); as changed where the drafter's own first proposal was another span."""
+    if not decision.voted:
+        return
+    stats.fused_spans += 1
+    stats.ensembled_tokens += committed
+    if decision.drafter_proposal and decision.drafter_proposal != decision.chosen:
+        stats.changed_tokens += committed
+
+
+def span_event(decision: SpanDecision) -> AdaFuseEvent:
+    candidates = [SpanCandidate(text=show(c.key), proposed_by=c.proposed_by,
+                                member_nll={label: round(v, NLL_DIGITS) for label, v in c.member_nll.items()},
+                                score=round(c.score, NLL_DIGITS))
+                  for c in decision.candidates]
+    candidates.sort(key=lambda c: c.score)  # best first (stable: ties keep the proposal order)
+    return AdaFuseEvent(position=decision.position, offset=decision.offset, uncertainty=decision.uncertainty,
+                        member_uncertainty={label: round(v, NLL_DIGITS)
+                                            for label, v in decision.member_uncertainty.items()},
+                        leader=decision.leader, fused=decision.voted, words=decision.words,
+                        candidates=candidates, chosen=show(decision.chosen))

@@ -1,0 +1,103 @@
+"""Decisions into stats and display events (decoding/report.py), the one place both rounds report through."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import torch
+
+from shared_engine.alignment import EOS_KEY
+from shared_engine.decoding.decisions import FusionDecision, ScoredSpan, SpanDecision
+from shared_engine.decoding.report import (
+    CANDIDATES_SHOWN,
+    count_draft,
+    count_fusion,
+    count_span,
+    count_span_round,
+    fusion_event,
+    span_event,
+)
+from shared_engine.events import Stats
+from shared_engine.fusion import Fused
+
+DECODING = Path(__file__).resolve().parents[1] / "shared_engine" / "decoding"
+
+
+def _fusion(chosen: bytes, drafted: bytes | None, size: int = 3) -> FusionDecision:
+    keys = [EOS_KEY] + [f" w{i}".encode() for i in range(1, size)]
+    member_probs = torch.stack([torch.linspace(0.1, 1.0, size), torch.linspace(1.0, 0.1, size)])
+    member_probs = member_probs / member_probs.sum(1, keepdim=True)
+    fused = torch.tensor([0.7, 0.3]) @ member_probs  # "a" rules: the last key is the most probable
+    return FusionDecision(position=7, offset=30, members=("a", "b"), fused=Fused(keys, member_probs, fused),
+                          sharpened=False, chosen=chosen, drafted=drafted)
+
+
+def test_a_fusion_counts_once_and_as_changed_only_when_it_left_the_draft() -> None:
+    stats = Stats()
+    count_fusion(stats, _fusion(b" w1", b" w1"))
+    assert (stats.ensembled_tokens, stats.changed_tokens) == (1, 0)
+    count_fusion(stats, _fusion(b" w2", b" w1"))
+    count_fusion(stats, _fusion(EOS_KEY, None))  # the drafter drafted a special token: any choice changes it
+    assert (stats.ensembled_tokens, stats.changed_tokens) == (3, 2)
+    count_draft(stats, 4)
+    count_draft(stats, 1)
+    assert (stats.rounds, stats.drafted_tokens) == (2, 5)
+
+
+def test_a_fusion_event_shows_the_most_probable_candidates_rounded() -> None:
+    decision = _fusion(EOS_KEY, b" w3", size=CANDIDATES_SHOWN + 5)
+    event = fusion_event(decision)
+    assert len(event.candidates) == CANDIDATES_SHOWN
+    shown = [c.fused for c in event.candidates]
+    assert shown == sorted(shown, reverse=True)
+    assert event.candidates[0].text == f" w{CANDIDATES_SHOWN + 4}"
+    assert event.candidates[0].fused == round(float(decision.fused.fused[-1]), 5)
+    assert event.candidates[0].member_probs["b"] == round(float(decision.fused.member_probs[1, -1]), 5)
+    assert set(event.candidates[0].member_probs) == {"a", "b"}
+    assert (event.chosen, event.drafted, event.changed) == ("<eos>", " w3", True)
+    assert (event.position, event.offset) == (7, 30)
+    assert fusion_event(_fusion(b" w1", None)).drafted is None
+
+
+def _span(voted: bool, chosen: bytes, drafter_proposal: bytes | None) -> SpanDecision:
+    candidates = [ScoredSpan(b" two words", ["a"], {"a": 1.23456, "b": 2.0}, 1.61728),
+                  ScoredSpan(chosen, ["a", "b"], {"a": 0.5, "b": 0.70004}, 0.60002)]
+    return SpanDecision(position=3, offset=12, uncertainty="margin", member_uncertainty={"a": 0.912345, "b": 0.1},
+                        leader="a", voted=voted, candidates=candidates, chosen=chosen, words=1,
+                        drafter_proposal=drafter_proposal)
+
+
+def test_a_voted_span_counts_its_tokens_as_ensembled_and_changed_where_the_drafter_wrote_another() -> None:
+    stats = Stats()
+    count_span_round(stats)
+    count_span(stats, _span(False, b" one", b" one"), committed=2)  # the sure leader wrote alone
+    assert (stats.rounds, stats.spans, stats.fused_spans, stats.ensembled_tokens) == (1, 1, 0, 0)
+    count_span(stats, _span(True, b" one", b" one"), committed=2)
+    assert (stats.fused_spans, stats.ensembled_tokens, stats.changed_tokens) == (1, 2, 0)
+    count_span(stats, _span(True, b" one", b" other"), committed=3)
+    assert (stats.fused_spans, stats.ensembled_tokens, stats.changed_tokens) == (2, 5, 3)
+    count_span(stats, _span(True, b" one", b""), committed=1)  # an empty proposal is no alternative
+    count_span(stats, _span(True, b" one", None), committed=1)
+    assert (stats.fused_spans, stats.ensembled_tokens, stats.changed_tokens) == (4, 7, 3)
+
+
+def test_a_span_event_lists_candidates_best_first_rounded() -> None:
+    event = span_event(_span(True, b" one", b" other"))
+    assert [c.text for c in event.candidates] == [" one", " two words"]
+    assert event.candidates[1].member_nll == {"a": 1.2346, "b": 2.0}
+    assert event.candidates[1].score == 1.6173
+    assert event.member_uncertainty == {"a": 0.9123, "b": 0.1}
+    assert (event.fused, event.leader, event.chosen, event.words) == (True, "a", " one", 1)
+
+
+def test_the_rounds_count_and_display_only_through_the_report_module() -> None:
+    """No ``stats.x += ...`` and no display event built inside the decoding algorithms."""
+    display = {"EnsembleEvent", "AdaFuseEvent", "Candidate", "SpanCandidate", "DraftEvent"}
+    for name in ("round.py", "adafuse.py"):
+        tree = ast.parse((DECODING / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Attribute):
+                assert "stats" not in ast.unparse(node.target), f"{name}: {ast.unparse(node)}"
+            if isinstance(node, ast.Name):
+                assert node.id not in display, f"{name} builds {node.id}"
