@@ -23,6 +23,18 @@
   default sizes are chosen for this not to happen: an in-process server has as many slots as the
   HTTP server admits active requests (``DEFAULT_MAX_ACTIVE``), a remote server reports its own count
   (``total_slots`` in ``/props``).
+- Greedy answers and the load. llama.cpp's logits for a token depend on how it was computed (in a
+  batch of several rows or alone; measured on the zoo's Qwen GGUF: the top-1 log-probability moved
+  by up to about 0.05, enough to flip a greedy near-tie). A session's first call would find
+  whatever its slot (or the server's RAM prompt cache) held before, and a prompt seen there already
+  was resumed from one re-computed token instead of one batch, so the same request run twice in a
+  row could differ; the first call therefore sends ``cache_prompt: false`` for the prompt alone
+  (one batch from position 0, whatever the slot held), and later calls only extend the session's
+  own sequence. Run one after the other, requests now repeat bitwise. Run together, the server
+  batches their rows into shared decodes (and splits a prompt to match the other slots' rows), so
+  a request's rows can still differ slightly from the same request alone; neither turning off
+  repacked weights (``no_extra_bufts``), flash attention, nor a unified KV cache removed that in
+  our tests. See the README, "Reliability — load".
 """
 
 from __future__ import annotations
@@ -120,13 +132,16 @@ class LlamaCppSession(RemoteSession):
 
     def __init__(self, member: LlamaCppMember) -> None:
         super().__init__(member)
+        self.fresh = True  # the next call is the session's first: computed from position 0
         self.slot = member.slots.lease()
         # returns the slot when closed, or when collected if a caller never closes the session
         self._release = (weakref.finalize(self, member.slots.give_back, self.slot)
                          if self.slot is not None else None)
 
     def _score(self, ids: list[int], first_row: int) -> list[TopK]:
-        return self.member.score(ids, first_row, slot=self.slot)
+        entries = self.member.score(ids, first_row, slot=self.slot, fresh=self.fresh)
+        self.fresh = False
+        return entries
 
     def close(self) -> None:
         """Give the slot back (idempotent)."""
@@ -178,10 +193,10 @@ class LlamaCppMember(RemoteMember):
                 self._partial_ids = [i for i, p in enumerate(self.table.pieces) if p and _is_partial_utf8(p)]
             return self._partial_ids
 
-    def _request(self, prompts: list[list[int]], slot: int | None,
-                 ban_partial: bool = False) -> list[dict[str, Any]]:
+    def _request(self, prompts: list[list[int]], slot: int | None, ban_partial: bool = False,
+                 cache_prompt: bool = True) -> list[dict[str, Any]]:
         body: dict[str, Any] = {"prompt": prompts if len(prompts) > 1 else prompts[0], "n_predict": 1,
-                                "n_probs": self.top_k, "temperature": 0, "cache_prompt": True}
+                                "n_probs": self.top_k, "temperature": 0, "cache_prompt": cache_prompt}
         if slot is not None:
             body["id_slot"] = slot
         if ban_partial:
@@ -192,10 +207,16 @@ class LlamaCppMember(RemoteMember):
             raise self.malformed("/completion results", answer)
         return sorted(results, key=lambda r: int(r.get("index", 0)))
 
-    def score(self, ids: list[int], first_row: int, slot: int | None = None) -> list[TopK]:
-        """See ``RemoteMember.score``; ``slot``: the server slot to run in (None: any idle one)."""
+    def score(self, ids: list[int], first_row: int, slot: int | None = None, fresh: bool = False) -> list[TopK]:
+        """See ``RemoteMember.score``; ``slot``: the server slot to run in (None: any idle one);
+        ``fresh``: compute the first prompt from position 0, whatever the slot holds (a session's
+        first call, see the module docstring), and only then extend it."""
         prompts = [ids[:i] for i in range(first_row, len(ids) + 1)]
-        results = self._request(prompts, slot)
+        if fresh:
+            results = self._request(prompts[:1], slot, cache_prompt=False)
+            results += self._request(prompts[1:], slot) if len(prompts) > 1 else []
+        else:
+            results = self._request(prompts, slot)
         entries: list[TopK | None] = [self._entry(r) for r in results]
         for i, entry in enumerate(entries):
             if entry is None:  # the argmax was a partial UTF-8 token: ask again with those banned
