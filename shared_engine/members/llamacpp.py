@@ -30,11 +30,11 @@
   was resumed from one re-computed token instead of one batch, so the same request run twice in a
   row could differ; the first call therefore sends ``cache_prompt: false`` for the prompt alone
   (one batch from position 0, whatever the slot held), and later calls only extend the session's
-  own sequence. Run one after the other, requests now repeat bitwise. Run together, the server
-  batches their rows into shared decodes (and splits a prompt to match the other slots' rows), so
-  a request's rows can still differ slightly from the same request alone; neither turning off
-  repacked weights (``no_extra_bufts``), flash attention, nor a unified KV cache removed that in
-  our tests. See the README, "Reliability — load".
+  own sequence. Run one after the other, requests now repeat bitwise (measured: 4 prompts, 3 runs).
+  Run together, the server batches their rows into shared decodes (and may split a prompt across
+  decodes), so a request's rows can still differ slightly from the same request alone; neither
+  turning off repacked weights (``no_extra_bufts``), flash attention, nor a unified KV cache
+  removed that in our tests. See the README, "Reliability — load".
 """
 
 from __future__ import annotations
