@@ -134,6 +134,7 @@ class LlamaCppLike:
         self.fail_on_call, self.report_slots = fail_on_call, report_slots
         self.slot_of_call: list[int | None] = []  # id_slot of every /completion, None when not sent
         self.first_prompt_of_call: list[list[int]] = []
+        self.prompts_and_cache_of_call: list[tuple[int, bool]] = []  # (number of prompts, cache_prompt)
         self.collisions = 0
         self.max_in_flight = 0
         self._busy: set[int] = set()
@@ -153,6 +154,7 @@ class LlamaCppLike:
         with self._lock:
             self.slot_of_call.append(slot)
             self.first_prompt_of_call.append(prompts[0])
+            self.prompts_and_cache_of_call.append((len(prompts), bool(body.get("cache_prompt", True))))
             number = len(self.slot_of_call)
             if slot is not None:
                 self.collisions += slot in self._busy

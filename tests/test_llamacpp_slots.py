@@ -98,6 +98,22 @@ def test_each_session_sends_its_own_slot_in_every_completion_and_gives_it_back()
         assert member.slots.leased == 0
 
 
+def test_a_sessions_first_call_computes_its_prompt_from_position_0_and_later_calls_extend_it() -> None:
+    """Whatever the slot held before, a request's rows start from one batch of its own prompt
+    (``cache_prompt: false``); a first call that scores a block sends that prompt alone first."""
+    with stand_in(slots=2) as (member, server):
+        ids = _prompt_ids(member, PROMPTS[0])
+        drafter, verifier = member.new_session(), member.new_session()
+        drafter.sync(ids, len(ids))
+        drafter.step(5)
+        verifier.sync(ids + [5, 6, 7], len(ids))  # a verifier's first call: a block of 4 rows
+        verifier.sync(ids + [5, 6, 7, 8], len(ids) + 4)
+        assert server.prompts_and_cache_of_call == [(1, False), (1, True), (1, False), (3, True), (1, True)]
+        assert server.slot_of_call == [0, 0, 1, 1, 1]
+        drafter.close()
+        verifier.close()
+
+
 def test_a_server_that_does_not_report_its_slots_gets_no_id_slot() -> None:
     with stand_in(slots=3, report_slots=False) as (member, server):
         session = member.new_session()
