@@ -4,6 +4,7 @@ are measured.
     python scripts/load_bench.py --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct \\
         --method safe --levels 1,2,4,8 --requests-per-client 2 --max-tokens 32 --out docs/load
     python scripts/load_bench.py --toy --levels 1,2 --out /tmp/load     # tiny random members, seconds
+    python scripts/load_bench.py --backend llamacpp --method single --out docs/load/llamacpp-single
 
 The server runs as its own process (``python -m shared_engine.cli serve`` on a free loopback port),
 so its peak RSS is measured alone and the clients' CPU time is not the server's. For each level N,
@@ -13,8 +14,15 @@ to the last answer. Reported per level: requests/s and completion tokens/s, p50/
 first text and total latency, the server's peak RSS during the level, and what went wrong:
 ``rejected_429`` (the server's admission control said busy; not retried) is counted apart from
 ``errors`` (any other failure: a non-200, an in-stream error, a stream without ``[DONE]`` or usage,
-a transport error or timeout), with the distinct error messages. Greedy answers must not depend
-on the load: ``inconsistent_prompts`` lists prompts whose answers differed between requests.
+a transport error or timeout), with the distinct error messages, and the members' forward passes
+(scoring requests, for server members) per completion token, read from the finish stats. Greedy
+answers must not depend on the load: ``inconsistent_prompts`` lists prompts whose answers differed
+between requests (``divergent_answers`` shows them, by level). ``tokens_per_s_at_4_over_1`` is how
+throughput grows from one client to four (levels 1 and 4 both run).
+
+``--backend llamacpp`` runs the zoo names as in-process llama.cpp members (``serve --backend``; a
+``llamacpp:NAME`` spec in ``--models`` does the same per member); their servers get one slot per
+request the server admits (``--max-active``), so concurrent requests are batched by llama.cpp.
 
 Writes ``load.json`` and ``load.png`` into ``--out``. Percentiles over few requests are coarse
 (linear interpolation between the samples); the JSON keeps the sample count.
@@ -65,8 +73,10 @@ class RequestResult(BaseModel):
     ttft_s: float | None = None
     latency_s: float
     completion_tokens: int = 0
+    forward_passes: dict[str, int] = {}  # per member label, from the finish stats
     text: str = ""
     error: str | None = None
+    level: int = 0
 
 
 class Percentiles(BaseModel):
@@ -98,11 +108,13 @@ class LevelResult(BaseModel):
     ttft_s: Percentiles
     latency_s: Percentiles
     peak_rss_mib: float | None
+    forward_passes_per_token: dict[str, float] = {}
 
 
 class BenchConfig(BaseModel):
     models: list[str]
     toy: bool
+    backend: str = "transformers"
     method: str
     levels: list[int]
     requests_per_client: int
@@ -120,6 +132,8 @@ class BenchResult(BaseModel):
     server_peak_rss_mib: float | None  # VmHWM: the lifetime peak, loading included
     levels: list[LevelResult]
     inconsistent_prompts: list[str]
+    divergent_answers: list[dict[str, Any]] = []  # the answers of inconsistent prompts: prompt, level, text
+    tokens_per_s_at_4_over_1: float | None = None
 
 
 # ----------------------------------------------------------------------------- the server process
@@ -187,7 +201,8 @@ def running_server(models: list[str], config: BenchConfig, log_path: Path, start
     """``safe-ensemble serve`` in a child process; yields (base URL, process, startup seconds)."""
     port = _free_port()
     command = [sys.executable, "-m", "shared_engine.cli", "serve", "--models", ",".join(models),
-               "--method", config.method, "--port", str(port), "--max-new-tokens", str(config.max_tokens),
+               "--method", config.method, "--backend", config.backend, "--port", str(port),
+               "--max-new-tokens", str(config.max_tokens),
                "--max-active", str(config.max_active), "--max-waiting", str(config.max_waiting),
                *config.serve_args]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -224,14 +239,14 @@ def running_server(models: list[str], config: BenchConfig, log_path: Path, start
 async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: int, max_tokens: int
                       ) -> RequestResult:
     body = {"model": model, "stream": True, "max_tokens": max_tokens, "temperature": 0,
-            "stream_options": {"include_usage": True},
+            "stream_options": {"include_usage": True}, "ensemble_events": True,  # for the finish stats
             "messages": [{"role": "user", "content": PROMPTS[prompt]}]}
     started = time.perf_counter()
 
     def done(outcome: Literal["ok", "rejected", "error"], **fields: Any) -> RequestResult:
         return RequestResult(prompt=prompt, outcome=outcome, latency_s=time.perf_counter() - started, **fields)
 
-    ttft, parts, tokens, finished = None, [], None, False
+    ttft, parts, tokens, finished, forwards = None, [], None, False, {}
     try:
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
             if response.status_code != 200:
@@ -254,6 +269,8 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: i
                     return done("error", error=f"in-stream error: {chunk['error'].get('message')}")
                 if chunk.get("usage"):
                     tokens = chunk["usage"]["completion_tokens"]
+                if stats := (chunk.get("ensemble") or {}).get("stats"):
+                    forwards = stats.get("forward_passes") or {}
                 for choice in chunk.get("choices") or []:
                     if content := choice["delta"].get("content"):
                         ttft = ttft if ttft is not None else time.perf_counter() - started
@@ -262,7 +279,7 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: i
         return done("error", error=f"{type(err).__name__}: {err}")
     if not finished or tokens is None:
         return done("error", error="the stream ended without " + ("[DONE]" if not finished else "a usage chunk"))
-    return done("ok", ttft_s=ttft, completion_tokens=tokens, text="".join(parts))
+    return done("ok", ttft_s=ttft, completion_tokens=tokens, forward_passes=forwards, text="".join(parts))
 
 
 async def run_level(url: str, model: str, clients: int, config: BenchConfig, timeout_s: float,
@@ -280,9 +297,13 @@ async def run_level(url: str, model: str, clients: int, config: BenchConfig, tim
             started = time.perf_counter()
             per_client = await asyncio.gather(*(client_loop(i) for i in range(clients)))
             wall = time.perf_counter() - started
-    results = [r for rs in per_client for r in rs]
+    results = [r.model_copy(update={"level": clients}) for rs in per_client for r in rs]
     ok = [r for r in results if r.outcome == "ok"]
     tokens = sum(r.completion_tokens for r in ok)
+    forwards: dict[str, int] = {}
+    for r in ok:
+        for label, n in r.forward_passes.items():
+            forwards[label] = forwards.get(label, 0) + n
     level = LevelResult(
         clients=clients, requests=len(results), completed=len(ok),
         rejected_429=sum(r.outcome == "rejected" for r in results),
@@ -291,7 +312,8 @@ async def run_level(url: str, model: str, clients: int, config: BenchConfig, tim
         wall_s=round(wall, 3), requests_per_s=round(len(ok) / wall, 4), tokens_per_s=round(tokens / wall, 3),
         completion_tokens=tokens, ttft_s=Percentiles.of([r.ttft_s for r in ok if r.ttft_s is not None]),
         latency_s=Percentiles.of([r.latency_s for r in ok]),
-        peak_rss_mib=round(rss.peak, 1) if rss.peak is not None else None)
+        peak_rss_mib=round(rss.peak, 1) if rss.peak is not None else None,
+        forward_passes_per_token={label: round(n / tokens, 3) for label, n in forwards.items()} if tokens else {})
     return level, results
 
 
@@ -302,6 +324,38 @@ def inconsistent(results: list[RequestResult]) -> list[str]:
         if r.outcome == "ok":
             answers.setdefault(r.prompt, set()).add(r.text)
     return [PROMPTS[p] for p, texts in sorted(answers.items()) if len(texts) > 1]
+
+
+def divergent(results: list[RequestResult]) -> list[dict[str, Any]]:
+    """Every answer to the prompts ``inconsistent`` lists, with its level (to see where they split)."""
+    split = set(inconsistent(results))
+    return [{"prompt": PROMPTS[r.prompt], "level": r.level, "text": r.text}
+            for r in sorted(results, key=lambda r: (r.prompt, r.level))
+            if r.outcome == "ok" and PROMPTS[r.prompt] in split]
+
+
+def throughput_ratio(levels: list[LevelResult], high: int = 4, low: int = 1) -> float | None:
+    """tokens/s at ``high`` clients over tokens/s at ``low`` (None unless both levels ran)."""
+    by_clients = {lv.clients: lv.tokens_per_s for lv in levels}
+    if high not in by_clients or not by_clients.get(low):
+        return None
+    return round(by_clients[high] / by_clients[low], 3)
+
+
+def summary(result: BenchResult) -> str:
+    """The lines that answer "does throughput grow with clients, and do answers stay the same"."""
+    lines = [f"N={lv.clients}: {lv.tokens_per_s:.2f} tok/s, forward passes per token "
+             + (", ".join(f"{m} {v:.2f}" for m, v in lv.forward_passes_per_token.items()) or "–")
+             for lv in result.levels]
+    ratio = result.tokens_per_s_at_4_over_1
+    shown = ratio if ratio is not None else "– (levels 1 and 4 not both run)"
+    lines.append(f"tokens_per_s_at_4 / tokens_per_s_at_1 = {shown}")
+    lines.append("greedy answers matched across levels: " + (
+        "yes" if not result.inconsistent_prompts else f"NO, {len(result.inconsistent_prompts)} prompt(s) differ: "
+        + "; ".join(result.inconsistent_prompts)))
+    errors = sum(lv.errors for lv in result.levels)
+    lines.append(f"errors: {errors}")
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- the report
@@ -347,7 +401,7 @@ def plot(result: BenchResult, path: Path) -> None:
         ax.set_xlabel("concurrent streaming clients")
         ax.grid(alpha=0.3)
     c = result.config
-    fig.suptitle(f"safe-ensemble serve · {c.method} · {' + '.join(Path(m).name for m in c.models)} · "
+    fig.suptitle(f"safe-ensemble serve · {c.method} · {c.backend} · {' + '.join(Path(m).name for m in c.models)} · "
                  f"max_tokens={c.max_tokens}, {c.requests_per_client} req/client, max_active={c.max_active}",
                  fontsize=10)
     fig.tight_layout(rect=(0, 0.025, 1, 1))
@@ -374,16 +428,26 @@ def table(result: BenchResult) -> str:
 # ----------------------------------------------------------------------------- main
 
 
+def _server_default_max_active() -> int:
+    sys.path.insert(0, str(ROOT))
+    from shared_engine.options import DEFAULT_MAX_ACTIVE
+
+    return DEFAULT_MAX_ACTIVE
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=DEFAULT_MODELS, help="comma-separated zoo names or HF folders")
     parser.add_argument("--toy", action="store_true", help="two tiny random members instead (seconds, for CI)")
+    parser.add_argument("--backend", choices=["transformers", "llamacpp"], default="transformers",
+                        help="how the server runs zoo names without a backend prefix (serve --backend)")
     parser.add_argument("--method", default="safe")
     parser.add_argument("--levels", default="1,2,4,8", help="numbers of concurrent clients")
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--max-active", type=int, default=4, help="the server's --max-active")
+    parser.add_argument("--max-active", type=int, default=_server_default_max_active(),
+                        help="the server's --max-active (default: the server's own default)")
     parser.add_argument("--max-waiting", type=int, default=16, help="the server's --max-waiting")
     parser.add_argument("--serve-arg", action="append", default=[],
                         help="extra argument for `serve` (repeatable), e.g. --serve-arg=--threshold=0.5")
@@ -397,6 +461,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.levels = [int(x) for x in args.levels.split(",")]
     if min(args.levels) < 1 or args.requests_per_client < 1 or args.max_tokens < 1:
         parser.error("levels, --requests-per-client and --max-tokens must be >= 1")
+    if args.toy and args.backend != "transformers":
+        parser.error("--toy members are transformers folders: drop --backend")
     return args
 
 
@@ -407,11 +473,13 @@ def main(argv: list[str] | None = None) -> BenchResult:
         result = BenchResult.model_validate_json(args.replot.read_text())
         plot(result, args.out / "load.png")
         print(table(result))
+        print(summary(result))
         return result
     with tempfile.TemporaryDirectory(prefix="load-bench-") as tmp:
         models = write_toy_members(Path(tmp)) if args.toy else args.models.split(",")
         config = BenchConfig(models=models if not args.toy else ["toy-a", "toy-b"], toy=args.toy,
-                             method=args.method, levels=args.levels, requests_per_client=args.requests_per_client,
+                             backend=args.backend, method=args.method, levels=args.levels,
+                             requests_per_client=args.requests_per_client,
                              max_tokens=args.max_tokens, max_active=args.max_active, max_waiting=args.max_waiting,
                              serve_args=args.serve_arg)
         machine = {"cpus": os.cpu_count(), "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
@@ -438,10 +506,12 @@ def main(argv: list[str] | None = None) -> BenchResult:
         result = BenchResult(config=config, machine=machine, server_startup_s=round(startup_s, 2),
                              server_idle_rss_mib=round(idle_rss, 1) if idle_rss else None,
                              server_peak_rss_mib=round(peak, 1) if peak else None,
-                             levels=levels, inconsistent_prompts=inconsistent(everything))
+                             levels=levels, inconsistent_prompts=inconsistent(everything),
+                             divergent_answers=divergent(everything), tokens_per_s_at_4_over_1=throughput_ratio(levels))
     (args.out / "load.json").write_text(result.model_dump_json(indent=2) + "\n")
     plot(result, args.out / "load.png")
     print(table(result))
+    print(summary(result))
     print(f"wrote {args.out / 'load.json'} and {args.out / 'load.png'}", file=sys.stderr)
     return result
 

@@ -9,9 +9,10 @@
     result.tool_calls                                  # parsed calls (see shared_engine.tools)
 
 Concurrency: every request gets its own session (KV cache) in every member, so concurrent
-requests never see each other's state; each member runs one forward at a time (a lock), because
-on a CPU two forwards of one model only slow each other down. Requests therefore interleave
-round by round and give the same answers as when run one after the other.
+requests never see each other's state. A transformers member runs one forward at a time (its
+lock), because on a CPU two forwards of one model only slow each other down; requests interleave
+round by round there. A server-backed member has no lock here: a llama.cpp session holds its own
+server slot, and the server batches the active slots in one decode (members/llamacpp.py).
 
 Resources: a request's sessions are released when it ends, however it ends (finish, error, the
 consumer breaking off, task cancellation). ``close()`` / ``with`` / ``async with`` stop the engine:
@@ -78,7 +79,8 @@ class EnsembleEngine:
                  **options: Any) -> None:
         """``members``: names/specs, ``MemberConfig``s or built members. ``options``: any
         ``EngineOptions`` field, plus the ``MemberDefaults`` (``device``, ``device_map``, ``dtype``,
-        ``attn_implementation``) applied to every transformers member that does not set its own.
+        ``attn_implementation`` for transformers members, ``slots`` for in-process llama.cpp ones)
+        applied to every member that does not set its own.
         Bad configs (unknown dtype or key, a device this machine lacks) fail here, loading nothing."""
         if not members:
             raise InvalidRequestError("an ensemble needs at least one member")

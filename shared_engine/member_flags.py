@@ -86,10 +86,12 @@ def add_member_args(parser: argparse.ArgumentParser, required: bool = True) -> N
 
 def member_configs(args: argparse.Namespace, backend: str | None = None) -> list[MemberConfig]:
     """The members the flags describe: ``--members`` entries or ``--models`` names (``backend`` for
-    those without a prefix), with ``--device``/``--dtype``/... filled in where a member sets none."""
+    those without a prefix), with ``--device``/``--dtype``/... filled in where a member sets none, and
+    ``serve --max-active N`` giving every in-process llama.cpp member N slots (one per active request)."""
     defaults = validated(
         MemberDefaults, device=getattr(args, "device", None), device_map=getattr(args, "device_map", None),
-        dtype=getattr(args, "dtype", None), attn_implementation=getattr(args, "attn_implementation", None))
+        dtype=getattr(args, "dtype", None), attn_implementation=getattr(args, "attn_implementation", None),
+        slots=getattr(args, "max_active", None))
     entries: Sequence[str | MemberConfig] = getattr(args, "members", None) or [
         with_backend(m, backend) for m in args.models]
     return [member_config(entry, defaults, backend) for entry in entries]

@@ -8,6 +8,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import InvalidRequestError
 
+DEFAULT_MAX_ACTIVE = 4
+"""Requests that generate at once by default: what the HTTP server admits (``serve --max-active``)
+and how many slots an in-process llama.cpp server gets (one per active request, each with its own
+prefix cache). One number, so the server never admits more requests than the members have slots."""
+
 Method = Literal["safe", "every-token", "gac-threshold", "single", "adafuse"]
 METHODS: tuple[str, ...] = get_args(Method)
 

@@ -171,3 +171,46 @@ def test_closing_the_last_engine_that_holds_a_member_frees_it() -> None:
     third = EnsembleEngine([spec], method="single", max_new_tokens=4)
     assert third.generate("Hi").text and third.members[0] is not member  # loaded afresh
     third.close()
+
+
+def test_two_concurrent_requests_each_keep_their_own_slot_and_prefix_cache() -> None:
+    """Two requests at once on a two-slot server: every call of a request names its slot (the
+    server answers from that slot), the calls overlap in time (no lock in front of the member),
+    and after its first call each request's server work is only its new tokens (``prompt_n``): the
+    other request never evicted its prefix cache."""
+    import asyncio
+
+    from shared_engine.members.llamacpp import LlamaCppMember
+    from shared_engine.members.remote import load_tokenizer
+
+    member = LlamaCppMember.from_gguf("smol-two-slots", gguf_path(SMOL, progress=False), load_tokenizer(SMOL),
+                                      n_ctx=1024, slots=2)
+    calls: list[tuple[int | None, float, float, list[dict]]] = []  # (slot sent, start, end, results)
+    send = member.client.post
+
+    def recording(path: str, body: dict) -> object:
+        started = time.monotonic()
+        answer = send(path, body)
+        calls.append((body.get("id_slot"), started, time.monotonic(), answer if isinstance(answer, list) else [answer]))
+        return answer
+
+    member.client.post = recording  # type: ignore[method-assign]
+    try:
+        engine = EnsembleEngine([member], method="single")
+
+        async def both() -> list[str]:
+            results = await asyncio.gather(*(engine.agenerate(p, max_new_tokens=16) for p in PROMPTS))
+            return [r.text for r in results]
+
+        together = asyncio.run(both())
+        assert all(t.strip() for t in together)
+        assert {slot for slot, *_ in calls} == {0, 1} and member.slots.leased == 0
+        for slot in (0, 1):
+            mine = [(results, start, end) for s, start, end, results in calls if s == slot]
+            assert all(r["id_slot"] == slot for results, *_ in mine for r in results)
+            # after the prompt, each call processed only the token it added (1), never the whole sequence
+            assert [r["timings"]["prompt_n"] for results, *_ in mine[1:] for r in results] == [1] * (len(mine) - 1)
+        spans = sorted((start, end) for _, start, end, _ in calls)
+        assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:]))  # calls overlapped
+    finally:
+        member.close()

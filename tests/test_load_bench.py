@@ -42,5 +42,11 @@ def test_load_bench_on_toy_members_reports_every_request(tmp_path: Path) -> None
     assert levels[0]["rejected_429"] == levels[1]["rejected_429"] == 0
     assert levels[2]["rejected_429"] >= 1  # four clients at once, room for two
     assert report["server_peak_rss_mib"] >= max(lv["peak_rss_mib"] for lv in levels)
-    assert report["inconsistent_prompts"] == []  # greedy answers do not depend on the load
+    assert report["inconsistent_prompts"] == [] and report["divergent_answers"] == []  # not on the load
+    # how throughput grows from one client to four, and the forward passes per token of each member
+    assert report["tokens_per_s_at_4_over_1"] == round(levels[2]["tokens_per_s"] / levels[0]["tokens_per_s"], 3)
+    for lv in levels:
+        assert set(lv["forward_passes_per_token"]) == {"toy-a", "toy-b"}
+        assert all(0 < v <= 3 for v in lv["forward_passes_per_token"].values()), lv["forward_passes_per_token"]
+    assert report["config"]["backend"] == "transformers"
     assert (tmp_path / "load.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import InvalidRequestError
-from ..options import validated
+from ..options import DEFAULT_MAX_ACTIVE, validated
 from . import devices
 from .devices import DType
 from .http import HttpSettings
@@ -34,12 +34,13 @@ SERVER_FIELDS = ("top_k", "http")
 LLAMACPP_FIELDS = ("threads", "slots", "n_ctx")
 """Options of a llama.cpp server this process starts for a GGUF."""
 
-_LOADER_DEFAULTS = {"device": "cpu", "dtype": "float32"}
-"""What a transformers member loads with when these are not set."""
+_LOADER_DEFAULTS: dict[str, object] = {"device": "cpu", "dtype": "float32", "slots": DEFAULT_MAX_ACTIVE}
+"""What a member loads with when these are not set (transformers placement, llama.cpp slots)."""
 
 
 class MemberDefaults(BaseModel):
-    """Engine-wide placement for transformers members that do not set their own."""
+    """Engine-wide defaults for members that do not set their own: placement (transformers members)
+    and server slots (in-process llama.cpp members)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -51,6 +52,9 @@ class MemberDefaults(BaseModel):
     """Weight dtype: float32 (default), bfloat16, float16, or auto (the checkpoint's own)."""
     attn_implementation: str | None = None
     """transformers attention kernel: sdpa, eager, flash_attention_2, ... (default: transformers')."""
+    slots: int | None = Field(None, ge=1)
+    """In-process llama.cpp: parallel slots, one per active request, each with its own prefix cache
+    (default: ``DEFAULT_MAX_ACTIVE``, the requests the server admits at once)."""
 
     @field_validator("device")
     @classmethod
@@ -100,8 +104,6 @@ class MemberConfig(MemberDefaults):
     """Server members: timeouts, retries, API key."""
     threads: int | None = Field(None, ge=1)
     """In-process llama.cpp: CPU threads (default: all cores)."""
-    slots: int | None = Field(None, ge=1)
-    """In-process llama.cpp: parallel slots, each with its own prefix cache."""
     n_ctx: int | None = Field(None, ge=16)
     """In-process llama.cpp: context length per slot."""
 
@@ -141,13 +143,20 @@ class MemberConfig(MemberDefaults):
 
     def with_defaults(self, defaults: MemberDefaults | None, backend: str | None = None) -> MemberConfig:
         """This config with a default backend (for a model without a prefix) and the engine-wide
-        placement (transformers members only) filled in where it sets none. A member that sets
-        its own device or device_map keeps it: the two are never mixed."""
+        defaults filled in where it sets none: placement for a transformers member, slots for an
+        in-process llama.cpp member. A member that sets its own device or device_map keeps it: the
+        two are never mixed."""
         values = self.model_dump(exclude_none=True)
         if self.backend is None and backend is not None:
             values["backend"] = backend
         config = validated(MemberConfig, **values)
-        if defaults is None or config.spec.backend != "transformers":
+        if defaults is None:
+            return config
+        if config.spec.backend == "llamacpp" and not config.spec.is_url:
+            if config.slots is None and defaults.slots is not None:
+                return validated(MemberConfig, **{**values, "slots": defaults.slots})
+            return config
+        if config.spec.backend != "transformers":
             return config
         fill = defaults.placement()
         if config.device is not None or config.device_map is not None:

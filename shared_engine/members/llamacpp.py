@@ -13,17 +13,41 @@
   that prompt. Those prompts are re-sent with every partial-UTF-8 id banned through
   ``logit_bias``; the returned probabilities stay raw (measured: the banned argmax is still
   reported with its true log-probability), only the (unused) sampled token changes.
+- Slots, one per active request: each session leases a slot of the server (``SlotPool``) and sends
+  it as ``id_slot`` in every ``/completion``, so its prefix cache stays its own and the server
+  batches the requests' slots in one decode. The lease returns when the session closes (the engine
+  closes a request's sessions however it ends) or, failing that, when it is garbage collected.
+  More requests than slots: the extra sessions lease nothing and send no ``id_slot``, so the server
+  runs each of their calls in whichever slot is idle. They are answered, but each such call may
+  land in a leased slot and evict that request's prefix cache (recomputed on its next call), so the
+  default sizes are chosen for this not to happen: an in-process server has as many slots as the
+  HTTP server admits active requests (``DEFAULT_MAX_ACTIVE``), a remote server reports its own count
+  (``total_slots`` in ``/props``).
+- Greedy answers and the load. llama.cpp's logits for a token depend on how it was computed (in a
+  batch of several rows or alone; measured on the zoo's Qwen GGUF: the top-1 log-probability moved
+  by up to about 0.05, enough to flip a greedy near-tie). A session's first call would find
+  whatever its slot (or the server's RAM prompt cache) held before, and a prompt seen there already
+  was resumed from one re-computed token instead of one batch, so the same request run twice in a
+  row could differ; the first call therefore sends ``cache_prompt: false`` for the prompt alone
+  (one batch from position 0, whatever the slot held), and later calls only extend the session's
+  own sequence. Run one after the other, requests now repeat bitwise (measured: 4 prompts, 3 runs).
+  Run together, the server batches their rows into shared decodes (and may split a prompt across
+  decodes), so a request's rows can still differ slightly from the same request alone; neither
+  turning off repacked weights (``no_extra_bufts``), flash attention, nor a unified KV cache
+  removed that in our tests. See the README, "Reliability — load".
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
+from ..options import DEFAULT_MAX_ACTIVE
 from .http import HttpSettings
-from .remote import DEFAULT_TOP_K, LocalTokenizer, MemberTokenizer, RemoteMember
+from .remote import DEFAULT_TOP_K, LocalTokenizer, MemberTokenizer, RemoteMember, RemoteSession
 from .server_tokenizer import llamacpp_tokenize
 from .topk import TopK
 
@@ -43,14 +67,14 @@ class LocalLlamaServer:
     """
 
     def __init__(self, gguf: str | Path, n_ctx: int = 4096, threads: int | None = None,
-                 slots: int = 1) -> None:
+                 slots: int = DEFAULT_MAX_ACTIVE) -> None:
         try:
             import xllamacpp as xlc
         except ImportError as exc:  # pragma: no cover - xllamacpp is a dependency
             raise ImportError("the llama.cpp backend needs the xllamacpp wheel: pip install xllamacpp") from exc
         params = xlc.CommonParams()
         params.model.path = str(gguf)
-        params.n_ctx = n_ctx * slots  # split evenly over the slots
+        params.n_ctx = n_ctx * slots  # split evenly over the slots: each gets n_ctx
         params.n_parallel = slots
         params.port = 0  # the OS picks a free port; the server reports it
         threads = threads or max(1, os.cpu_count() or 1)
@@ -60,12 +84,69 @@ class LocalLlamaServer:
         params.verbosity = -1
         self.gguf = Path(gguf)
         self.n_ctx = n_ctx
+        self.slots = slots
         self._server: Any = xlc.Server(params)
         address = str(self._server.listening_address)
         self.url = address if address.startswith("http") else f"http://{address}"
 
     def close(self) -> None:
         self._server = None
+
+
+class SlotPool:
+    """The slots of one llama.cpp server, leased one per active request (thread-safe).
+
+    ``lease`` never waits: with every slot taken it returns None and the caller goes on without
+    one (see the module docstring), so no request can block another's progress."""
+
+    def __init__(self, size: int) -> None:
+        if size < 0:
+            raise ValueError("a slot pool cannot have a negative size")
+        self.size = size
+        self._free = list(range(size))
+        self._lock = threading.Lock()
+
+    def lease(self) -> int | None:
+        """The lowest free slot (a lone request always runs in the same one), or None."""
+        with self._lock:
+            return self._free.pop(0) if self._free else None
+
+    def give_back(self, slot: int) -> None:
+        with self._lock:
+            if not 0 <= slot < self.size or slot in self._free:
+                raise ValueError(f"slot {slot} is not leased from this pool")
+            self._free.append(slot)
+            self._free.sort()
+
+    @property
+    def leased(self) -> int:
+        """Slots held by requests now."""
+        with self._lock:
+            return self.size - len(self._free)
+
+
+class LlamaCppSession(RemoteSession):
+    """A request's session on a llama.cpp member: it holds one server slot for its whole life."""
+
+    member: LlamaCppMember
+
+    def __init__(self, member: LlamaCppMember) -> None:
+        super().__init__(member)
+        self.fresh = True  # the next call is the session's first: computed from position 0
+        self.slot = member.slots.lease()
+        # returns the slot when closed, or when collected if a caller never closes the session
+        self._release = (weakref.finalize(self, member.slots.give_back, self.slot)
+                         if self.slot is not None else None)
+
+    def _score(self, ids: list[int], first_row: int) -> list[TopK]:
+        entries = self.member.score(ids, first_row, slot=self.slot, fresh=self.fresh)
+        self.fresh = False
+        return entries
+
+    def close(self) -> None:
+        """Give the slot back (idempotent)."""
+        if self._release is not None:
+            self._release()
 
 
 class LlamaCppMember(RemoteMember):
@@ -79,15 +160,18 @@ class LlamaCppMember(RemoteMember):
         self._partial_lock = threading.Lock()
         super().__init__(name, url, tokenizer, top_k=top_k, context_window=context_window, http=http,
                          check_tokenizer=check_tokenizer)
+        props = self.client.get("/props") if server is None or context_window is None else {}
         if context_window is None:
-            self.context_window = self._server_context(default=self.context_window)
+            self.context_window = _server_context(props, default=self.context_window)
+        self.slots = SlotPool(server.slots if server is not None else _server_slots(props))
 
     @classmethod
     def from_gguf(cls, name: str, gguf: str | Path, tokenizer: LocalTokenizer, *, n_ctx: int = 4096,
-                  threads: int | None = None, slots: int = 1, top_k: int = DEFAULT_TOP_K,
+                  threads: int | None = None, slots: int = DEFAULT_MAX_ACTIVE, top_k: int = DEFAULT_TOP_K,
                   http: HttpSettings | None = None) -> LlamaCppMember:
-        """Serve ``gguf`` in this process and connect to it. ``slots`` > 1 lets concurrent requests
-        keep their own prefix caches (each slot gets ``n_ctx``); one slot suits a 2-core CPU."""
+        """Serve ``gguf`` in this process and connect to it, with one slot per request the HTTP
+        server admits at once by default (each slot gets ``n_ctx`` and keeps its own prefix cache;
+        the server batches the active slots in one decode)."""
         window = min(n_ctx, tokenizer.context_window or n_ctx)
         server = LocalLlamaServer(gguf, n_ctx=window, threads=threads, slots=slots)
         return cls(name, server.url, tokenizer, top_k=top_k, context_window=window, http=http, server=server)
@@ -95,12 +179,8 @@ class LlamaCppMember(RemoteMember):
     def wire_capabilities(self) -> dict[str, bool]:
         return {"block_scoring": False, "prefix_cache": True, "token_id_prompts": True}
 
-    def _server_context(self, default: int) -> int:
-        props = self.client.get("/props")
-        try:
-            return int(props["default_generation_settings"]["n_ctx"])
-        except (KeyError, TypeError, ValueError):
-            return default
+    def new_session(self) -> LlamaCppSession:
+        return LlamaCppSession(self)
 
     def server_tokenize(self, text: str) -> list[int]:
         return llamacpp_tokenize(self.client, text)
@@ -113,9 +193,12 @@ class LlamaCppMember(RemoteMember):
                 self._partial_ids = [i for i, p in enumerate(self.table.pieces) if p and _is_partial_utf8(p)]
             return self._partial_ids
 
-    def _request(self, prompts: list[list[int]], ban_partial: bool = False) -> list[dict[str, Any]]:
+    def _request(self, prompts: list[list[int]], slot: int | None, ban_partial: bool = False,
+                 cache_prompt: bool = True) -> list[dict[str, Any]]:
         body: dict[str, Any] = {"prompt": prompts if len(prompts) > 1 else prompts[0], "n_predict": 1,
-                                "n_probs": self.top_k, "temperature": 0, "cache_prompt": True}
+                                "n_probs": self.top_k, "temperature": 0, "cache_prompt": cache_prompt}
+        if slot is not None:
+            body["id_slot"] = slot
         if ban_partial:
             body["logit_bias"] = [[t, False] for t in self.partial_utf8_ids]
         answer = self.client.post("/completion", body)
@@ -124,13 +207,20 @@ class LlamaCppMember(RemoteMember):
             raise self.malformed("/completion results", answer)
         return sorted(results, key=lambda r: int(r.get("index", 0)))
 
-    def score(self, ids: list[int], first_row: int) -> list[TopK]:
+    def score(self, ids: list[int], first_row: int, slot: int | None = None, fresh: bool = False) -> list[TopK]:
+        """See ``RemoteMember.score``; ``slot``: the server slot to run in (None: any idle one);
+        ``fresh``: compute the first prompt from position 0, whatever the slot holds (a session's
+        first call, see the module docstring), and only then extend it."""
         prompts = [ids[:i] for i in range(first_row, len(ids) + 1)]
-        results = self._request(prompts)
+        if fresh:
+            results = self._request(prompts[:1], slot, cache_prompt=False)
+            results += self._request(prompts[1:], slot) if len(prompts) > 1 else []
+        else:
+            results = self._request(prompts, slot)
         entries: list[TopK | None] = [self._entry(r) for r in results]
         for i, entry in enumerate(entries):
             if entry is None:  # the argmax was a partial UTF-8 token: ask again with those banned
-                entries[i] = self._entry(self._request([prompts[i]], ban_partial=True)[0])
+                entries[i] = self._entry(self._request([prompts[i]], slot, ban_partial=True)[0])
                 if entries[i] is None:
                     raise self.malformed("no probabilities even with partial UTF-8 ids banned", results[i])
         return [e for e in entries if e is not None]
@@ -149,3 +239,20 @@ class LlamaCppMember(RemoteMember):
         super().close()
         if self.server is not None:
             self.server.close()
+
+
+def _server_context(props: Any, default: int) -> int:
+    """The context per slot a llama.cpp server reports in ``/props``."""
+    try:
+        return int(props["default_generation_settings"]["n_ctx"])
+    except (KeyError, TypeError, ValueError):
+        return default
+
+
+def _server_slots(props: Any) -> int:
+    """How many slots a llama.cpp server has (``total_slots`` in ``/props``; 0 if it does not say,
+    and then no session pins a slot)."""
+    try:
+        return max(0, int(props["total_slots"]))
+    except (KeyError, TypeError, ValueError):
+        return 0

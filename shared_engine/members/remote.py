@@ -205,7 +205,7 @@ class RemoteSession(PrefixSession):
     def _compute(self, target: list[int], first_row: int, common: int) -> torch.Tensor:
         """One scoring request; full-vocabulary rows made from the server's top-K."""
         self.last_sync = (common, len(self.ids) - common)
-        entries = self.member.score(target, first_row)
+        entries = self._score(target, first_row)
         expected = len(target) - first_row + 1
         if len(entries) != expected:
             raise self.member.malformed("number of distributions", f"{len(entries)} instead of {expected}")
@@ -217,6 +217,10 @@ class RemoteSession(PrefixSession):
             raise self.member.malformed("token ids", exc) from exc
         self.ids = list(target)
         return rows
+
+    def _score(self, ids: list[int], first_row: int) -> list[TopK]:
+        """The member's ``score``; a backend's session adds what its server needs (a slot)."""
+        return self.member.score(ids, first_row)
 
 
 def _within(entry: TopK, vocab_size: int) -> TopK:

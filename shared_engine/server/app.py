@@ -7,8 +7,9 @@ Routes: ``POST /v1/chat/completions`` (streamed or not), ``GET /v1/models``, ``G
 ``GET /`` (the live page). Every error is an OpenAI-style ``{"error": {message, type, param,
 code}}`` body. With ``api_key`` set, every ``/v1`` route wants ``Authorization: Bearer <key>``
 (else a 401 ``invalid_api_key``); ``/health`` and the page stay open. Requests share the engine
-(each has its own sessions; members serialise their forwards), at most ``max_active`` run at once
-and ``max_waiting`` more queue; beyond that a 429
+(each has its own sessions; a transformers member runs one forward at a time, a llama.cpp server
+batches the requests' slots), at most ``max_active`` run at once and ``max_waiting`` more queue;
+beyond that a 429
 with ``Retry-After`` comes back at once. A client that disconnects, while queued or mid-answer,
 has its generation cancelled.
 """
@@ -38,7 +39,7 @@ from ..engine import EnsembleEngine
 from ..errors import ContextLengthError, InvalidRequestError
 from ..events import Event
 from ..members.chat import normalize_messages
-from ..options import GenerationParams, validated
+from ..options import DEFAULT_MAX_ACTIVE, GenerationParams, validated
 from ..tools import OutputOptions, OutputPlan
 from .admission import Admission, Overloaded, Ticket
 from .completions import collect, stream_chunks
@@ -147,13 +148,14 @@ class ApiKeyGuard:
         await self.app(scope, receive, send)
 
 
-def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_active: int = 4,
+def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_active: int = DEFAULT_MAX_ACTIVE,
                max_waiting: int = 16, api_key: str | None = None) -> Starlette:
     """An ASGI app serving ``engine`` under ``model_name`` (default ``"<method>-ensemble"``).
 
-    ``max_active`` requests generate at once (they interleave round by round on the shared
-    members); ``max_waiting`` more wait in a queue; any further request gets a 429. ``api_key``:
-    required on every ``/v1`` route (``/health`` and the page stay open)."""
+    ``max_active`` requests generate at once (``serve --max-active`` also gives the in-process
+    llama.cpp members that many slots, one per active request); ``max_waiting`` more wait in a
+    queue; any further request gets a 429. ``api_key``: required on every ``/v1`` route
+    (``/health`` and the page stay open)."""
     name = model_name or f"{engine.options.method}-ensemble"
     admission = Admission(max_active, max_waiting)
     created = int(time.time())

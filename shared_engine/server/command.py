@@ -9,7 +9,7 @@ import sys
 
 from ..engine_args import add_engine_args, engine_from_args
 from ..members import LOCAL_BACKENDS
-from ..options import METHODS
+from ..options import DEFAULT_MAX_ACTIVE, METHODS
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -21,7 +21,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", help="the `model` clients send (default: <method>-ensemble)")
-    serve.add_argument("--max-active", type=int, default=4, help="requests generating at once")
+    serve.add_argument("--max-active", type=int, default=DEFAULT_MAX_ACTIVE,
+                       help=f"requests generating at once (default {DEFAULT_MAX_ACTIVE}); also the slots of "
+                            "each in-process llama.cpp member that sets none, one per active request")
     serve.add_argument("--max-waiting", type=int, default=16, help="requests queued beyond those (then 429)")
     serve.add_argument("--api-key", default=os.environ.get("SAFE_ENSEMBLE_API_KEY"),
                        help="require 'Authorization: Bearer KEY' on every /v1 route (default: "
