@@ -139,6 +139,9 @@ class Stats(BaseModel):
     chosen_tokens: int = Field(0, description="Tokens committed from a fused choice that differed "
                                               "from the draft (tokens == accepted + chosen).")
     rounds: int = 0
+    unverified_rounds: int = Field(0, description="Rounds committed without the verifiers' forward: every "
+                                                  "drafted token was at or above drafter_confidence, so "
+                                                  "nothing there could be fused.")
     spans: int = Field(0, description="AdaFuse: spans committed.")
     fused_spans: int = Field(0, description="AdaFuse: spans chosen by the members' vote.")
     forward_passes: dict[str, int] = Field(default_factory=dict)

@@ -236,3 +236,40 @@ def test_a_verifier_sharing_the_drafters_vocabulary_reads_its_exact_ids() -> Non
     assert state.reading(1, text, split[2:]).ids == split  # as drafted
     assert state.reading(2, text, split[2:]).ids == other.table.spell(" lool park")  # re-tokenized
     assert state.member_context(1) == state.members[1].prompt_ids + split[:2]
+
+
+def test_a_draft_the_drafter_is_sure_of_everywhere_skips_the_verifiers_forward(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """#18's "verify only what can be fused": with ``drafter_confidence`` a round whose every drafted
+    token is at least that likely to the drafter commits without the verifiers' forward, and the
+    answer, the fusions and their choices are exactly those of the round that verifies first."""
+    from shared_engine.policies import Policy
+
+    drafter, verifier = toy_member("sure", "metaspace", seed=3), toy_member("checks", "byte_level", seed=4)
+    options = dict(max_new_tokens=40, draft_length=4)
+
+    def run(threshold: float) -> object:
+        return EnsembleEngine([drafter, verifier], method="safe", drafter_confidence=threshold,
+                              **options).generate("Tell me a story.", keep_events=True)
+
+    with monkeypatch.context() as patched:  # the lever off: every round is verified
+        patched.setattr(Policy, "drafter_decides_alone", lambda self, probs: False)
+        probe = run(0.5)
+        drafter_probs = sorted(p.probs["sure"] for e in probe.events if e.type == "verify"
+                               for p in e.positions if p.probs)
+        threshold = drafter_probs[len(drafter_probs) // 4]  # about 3 in 4 positions are "sure"
+        verified = run(threshold)
+    assert verified.stats.unverified_rounds == 0
+    skipping = run(threshold)
+    assert skipping.text == verified.text
+    assert [(e.position, e.chosen) for e in skipping.events if e.type == "ensemble"] == \
+        [(e.position, e.chosen) for e in verified.events if e.type == "ensemble"]
+    assert (skipping.stats.ensembled_tokens, skipping.stats.changed_tokens) == \
+        (verified.stats.ensembled_tokens, verified.stats.changed_tokens)
+    assert 0 < skipping.stats.unverified_rounds < skipping.stats.rounds
+    assert skipping.stats.forward_passes["checks"] < verified.stats.forward_passes["checks"]
+    # a threshold every token meets: the verifier never runs, the answer is the drafter's alone
+    alone = run(1e-9)
+    assert alone.stats.unverified_rounds == alone.stats.rounds and alone.stats.forward_passes["checks"] == 0
+    single = EnsembleEngine([drafter], method="single", **options).generate("Tell me a story.")
+    assert alone.text == single.text

@@ -34,6 +34,11 @@ def count_draft(stats: Stats, drafted: int) -> None:
     stats.drafted_tokens += drafted
 
 
+def count_unverified_round(stats: Stats) -> None:
+    """The drafter's confidence alone decided the whole draft: no verifier forward this round."""
+    stats.unverified_rounds += 1
+
+
 def draft_event(label: str, pieces: list[bytes], ids: list[int]) -> DraftEvent:
     return DraftEvent(member=label, token_ids=ids, tokens=[p.decode("utf-8", "replace") for p in pieces])
 

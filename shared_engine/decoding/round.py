@@ -32,7 +32,7 @@ from ..members.base import exact_support
 from ..policies import Policy, agree
 from ..sampling import Sampler, speculative_choice
 from .decisions import FusionDecision
-from .report import count_draft, count_fusion, draft_event, fusion_event
+from .report import count_draft, count_fusion, count_unverified_round, draft_event, fusion_event
 from .state import RequestState
 
 
@@ -126,6 +126,11 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
         for event in state.commit(draft.ids, "draft"):
             yield event
         return
+    if policy.drafter_decides_alone(_drafter_probs(state, draft)):
+        count_unverified_round(state.stats)
+        for event in state.commit(draft.ids, "draft"):
+            yield event
+        return
 
     ends_with_eos = draft.ids[-1] in drafter.eos_ids
     draft_bytes = drafter.table.to_bytes([t for t in draft.ids if t not in drafter.eos_ids])
@@ -172,6 +177,13 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     yield VerifyEvent(positions=checked)
     for event in state.commit(draft.ids, "draft"):
         yield event
+
+
+def _drafter_probs(state: RequestState, draft: Draft) -> list[float]:
+    """The drafter's probability of each drafted token, as the consensus check computes it."""
+    drafter = state.drafter
+    return [_own_prob(MemberDist(drafter.label, drafter.table, logits, None), (token,))[0]
+            for token, logits in zip(draft.ids, draft.logits)]
 
 
 def _member_views(state: RequestState, views: list[VerifierView], text: bytes, offset: int, token: int,
