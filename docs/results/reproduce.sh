@@ -26,3 +26,9 @@ for spec in "single $Q q" "safe $Q,$S q+s"; do set -- $spec
   ev --backend llamacpp --bench gsm8k --method $1 --models $2 --limit 40 --max-new-tokens 256 --out $OUT/llama40/gsm8k-$1-$3; done
 ev --backend llamacpp --bench gsm8k --method safe --models $Q,$S --profile docs/results/profile-qwen-smol-gsm8k-train20.json \
   --limit 40 --max-new-tokens 256 --out $OUT/llama40/gsm8k-safe-profile-q+s
+
+# After the fixes, N=100: Qwen alone vs SAFE gated at drafter_confidence 0.5 (the verify-only-what-can-be-fused lever acts)
+ev --backend llamacpp --bench gsm8k --method single --models $Q --limit 100 --max-new-tokens 256 --out $OUT/llama100/gsm8k-single-q
+ev --backend llamacpp --bench gsm8k --method safe --models $Q,$S --drafter-confidence 0.5 --limit 100 \
+  --max-new-tokens 256 --out $OUT/llama100/gsm8k-safe-dc0.5-q+s
+safe-ensemble eval compare $OUT/llama100/gsm8k-* --baseline $OUT/llama100/gsm8k-single-q
