@@ -278,23 +278,24 @@ def _starts_segment(data: bytes, offset: int) -> bool:
         return False
     if offset == len(data):
         return True
-    after = data[offset:offset + 4].decode("utf-8", "ignore")[:1] or "a"
-    if unicodedata.combining(after):
+    before, after = _chars_around(data, offset)
+    if after and unicodedata.combining(after):
         return False
     # Byte-level pre-tokenizers (GPT-2's regex) keep a run of symbols together (`[^\s\p{L}\p{N}]+`):
     # never start inside one, e.g. between a combining mark and the apostrophe after it.
-    start = offset - 1
-    while start > 0 and not is_char_boundary(data, start):
-        start -= 1
-    before = data[start:offset].decode("utf-8", "ignore")[-1:] if offset else ""
-    return not (before and _is_symbol(before) and _is_symbol(after))
+    return not (before and after and _is_symbol(before) and _is_symbol(after))
 
 
 def _inside_word(data: bytes, offset: int) -> bool:
     """True if ``offset`` (a character boundary) falls between two letters."""
-    before = data[max(0, offset - 4):offset].decode("utf-8", "ignore")[-1:]
-    after = data[offset:offset + 4].decode("utf-8", "ignore")[:1]
+    before, after = _chars_around(data, offset)
     return before.isalpha() and after.isalpha()
+
+
+def _chars_around(data: bytes, offset: int) -> tuple[str, str]:
+    """The characters just before and just after character boundary ``offset`` ("" at an end)."""
+    return (data[max(0, offset - 4):offset].decode("utf-8", "ignore")[-1:],
+            data[offset:offset + 4].decode("utf-8", "ignore")[:1])
 
 
 def _is_symbol(char: str) -> bool:
@@ -401,17 +402,17 @@ class TokenizedText:
             return
         same = len(self.data) if data.startswith(self.data) else _common_prefix_len(self.data, data)
         keep = max(0, bisect.bisect_right(self.ends, same) - _LOOKBEHIND_TOKENS)
-        while keep > 0 and not _starts_segment(data, self.ends[keep - 1]):
-            keep -= 1
         # Nor inside a word: its tokens depend on the whole word (a split kept from when the word
         # ended in a combining mark, e.g. single bytes, must not survive). Bounded for scripts
         # written without spaces, where a "word" can be a whole paragraph.
-        inside_word = 0
-        while keep > 0 and inside_word < _WORD_LOOKBEHIND_TOKENS and _inside_word(data, self.ends[keep - 1]):
+        word_steps = 0
+        while keep > 0:
+            offset = self.ends[keep - 1]
+            if _starts_segment(data, offset):
+                if word_steps == _WORD_LOOKBEHIND_TOKENS or not _inside_word(data, offset):
+                    break
+                word_steps += 1
             keep -= 1
-            inside_word += 1
-            while keep > 0 and not _starts_segment(data, self.ends[keep - 1]):
-                keep -= 1
         anchor = self.ends[keep - 1] if keep else 0
         tail, spans, uncovered = _cover(self.table, data[anchor:])
         self.ids = self.ids[:keep] + tail

@@ -7,6 +7,7 @@ boundary (OOV-like) check applies, and whether members already agree.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +41,7 @@ class Policy:
         return float(torch.softmax(drafter_logits, dim=-1).max()) < self.gate_threshold
 
 
-    def drafter_decides_alone(self, drafter_probs: list[float]) -> bool:
+    def drafter_decides_alone(self, drafter_probs: Iterable[float]) -> bool:
         """True when no drafted position can be fused: SAFE with ``drafter_confidence`` treats a
         position where the drafter's probability of its token is >= it as agreed whatever the
         verifiers say, so a draft that is that sure everywhere is committed without their forward

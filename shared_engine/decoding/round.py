@@ -19,7 +19,7 @@ which only proves that the drafted token is the fused argmax, applies to greedy 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -179,11 +179,12 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
         yield event
 
 
-def _drafter_probs(state: RequestState, draft: Draft) -> list[float]:
-    """The drafter's probability of each drafted token, as the consensus check computes it."""
+def _drafter_probs(state: RequestState, draft: Draft) -> Iterator[float]:
+    """The drafter's probability of each drafted token, as the consensus check computes it. Lazy:
+    nothing is computed without a ``drafter_confidence``, and only up to the first unsure token."""
     drafter = state.drafter
-    return [_own_prob(MemberDist(drafter.label, drafter.table, logits, None), (token,))[0]
-            for token, logits in zip(draft.ids, draft.logits)]
+    return (_own_prob(MemberDist(drafter.label, drafter.table, logits, None), (token,))[0]
+            for token, logits in zip(draft.ids, draft.logits))
 
 
 def _member_views(state: RequestState, views: list[VerifierView], text: bytes, offset: int, token: int,
