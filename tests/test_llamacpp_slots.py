@@ -44,13 +44,15 @@ def toy_next_logprobs(hf: HFMember, k: int = 20):  # type: ignore[no-untyped-def
 
 
 @contextmanager
-def stand_in(slots: int, **options: object) -> Iterator[tuple[LlamaCppMember, LlamaCppLike]]:
+def stand_in(slots: int, reuse_prompt_cache: bool = False,
+             **options: object) -> Iterator[tuple[LlamaCppMember, LlamaCppLike]]:
     """A LlamaCppMember connected to a llama.cpp stand-in with ``slots`` slots."""
     hf = _toy()
     server = LlamaCppLike(toy_next_logprobs(hf), slots, **options)  # type: ignore[arg-type]
     with serve(server) as (url, _):
         tokenizer = LocalTokenizer(hf.tokenizer, hf.table.vocab_size, frozenset(hf.table.eos_ids), 512)
-        member = LlamaCppMember("toy-llamacpp", url, tokenizer, check_tokenizer=False)
+        member = LlamaCppMember("toy-llamacpp", url, tokenizer, check_tokenizer=False,
+                                reuse_prompt_cache=reuse_prompt_cache)
         try:
             yield member, server
         finally:
@@ -112,6 +114,25 @@ def test_a_sessions_first_call_computes_its_prompt_from_position_0_and_later_cal
         assert server.slot_of_call == [0, 0, 1, 1, 1]
         drafter.close()
         verifier.close()
+
+
+def test_reuse_prompt_cache_lets_a_first_call_extend_what_the_slot_holds() -> None:
+    """The speed setting: no call of the session asks the server to recompute from position 0,
+    and a first call that scores a block sends all its rows in one request."""
+    with stand_in(slots=1, reuse_prompt_cache=True) as (member, server):
+        ids = _prompt_ids(member, PROMPTS[0])
+        session = member.new_session()
+        session.sync(ids + [5, 6, 7], len(ids))
+        session.step(8)
+        assert server.prompts_and_cache_of_call == [(4, True), (1, True)]
+        session.close()
+    config = MemberConfig(model="llamacpp:http://127.0.0.1:1", reuse_prompt_cache=True)
+    assert config.backend_options() == {"reuse_prompt_cache": True}
+    assert config.key != MemberConfig(model="llamacpp:http://127.0.0.1:1").key
+    assert MemberConfig(model="llamacpp:http://127.0.0.1:1", reuse_prompt_cache=False).key == \
+        MemberConfig(model="llamacpp:http://127.0.0.1:1").key
+    with pytest.raises(ValueError, match="reuse_prompt_cache: only for llama.cpp members"):
+        MemberConfig(model="vllm:http://127.0.0.1:1#x", reuse_prompt_cache=True)
 
 
 def test_a_server_that_does_not_report_its_slots_gets_no_id_slot() -> None:

@@ -33,8 +33,11 @@ SERVER_FIELDS = ("top_k", "http")
 """Options of members that talk to a llama.cpp, vLLM or SGLang server."""
 LLAMACPP_FIELDS = ("threads", "slots", "n_ctx")
 """Options of a llama.cpp server this process starts for a GGUF."""
+LLAMACPP_CLIENT_FIELDS = ("reuse_prompt_cache",)
+"""Options of any llama.cpp member, in this process or at a URL."""
 
-_LOADER_DEFAULTS: dict[str, object] = {"device": "cpu", "dtype": "float32", "slots": DEFAULT_MAX_ACTIVE}
+_LOADER_DEFAULTS: dict[str, object] = {"device": "cpu", "dtype": "float32", "slots": DEFAULT_MAX_ACTIVE,
+                                      "reuse_prompt_cache": False}
 """What a member loads with when these are not set (transformers placement, llama.cpp slots)."""
 
 
@@ -90,7 +93,8 @@ class MemberConfig(MemberDefaults):
 
     Unknown keys are an error naming the key. Placement fields (device, device_map, dtype,
     attn_implementation) apply to transformers members only; top_k and http to server members
-    (llama.cpp, vLLM, SGLang); threads, slots and n_ctx to a GGUF this process serves with llama.cpp.
+    (llama.cpp, vLLM, SGLang); threads, slots and n_ctx to a GGUF this process serves with llama.cpp;
+    reuse_prompt_cache to any llama.cpp member.
     """
 
     model: str = Field(min_length=1)
@@ -106,6 +110,12 @@ class MemberConfig(MemberDefaults):
     """In-process llama.cpp: CPU threads (default: all cores)."""
     n_ctx: int | None = Field(None, ge=16)
     """In-process llama.cpp: context length per slot."""
+    reuse_prompt_cache: bool | None = None
+    """llama.cpp: a request's first call reuses the prefix its slot still holds from the previous
+    request (a shared system or few-shot prompt is not computed again). Faster, but the prompt is then
+    computed in two pieces instead of one batch, which can flip a greedy near-tie: the same request
+    can answer differently after different predecessors (default False: every request is computed
+    from position 0 and repeats bitwise)."""
 
     @model_validator(mode="after")
     def _options_fit_backend(self) -> MemberConfig:
@@ -116,7 +126,8 @@ class MemberConfig(MemberDefaults):
         in_process_llamacpp = spec.backend == "llamacpp" and not spec.is_url
         rules = ((PLACEMENT_FIELDS, spec.backend == "transformers", "transformers members"),
                  (SERVER_FIELDS, spec.backend != "transformers", "server members (llamacpp:, vllm:, sglang:)"),
-                 (LLAMACPP_FIELDS, in_process_llamacpp, "a GGUF served by llama.cpp in this process (llamacpp:NAME)"))
+                 (LLAMACPP_FIELDS, in_process_llamacpp, "a GGUF served by llama.cpp in this process (llamacpp:NAME)"),
+                 (LLAMACPP_CLIENT_FIELDS, spec.backend == "llamacpp", "llama.cpp members"))
         for names, applies, runs in rules:
             given = [name for name in names if getattr(self, name) is not None]
             if given and not applies:
@@ -129,7 +140,7 @@ class MemberConfig(MemberDefaults):
 
     def backend_options(self) -> dict[str, Any]:
         """Keyword options for the backend's loader (only those that are set)."""
-        names = PLACEMENT_FIELDS + SERVER_FIELDS + LLAMACPP_FIELDS
+        names = PLACEMENT_FIELDS + SERVER_FIELDS + LLAMACPP_FIELDS + LLAMACPP_CLIENT_FIELDS
         return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
 
     @property

@@ -31,6 +31,8 @@
   row could differ; the first call therefore sends ``cache_prompt: false`` for the prompt alone
   (one batch from position 0, whatever the slot held), and later calls only extend the session's
   own sequence. Run one after the other, requests now repeat bitwise (measured: 4 prompts, 3 runs).
+  ``reuse_prompt_cache=True`` trades that for speed: the first call also extends whatever prefix the
+  slot holds (a shared system or few-shot prompt is computed once, not per request).
   Run together, the server batches their rows into shared decodes (and may split a prompt across
   decodes), so a request's rows can still differ slightly from the same request alone; neither
   turning off repacked weights (``no_extra_bufts``), flash attention, nor a unified KV cache
@@ -132,7 +134,8 @@ class LlamaCppSession(RemoteSession):
 
     def __init__(self, member: LlamaCppMember) -> None:
         super().__init__(member)
-        self.fresh = True  # the next call is the session's first: computed from position 0
+        # the next call is the session's first: computed from position 0 unless the member reuses caches
+        self.fresh = not member.reuse_prompt_cache
         self.slot = member.slots.lease()
         # returns the slot when closed, or when collected if a caller never closes the session
         self._release = (weakref.finalize(self, member.slots.give_back, self.slot)
@@ -154,8 +157,10 @@ class LlamaCppMember(RemoteMember):
 
     def __init__(self, name: str, url: str, tokenizer: MemberTokenizer, *, top_k: int = DEFAULT_TOP_K,
                  context_window: int | None = None, http: HttpSettings | None = None,
-                 server: LocalLlamaServer | None = None, check_tokenizer: bool = True) -> None:
-        self.server = server  # keeps an in-process server alive as long as the member
+                 server: LocalLlamaServer | None = None, check_tokenizer: bool = True,
+                 reuse_prompt_cache: bool = False) -> None:
+        self.server = server
+        self.reuse_prompt_cache = reuse_prompt_cache  # keeps an in-process server alive as long as the member
         self._partial_ids: list[int] | None = None
         self._partial_lock = threading.Lock()
         super().__init__(name, url, tokenizer, top_k=top_k, context_window=context_window, http=http,
@@ -168,13 +173,14 @@ class LlamaCppMember(RemoteMember):
     @classmethod
     def from_gguf(cls, name: str, gguf: str | Path, tokenizer: LocalTokenizer, *, n_ctx: int = 4096,
                   threads: int | None = None, slots: int = DEFAULT_MAX_ACTIVE, top_k: int = DEFAULT_TOP_K,
-                  http: HttpSettings | None = None) -> LlamaCppMember:
+                  http: HttpSettings | None = None, reuse_prompt_cache: bool = False) -> LlamaCppMember:
         """Serve ``gguf`` in this process and connect to it, with one slot per request the HTTP
         server admits at once by default (each slot gets ``n_ctx`` and keeps its own prefix cache;
         the server batches the active slots in one decode)."""
         window = min(n_ctx, tokenizer.context_window or n_ctx)
         server = LocalLlamaServer(gguf, n_ctx=window, threads=threads, slots=slots)
-        return cls(name, server.url, tokenizer, top_k=top_k, context_window=window, http=http, server=server)
+        return cls(name, server.url, tokenizer, top_k=top_k, context_window=window, http=http, server=server,
+                   reuse_prompt_cache=reuse_prompt_cache)
 
     def wire_capabilities(self) -> dict[str, bool]:
         return {"block_scoring": False, "prefix_cache": True, "token_id_prompts": True}
