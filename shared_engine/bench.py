@@ -17,6 +17,7 @@ from tqdm import tqdm
 from .data_paths import gsm8k_file
 from .engine_args import add_engine_args, engine_from_args
 from .members import LOCAL_BACKENDS
+from .options import EngineOptions
 
 COT_INSTRUCTION = "Solve the problem step by step, then give the final number after '####'."
 
@@ -90,7 +91,7 @@ def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
                                "data": str(gsm8k_file(args.data)),
                                "max_new_tokens": args.max_new_tokens, "draft_length": args.draft_length,
                                "fusion": args.fusion, "sharpen": args.sharpen,
-                               "drafter_confidence": args.drafter_confidence, "methods": {}}
+                               "drafter_confidence": _safe_drafter_confidence(args), "methods": {}}
     for method in methods:
         engine = engine_from_args(args, method, backend)
         engine.generate("Say hi.", max_new_tokens=4)  # warm-up: loads members, builds token tables
@@ -134,3 +135,11 @@ def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
                 by_method["adafuse"]["tokens_per_s"] / by_method["single"]["tokens_per_s"], 3)
     results["forward_passes_per_token"] = {m: r["forward_passes_per_token"] for m, r in by_method.items()}
     return results
+
+
+def _safe_drafter_confidence(args: argparse.Namespace) -> float | None:
+    """The drafter confidence SAFE runs with: the flag's, else SAFE's default (None: the paper's rule)."""
+    given = args.drafter_confidence
+    if given is None:
+        return EngineOptions(method="safe").drafter_confidence
+    return None if given == "none" else float(given)

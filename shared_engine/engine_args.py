@@ -38,8 +38,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fusion", choices=["unite", "gac"], help="default: gac for gac-threshold, else unite")
     parser.add_argument("--sharpen", choices=["heur", "geom", "none"], help="default: heur for safe, else none")
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--drafter-confidence", type=float,
-                        help="safe: skip fusion where the drafter's probability is >= this (e.g. 0.5)")
+    parser.add_argument("--drafter-confidence", type=confidence_arg,
+                        help="safe: skip fusion where the drafter's probability is >= this (default 0.5); "
+                             "none: the paper's consensus rule alone")
     parser.add_argument("--uncertainty", choices=["margin", "entropy"], default="margin",
                         help="adafuse: how a member's uncertainty is measured")
     parser.add_argument("--threshold", type=float,
@@ -53,6 +54,16 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="adafuse: vote every round (the released code) or only where every member is unsure")
 
 
+def confidence_arg(text: str) -> float | str:
+    """``--drafter-confidence``: a probability, or ``none`` for the paper's consensus rule alone."""
+    if text.strip().lower() in ("none", "off"):
+        return "none"
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a probability or 'none', got {text!r}") from None
+
+
 def default_method(models: list[str]) -> str:
     """The method when ``--method`` is not given: ``single`` for one model, else ``safe``."""
     return "single" if len(models) == 1 else "safe"
@@ -63,13 +74,15 @@ def engine_from_args(args: argparse.Namespace, method: str, backend: str | None 
     transformers) runs the model names that carry no backend prefix. Members load on first request."""
     chosen = backend or getattr(args, "backend", None) or "transformers"
     backend = chosen if isinstance(chosen, str) else chosen[0]
-    explicit = {k: v for k, v in (("fusion", args.fusion), ("sharpen", args.sharpen)) if v is not None}
-    if explicit.get("sharpen") == "none":  # each method's own default applies unless a flag is given
-        explicit["sharpen"] = None
+    explicit = {k: v for k, v in (("fusion", args.fusion), ("sharpen", args.sharpen),
+                                  ("drafter_confidence", args.drafter_confidence)) if v is not None}
+    for name in ("sharpen", "drafter_confidence"):  # each method's own default applies unless a flag is given
+        if explicit.get(name) == "none":
+            explicit[name] = None
     return EnsembleEngine(member_configs(args, backend), method=method, drafter=args.drafter, weights=args.weights,
                           weights_temperature=args.weights_temperature, profile=args.profile,
                           draft_length=args.draft_length, **explicit,
-                          drafter_confidence=args.drafter_confidence, max_new_tokens=args.max_new_tokens,
+                          max_new_tokens=args.max_new_tokens,
                           uncertainty=args.uncertainty, threshold=args.threshold, max_words=args.max_words,
                           num_candidates=args.num_candidates, candidate_temperature=args.candidate_temperature,
                           vote=args.vote)

@@ -87,8 +87,9 @@ def member_key(spec: str | MemberConfig | Member) -> str:
 
 
 def apply_profile(specs: Sequence[str | MemberConfig | Member], options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with the profile named by ``options["profile"]`` filling weights, drafter and
-    drafter_confidence where they are absent or None. Raises if the members do not match."""
+    """``options`` with the profile named by ``options["profile"]`` filling weights and drafter where
+    they are absent or None, and drafter_confidence where it is absent (an explicit None asks for the
+    paper's rule). Raises if the members do not match."""
     merged = dict(options)
     path = merged.get("profile")
     if path is None:
@@ -106,7 +107,7 @@ def apply_profile(specs: Sequence[str | MemberConfig | Member], options: Mapping
         merged["weights"] = [profile.weights[j] for j in order]
     if merged.get("drafter") is None:
         merged["drafter"] = keys.index(profile.drafter)
-    if merged.get("drafter_confidence") is None:
+    if "drafter_confidence" not in merged:
         merged["drafter_confidence"] = profile.drafter_confidence
     return merged
 

@@ -188,3 +188,33 @@ def test_sign_test_matches_hand_computed_binomial_tails() -> None:
     assert sign_test(3, 11)[0] == pytest.approx(2 * (1 + 14 + 91 + 364) / 2**14)  # README's +3 -11
     assert sign_test(11, 3)[1] == pytest.approx(1 - (1 + 14 + 91) / 2**14)  # many wins: "worse" unlikely
     assert sign_test(0, 0) == (1.0, 1.0) and sign_test(5, 5)[0] == 1.0
+
+
+def test_chrf_runs_pair_by_sentence_chrf_with_a_bootstrap_interval_of_the_corpus_difference(tmp_path: Path) -> None:
+    """Translation runs have no right/wrong: the paired view compares each sentence's chrF, and the
+    corpus chrF difference must equal sacrebleu's own corpus scores, its interval bracketing it."""
+    import sacrebleu
+
+    from shared_engine.evaluation.compare import chrf_difference, paired
+
+    refs = ["Der Hund schläft im Garten.", "Ich trinke gern Kaffee am Morgen.", "Das Haus ist sehr alt.",
+            "Wir fahren morgen nach Berlin.", "Sie liest ein spannendes Buch."]
+    good = ["Der Hund schläft im Garten.", "Ich trinke Kaffee am Morgen.", "Das Haus ist alt.",
+            "Wir fahren nach Berlin.", "Sie liest ein Buch."]
+    bad = ["Der Katze schläft.", "Ich trinke gern Kaffee am Morgen.", "Haus.", "Morgen Berlin.", "Buch lesen."]
+    refs, good, bad = refs * 4, good * 4, bad * 4  # 20 sentences: enough for the interval to exclude 0
+    for name, outputs in (("good", good), ("bad", bad)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / SUMMARY).write_text(json.dumps({"metric": "chrf"}))
+        rows = [{"id": str(i), "gold": [r], "extracted": o,
+                 "value": sacrebleu.sentence_chrf(o, [r]).score / 100, "correct": False}
+                for i, (o, r) in enumerate(zip(outputs, refs))]
+        (tmp_path / name / SAMPLES).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = paired(tmp_path / "good", tmp_path / "bad")
+    expected = sacrebleu.corpus_chrf(bad, [refs]).score - sacrebleu.corpus_chrf(good, [refs]).score
+    assert result["chrf_delta"] == pytest.approx(expected, abs=0.01) and expected < -10
+    low, high = result["chrf_delta_ci95"]
+    assert low <= result["chrf_delta"] <= high < 0
+    assert (result["wins"], result["losses"], result["both_right"]) == (4, 16, 0)  # "bad" has sentence 2 exact
+    rows = [json.loads(line) for line in (tmp_path / "good" / SAMPLES).read_text().splitlines()]
+    assert chrf_difference(rows, rows) == (0.0, (0.0, 0.0))

@@ -108,7 +108,8 @@ def test_safe_samples_the_first_position_from_the_fused_distribution() -> None:
     target = _first_position_target(drafter, verifier, weights, temperature)
     first = drafter.table.pieces[drafter.table.encode_fragment(ANSWER)[0]].decode()
     assert 0.45 < target[first] < 0.75  # the case is sensitive: the drafter alone would say ~1.0
-    engine = EnsembleEngine([drafter, verifier], method="safe", weights=[0.6, 0.4])
+    # the paper's rule alone: the default drafter-confidence gate keeps a token the drafter gives >= 0.5
+    engine = EnsembleEngine([drafter, verifier], method="safe", weights=[0.6, 0.4], drafter_confidence=None)
     counts = asyncio.run(_first_choices(engine, range(total), temperature))
     assert counts.get(first, 0) / total == pytest.approx(target[first], abs=4 * (0.25 / total) ** 0.5)
     assert _goodness_of_fit(counts, target, total) > 1e-3

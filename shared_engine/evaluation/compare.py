@@ -150,33 +150,83 @@ def sign_test(wins: int, losses: int) -> tuple[float, float]:
     return two_sided, worse
 
 
+def _rows(folder: Path, limit: int | None) -> dict[str, dict[str, Any]]:
+    lines = (folder / SAMPLES).read_text(encoding="utf-8").splitlines()[:limit]
+    return {row["id"]: row for row in map(json.loads, lines)}
+
+
 def paired(baseline: Path, other: Path, limit: int | None = None) -> dict[str, Any]:
     """Question by question on the (first ``limit``) questions both runs answered: where ``other``
-    wins and loses, with the sign test's p-values (``p`` two-sided, ``p_worse`` one-sided)."""
-    def verdicts(folder: Path) -> dict[str, bool]:
-        lines = (folder / SAMPLES).read_text(encoding="utf-8").splitlines()[:limit]
-        return {row["id"]: bool(row["correct"]) for row in map(json.loads, lines)}
-
-    base, new = verdicts(baseline), verdicts(other)
+    wins and loses, with the sign test's p-values (``p`` two-sided, ``p_worse`` one-sided).
+    Accuracy and exact match compare right/wrong; chrF compares each sentence's chrF (a tie is
+    neither) and adds the corpus chrF difference with its paired-bootstrap 95% interval."""
+    base, new = _rows(baseline, limit), _rows(other, limit)
     common = [i for i in new if i in base]
-    wins = sum(new[i] and not base[i] for i in common)
-    losses = sum(base[i] and not new[i] for i in common)
+    chrf = _is_chrf(baseline)
+    if chrf:
+        wins = sum(new[i]["value"] > base[i]["value"] for i in common)
+        losses = sum(new[i]["value"] < base[i]["value"] for i in common)
+        both = len(common) - wins - losses
+    else:
+        wins = sum(bool(new[i]["correct"]) and not base[i]["correct"] for i in common)
+        losses = sum(bool(base[i]["correct"]) and not new[i]["correct"] for i in common)
+        both = sum(bool(base[i]["correct"] and new[i]["correct"]) for i in common)
     p, p_worse = sign_test(wins, losses)
-    return {"n": len(common), "both_right": sum(base[i] and new[i] for i in common),
-            "wins": wins, "losses": losses, "p": round(p, 4), "p_worse": round(p_worse, 4)}
+    result = {"n": len(common), "both_right": both, "wins": wins, "losses": losses,
+              "p": round(p, 4), "p_worse": round(p_worse, 4)}
+    if chrf:
+        result["chrf_delta"], result["chrf_delta_ci95"] = chrf_difference(
+            [base[i] for i in common], [new[i] for i in common])
+    return result
+
+
+def _is_chrf(folder: Path) -> bool:
+    summary = folder / SUMMARY
+    return summary.is_file() and json.loads(summary.read_text()).get("metric") == "chrf"
+
+
+def chrf_difference(base: list[dict[str, Any]], new: list[dict[str, Any]], resamples: int = 1000,
+                    seed: int = 0) -> tuple[float, tuple[float, float]]:
+    """Corpus chrF of ``new`` minus ``base`` on the same sentences, and its 95% interval by paired
+    bootstrap resampling (Koehn 2004: the same resampled sentences for both runs)."""
+    import numpy as np
+
+    from .scoring import _sacrebleu
+
+    _sacrebleu()  # a readable error without the eval extra
+    from sacrebleu.metrics import CHRF
+
+    metric = CHRF()
+    refs = [[row["gold"][0] for row in base]]
+    # per-sentence n-gram statistics: a corpus score of any resample is their sum (as corpus_chrf does)
+    stats = [np.array(metric._extract_corpus_statistics([row["extracted"] or "" for row in rows], refs))
+             for rows in (base, new)]
+
+    def difference(picks: Any) -> float:
+        return float(metric._compute_score_from_stats(list(stats[1][picks].sum(axis=0))).score
+                     - metric._compute_score_from_stats(list(stats[0][picks].sum(axis=0))).score)
+
+    rng = np.random.default_rng(seed)
+    deltas = sorted(difference(rng.integers(0, len(base), len(base))) for _ in range(resamples))
+    return (round(difference(np.arange(len(base))), 2),
+            (round(deltas[int(0.025 * resamples)], 2), round(deltas[int(0.975 * resamples) - 1], 2)))
 
 
 def paired_table(baseline: Path, summaries: list[dict[str, Any]]) -> str:
-    """Pairs each run with the baseline over the questions both summaries cover."""
+    """Pairs each run with the baseline over the questions both summaries cover (chrF runs: per
+    sentence, "right only here" = a higher sentence chrF, plus the corpus chrF difference)."""
     base_n = next((s["n"] for s in summaries if Path(s["dir"]) == baseline), None)
     lines = [f"Paired with {baseline} (the same questions):", "",
-             "| run | N | both right | right only here | right only in baseline | sign test p | p (worse) |",
-             "|---|---|---|---|---|---|---|"]
+             "| run | N | both right (chrF: tied) | right only here (chrF: higher) | right only in baseline "
+             "(chrF: lower) | sign test p | p (worse) | Δ chrF (95% CI) |",
+             "|---|---|---|---|---|---|---|---|"]
     for s in summaries:
-        if Path(s["dir"]) != baseline and s["metric"] != "chrf":
+        if Path(s["dir"]) != baseline:
             p = paired(baseline, Path(s["dir"]), min(s["n"], base_n) if base_n is not None else s["n"])
+            delta = (f"{p['chrf_delta']:+.2f} ({p['chrf_delta_ci95'][0]:+.2f} to {p['chrf_delta_ci95'][1]:+.2f})"
+                     if "chrf_delta" in p else "-")
             lines.append(f"| {s['label']} | {p['n']} | {p['both_right']} | {p['wins']} | {p['losses']} "
-                         f"| {p['p']:.3f} | {p['p_worse']:.3f} |")
+                         f"| {p['p']:.3f} | {p['p_worse']:.3f} | {delta} |")
     return "\n".join(lines)
 
 
