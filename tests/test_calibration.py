@@ -144,6 +144,9 @@ def test_engine_takes_profile_values_as_defaults_that_options_override(tmp_path:
     assert (explicit.options.weights, explicit.options.drafter, explicit.options.drafter_confidence) == \
         ([1.0, 1.0], "a", 0.4)
     assert EnsembleEngine([a, b], profile=str(path), weights="auto").options.weights == "auto"
+    # SAFE's own default gate (0.5) does not hide the profile's; an explicit None asks for the paper's rule
+    assert EnsembleEngine([a, b]).options.drafter_confidence == 0.5
+    assert EnsembleEngine([a, b], profile=str(path), drafter_confidence=None).options.drafter_confidence is None
     with pytest.raises(InvalidRequestError, match="fitted for members"):
         EnsembleEngine([a, toy_member("c", "byte_level", "llama", 3)], profile=str(path))
 
