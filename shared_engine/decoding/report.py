@@ -28,10 +28,12 @@ def show(key: bytes) -> str:
 
 # -- SAFE's round and the per-token baselines ----------------------------------------------------
 
-def count_draft(stats: Stats, drafted: int) -> None:
-    """A round began with a draft of ``drafted`` tokens."""
+def count_draft(stats: Stats, drafted: int, chosen: int) -> None:
+    """A round began with a draft of ``drafted`` tokens; the draft schedule had chosen ``chosen``
+    (more than ``drafted`` where the draft reached EOS or the answer's length cap)."""
     stats.rounds += 1
     stats.drafted_tokens += drafted
+    stats.draft_lengths[chosen] = stats.draft_lengths.get(chosen, 0) + 1
 
 
 def count_unverified_round(stats: Stats) -> None:

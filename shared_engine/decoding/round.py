@@ -116,18 +116,20 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     """One round; yields events and leaves the state advanced (or finished)."""
     drafter = state.drafter
     start = len(state.answer)
-    length = min(policy.draft_length, state.max_new_tokens - state.stats.tokens)
-    draft = await drafter.member.run(_draft, state, length, sampler)
-    count_draft(state.stats, len(draft.ids))
+    chosen = state.draft_length or policy.draft.start  # what the schedule asks; the answer's end may cut it
+    draft = await drafter.member.run(_draft, state, min(chosen, state.max_new_tokens - state.stats.tokens), sampler)
+    count_draft(state.stats, len(draft.ids), chosen)
     if len(draft.ids) > 1:
         yield draft_event(drafter.label, [drafter.table.pieces[t] for t in draft.ids], draft.ids)
 
     if len(state.members) == 1 or not policy.needs_verification(draft.logits[0]):
+        state.draft_length = policy.draft.after(chosen, kept_whole=True)
         for event in state.commit(draft.ids, "draft"):
             yield event
         return
     if policy.drafter_decides_alone(_drafter_probs(state, draft)):
         count_unverified_round(state.stats)
+        state.draft_length = policy.draft.after(chosen, kept_whole=True)
         for event in state.commit(draft.ids, "draft"):
             yield event
         return
@@ -161,6 +163,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
             count_fusion(state.stats, decision)
             yield fusion_event(decision)
             if decision.changed:  # the draft diverges here
+                state.draft_length = policy.draft.after(chosen, kept_whole=False)
                 yield VerifyEvent(positions=checked)
                 for event in state.commit(draft.ids[:j], "draft"):
                     yield event
@@ -174,6 +177,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
                 return
             # fusion kept the drafted token: every member's context is unchanged, scan on
         offset += len(drafter.table.pieces[token]) if token not in drafter.eos_ids else 0
+    state.draft_length = policy.draft.after(chosen, kept_whole=True)
     yield VerifyEvent(positions=checked)
     for event in state.commit(draft.ids, "draft"):
         yield event
