@@ -320,7 +320,7 @@ class EnsembleEngine:
                 DEFAULT_THRESHOLD[opts.uncertainty] if opts.threshold is None else opts.threshold,
                 opts.max_words, opts.num_candidates, opts.candidate_temperature, opts.vote)
             return lambda state, sampler: adafuse_round(state, settings, sampler)
-        draft = (DraftSchedule.adaptive(opts.draft_length, opts.max_draft_length)
+        draft = (DraftSchedule.adaptive(opts.draft_length, opts.max_draft_length, opts.drafter_confidence)
                  if opts.draft_schedule == "adaptive" else DraftSchedule.fixed(opts.draft_length))
         policy = make_policy(opts.method, draft, opts.gate_threshold, opts.drafter_confidence)
         fusion = FusionSettings(self.fuser, opts.sharpen)

@@ -18,32 +18,39 @@ ADAPTIVE_SHRINK = 1
 """Tokens it takes away after a round where fusion changed a drafted token."""
 ADAPTIVE_SHORTEST = 1
 """The adaptive schedule's shortest draft (its longest is the ``max_draft_length`` option)."""
+ADAPTIVE_STOP_BELOW = 0.4
+"""Without ``drafter_confidence``, the adaptive draft ends after a token the drafter gives less than
+this (Hugging Face's default ``assistant_confidence_threshold``)."""
 
 
 @dataclass(frozen=True, slots=True)
 class DraftSchedule:
     """How many tokens the next round drafts, given the last round's length and outcome.
 
-    Fixed (SAFE's gamma): always ``start``. Adaptive (dynamic speculation lookahead, the heuristic
-    of Hugging Face's assisted generation, ``num_assistant_tokens_schedule="heuristic"``): +2 after
-    a round whose draft stood whole, -1 after a round where fusion changed a token, kept within
-    [``shortest``, ``longest``]; the bound caps the drafter work one change can throw away."""
+    Fixed (SAFE's gamma): always ``start``. Adaptive, as dynamic speculation lookahead in Hugging
+    Face's assisted generation (``num_assistant_tokens_schedule="heuristic"`` with DISCO's
+    ``assistant_confidence_threshold``): +2 after a round whose draft stood whole, -1 after a round
+    where fusion changed a token, kept within [``shortest``, ``longest``]; and a draft ends early
+    after a token the drafter gives less than ``stop_below``. With ``drafter_confidence`` that is
+    the bar itself: only a token below it can be fused, so nothing drafted is thrown away."""
 
     start: int
     shortest: int
     longest: int
     grow: int = 0
     shrink: int = 0
+    stop_below: float | None = None
 
     @classmethod
     def fixed(cls, length: int) -> DraftSchedule:
         return cls(length, length, length)
 
     @classmethod
-    def adaptive(cls, start: int, longest: int) -> DraftSchedule:
+    def adaptive(cls, start: int, longest: int, drafter_confidence: float | None = None) -> DraftSchedule:
         if not ADAPTIVE_SHORTEST <= start <= longest:
             raise ValueError(f"the first draft length {start} must be within [{ADAPTIVE_SHORTEST}, {longest}]")
-        return cls(start, ADAPTIVE_SHORTEST, longest, ADAPTIVE_GROW, ADAPTIVE_SHRINK)
+        stop_below = ADAPTIVE_STOP_BELOW if drafter_confidence is None else drafter_confidence
+        return cls(start, ADAPTIVE_SHORTEST, longest, ADAPTIVE_GROW, ADAPTIVE_SHRINK, stop_below)
 
     def after(self, length: int, kept_whole: bool) -> int:
         """The next round's length after a round that drafted ``length`` tokens and committed

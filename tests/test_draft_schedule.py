@@ -9,12 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from shared_engine import EnsembleEngine, InvalidRequestError
+from shared_engine import EnsembleEngine, InvalidRequestError, policies
 from shared_engine.bench import parse_method, run_bench
 from shared_engine.cli import build_parser
+from shared_engine.decoding import RequestState, request_members
+from shared_engine.decoding.round import _draft, _drafter_prob
 from shared_engine.evaluation import RunConfig, evaluate
 from shared_engine.options import EngineOptions, validated
-from shared_engine.policies import DraftSchedule
+from shared_engine.policies import ADAPTIVE_STOP_BELOW, DraftSchedule
+from shared_engine.sampling import Sampler
 from tests.test_eval_runner import toy_bench
 from tests.toy import registered_members, toy_member
 
@@ -29,6 +32,21 @@ def disagreeing() -> list:
 def agreeing() -> list:
     """The same model twice: every draft stands whole."""
     return [toy_member("drafts", "byte_level", seed=3), toy_member("echo", "byte_level", seed=3)]
+
+
+def length_rule_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The adaptive schedule without its early stop (the toy drafters are unsure of every token, so
+    with it every toy draft is one token long): the +2 / -1 rule alone decides the lengths."""
+    monkeypatch.setattr(policies, "ADAPTIVE_STOP_BELOW", 0.0)
+
+
+def sure_of_half(members: list) -> float:
+    """A ``drafter_confidence`` that about half the drafter's tokens clear on PROMPT."""
+    probe = EnsembleEngine(members, method="safe", drafter_confidence=0.99, max_new_tokens=60).generate(
+        PROMPT, keep_events=True)
+    probs = sorted(p.probs[members[0].name] for e in probe.events if e.type == "verify" for p in e.positions
+                   if p.probs)
+    return probs[len(probs) // 2]
 
 
 def recorded_rounds(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
@@ -63,6 +81,28 @@ def test_the_adaptive_draft_grows_on_whole_rounds_shrinks_after_a_change_and_sta
     assert {fixed.after(5, kept_whole) for kept_whole in (True, False)} == {5}
     with pytest.raises(ValueError, match="within"):
         DraftSchedule.adaptive(10, longest=9)
+    # the early stop: drafter_confidence's bar where there is one, else Hugging Face's default
+    assert (fixed.stop_below, adaptive.stop_below) == (None, ADAPTIVE_STOP_BELOW)
+    assert DraftSchedule.adaptive(5, 9, drafter_confidence=0.5).stop_below == 0.5
+
+
+def test_an_adaptive_draft_ends_after_the_first_token_the_drafter_is_unsure_of() -> None:
+    drafter = toy_member("drafts", "byte_level", seed=3)
+
+    def fresh() -> RequestState:
+        return RequestState(request_members([drafter], ["drafts"], [drafter.new_session()],
+                                            [drafter.prompt_ids([{"role": "user", "content": PROMPT}])]),
+                            max_new_tokens=100)
+
+    probe = fresh()
+    full = _draft(probe, 12, Sampler(0.0), stop_below=None)
+    probs = [_drafter_prob(probe, token, row) for token, row in zip(full.ids, full.logits)]
+    bar = (probs[0] + max(p for p in probs if p < probs[0])) / 2  # the first token clears it, some do not
+    first_unsure = next(i for i, p in enumerate(probs) if p < bar)
+    assert 1 <= first_unsure < len(full.ids) - 1
+    stopped = _draft(fresh(), 12, Sampler(0.0), stop_below=bar)
+    assert stopped.ids == full.ids[:first_unsure + 1]  # up to and with the unsure token, nothing past it
+    assert _draft(fresh(), 12, Sampler(0.0), stop_below=0.0).ids == full.ids
 
 
 def test_draft_schedule_options_are_validated_with_a_clear_error() -> None:
@@ -77,6 +117,7 @@ def test_draft_schedule_options_are_validated_with_a_clear_error() -> None:
 # -- SAFE runs ----------------------------------------------------------------------------------
 
 def test_an_adaptive_safe_run_drafts_the_lengths_the_rule_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    length_rule_only(monkeypatch)
     rounds = recorded_rounds(monkeypatch)
     result = EnsembleEngine(disagreeing(), method="safe", draft_schedule="adaptive",
                             max_new_tokens=60).generate(PROMPT)
@@ -89,7 +130,9 @@ def test_an_adaptive_safe_run_drafts_the_lengths_the_rule_gives(monkeypatch: pyt
     assert len(stats.draft_lengths) >= 3 and min(stats.draft_lengths) == 1  # varied, down to the shortest
 
 
-def test_drafts_that_always_stand_grow_to_the_longest() -> None:
+def test_drafts_that_always_stand_grow_to_the_longest(monkeypatch: pytest.MonkeyPatch) -> None:
+    length_rule_only(monkeypatch)
+
     def run(**options: object) -> object:
         return EnsembleEngine(agreeing(), method="safe", max_new_tokens=60, **options).generate(PROMPT)
 
@@ -100,14 +143,18 @@ def test_drafts_that_always_stand_grow_to_the_longest() -> None:
     assert adaptive.stats.forward_passes["echo"] == 8 < fixed.stats.forward_passes["echo"] == 12
 
 
-@pytest.mark.parametrize("drafter_confidence", [None, 0.02])
+@pytest.mark.parametrize("variant", ["as-shipped", "length-rule-only", "drafter-confidence"])
 def test_greedy_answers_equal_the_fixed_schedules_when_verifiers_share_the_drafters_vocabulary(
-        drafter_confidence: float | None) -> None:
+        variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Exact where every verifier reads the drafter's own ids: each position's decision (consensus,
     fusion, the fused choice) depends on the ids before it alone, not on where a round's draft ends.
     Across vocabularies it need not hold exactly: a verifier re-tokenizes answer + draft, so at a
     draft's last position its own next token is read from text that ends there, and a draft ending
     inside a word can change that one position's consensus check (no toy pair tried showed it)."""
+    if variant == "length-rule-only":
+        length_rule_only(monkeypatch)
+    drafter_confidence = sure_of_half(disagreeing()) if variant == "drafter-confidence" else None
+
     def run(schedule: str) -> object:
         return EnsembleEngine(disagreeing(), method="safe", draft_schedule=schedule, max_new_tokens=60,
                               drafter_confidence=drafter_confidence).generate(PROMPT, keep_events=True)
@@ -117,6 +164,24 @@ def test_greedy_answers_equal_the_fixed_schedules_when_verifiers_share_the_draft
     assert adaptive.text == fixed.text
     assert [(e.position, e.chosen) for e in adaptive.events if e.type == "ensemble"] == \
         [(e.position, e.chosen) for e in fixed.events if e.type == "ensemble"]
+
+
+def test_with_drafter_confidence_an_adaptive_draft_throws_nothing_away() -> None:
+    """Only a token below ``drafter_confidence`` can be fused, and the adaptive draft ends at the
+    first such token: a change replaces the last drafted token, no drafter work is lost."""
+    members = disagreeing()
+    bar = sure_of_half(members)
+
+    def run(schedule: str) -> object:
+        return EnsembleEngine(members, method="safe", draft_schedule=schedule, drafter_confidence=bar,
+                              max_new_tokens=60).generate(PROMPT)
+
+    fixed, adaptive = run("fixed"), run("adaptive")
+    assert adaptive.stats.changed_tokens > 0 and adaptive.text == fixed.text
+    fixed_waste, adaptive_waste = (r.stats.drafted_tokens - r.stats.accepted_tokens - r.stats.changed_tokens
+                                   for r in (fixed, adaptive))
+    assert adaptive_waste <= 1 < fixed_waste  # at most a drafted EOS that ended the answer
+    assert adaptive.stats.forward_passes["drafts"] < fixed.stats.forward_passes["drafts"]
 
 
 # -- where the lengths are reported ---------------------------------------------------------------

@@ -59,8 +59,10 @@ class FusionSettings:
     sharpen: SharpenMode
 
 
-def _draft(state: RequestState, length: int, sampler: Sampler) -> Draft:
-    """Blocking: the drafter syncs its cache to the answer and drafts up to ``length`` tokens."""
+def _draft(state: RequestState, length: int, sampler: Sampler, stop_below: float | None) -> Draft:
+    """Blocking: the drafter syncs its cache to the answer and drafts up to ``length`` tokens, fewer
+    at EOS or (``stop_below``) after a token it gives less than that probability: fusion may change
+    that token, and every token drafted past it would then be thrown away."""
     session, eos = state.drafter.session, state.drafter.eos_ids
     support = exact_support(state.drafter.member)
     target = state.drafter_target()
@@ -70,7 +72,8 @@ def _draft(state: RequestState, length: int, sampler: Sampler) -> Draft:
         token = sampler.from_logits(logits, support)
         ids.append(token)
         rows.append(logits)
-        if token in eos or j == length - 1:
+        unsure = stop_below is not None and _drafter_prob(state, token, logits) < stop_below
+        if token in eos or j == length - 1 or unsure:
             break
         logits = session.step(token)
     return Draft(ids, rows)
@@ -121,7 +124,8 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     drafter = state.drafter
     start = len(state.answer)
     chosen = state.draft_length or policy.draft.start  # what the schedule asks; the answer's end may cut it
-    draft = await drafter.member.run(_draft, state, min(chosen, state.max_new_tokens - state.stats.tokens), sampler)
+    draft = await drafter.member.run(_draft, state, min(chosen, state.max_new_tokens - state.stats.tokens), sampler,
+                                     policy.draft.stop_below)
     count_draft(state.stats, len(draft.ids), chosen)
     if len(draft.ids) > 1:
         yield draft_event(drafter.label, [drafter.table.pieces[t] for t in draft.ids], draft.ids)
@@ -190,9 +194,12 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
 def _drafter_probs(state: RequestState, draft: Draft) -> Iterator[float]:
     """The drafter's probability of each drafted token, as the consensus check computes it. Lazy:
     nothing is computed without a ``drafter_confidence``, and only up to the first unsure token."""
+    return (_drafter_prob(state, token, logits) for token, logits in zip(draft.ids, draft.logits))
+
+
+def _drafter_prob(state: RequestState, token: int, logits: torch.Tensor) -> float:
     drafter = state.drafter
-    return (_own_prob(MemberDist(drafter.label, drafter.table, logits, None), (token,))[0]
-            for token, logits in zip(draft.ids, draft.logits))
+    return _own_prob(MemberDist(drafter.label, drafter.table, logits, None), (token,))[0]
 
 
 def _member_views(state: RequestState, views: list[VerifierView], text: bytes, offset: int, token: int,
