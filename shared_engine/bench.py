@@ -44,7 +44,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     bench.add_argument("--prompts", type=int, default=4, help="number of GSM8K questions")
     bench.add_argument("--data", help="a GSM8K-format JSONL file (default: the data folder's gsm8k/test.jsonl, "
                             "else the GSM8K sample shipped in the package)")
-    bench.add_argument("--methods", default="single,safe,every-token,adafuse")
+    bench.add_argument("--methods", default="single,safe,every-token,adafuse",
+                       help="comma-separated; an entry may change engine flags for itself, e.g. "
+                            "safe:draft-schedule=adaptive, and is then compared with its method (vs_safe, "
+                            "same_answers_as_safe)")
     bench.add_argument("--json", help="write the results here")
     bench.add_argument("--backend", type=_backends, default=["transformers"],
                        help="how zoo names without a prefix run: transformers, llamacpp, or both "
