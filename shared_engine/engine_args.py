@@ -38,7 +38,8 @@ def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = Tr
                         help="tokens drafted per round (SAFE's gamma; default 5); adaptive: the first round's")
     parser.add_argument("--draft-schedule", choices=["fixed", "adaptive"], default="fixed",
                         help="safe: fixed draft length, or adaptive: +2 after a round committed whole, -1 after "
-                             "a fusion changed a token, within [1, --max-draft-length]")
+                             "a fusion changed a token, within [1, --max-draft-length], and a draft ends after a "
+                             "token the drafter gives less than --drafter-confidence (0.4 without one)")
     parser.add_argument("--max-draft-length", type=int, default=16, help="adaptive: the longest draft (default 16)")
     parser.add_argument("--fusion", choices=["unite", "gac"], help="default: gac for gac-threshold, else unite")
     parser.add_argument("--sharpen", choices=["heur", "geom", "none"], help="default: heur for safe, else none")

@@ -63,7 +63,9 @@ class EngineOptions(GenerationParams):
     draft_schedule: Literal["fixed", "adaptive"] = Field(
         "fixed", description="safe: 'fixed' drafts draft_length tokens every round; 'adaptive' grows the draft "
                              "by 2 after a round committed whole and shrinks it by 1 after a fusion changed a "
-                             "token, within [1, max_draft_length] (dynamic speculation lookahead).")
+                             "token, within [1, max_draft_length], and ends a draft after a token the drafter "
+                             "gives less than drafter_confidence (0.4 without one): dynamic speculation "
+                             "lookahead, as Hugging Face's heuristic schedule with DISCO's confidence stop.")
     max_draft_length: int = Field(16, ge=1, le=64, description="draft_schedule='adaptive': the longest draft.")
     fusion: Literal["unite", "gac"] = Field(
         "unite", description="Cross-vocabulary fusion (default per method: gac for gac-threshold, "
