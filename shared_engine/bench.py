@@ -16,6 +16,7 @@ from typing import Any
 from tqdm import tqdm
 
 from .data_paths import gsm8k_file
+from .decoding.report import mean_draft_length
 from .engine_args import add_engine_args, engine_from_args
 from .members import LOCAL_BACKENDS
 
@@ -99,12 +100,6 @@ def parse_method(entry: str, args: argparse.Namespace) -> tuple[str, argparse.Na
     parser = argparse.ArgumentParser(prog=f"safe-ensemble bench --methods {entry}", add_help=False)
     add_engine_args(parser, members_required=False)
     return method.strip(), parser.parse_args(flags, namespace=copy.copy(args))  # unnamed flags keep args'
-
-
-def mean_draft_length(lengths: dict[int, int]) -> float:
-    """The mean draft length the schedule chose, from ``Stats.draft_lengths`` (rounds by length)."""
-    rounds = sum(lengths.values())
-    return round(sum(int(length) * n for length, n in lengths.items()) / rounds, 2) if rounds else 0.0
 
 
 def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:

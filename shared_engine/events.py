@@ -141,7 +141,8 @@ class Stats(BaseModel):
     rounds: int = 0
     draft_lengths: dict[int, int] = Field(
         default_factory=dict, description="Rounds by the draft length the schedule chose (draft_schedule: "
-                                          "fixed, or adaptive); a draft may stop sooner at EOS or the length cap.")
+                                          "fixed, or adaptive); a draft may stop sooner: at EOS, the length cap "
+                                          "or (adaptive) a token the drafter is unsure of.")
     unverified_rounds: int = Field(0, description="Rounds committed without the verifiers' forward: every "
                                                   "drafted token was at or above drafter_confidence, so "
                                                   "nothing there could be fused.")

@@ -16,6 +16,7 @@ from shared_engine.decoding.report import (
     count_span,
     count_span_round,
     fusion_event,
+    mean_draft_length,
     span_event,
 )
 from shared_engine.events import Stats
@@ -45,6 +46,8 @@ def test_a_fusion_counts_once_and_as_changed_only_when_it_left_the_draft() -> No
     count_draft(stats, 5, 5)
     assert (stats.rounds, stats.drafted_tokens) == (3, 10)
     assert stats.draft_lengths == {5: 2, 1: 1}  # by the chosen length
+    assert mean_draft_length(stats.draft_lengths) == mean_draft_length({"5": 2, "1": 1}) == 3.67  # JSON keys too
+    assert mean_draft_length({}) == 0.0
 
 
 def test_a_fusion_event_shows_the_most_probable_candidates_rounded() -> None:

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from tqdm import tqdm
 
+from ..decoding.report import mean_draft_length
 from ..engine import EnsembleEngine
 from ..errors import EnsembleError, InvalidRequestError
 from ..options import EngineOptions
@@ -127,7 +128,7 @@ def summarize(samples: list[Sample], config: RunConfig, bench: Benchmark, skippe
         for length, rounds in (s.get("draft_lengths") or {}).items():
             lengths[int(length)] += rounds  # JSON keys are strings
     if lengths:
-        summary["mean_draft_length"] = round(sum(k * n for k, n in lengths.items()) / sum(lengths.values()), 2)
+        summary["mean_draft_length"] = mean_draft_length(lengths)
     if bench.metric == "exact_match":
         summary["f1"] = round(sum(s.f1 or 0.0 for s in samples) / n, 4) if n else None
     if bench.metric == "chrf":  # no right/wrong in translation: corpus chrF (and BLEU) instead
