@@ -8,6 +8,7 @@ first so one-time costs (token tables, the first forward) are not counted.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from tqdm import tqdm
 
 from .data_paths import gsm8k_file
+from .decoding.report import mean_draft_length
 from .engine_args import add_engine_args, engine_from_args
 from .members import LOCAL_BACKENDS
 from .options import EngineOptions
@@ -44,7 +46,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     bench.add_argument("--prompts", type=int, default=4, help="number of GSM8K questions")
     bench.add_argument("--data", help="a GSM8K-format JSONL file (default: the data folder's gsm8k/test.jsonl, "
                             "else the GSM8K sample shipped in the package)")
-    bench.add_argument("--methods", default="single,safe,every-token,adafuse")
+    bench.add_argument("--methods", default="single,safe,every-token,adafuse",
+                       help="comma-separated; an entry may change engine flags for itself, e.g. "
+                            "safe:draft-schedule=adaptive, and is then compared with its method (vs_safe, "
+                            "same_answers_as_safe)")
     bench.add_argument("--json", help="write the results here")
     bench.add_argument("--backend", type=_backends, default=["transformers"],
                        help="how zoo names without a prefix run: transformers, llamacpp, or both "
@@ -82,23 +87,46 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def parse_method(entry: str, args: argparse.Namespace) -> tuple[str, argparse.Namespace]:
+    """A ``--methods`` entry: ``safe``, or a variant with engine flags changed, e.g.
+    ``safe:draft-schedule=adaptive`` or ``safe:draft-schedule=adaptive:drafter-confidence=0.5`` (the
+    flags of ``--help``, read by the same parser), so a lever on and off is measured in one run."""
+    method, *overrides = entry.split(":")
+    flags = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep:
+            raise SystemExit(f"bench: {override!r} in --methods {entry!r} is not flag=value")
+        flags += [f"--{key.strip().replace('_', '-')}", value.strip()]
+    parser = argparse.ArgumentParser(prog=f"safe-ensemble bench --methods {entry}", add_help=False)
+    add_engine_args(parser, members_required=False)
+    return method.strip(), parser.parse_args(flags, namespace=copy.copy(args))  # unnamed flags keep args'
+
+
 def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     prompts = gsm8k_questions(args.data, args.prompts)
     if len(prompts) < args.prompts:
         print(f"bench: {gsm8k_file(args.data)} has only {len(prompts)} questions", file=sys.stderr)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    entries = [m.strip() for m in args.methods.split(",") if m.strip()]
     results: dict[str, Any] = {"models": args.models, "backend": backend, "prompts": len(prompts),
                                "data": str(gsm8k_file(args.data)),
                                "max_new_tokens": args.max_new_tokens, "draft_length": args.draft_length,
+                               "draft_schedule": args.draft_schedule,
                                "fusion": args.fusion, "sharpen": args.sharpen,
                                "drafter_confidence": _safe_drafter_confidence(args), "methods": {}}
-    for method in methods:
-        engine = engine_from_args(args, method, backend)
+    runs = [(entry, *parse_method(entry, args)) for entry in entries]  # a bad entry fails before any run
+    answers: dict[str, list[str]] = {}
+    for entry, method, method_args in runs:
+        engine = engine_from_args(method_args, method, backend)
         engine.generate("Say hi.", max_new_tokens=4)  # warm-up: loads members, builds token tables
         tokens = elapsed = ensembled = spans = fused_spans = 0.0
         forwards: dict[str, int] = {}
-        for prompt in tqdm(prompts, desc=method, file=sys.stderr):
-            stats = engine.generate(prompt).stats
+        lengths: dict[int, int] = {}
+        answers[entry] = []
+        for prompt in tqdm(prompts, desc=entry, file=sys.stderr):
+            answer = engine.generate(prompt)
+            stats = answer.stats
+            answers[entry].append(answer.text)
             tokens += stats.tokens
             elapsed += stats.elapsed_s
             ensembled += stats.ensembled_tokens
@@ -106,7 +134,9 @@ def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
             fused_spans += stats.fused_spans
             for name, count in stats.forward_passes.items():
                 forwards[name] = forwards.get(name, 0) + count
-        results["methods"][method] = {
+            for length, rounds in stats.draft_lengths.items():
+                lengths[length] = lengths.get(length, 0) + rounds
+        results["methods"][entry] = {
             "tokens": int(tokens), "elapsed_s": round(elapsed, 3),
             "tokens_per_s": round(tokens / elapsed, 3) if elapsed else 0.0,
             "ensemble_rate": round(ensembled / tokens, 4) if tokens else 0.0,
@@ -114,7 +144,14 @@ def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
             "fusion": engine.options.fusion, "sharpen": engine.options.sharpen,  # each method's own defaults
             **({"fused_span_rate": round(fused_spans / spans, 4)} if spans else {}),
             "forward_passes_per_token": {k: round(v / tokens, 3) for k, v in forwards.items()} if tokens else {},
+            **({"mean_draft_length": mean_draft_length(lengths), "draft_lengths": dict(sorted(lengths.items()))}
+               if lengths else {}),
         }
+    for entry, method, _ in runs:  # a variant against its method with the run's flags
+        if entry != method and method in answers:
+            row, reference = results["methods"][entry], results["methods"][method]["tokens_per_s"]
+            row[f"vs_{method}"] = round(row["tokens_per_s"] / reference, 3) if reference else None
+            row[f"same_answers_as_{method}"] = answers[entry] == answers[method]
     by_method = results["methods"]
     for method, key in (("single", "single"), ("safe", "safe"), ("every-token", "every_token"),
                         ("adafuse", "adafuse")):

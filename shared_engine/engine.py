@@ -53,7 +53,7 @@ from .members import (
 )
 from .members.chat import Message, normalize_messages
 from .options import EngineOptions, GenerationParams, validated
-from .policies import make_policy
+from .policies import DraftSchedule, make_policy
 from .profile import apply_profile
 from .sampling import Sampler
 from .tools import OutputOptions, OutputPlan
@@ -320,7 +320,9 @@ class EnsembleEngine:
                 DEFAULT_THRESHOLD[opts.uncertainty] if opts.threshold is None else opts.threshold,
                 opts.max_words, opts.num_candidates, opts.candidate_temperature, opts.vote)
             return lambda state, sampler: adafuse_round(state, settings, sampler)
-        policy = make_policy(opts.method, opts.draft_length, opts.gate_threshold, opts.drafter_confidence)
+        draft = (DraftSchedule.adaptive(opts.draft_length, opts.max_draft_length, opts.drafter_confidence)
+                 if opts.draft_schedule == "adaptive" else DraftSchedule.fixed(opts.draft_length))
+        policy = make_policy(opts.method, draft, opts.gate_threshold, opts.drafter_confidence)
         fusion = FusionSettings(self.fuser, opts.sharpen)
         return lambda state, sampler: decode_round(state, policy, fusion, sampler)
 

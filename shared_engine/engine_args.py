@@ -23,9 +23,9 @@ def weights_arg(value: str) -> list[float] | str:
         raise argparse.ArgumentTypeError("comma-separated numbers, one per model, e.g. 2,1, or auto") from None
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
+def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = True) -> None:
     """The flags that configure an ``EnsembleEngine`` (read back by ``engine_from_args``)."""
-    add_member_args(parser)  # --models or --members FILE, --device, --dtype, ...
+    add_member_args(parser, members_required)  # --models or --members FILE, --device, --dtype, ...
     parser.add_argument("--drafter", help="member that drafts (default: the first)")
     parser.add_argument("--weights", type=weights_arg,
                         help="fusion weight of each model, in --models order, e.g. 2,1 (default: equal), or "
@@ -34,7 +34,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="--weights auto: softmax temperature over the prompt losses (default 1)")
     parser.add_argument("--profile", help="a profile from `safe-ensemble calibrate`: its weights, drafter and "
                                           "drafter confidence fill those not given here")
-    parser.add_argument("--draft-length", type=int, default=5)
+    parser.add_argument("--draft-length", type=int, default=5,
+                        help="tokens drafted per round (SAFE's gamma; default 5); adaptive: the first round's")
+    parser.add_argument("--draft-schedule", choices=["fixed", "adaptive"], default="fixed",
+                        help="safe: fixed draft length, or adaptive: +2 after a round committed whole, -1 after "
+                             "a fusion changed a token, within [1, --max-draft-length], and a draft ends after a "
+                             "token the drafter gives less than --drafter-confidence (0.4 without one)")
+    parser.add_argument("--max-draft-length", type=int, default=16, help="adaptive: the longest draft (default 16)")
     parser.add_argument("--fusion", choices=["unite", "gac"], help="default: gac for gac-threshold, else unite")
     parser.add_argument("--sharpen", choices=["heur", "geom", "none"], help="default: heur for safe, else none")
     parser.add_argument("--max-new-tokens", type=int, default=256)
@@ -81,7 +87,8 @@ def engine_from_args(args: argparse.Namespace, method: str, backend: str | None 
             explicit[name] = None
     return EnsembleEngine(member_configs(args, backend), method=method, drafter=args.drafter, weights=args.weights,
                           weights_temperature=args.weights_temperature, profile=args.profile,
-                          draft_length=args.draft_length, **explicit,
+                          draft_length=args.draft_length, draft_schedule=args.draft_schedule,
+                          max_draft_length=args.max_draft_length, **explicit,
                           max_new_tokens=args.max_new_tokens,
                           uncertainty=args.uncertainty, threshold=args.threshold, max_words=args.max_words,
                           num_candidates=args.num_candidates, candidate_temperature=args.candidate_temperature,

@@ -139,6 +139,10 @@ class Stats(BaseModel):
     chosen_tokens: int = Field(0, description="Tokens committed from a fused choice that differed "
                                               "from the draft (tokens == accepted + chosen).")
     rounds: int = 0
+    draft_lengths: dict[int, int] = Field(
+        default_factory=dict, description="Rounds by the draft length the schedule chose (draft_schedule: "
+                                          "fixed, or adaptive); a draft may stop sooner: at EOS, the length cap "
+                                          "or (adaptive) a token the drafter is unsure of.")
     unverified_rounds: int = Field(0, description="Rounds committed without the verifiers' forward: every "
                                                   "drafted token was at or above drafter_confidence, so "
                                                   "nothing there could be fused.")

@@ -62,7 +62,15 @@ class EngineOptions(GenerationParams):
 
     method: Method = Field("safe", description="safe | every-token | gac-threshold | single | adafuse")
     drafter: str | int | None = Field(None, description="Member name or index that drafts (default: the first).")
-    draft_length: int = Field(5, ge=1, le=64, description="Tokens drafted per round (SAFE's gamma).")
+    draft_length: int = Field(5, ge=1, le=64, description="Tokens drafted per round (SAFE's gamma); with "
+                                                           "draft_schedule='adaptive', the first round's.")
+    draft_schedule: Literal["fixed", "adaptive"] = Field(
+        "fixed", description="safe: 'fixed' drafts draft_length tokens every round; 'adaptive' grows the draft "
+                             "by 2 after a round committed whole and shrinks it by 1 after a fusion changed a "
+                             "token, within [1, max_draft_length], and ends a draft after a token the drafter "
+                             "gives less than drafter_confidence (0.4 without one): dynamic speculation "
+                             "lookahead, as Hugging Face's heuristic schedule with DISCO's confidence stop.")
+    max_draft_length: int = Field(16, ge=1, le=64, description="draft_schedule='adaptive': the longest draft.")
     fusion: Literal["unite", "gac"] = Field(
         "unite", description="Cross-vocabulary fusion (default per method: gac for gac-threshold, "
                              "else unite).")
@@ -109,6 +117,13 @@ class EngineOptions(GenerationParams):
         for name, value in METHOD_DEFAULTS[self.method].items():
             if name not in self.model_fields_set:
                 object.__setattr__(self, name, value)  # stays "not set": a dump shows the value used
+        return self
+
+    @model_validator(mode="after")
+    def _first_draft_within_bounds(self) -> EngineOptions:
+        if self.draft_schedule == "adaptive" and self.draft_length > self.max_draft_length:
+            raise ValueError(f"draft_length ({self.draft_length}) exceeds max_draft_length "
+                             f"({self.max_draft_length}) of the adaptive draft schedule")
         return self
 
     @model_validator(mode="after")

@@ -1,8 +1,8 @@
 """When to ensemble: one small policy object per method, read by the one decoding round.
 
 Every method is the same round (draft -> verify -> maybe fuse -> commit, decoding/round.py);
-a policy only says how long the draft is, whether verification can be skipped, whether the
-boundary (OOV-like) check applies, and whether members already agree.
+a policy only says how long the draft is (``DraftSchedule``), whether verification can be skipped,
+whether the boundary (OOV-like) check applies, and whether members already agree.
 """
 
 from __future__ import annotations
@@ -12,13 +12,59 @@ from dataclasses import dataclass
 
 import torch
 
+ADAPTIVE_GROW = 2
+"""Tokens the adaptive schedule adds after a round whose draft was committed whole."""
+ADAPTIVE_SHRINK = 1
+"""Tokens it takes away after a round where fusion changed a drafted token."""
+ADAPTIVE_SHORTEST = 1
+"""The adaptive schedule's shortest draft (its longest is the ``max_draft_length`` option)."""
+ADAPTIVE_STOP_BELOW = 0.4
+"""Without ``drafter_confidence``, the adaptive draft ends after a token the drafter gives less than
+this (Hugging Face's default ``assistant_confidence_threshold``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DraftSchedule:
+    """How many tokens the next round drafts, given the last round's length and outcome.
+
+    Fixed (SAFE's gamma): always ``start``. Adaptive, as dynamic speculation lookahead in Hugging
+    Face's assisted generation (``num_assistant_tokens_schedule="heuristic"`` with DISCO's
+    ``assistant_confidence_threshold``): +2 after a round whose draft stood whole, -1 after a round
+    where fusion changed a token, kept within [``shortest``, ``longest``]; and a draft ends early
+    after a token the drafter gives less than ``stop_below``. With ``drafter_confidence`` that is
+    the bar itself: only a token below it can be fused, so nothing drafted is thrown away."""
+
+    start: int
+    shortest: int
+    longest: int
+    grow: int = 0
+    shrink: int = 0
+    stop_below: float | None = None
+
+    @classmethod
+    def fixed(cls, length: int) -> DraftSchedule:
+        return cls(length, length, length)
+
+    @classmethod
+    def adaptive(cls, start: int, longest: int, drafter_confidence: float | None = None) -> DraftSchedule:
+        if not ADAPTIVE_SHORTEST <= start <= longest:
+            raise ValueError(f"the first draft length {start} must be within [{ADAPTIVE_SHORTEST}, {longest}]")
+        stop_below = ADAPTIVE_STOP_BELOW if drafter_confidence is None else drafter_confidence
+        return cls(start, ADAPTIVE_SHORTEST, longest, ADAPTIVE_GROW, ADAPTIVE_SHRINK, stop_below)
+
+    def after(self, length: int, kept_whole: bool) -> int:
+        """The next round's length after a round that drafted ``length`` tokens and committed
+        them all (``kept_whole``) or had one changed by fusion."""
+        step = self.grow if kept_whole else -self.shrink
+        return max(self.shortest, min(self.longest, length + step))
+
 
 @dataclass(frozen=True, slots=True)
 class Policy:
     """Knobs of the round for one method."""
 
     name: str
-    draft_length: int
+    draft: DraftSchedule
     verify_draft: bool
     """Verifiers score their tokenization of (answer + draft) — SAFE — instead of the answer only
     (per-token methods, which force every verifier to continue from the committed text)."""
@@ -62,18 +108,21 @@ def agree(own_probs: list[float], argmax_is_own: list[bool], weights: torch.Tens
     return mean > 0.5
 
 
-def make_policy(method: str, draft_length: int, gate_threshold: float,
+def make_policy(method: str, draft: DraftSchedule, gate_threshold: float,
                 drafter_confidence: float | None = None) -> Policy:
+    """The policy of ``method``; ``draft`` is SAFE's schedule (``single`` drafts its first length,
+    fixed: with nobody to check the draft there is nothing to adapt to)."""
     if method == "safe":
-        return Policy("safe", draft_length, verify_draft=True, require_boundary=True, skip_consensus=True,
+        return Policy("safe", draft, verify_draft=True, require_boundary=True, skip_consensus=True,
                       drafter_confidence=drafter_confidence)
     if method == "every-token":
-        return Policy("every-token", 1, verify_draft=False, require_boundary=False, skip_consensus=False)
+        return Policy("every-token", DraftSchedule.fixed(1), verify_draft=False, require_boundary=False,
+                      skip_consensus=False)
     if method == "gac-threshold":
-        return Policy("gac-threshold", 1, verify_draft=False, require_boundary=False,
+        return Policy("gac-threshold", DraftSchedule.fixed(1), verify_draft=False, require_boundary=False,
                       skip_consensus=False, gate_threshold=gate_threshold)
     if method == "single":
-        return Policy("single", draft_length, verify_draft=False, require_boundary=False,
+        return Policy("single", DraftSchedule.fixed(draft.start), verify_draft=False, require_boundary=False,
                       skip_consensus=False, uses_verifiers=False)
     raise ValueError(f"unknown method {method!r}")
 

@@ -111,6 +111,9 @@ def test_engine_rejects_bad_parameters(toys: list, params: dict[str, Any]) -> No
 @pytest.mark.parametrize("options", [
     pytest.param({"method": "bogus"}, id="unknown-method"),
     pytest.param({"draft_length": 0}, id="draft-length-zero"),
+    pytest.param({"draft_schedule": "sometimes"}, id="unknown-draft-schedule"),
+    pytest.param({"max_draft_length": 0}, id="max-draft-length-zero"),
+    pytest.param({"draft_schedule": "adaptive", "draft_length": 20}, id="first-draft-past-max"),
     pytest.param({"weights": [1.0]}, id="too-few-weights"),
     pytest.param({"weights": [-1.0, 2.0]}, id="negative-weight"),
     pytest.param({"weights": [0.0, 0.0]}, id="zero-weights"),

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from shared_engine.alignment import EOS_KEY
 from shared_engine.fusion import Fused, sharpen
-from shared_engine.policies import agree, make_policy
+from shared_engine.policies import DraftSchedule, agree, make_policy
 from shared_engine.sampling import Sampler
 
 
@@ -97,14 +97,17 @@ def test_geom_sharpening_and_no_sharpening_when_confident() -> None:
 
 
 def test_policies_are_the_documented_methods() -> None:
-    safe = make_policy("safe", 5, 0.5)
-    assert (safe.draft_length, safe.verify_draft, safe.require_boundary, safe.skip_consensus) == (5, True, True, True)
-    every = make_policy("every-token", 5, 0.5)
-    assert (every.draft_length, every.require_boundary, every.skip_consensus) == (1, False, False)
-    gac = make_policy("gac-threshold", 5, 0.4)
+    five = DraftSchedule.fixed(5)
+    safe = make_policy("safe", five, 0.5)
+    assert (safe.draft, safe.verify_draft, safe.require_boundary, safe.skip_consensus) == (five, True, True, True)
+    every = make_policy("every-token", DraftSchedule.adaptive(5, 16), 0.5)
+    assert (every.draft, every.require_boundary, every.skip_consensus) == (DraftSchedule.fixed(1), False, False)
+    gac = make_policy("gac-threshold", five, 0.4)
+    assert gac.draft == DraftSchedule.fixed(1)
     assert gac.needs_verification(torch.tensor([0.0, 0.0, 0.0]))  # max prob 1/3 < 0.4
     assert not gac.needs_verification(torch.tensor([5.0, 0.0, 0.0]))
-    assert not make_policy("single", 5, 0.5).needs_verification(torch.zeros(3))
+    single = make_policy("single", DraftSchedule.adaptive(6, 16), 0.5)
+    assert not single.needs_verification(torch.zeros(3)) and single.draft == DraftSchedule.fixed(6)
 
 
 def test_sampler_seeded_is_reproducible_and_top_p_restricts() -> None:

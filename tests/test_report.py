@@ -16,6 +16,7 @@ from shared_engine.decoding.report import (
     count_span,
     count_span_round,
     fusion_event,
+    mean_draft_length,
     span_event,
 )
 from shared_engine.events import Stats
@@ -40,9 +41,13 @@ def test_a_fusion_counts_once_and_as_changed_only_when_it_left_the_draft() -> No
     count_fusion(stats, _fusion(b" w2", b" w1"))
     count_fusion(stats, _fusion(EOS_KEY, None))  # the drafter drafted a special token: any choice changes it
     assert (stats.ensembled_tokens, stats.changed_tokens) == (3, 2)
-    count_draft(stats, 4)
-    count_draft(stats, 1)
-    assert (stats.rounds, stats.drafted_tokens) == (2, 5)
+    count_draft(stats, 4, 5)  # the draft reached EOS after 4 of the 5 tokens the schedule chose
+    count_draft(stats, 1, 1)
+    count_draft(stats, 5, 5)
+    assert (stats.rounds, stats.drafted_tokens) == (3, 10)
+    assert stats.draft_lengths == {5: 2, 1: 1}  # by the chosen length
+    assert mean_draft_length(stats.draft_lengths) == mean_draft_length({"5": 2, "1": 1}) == 3.67  # JSON keys too
+    assert mean_draft_length({}) == 0.0
 
 
 def test_a_fusion_event_shows_the_most_probable_candidates_rounded() -> None:

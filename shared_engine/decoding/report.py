@@ -7,6 +7,8 @@ shown) are written once.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from ..alignment import EOS_KEY
@@ -28,10 +30,19 @@ def show(key: bytes) -> str:
 
 # -- SAFE's round and the per-token baselines ----------------------------------------------------
 
-def count_draft(stats: Stats, drafted: int) -> None:
-    """A round began with a draft of ``drafted`` tokens."""
+def count_draft(stats: Stats, drafted: int, chosen: int) -> None:
+    """A round began with a draft of ``drafted`` tokens; the draft schedule had chosen ``chosen``
+    (more than ``drafted`` where the draft reached EOS or the answer's length cap)."""
     stats.rounds += 1
     stats.drafted_tokens += drafted
+    stats.draft_lengths[chosen] = stats.draft_lengths.get(chosen, 0) + 1
+
+
+def mean_draft_length(lengths: Mapping[int, int] | Mapping[str, int]) -> float:
+    """The mean length the draft schedule chose, from ``Stats.draft_lengths`` (rounds by length;
+    summed over answers, or read back from JSON with string keys)."""
+    rounds = sum(lengths.values())
+    return round(sum(int(length) * n for length, n in lengths.items()) / rounds, 2) if rounds else 0.0
 
 
 def count_unverified_round(stats: Stats) -> None:

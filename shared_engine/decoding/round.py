@@ -10,6 +10,10 @@ drafted, the rest of the draft stays valid (every member's context is unchanged)
 on instead of throwing the draft away. Greedy output is identical; drafter work is saved (the
 project's findings measured ~half of all fusions choosing the drafted token).
 
+How long a draft is comes from the policy's ``DraftSchedule``: SAFE's fixed gamma, or adaptive
+(longer after a round whose draft stood whole, shorter after a fusion changed a token); each round
+tells it which, and the request carries the length on to the next round.
+
 With a temperature (the released code is greedy only), every position where fusion may run (a
 shared boundary for SAFE) follows the fused distribution exactly: the drafted token is accepted
 by the speculative-sampling rule against it (``sampling.speculative_choice``). The consensus skip,
@@ -55,8 +59,10 @@ class FusionSettings:
     sharpen: SharpenMode
 
 
-def _draft(state: RequestState, length: int, sampler: Sampler) -> Draft:
-    """Blocking: the drafter syncs its cache to the answer and drafts up to ``length`` tokens."""
+def _draft(state: RequestState, length: int, sampler: Sampler, stop_below: float | None) -> Draft:
+    """Blocking: the drafter syncs its cache to the answer and drafts up to ``length`` tokens, fewer
+    at EOS or (``stop_below``) after a token it gives less than that probability: fusion may change
+    that token, and every token drafted past it would then be thrown away."""
     session, eos = state.drafter.session, state.drafter.eos_ids
     support = exact_support(state.drafter.member)
     target = state.drafter_target()
@@ -66,7 +72,8 @@ def _draft(state: RequestState, length: int, sampler: Sampler) -> Draft:
         token = sampler.from_logits(logits, support)
         ids.append(token)
         rows.append(logits)
-        if token in eos or j == length - 1:
+        unsure = stop_below is not None and _drafter_prob(state, token, logits) < stop_below
+        if token in eos or j == length - 1 or unsure:
             break
         logits = session.step(token)
     return Draft(ids, rows)
@@ -116,18 +123,21 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     """One round; yields events and leaves the state advanced (or finished)."""
     drafter = state.drafter
     start = len(state.answer)
-    length = min(policy.draft_length, state.max_new_tokens - state.stats.tokens)
-    draft = await drafter.member.run(_draft, state, length, sampler)
-    count_draft(state.stats, len(draft.ids))
+    chosen = state.draft_length or policy.draft.start  # what the schedule asks; the answer's end may cut it
+    draft = await drafter.member.run(_draft, state, min(chosen, state.max_new_tokens - state.stats.tokens), sampler,
+                                     policy.draft.stop_below)
+    count_draft(state.stats, len(draft.ids), chosen)
     if len(draft.ids) > 1:
         yield draft_event(drafter.label, [drafter.table.pieces[t] for t in draft.ids], draft.ids)
 
     if len(state.members) == 1 or not policy.needs_verification(draft.logits[0]):
+        state.draft_length = policy.draft.after(chosen, kept_whole=True)
         for event in state.commit(draft.ids, "draft"):
             yield event
         return
     if policy.drafter_decides_alone(_drafter_probs(state, draft)):
         count_unverified_round(state.stats)
+        state.draft_length = policy.draft.after(chosen, kept_whole=True)
         for event in state.commit(draft.ids, "draft"):
             yield event
         return
@@ -161,6 +171,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
             count_fusion(state.stats, decision)
             yield fusion_event(decision)
             if decision.changed:  # the draft diverges here
+                state.draft_length = policy.draft.after(chosen, kept_whole=False)
                 yield VerifyEvent(positions=checked)
                 for event in state.commit(draft.ids[:j], "draft"):
                     yield event
@@ -174,6 +185,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
                 return
             # fusion kept the drafted token: every member's context is unchanged, scan on
         offset += len(drafter.table.pieces[token]) if token not in drafter.eos_ids else 0
+    state.draft_length = policy.draft.after(chosen, kept_whole=True)
     yield VerifyEvent(positions=checked)
     for event in state.commit(draft.ids, "draft"):
         yield event
@@ -182,9 +194,12 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
 def _drafter_probs(state: RequestState, draft: Draft) -> Iterator[float]:
     """The drafter's probability of each drafted token, as the consensus check computes it. Lazy:
     nothing is computed without a ``drafter_confidence``, and only up to the first unsure token."""
+    return (_drafter_prob(state, token, logits) for token, logits in zip(draft.ids, draft.logits))
+
+
+def _drafter_prob(state: RequestState, token: int, logits: torch.Tensor) -> float:
     drafter = state.drafter
-    return (_own_prob(MemberDist(drafter.label, drafter.table, logits, None), (token,))[0]
-            for token, logits in zip(draft.ids, draft.logits))
+    return _own_prob(MemberDist(drafter.label, drafter.table, logits, None), (token,))[0]
 
 
 def _member_views(state: RequestState, views: list[VerifierView], text: bytes, offset: int, token: int,

@@ -81,6 +81,7 @@ class RequestState:
     finish_reason: str | None = None
     failed_members: dict[str, str] = field(default_factory=dict)
     stats: Stats = field(default_factory=Stats)
+    draft_length: int | None = None  # the next SAFE round's, as the policy's schedule set it (None: its start)
     started: float = field(default_factory=time.perf_counter)
     _decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from tqdm import tqdm
 
+from ..decoding.report import mean_draft_length
 from ..engine import EnsembleEngine
 from ..errors import EnsembleError, InvalidRequestError
 from ..options import EngineOptions
@@ -122,6 +123,12 @@ def summarize(samples: list[Sample], config: RunConfig, bench: Benchmark, skippe
             forwards[member] += count
     # cost that contention does not distort: forward passes per answer token, per member
     summary["forward_passes_per_token"] = {m: round(c / tokens, 3) for m, c in forwards.items()} if tokens else {}
+    lengths: dict[int, int] = defaultdict(int)
+    for s in stats:
+        for length, rounds in (s.get("draft_lengths") or {}).items():
+            lengths[int(length)] += rounds  # JSON keys are strings
+    if lengths:
+        summary["mean_draft_length"] = mean_draft_length(lengths)
     if bench.metric == "exact_match":
         summary["f1"] = round(sum(s.f1 or 0.0 for s in samples) / n, 4) if n else None
     if bench.metric == "chrf":  # no right/wrong in translation: corpus chrF (and BLEU) instead
