@@ -258,9 +258,11 @@ class EnsembleEngine:
                     f"prompt ({len(ids)} tokens) + max_new_tokens ({gen.max_new_tokens}) exceed "
                     f"{member.name}'s context window of {member.context_window} tokens")
         stops = tuple(gen.stop) + tuple(plan.stops) + tuple(s for m in members for s in m.stop_strings)
+        # AdaFuse's spans are written by every member unconstrained: its JSON is validated and retried only.
+        constraint = plan.constraint() if self.options.method != "adafuse" else None
         state = RequestState(
             request_members(members, self.labels, [m.new_session() for m in members], prompt_ids, self._weights()),
-            gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)))
+            gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)), constraint=constraint)
         sampler = Sampler(gen.temperature, gen.top_p, gen.seed)
         self._live[id(state)] = state
         try:

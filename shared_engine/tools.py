@@ -26,12 +26,20 @@ arguments given as a JSON string); a bare JSON answer counts as a call only when
 offered tool; a tagged block that still cannot be read is reported as an invalid call, never
 guessed at.
 
-Structured output (``response_format`` json_object / json_schema) is validate-and-retry, not
-constrained decoding: the members are asked for JSON (with the schema), the answer is prefilled
-with ``{``, held back until it parses (and, for json_schema, validates with ``jsonschema``), and
-regenerated with the error fed back if it does not (``FORMAT_ATTEMPTS`` tries in all). The tokens
-of the accepted attempt are then released at once; an answer that never validates is released
-as is, with ``FinishEvent.format_error`` saying why.
+Structured output (``response_format`` json_object / json_schema): the members are asked for JSON
+(json_schema: with the schema), the answer is prefilled with ``{`` and **decoded under a
+character-level JSON constraint** (``json_constraint.py``: the drafter drafts only tokens that keep
+the answer a valid prefix of JSON matching the schema, fusion only chooses such candidates, the
+answer ends when the value is complete); json_object constrains to any JSON object, or to the
+schema it carries. Not constrained, only validated and retried: AdaFuse (its spans are written by
+every member), a request that also offers tools (a call must stay possible), a prefix of the
+caller's that is no JSON start, and a schema the parser cannot take (``Stats.constrained`` says
+which happened). Either way the answer is held back until it parses (and validates with
+``jsonschema``, which also checks keywords the parser does not enforce), and regenerated with the
+error fed back if it does not (``FORMAT_ATTEMPTS`` tries in all; under the constraint only an
+answer cut by max_new_tokens or a keyword the parser does not enforce fails). The tokens of the
+accepted attempt are then released at once; an answer that never validates is released as is,
+with ``FinishEvent.format_error`` saying why.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import InvalidRequestError
 from .events import Event, FinishEvent, TokenEvent, ToolCallEvent
+from .json_constraint import JsonPrefix, start_state
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -420,6 +429,16 @@ class OutputPlan:
         self.tools = tools if tools and options.tool_choice != "none" else None
         self.prefix = options.prefix or call_prefix(self.forced) or ("{" if self.response_format else "")
         self.stops = [TOOL_CALL_CLOSE] if self.forced or (self.tools and options.parallel_tool_calls is False) else []
+
+    def constraint(self) -> JsonPrefix | None:
+        """The decoding constraint of a JSON answer, after the prefix; None when there is nothing
+        to constrain (no response_format, or tools are offered) or it cannot be constrained (the
+        parser does not take the schema, the prefix is no JSON start): validated and retried only."""
+        fmt = self.response_format
+        if fmt is None or self.tools:
+            return None
+        schema = fmt.json_schema.json_schema if fmt.json_schema is not None else None
+        return start_state(schema or None, self.prefix)
 
     @property
     def attempts(self) -> int:
