@@ -251,16 +251,31 @@ async def test_function_agent_round_trip_with_scripted_answers() -> None:
     assert second[2]["content"] == "42"
 
 
-def test_structured_predict_goes_through_a_forced_tool_call() -> None:
-    class City(BaseModel):
-        name: str
-        country: str
+class City(BaseModel):
+    name: str
+    country: str
 
-    # The engine prefills '<tool_call>\n{"name": "City", "arguments":'; the members write the rest.
-    llm, engine = scripted_llm([' {"name": "Paris", "country": "France"}}'])
-    city = llm.structured_predict(City, PromptTemplate("Extract the city from: {text}"), text="I live in Paris.")
-    assert city == City(name="Paris", country="France")
-    assert engine.requests[0][1]["tool_choice"] == "required"  # the engine prefills the forced call
+
+async def test_structured_predict_asks_the_engine_for_json_under_the_schema() -> None:
+    # The engine prefills "{" and decodes under the schema; the members write the rest.
+    answer = ['"name": "Paris", ', '"country": "France"}']
+    llm, engine = scripted_llm(answer, answer, answer, answer)
+    prompt = PromptTemplate("Extract the city from: {text}")
+    paris = City(name="Paris", country="France")
+    assert llm.structured_predict(City, prompt, text="I live in Paris.") == paris
+    assert await llm.astructured_predict(City, prompt, text="I live in Paris.") == paris
+    assert list(llm.stream_structured_predict(City, prompt, text="I live in Paris.")) == [paris]
+    assert [c async for c in await llm.astream_structured_predict(City, prompt, text="I live in Paris.")] == [paris]
+    messages, params = engine.requests[0]
+    assert params["response_format"] == {"type": "json_schema",
+                                         "json_schema": {"name": "City", "schema": City.model_json_schema()}}
+    assert "tools" not in params and messages[-1]["content"] == "Extract the city from: I live in Paris."
+
+
+def test_structured_predict_reports_an_answer_that_never_validated() -> None:
+    llm, _ = scripted_llm(['"name": "Paris"}'])
+    with pytest.raises(ValueError, match="not a valid City: the object: 'country' is a required property"):
+        llm.structured_predict(City, PromptTemplate("Extract the city from: {text}"), text="I live in Paris.")
 
 
 async def test_token_counting_handler_reads_the_usage() -> None:
