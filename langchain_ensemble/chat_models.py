@@ -198,7 +198,7 @@ class ChatEnsemble(BaseChatModel):
         llm_with_tools = llm.bind_tools([get_weather])
         llm_with_tools.invoke("Weather in Paris?").tool_calls
         llm.with_structured_output(Joke).invoke("Tell me a joke")                       # forced call
-        llm.with_structured_output(Joke, method="json_schema").invoke("Tell me a joke")  # validated JSON
+        llm.with_structured_output(Joke, method="json_schema").invoke("Tell me a joke")  # constrained JSON
 
     ``close()`` (or garbage collection) releases the shared engine once no chat model of the same
     configuration is left; members it loaded are unloaded unless another engine holds them.
@@ -347,14 +347,15 @@ class ChatEnsemble(BaseChatModel):
         """Answers as ``schema`` (pydantic class, TypedDict, JSON schema or OpenAI tool dict).
 
         ``method``: ``"function_calling"`` (default) forces a call of a tool shaped like the schema
-        (the answer is prefilled with the call's start); ``"json_schema"`` asks for JSON matching the
-        schema and *validates and retries* (``shared_engine.tools``: decoding is not constrained, an
-        answer that fails ``jsonschema`` validation is regenerated with the error, up to three
-        tries); ``"json_mode"`` asks for a JSON object without showing the schema (describe the
-        fields in the prompt), validates it against the schema and retries the same way, and parses
-        it into ``schema``. ``strict`` is accepted and changes nothing: every method already
-        checks the result against the schema. ``include_raw=True`` returns
-        ``{"raw", "parsed", "parsing_error"}``.
+        (the answer is prefilled with the call's start; the arguments are not constrained);
+        ``"json_schema"`` asks for JSON matching the schema and *decodes under it*
+        (``shared_engine.json_constraint``: every committed token keeps the answer a prefix of
+        schema-valid JSON), then validates and, if still wrong, retries with the error, up to three
+        tries (``shared_engine.tools``); ``"json_mode"`` asks for a JSON object without showing the
+        schema (describe the fields in the prompt), decodes under the schema all the same, validates
+        and retries the same way, and parses it into ``schema``. ``strict`` is accepted and changes
+        nothing: every method already checks the result against the schema. ``include_raw=True``
+        returns ``{"raw", "parsed", "parsing_error"}``.
         """
         if kwargs:
             raise ValueError(f"unsupported arguments for with_structured_output: {sorted(kwargs)}")
