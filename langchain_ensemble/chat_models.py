@@ -42,7 +42,7 @@ from langchain_core.callbacks import (
     adispatch_custom_event,
     dispatch_custom_event,
 )
-from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
+from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput, ModelProfile
 from langchain_core.language_models.chat_models import agenerate_from_stream, generate_from_stream
 from langchain_core.messages import (
     AIMessage,
@@ -287,6 +287,39 @@ class ChatEnsemble(BaseChatModel):
             self._release()
 
     # -- LangChain metadata ---------------------------------------------------------------
+    def _resolve_model_profile(self) -> ModelProfile | None:
+        """What the ensemble can do (langchain-core's beta ``profile``): text in and out, tool
+        calling with ``tool_choice``, constrained structured output. ``max_input_tokens`` is the
+        smallest member context window, which needs the members loaded, and construction never
+        loads them: it is set here when another chat model already loaded them, else by the first
+        call (or by reading ``context_window``)."""
+        profile = ModelProfile(
+            text_inputs=True, text_outputs=True, image_inputs=False, image_url_inputs=False, pdf_inputs=False,
+            audio_inputs=False, video_inputs=False, image_tool_message=False, pdf_tool_message=False,
+            tool_calling=True, tool_choice=True, tool_call_streaming=True, structured_output=True)
+        engine = self._engine()
+        if isinstance(engine, EnsembleEngine) and engine.loaded:
+            profile["max_input_tokens"] = engine.context_window
+        return profile
+
+    @property
+    def context_window(self) -> int:
+        """The smallest member context window (loads the members once per process; fills
+        ``profile["max_input_tokens"]``)."""
+        window = self._engine().context_window
+        self._note_context_window(window)
+        return window
+
+    def _note_context_window(self, window: int) -> None:
+        if self.profile is not None and self.profile.get("max_input_tokens") != window:
+            self.profile = ModelProfile(**{**self.profile, "max_input_tokens": window})
+
+    def _after_request(self) -> None:
+        """A request ran, so the members are loaded: the profile gets ``max_input_tokens``."""
+        engine = self._engine()
+        if isinstance(engine, EnsembleEngine) and engine.loaded and "max_input_tokens" not in (self.profile or {}):
+            self._note_context_window(engine.context_window)
+
     @property
     def _llm_type(self) -> str:
         return "safe-ensemble"
@@ -537,6 +570,7 @@ class _Translator:
             chunk = tool_call_chunk(name=event.name, args=event.arguments_json, id=event.id, index=event.index)
             return [ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[chunk]))]
         if event.type == "finish":
+            self.model._after_request()
             return [self._final(event)]
         return []
 

@@ -184,7 +184,7 @@ class EnsembleLLM(FunctionCallingLLM):
 
     @property
     def metadata(self) -> LLMMetadata:
-        window = self.context_window or min(m.context_window for m in self._engine.members)
+        window = self.context_window or self._engine.context_window
         return LLMMetadata(context_window=window, num_output=self.max_tokens, is_chat_model=True,
                            is_function_calling_model=True, model_name=self.model_name)
 

@@ -141,6 +141,17 @@ class EnsembleEngine:
             return self._members
 
     @property
+    def loaded(self) -> bool:
+        """Whether the members are loaded (reading ``members`` or ``context_window`` loads nothing)."""
+        return self._members is not None
+
+    @property
+    def context_window(self) -> int:
+        """The smallest member context window: what a prompt plus its answer must fit in (loads
+        the members)."""
+        return min(m.context_window for m in self.members)
+
+    @property
     def labels(self) -> list[str]:
         labels: list[str] = []
         for member in self.members:
