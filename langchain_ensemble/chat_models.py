@@ -233,6 +233,10 @@ class ChatEnsemble(BaseChatModel):
     The default sends fusion decisions (SAFE's and AdaFuse's) and the final stats, not every token or draft."""
     engine_options: dict[str, Any] = Field(default_factory=dict)
     """Extra ``EngineOptions`` (drafter, draft_length, fusion, ...); keywords are collected here."""
+    tool_result_hint: str | None = None
+    """With tools bound, a user turn the engine adds after tool results (e.g. "Using the function
+    result above, answer my original question in plain text."): small members otherwise call the
+    tool again instead of answering. Off by default: it discourages multi-step tool chains."""
 
     _release: Any = PrivateAttr(default=None)  # weakref.finalize that gives the shared engine back
 
@@ -436,6 +440,8 @@ class ChatEnsemble(BaseChatModel):
         params["stop"] = list(stop if stop is not None else (self.stop or []))
         if not kwargs.get("tools"):
             kwargs.pop("tools", None)
+        elif self.tool_result_hint:
+            params["tool_result_hint"] = self.tool_result_hint
         params.update(kwargs)  # tools, tool_choice, response_format, ...: the engine checks the names
         return _Request(to_engine_messages(messages), params)
 

@@ -139,8 +139,9 @@ class EnsembleLLM(FunctionCallingLLM):
     step_events: bool = Field(False, description="Also send draft/verify/cache_sync as EnsembleStepEvent.")
     tool_result_hint: str | None = Field(
         DEFAULT_TOOL_RESULT_HINT,
-        description="User turn added after tool results when tools are offered: small members otherwise "
-                    "repeat the call instead of answering. None disables it (multi-step tool chains).")
+        description="User turn the engine adds after tool results when tools are offered (the engine's "
+                    "tool_result_hint): small members otherwise repeat the call instead of answering. "
+                    "None disables it (multi-step tool chains).")
 
     _engine: EnsembleEngine = PrivateAttr()
 
@@ -216,8 +217,8 @@ class EnsembleLLM(FunctionCallingLLM):
             params["tool_choice"] = "required" if output.get("tool_required") and choice in (None, "auto") else choice
             if output.get("parallel_tool_calls") is not None:
                 params["parallel_tool_calls"] = output["parallel_tool_calls"]
-            if self.tool_result_hint and converted[-1]["role"] == "tool":
-                converted.append({"role": "user", "content": self.tool_result_hint})
+            if self.tool_result_hint:
+                params["tool_result_hint"] = self.tool_result_hint
         if output.get("response_format") is not None:
             params["response_format"] = output["response_format"]
         return _Request(normalize_messages(converted), params)

@@ -213,12 +213,12 @@ class EnsembleEngine:
     async def astream(self, messages_or_prompt: str | Sequence[Message], *,
                       tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
                       parallel_tool_calls: bool | None = None, prefix: str = "",
-                      response_format: Mapping[str, Any] | None = None,
+                      response_format: Mapping[str, Any] | None = None, tool_result_hint: str | None = None,
                       **params: Any) -> AsyncGenerator[Event, None]:
         """Stream typed events for one answer; the last event is always ``finish``.
 
         ``tools`` (OpenAI format), ``tool_choice``, ``parallel_tool_calls``, ``prefix`` (the text the
-        answer starts with) and ``response_format`` (json_object / json_schema): see
+        answer starts with), ``response_format`` (json_object / json_schema) and ``tool_result_hint``: see
         ``shared_engine.tools``; parsed calls come as ``tool_call`` events and in ``finish.tool_calls``.
         """
         if self._closed:
@@ -227,7 +227,7 @@ class EnsembleEngine:
         gen = validated(GenerationParams, **{**defaults, **params})
         output = validated(
             OutputOptions, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
-            prefix=prefix, response_format=response_format)
+            prefix=prefix, response_format=response_format, tool_result_hint=tool_result_hint)
         plan = OutputPlan(output)
         messages = normalize_messages(messages_or_prompt)
         rejected: list[tuple[str, str]] = []

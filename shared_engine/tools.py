@@ -134,6 +134,11 @@ class OutputOptions(BaseModel):
     parallel_tool_calls: bool | None = Field(None, description="False: stop after the first call.")
     prefix: str = Field("", description="Text the answer starts with (prefill): the members continue it.")
     response_format: ResponseFormat | None = None
+    tool_result_hint: str | None = Field(
+        None, description="With tools offered and a conversation that ends with tool results: a user turn "
+                          "added after them, e.g. 'Using the function result above, answer my original "
+                          "question in plain text.' Small members otherwise call the tool again instead of "
+                          "answering; it discourages multi-step tool chains, so it is off by default.")
 
 
 def forced_tool(tool_choice: Any, names: Sequence[str]) -> str | None:
@@ -428,6 +433,7 @@ class OutputPlan:
         self.forced = forced_tool(options.tool_choice, self.names) if tools else None
         self.tools = tools if tools and options.tool_choice != "none" else None
         self.prefix = options.prefix or call_prefix(self.forced) or ("{" if self.response_format else "")
+        self.tool_result_hint = options.tool_result_hint if tools else None
         self.stops = [TOOL_CALL_CLOSE] if self.forced or (self.tools and options.parallel_tool_calls is False) else []
 
     def constraint(self) -> JsonPrefix | None:
@@ -446,8 +452,11 @@ class OutputPlan:
 
     def messages(self, messages: list[dict[str, Any]], earlier: Sequence[tuple[str, str]] = ()) -> list[dict[str, Any]]:
         """The conversation one attempt sees: tool history as text, the format instruction, a
-        forced call's instruction, and the rejected earlier answers with what was wrong."""
+        forced call's instruction, the tool-result hint, and the rejected earlier answers with what
+        was wrong."""
         out = tool_history_as_text(messages)
+        if self.tool_result_hint and messages and messages[-1].get("role") == "tool":
+            out.append({"role": "user", "content": self.tool_result_hint})
         if self.response_format is not None:
             out.append(format_instruction(self.response_format))
             for answer, problem in earlier:

@@ -265,3 +265,18 @@ def test_profile_reports_capabilities_and_the_smallest_context_window() -> None:
         assert again.profile is not None and again.profile["max_input_tokens"] == 384
         llm.close()
         again.close()
+
+
+def test_tool_result_hint_goes_to_the_engine_only_with_tools(scripted: ScriptedEngine) -> None:
+    @tool
+    def magic(x: int) -> int:
+        """Magic."""
+        return x
+
+    llm = ChatEnsemble(models=MODELS, tool_result_hint="Answer from the result.")
+    llm.bind_tools([magic]).invoke("Hi")
+    assert scripted.calls[-1][1]["tool_result_hint"] == "Answer from the result."  # the engine adds the turn
+    llm.invoke("Hi")
+    assert "tool_result_hint" not in scripted.calls[-1][1]
+    ChatEnsemble(models=MODELS).bind_tools([magic]).invoke("Hi")
+    assert "tool_result_hint" not in scripted.calls[-1][1]  # off by default

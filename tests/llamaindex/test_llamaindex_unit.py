@@ -135,11 +135,11 @@ def test_tools_reach_the_engine_as_openai_specs_and_hint_follows_results() -> No
     llm.chat(history, tools=[MULTIPLY], tool_choice="multiply")
     messages, params = engine.requests[0]
     assert [t["function"]["name"] for t in params["tools"]] == ["multiply"] and params["tool_choice"] == "multiply"
-    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "user"]
-    assert messages[-1]["content"] == DEFAULT_TOOL_RESULT_HINT
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
+    assert params["tool_result_hint"] == DEFAULT_TOOL_RESULT_HINT  # the engine adds the turn (tests/test_tools.py)
     llm.tool_result_hint = None
     llm.chat(history, tools=[MULTIPLY])
-    assert engine.requests[1][0][-1]["role"] == "tool"
+    assert "tool_result_hint" not in engine.requests[1][1]
 
 
 # --- the eight methods over a scripted engine ------------------------------------------------------
@@ -246,7 +246,8 @@ async def test_function_agent_round_trip_with_scripted_answers() -> None:
     result = await agent.run("What is 6 times 7?")
     assert str(result) == "6 times 7 is 42."
     second = engine.requests[1][0]
-    assert [m["role"] for m in second] == ["user", "assistant", "tool", "user"]
+    assert [m["role"] for m in second] == ["user", "assistant", "tool"]
+    assert engine.requests[1][1]["tool_result_hint"] == DEFAULT_TOOL_RESULT_HINT
     assert second[1]["tool_calls"][0]["function"] == {"name": "multiply", "arguments": {"a": 6, "b": 7}}
     assert second[2]["content"] == "42"
 
