@@ -239,13 +239,12 @@ def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings
     drafted_key = candidate_key(dists[0].table, drafted)
     valid = None if constraint is None else torch.tensor([_keeps_valid(constraint, k) for k in fused.keys])
     if valid is not None:
-        target = sampler.tempered(scores) * valid if not sampler.greedy else scores * valid
-        # No valid candidate (or none left in the nucleus): the drafted token, valid by construction.
-        index = int(torch.argmax(target)) if sampler.greedy else (
-            sampler.pick(target) if float(target.sum()) > 0 else None)
-        keep_draft = index is None or not bool(valid[index])
-        assert not keep_draft or drafted_key is not None, "a constrained draft is never a non-EOS special token"
-        key = drafted_key if keep_draft and drafted_key is not None else fused.keys[index or 0]
+        index = _valid_choice(scores, valid, sampler)
+        if index is not None:
+            key = fused.keys[index]
+        else:  # no valid candidate (or none left in the nucleus): the drafted token, valid by construction
+            assert drafted_key is not None, "a constrained draft is never a special token other than EOS"
+            key = drafted_key
     elif sampler.greedy:
         key = fused.keys[int(torch.argmax(scores))]
     else:  # speculative sampling against the fused distribution: the answer follows it exactly
@@ -266,6 +265,15 @@ def _draft_mass(drafter: MemberDist, sampler: Sampler, keys: list[bytes]) -> tor
         ids = list(table.eos_ids) if key == EOS_KEY else same.get(key, [])
         mass.append(float(probs[ids].sum()) if ids else 0.0)
     return torch.tensor(mass)
+
+
+def _valid_choice(scores: torch.Tensor, valid: torch.Tensor, sampler: Sampler) -> int | None:
+    """The fused choice among valid candidates (greedy: the best; sampling: a draw from the
+    tempered scores restricted to them); None when no valid candidate has any weight."""
+    target = (scores if sampler.greedy else sampler.tempered(scores)) * valid
+    if float(target.sum()) <= 0.0:
+        return None
+    return int(torch.argmax(target)) if sampler.greedy else sampler.pick(target)
 
 
 def _keeps_valid(constraint: JsonPrefix, key: bytes) -> bool:
