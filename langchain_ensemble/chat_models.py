@@ -384,7 +384,8 @@ class ChatEnsemble(BaseChatModel):
         """Answers as ``schema`` (pydantic class, TypedDict, JSON schema or OpenAI tool dict).
 
         ``method``: ``"function_calling"`` (default) forces a call of a tool shaped like the schema
-        (the answer is prefilled with the call's start; the arguments are not constrained);
+        (the answer is prefilled with the call's start, and the arguments are decoded under the
+        schema);
         ``"json_schema"`` asks for JSON matching the schema and *decodes under it*
         (``shared_engine.json_constraint``: every committed token keeps the answer a prefix of
         schema-valid JSON), then validates and, if still wrong, retries with the error, up to three

@@ -25,13 +25,21 @@ retried (``tools.py``).
 
 from __future__ import annotations
 
+import json
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from lmformatenforcer import CharacterLevelParser, CharacterLevelParserConfig, JsonSchemaParser, UnionParser
+from lmformatenforcer import (
+    CharacterLevelParser,
+    CharacterLevelParserConfig,
+    JsonSchemaParser,
+    SequenceParser,
+    StringParser,
+    UnionParser,
+)
 
 from .alignment import TokenTable
 from .sampling import Sampler
@@ -61,6 +69,8 @@ def _free_text(parser: CharacterLevelParser) -> bool:
     """Whether ``parser`` is inside a JSON string that takes any character (no enum, no pattern)."""
     if isinstance(parser, UnionParser):
         return any(_free_text(p) for p in parser.parsers)
+    if isinstance(parser, SequenceParser):  # a tool call: the arguments' JSON comes first
+        return _free_text(parser.parsers[0])
     key = parser.shortcut_key()
     return isinstance(key, tuple) and bool(key) and key[0] == "json_freetext"
 
@@ -146,6 +156,26 @@ def start_state(schema: Mapping[str, Any] | None, prefix: str) -> JsonPrefix | N
     except Exception:  # noqa: BLE001 - the parser's schema model rejects what it does not support
         return None
     return state.after(prefix.encode("utf-8"))
+
+
+def call_start_state(tools: Mapping[str, Mapping[str, Any]], forced: str) -> JsonPrefix | None:
+    """The constraint of a forced tool call, after its prefill (``tools.call_prefix``): ``forced``
+    names the tool (the prefill ends after ``"arguments":``) or is "any" (the prefill ends inside
+    ``"name": "``, so the name must be one of ``tools``, each followed by its own arguments). The
+    arguments must match the tool's parameter schema, and the call object closes with ``}``
+    (``</tool_call>`` then follows as the stop string). None when the parser cannot take a schema."""
+    def arguments_then_close(schema: Mapping[str, Any]) -> list[CharacterLevelParser]:
+        # No parameters given: any object (OpenAI's reading of an empty schema).
+        return [JsonSchemaParser(dict(schema) or {"type": "object"}, config=_CONFIG), StringParser("}")]
+
+    try:
+        if forced != "any":
+            return JsonPrefix(SequenceParser(arguments_then_close(tools[forced])))
+        return JsonPrefix(UnionParser([SequenceParser([StringParser(f'{json.dumps(name)[1:]}, "arguments":'),
+                                                       *arguments_then_close(schema)])
+                                       for name, schema in tools.items()]))
+    except Exception:  # noqa: BLE001 - the parser's schema model rejects what it does not support
+        return None
 
 
 def _next_state(table: TokenTable, token: int, prefix: JsonPrefix) -> JsonPrefix | None:

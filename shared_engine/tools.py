@@ -18,7 +18,10 @@ what Qwen's template does.
 Forcing a call (``tool_choice`` "required"/"any"/True or a tool's name) adds a closing system turn
 ("Answer with a call to ...") and prefills the answer with ``<tool_call>\\n{"name": "`` (plus the
 name when it is known), so a small model only writes the arguments; generation stops at
-``</tool_call>``. An answer prefix of the caller's own (``prefix=``) works the same way.
+``</tool_call>``. The rest of a forced call is decoded under a constraint (``json_constraint.py``):
+an offered tool's name (for "any"), then arguments that match that tool's parameter schema, then
+the closing ``}``. An answer prefix of the caller's own (``prefix=``) works the same way, without
+the constraint.
 
 Parsing (``ToolCallParser``) is incremental, so tool markup never reaches the token stream, and
 lenient through ``json_repair`` (code fences, single quotes, unquoted keys, truncated JSON,
@@ -55,7 +58,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import InvalidRequestError
 from .events import Event, FinishEvent, TokenEvent, ToolCallEvent
-from .json_constraint import JsonPrefix, start_state
+from .json_constraint import JsonPrefix, call_start_state, start_state
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -433,15 +436,23 @@ class OutputPlan:
         self.forced = forced_tool(options.tool_choice, self.names) if tools else None
         self.tools = tools if tools and options.tool_choice != "none" else None
         self.prefix = options.prefix or call_prefix(self.forced) or ("{" if self.response_format else "")
+        self._own_prefix = bool(options.prefix)
         self.tool_result_hint = options.tool_result_hint if tools else None
         self.stops = [TOOL_CALL_CLOSE] if self.forced or (self.tools and options.parallel_tool_calls is False) else []
 
     def constraint(self) -> JsonPrefix | None:
-        """The decoding constraint of a JSON answer, after the prefix; None when there is nothing
-        to constrain (no response_format, or tools are offered) or it cannot be constrained (the
-        parser does not take the schema, the prefix is no JSON start): validated and retried only."""
+        """The decoding constraint after the prefix: of a JSON answer, or of a forced call's name
+        and arguments. None when there is nothing to constrain (no response_format and no forced
+        call; a response_format with tools offered; a prefix of the caller's own) or it cannot be
+        constrained (the parser does not take the schema, the prefix is no JSON start): then the
+        answer is only validated (and a JSON one retried)."""
         fmt = self.response_format
-        if fmt is None or self.tools:
+        if fmt is None:
+            if not self.forced or not self.tools or self._own_prefix:
+                return None
+            schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in self.tools}
+            return call_start_state(schemas, self.forced)
+        if self.tools:
             return None
         schema = fmt.json_schema.json_schema if fmt.json_schema is not None else None
         return start_state(schema or None, self.prefix)

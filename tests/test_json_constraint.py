@@ -1,7 +1,7 @@
 """Constrained JSON decoding across tokenizers (shared_engine.json_constraint and its use in the
 decoding round): the character-level prefix check, the drafter's constrained choice, fusion that
-never commits a schema-breaking candidate, and whole requests on toy members whose unconstrained
-answers are not JSON at all."""
+never commits a schema-breaking candidate, whole requests on toy members whose unconstrained
+answers are not JSON at all, and forced tool calls (name and arguments)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ import torch
 from shared_engine import EnsembleEngine
 from shared_engine.decoding.round import FusionSettings, _fuse
 from shared_engine.fusion import MemberDist, make_fuser
-from shared_engine.json_constraint import JsonPrefix, constrained_token, start_state
+from shared_engine.json_constraint import JsonPrefix, call_start_state, constrained_token, start_state
+from shared_engine.members import HFMember
 from shared_engine.sampling import Sampler
-from shared_engine.tools import OutputOptions, OutputPlan
-from tests.toy import toy_member
+from shared_engine.tools import OutputOptions, OutputPlan, call_prefix
+from tests.toy import byte_level_tokenizer, metaspace_tokenizer, tiny_llama, toy_member
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
           "required": ["name", "age"]}
@@ -192,3 +193,54 @@ def test_what_is_validated_and_retried_only() -> None:
     assert not adafuse.stats.constrained  # every member writes its own span
     plain = _engine("bpe", "sp").generate("Check.", max_new_tokens=4)
     assert not plain.stats.constrained
+
+
+# -- forced tool calls: the name and the arguments ------------------------------------------------
+
+WEATHER = {"type": "object", "properties": {"city": {"enum": ["Oslo", "Paris"]}}, "required": ["city"]}
+CALL_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+              {"type": "function", "function": {"name": "get_time", "parameters": {}}}]
+
+
+def test_a_named_call_takes_schema_valid_arguments_then_closes() -> None:
+    state = call_start_state({"get_weather": WEATHER}, "get_weather")  # after '... "arguments":'
+    done = feed(state, ' {"city": "Oslo"}}')
+    assert done is not None and done.finished
+    assert feed(state, ' {"city": "Rome"}') is None  # not in the enum
+    assert feed(state, ' {"city": "Oslo"} ,') is None  # the call object closes after the arguments
+
+
+def test_any_call_names_an_offered_tool_and_takes_its_arguments() -> None:
+    tools = {"get_weather": WEATHER, "echo": {"type": "object", "properties": {"text": {"type": "string"}}}}
+    state = call_start_state(tools, "any")  # after '<tool_call>\n{"name": "'
+    assert feed(state, 'echo", "arguments": {"text": "你好 こんにちは"}}').finished  # type: ignore[union-attr]
+    assert feed(state, 'get_weather", "arguments": {}}') is None  # "city" is required
+    assert feed(state, 'delete_all"') is None  # no such tool
+    assert feed(call_start_state({"noop": {}}, "noop"), " {}}").finished  # type: ignore[union-attr]
+
+
+def _long_context_toys() -> list[HFMember]:
+    """The toys' models under members that take 2048 tokens (their Llama models use RoPE, so the
+    512 of the shared toys is only a number): a tools block alone is ~500 toy tokens."""
+    out = []
+    for name, tokenizer, seed in (("long-bpe", byte_level_tokenizer(), 0), ("long-sp", metaspace_tokenizer(), 1)):
+        member = HFMember(name, tiny_llama(tokenizer, seed), tokenizer)
+        member.context_window = 2048
+        out.append(member)
+    return out
+
+
+@pytest.mark.parametrize("drafter", [0, 1])
+def test_forced_calls_on_toys_name_an_offered_tool_with_schema_valid_arguments(drafter: int) -> None:
+    engine = EnsembleEngine(_long_context_toys(), drafter=drafter, max_new_tokens=64)
+    for choice in ("get_weather", "required"):
+        result = engine.generate("Weather?", tools=CALL_TOOLS, tool_choice=choice)
+        assert result.stats.constrained and len(result.tool_calls) == 1
+        call = result.tool_calls[0]
+        assert call.error is None and call.name in ("get_weather", "get_time"), call
+        assert choice == "required" or call.name == choice
+        jsonschema.validate(call.arguments, WEATHER if call.name == "get_weather" else {"type": "object"})
+    # The same prefill as the caller's own prefix is not constrained: the toy writes no arguments.
+    own = engine.generate("Weather?", tools=CALL_TOOLS, tool_choice="get_weather", prefix=call_prefix("get_weather"))
+    assert not own.stats.constrained
+    assert all(c.error or c.arguments != {"city": "Oslo"} and c.arguments != {"city": "Paris"} for c in own.tool_calls)
