@@ -1,11 +1,13 @@
-"""Constrained decoding for ``response_format`` json_object / json_schema, across tokenizers.
+"""Constrained decoding for ``response_format`` json_object / json_schema and for forced tool
+calls, across tokenizers.
 
 The members tokenize differently, so the constraint lives at the level every member shares: the
 **characters** of the answer. ``JsonPrefix`` is an immutable state of lm-format-enforcer's
 incremental character-level ``JsonSchemaParser`` over the answer so far; ``after(piece)`` says
 whether the answer can still become schema-valid JSON once ``piece`` (any member's token bytes, or
 a fused candidate string) is appended. A state holds back an incomplete UTF-8 character at its end
-(a byte-level token may end mid-character) until the next piece completes it.
+(a byte-level token may end mid-character) until the next piece completes it. A forced call's state
+(``call_start_state``) is the same parser in a sequence: the tool's name, its arguments' JSON, ``}``.
 
 The decoding round uses it in two places (``decoding/round.py``):
 - the drafter drafts only tokens that keep the answer valid (``constrained_token``: the best valid
