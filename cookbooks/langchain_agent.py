@@ -1,14 +1,14 @@
-"""A tool-calling agent on an ensemble: LangGraph's prebuilt ReAct agent with ChatEnsemble.
+"""A tool-calling agent on an ensemble: LangChain's ``create_agent`` with ChatEnsemble.
 
 The model decides to call a real tool (exact integer arithmetic, which a 0.5B model cannot do in
-its head), LangGraph runs it, and the model answers from the result. The trace of every step is
+its head), the agent runs it, and the model answers from the result. The trace of every step is
 printed, with the ensemble's stats for each model turn.
 
 Two choices make this reliable with tiny models, and are worth copying:
 - ``weights=[2, 1]``: Qwen2.5-Coder, the member trained for tool use, counts double in fusion.
   With equal weights SmolLM2 (no tool training) sometimes talks the ensemble out of calling.
-- after a tool result, a closing system line asks for a plain-text reply; without it a 0.5B
-  model tends to repeat the same call until the recursion limit.
+- ``tool_result_hint``: after a tool result the engine adds a user turn asking for a plain-text
+  answer; without it a 0.5B model tends to repeat the same call until the recursion limit.
 
     python cookbooks/langchain_agent.py "What is 1234 times 5678?"
 """
@@ -18,20 +18,18 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
-import warnings
 from pathlib import Path
-from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolMessage
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.tools import tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a source checkout too
-from langgraph.prebuilt import create_react_agent  # noqa: E402
-
 from langchain_ensemble import ChatEnsemble  # noqa: E402
 
 MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
 QUESTION = "What is 1234 times 5678?"
+ANSWER_FROM_RESULT = "Using the function result above, answer my original question in plain text."
 
 
 @tool
@@ -44,14 +42,6 @@ def multiply(a: int, b: int) -> int:
 def days_between(start: str, end: str) -> int:
     """Number of days from the start date to the end date (dates as YYYY-MM-DD)."""
     return (datetime.date.fromisoformat(end) - datetime.date.fromisoformat(start)).days
-
-
-def prompt(state: dict[str, Any]) -> list[BaseMessage]:
-    """The conversation, plus a nudge to answer once a tool has replied (see module docstring)."""
-    messages = list(state["messages"])
-    if messages and isinstance(messages[-1], ToolMessage):
-        messages.append(SystemMessage("Reply to the user in plain text now, using the tool result."))
-    return messages
 
 
 def show(message: BaseMessage) -> str:
@@ -73,16 +63,14 @@ def show(message: BaseMessage) -> str:
 
 def main(question: str = QUESTION, max_tokens: int = 48) -> list[BaseMessage]:
     """Run the agent, print each step as it happens; returns the final message list."""
-    llm = ChatEnsemble(models=MODELS, max_tokens=max_tokens, weights=[2, 1])
-    with warnings.catch_warnings():  # LangGraph 1.x points to langchain.agents.create_agent (the
-        warnings.simplefilter("ignore")  # `langchain` package); the prebuilt agent works the same
-        agent = create_react_agent(llm, [multiply, days_between], prompt=prompt)
+    llm = ChatEnsemble(models=MODELS, max_tokens=max_tokens, weights=[2, 1], tool_result_hint=ANSWER_FROM_RESULT)
+    agent = create_agent(llm, [multiply, days_between])
     print(f"user: {question}")
     messages: list[BaseMessage] = []
-    for update in agent.stream({"messages": [("user", question)]}, {"recursion_limit": 8},
+    for update in agent.stream({"messages": [{"role": "user", "content": question}]}, {"recursion_limit": 8},
                                stream_mode="updates"):
         for step in update.values():
-            for message in step.get("messages", []):
+            for message in (step or {}).get("messages", []):
                 messages.append(message)
                 print(show(message), flush=True)
     return messages

@@ -42,7 +42,7 @@ from langchain_core.callbacks import (
     adispatch_custom_event,
     dispatch_custom_event,
 )
-from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
+from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput, ModelProfile
 from langchain_core.language_models.chat_models import agenerate_from_stream, generate_from_stream
 from langchain_core.messages import (
     AIMessage,
@@ -198,7 +198,7 @@ class ChatEnsemble(BaseChatModel):
         llm_with_tools = llm.bind_tools([get_weather])
         llm_with_tools.invoke("Weather in Paris?").tool_calls
         llm.with_structured_output(Joke).invoke("Tell me a joke")                       # forced call
-        llm.with_structured_output(Joke, method="json_schema").invoke("Tell me a joke")  # validated JSON
+        llm.with_structured_output(Joke, method="json_schema").invoke("Tell me a joke")  # constrained JSON
 
     ``close()`` (or garbage collection) releases the shared engine once no chat model of the same
     configuration is left; members it loaded are unloaded unless another engine holds them.
@@ -233,6 +233,10 @@ class ChatEnsemble(BaseChatModel):
     The default sends fusion decisions (SAFE's and AdaFuse's) and the final stats, not every token or draft."""
     engine_options: dict[str, Any] = Field(default_factory=dict)
     """Extra ``EngineOptions`` (drafter, draft_length, fusion, ...); keywords are collected here."""
+    tool_result_hint: str | None = None
+    """With tools bound, a user turn the engine adds after tool results (e.g. "Using the function
+    result above, answer my original question in plain text."): small members otherwise call the
+    tool again instead of answering. Off by default: it discourages multi-step tool chains."""
 
     _release: Any = PrivateAttr(default=None)  # weakref.finalize that gives the shared engine back
 
@@ -287,6 +291,39 @@ class ChatEnsemble(BaseChatModel):
             self._release()
 
     # -- LangChain metadata ---------------------------------------------------------------
+    def _resolve_model_profile(self) -> ModelProfile | None:
+        """What the ensemble can do (langchain-core's beta ``profile``): text in and out, tool
+        calling with ``tool_choice``, constrained structured output. ``max_input_tokens`` is the
+        smallest member context window, which needs the members loaded, and construction never
+        loads them: it is set here when another chat model already loaded them, else by the first
+        call (or by reading ``context_window``)."""
+        profile = ModelProfile(
+            text_inputs=True, text_outputs=True, image_inputs=False, image_url_inputs=False, pdf_inputs=False,
+            audio_inputs=False, video_inputs=False, image_tool_message=False, pdf_tool_message=False,
+            tool_calling=True, tool_choice=True, tool_call_streaming=True, structured_output=True)
+        engine = self._engine()
+        if isinstance(engine, EnsembleEngine) and engine.loaded:
+            profile["max_input_tokens"] = engine.context_window
+        return profile
+
+    @property
+    def context_window(self) -> int:
+        """The smallest member context window (loads the members once per process; fills
+        ``profile["max_input_tokens"]``)."""
+        window = self._engine().context_window
+        self._note_context_window(window)
+        return window
+
+    def _note_context_window(self, window: int) -> None:
+        if self.profile is not None and self.profile.get("max_input_tokens") != window:
+            self.profile = ModelProfile(**{**self.profile, "max_input_tokens": window})
+
+    def _after_request(self) -> None:
+        """A request ran, so the members are loaded: the profile gets ``max_input_tokens``."""
+        engine = self._engine()
+        if isinstance(engine, EnsembleEngine) and engine.loaded and "max_input_tokens" not in (self.profile or {}):
+            self._note_context_window(engine.context_window)
+
     @property
     def _llm_type(self) -> str:
         return "safe-ensemble"
@@ -347,14 +384,16 @@ class ChatEnsemble(BaseChatModel):
         """Answers as ``schema`` (pydantic class, TypedDict, JSON schema or OpenAI tool dict).
 
         ``method``: ``"function_calling"`` (default) forces a call of a tool shaped like the schema
-        (the answer is prefilled with the call's start); ``"json_schema"`` asks for JSON matching the
-        schema and *validates and retries* (``shared_engine.tools``: decoding is not constrained, an
-        answer that fails ``jsonschema`` validation is regenerated with the error, up to three
-        tries); ``"json_mode"`` asks for a JSON object without showing the schema (describe the
-        fields in the prompt), validates it against the schema and retries the same way, and parses
-        it into ``schema``. ``strict`` is accepted and changes nothing: every method already
-        checks the result against the schema. ``include_raw=True`` returns
-        ``{"raw", "parsed", "parsing_error"}``.
+        (the answer is prefilled with the call's start, and the arguments are decoded under the
+        schema);
+        ``"json_schema"`` asks for JSON matching the schema and *decodes under it*
+        (``shared_engine.json_constraint``: every committed token keeps the answer a prefix of
+        schema-valid JSON), then validates and, if still wrong, retries with the error, up to three
+        tries (``shared_engine.tools``); ``"json_mode"`` asks for a JSON object without showing the
+        schema (describe the fields in the prompt), decodes under the schema all the same, validates
+        and retries the same way, and parses it into ``schema``. ``strict`` is accepted and changes
+        nothing: every method already checks the result against the schema. ``include_raw=True``
+        returns ``{"raw", "parsed", "parsing_error"}``.
         """
         if kwargs:
             raise ValueError(f"unsupported arguments for with_structured_output: {sorted(kwargs)}")
@@ -402,6 +441,8 @@ class ChatEnsemble(BaseChatModel):
         params["stop"] = list(stop if stop is not None else (self.stop or []))
         if not kwargs.get("tools"):
             kwargs.pop("tools", None)
+        elif self.tool_result_hint:
+            params["tool_result_hint"] = self.tool_result_hint
         params.update(kwargs)  # tools, tool_choice, response_format, ...: the engine checks the names
         return _Request(to_engine_messages(messages), params)
 
@@ -536,6 +577,7 @@ class _Translator:
             chunk = tool_call_chunk(name=event.name, args=event.arguments_json, id=event.id, index=event.index)
             return [ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[chunk]))]
         if event.type == "finish":
+            self.model._after_request()
             return [self._final(event)]
         return []
 

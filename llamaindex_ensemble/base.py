@@ -12,8 +12,13 @@ Design:
 - Ensemble decisions are sent as ``EnsembleDecisionEvent``/``EnsembleFinishEvent`` on the span of
   the LLM call (see ``events.py``); usage is in ``raw["usage"]`` of the final response and the
   ensemble statistics in ``raw["ensemble"]``.
-- Tools, forced calls (``tool_required``, which ``structured_predict`` uses) and parsing are the
-  engine's one mechanism (``shared_engine.tools``); this adapter only translates the types.
+- Tools, forced calls (``tool_required``) and parsing are the engine's one mechanism
+  (``shared_engine.tools``); this adapter only translates the types.
+- ``structured_predict`` (and its async and streaming forms) asks the engine for
+  ``response_format=json_schema`` with the output class's schema: decoding is constrained to it
+  (``shared_engine.json_constraint``), where LlamaIndex's default for a function-calling LLM is a
+  forced tool call with unconstrained arguments. Another ``pydantic_program_mode`` goes the
+  LlamaIndex way.
 - Unknown keyword arguments (e.g. another provider's ``format=``) are ignored with a warning, as
   other LlamaIndex LLMs do.
 """
@@ -21,9 +26,9 @@ Design:
 from __future__ import annotations
 
 import warnings
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -39,11 +44,14 @@ from llama_index.core.base.llms.types import (
     ThinkingBlock,
     ToolCallBlock,
 )
+from llama_index.core.instrumentation.events.llm import LLMStructuredPredictEndEvent, LLMStructuredPredictStartEvent
 from llama_index.core.instrumentation.span import active_span_id
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
-from pydantic import Field, PrivateAttr
+from llama_index.core.prompts import BasePromptTemplate
+from llama_index.core.types import PydanticProgramMode
+from pydantic import BaseModel, Field, PrivateAttr
 
 from shared_engine import EnsembleEngine, InvalidRequestError, MemberConfig, MemberDefaults
 from shared_engine.engine import iterate_sync
@@ -63,6 +71,7 @@ _ROLES = {MessageRole.SYSTEM: "system", MessageRole.DEVELOPER: "system", Message
 _PARAM_ALIASES = {"max_tokens": "max_new_tokens"}
 _SKIPPED_BLOCKS = ("thinking", "cache")  # carry nothing the members should read
 _TOOL_KWARGS = ("tools", "tool_choice", "tool_required", "parallel_tool_calls", "response_format")
+Model = TypeVar("Model", bound=BaseModel)
 DEFAULT_TOOL_RESULT_HINT = "Using the function result above, answer my original question in plain text."
 
 
@@ -130,8 +139,9 @@ class EnsembleLLM(FunctionCallingLLM):
     step_events: bool = Field(False, description="Also send draft/verify/cache_sync as EnsembleStepEvent.")
     tool_result_hint: str | None = Field(
         DEFAULT_TOOL_RESULT_HINT,
-        description="User turn added after tool results when tools are offered: small members otherwise "
-                    "repeat the call instead of answering. None disables it (multi-step tool chains).")
+        description="User turn the engine adds after tool results when tools are offered (the engine's "
+                    "tool_result_hint): small members otherwise repeat the call instead of answering. "
+                    "None disables it (multi-step tool chains).")
 
     _engine: EnsembleEngine = PrivateAttr()
 
@@ -175,7 +185,7 @@ class EnsembleLLM(FunctionCallingLLM):
 
     @property
     def metadata(self) -> LLMMetadata:
-        window = self.context_window or min(m.context_window for m in self._engine.members)
+        window = self.context_window or self._engine.context_window
         return LLMMetadata(context_window=window, num_output=self.max_tokens, is_chat_model=True,
                            is_function_calling_model=True, model_name=self.model_name)
 
@@ -207,8 +217,8 @@ class EnsembleLLM(FunctionCallingLLM):
             params["tool_choice"] = "required" if output.get("tool_required") and choice in (None, "auto") else choice
             if output.get("parallel_tool_calls") is not None:
                 params["parallel_tool_calls"] = output["parallel_tool_calls"]
-            if self.tool_result_hint and converted[-1]["role"] == "tool":
-                converted.append({"role": "user", "content": self.tool_result_hint})
+            if self.tool_result_hint:
+                params["tool_result_hint"] = self.tool_result_hint
         if output.get("response_format") is not None:
             params["response_format"] = output["response_format"]
         return _Request(normalize_messages(converted), params)
@@ -384,6 +394,68 @@ class EnsembleLLM(FunctionCallingLLM):
             for extra in calls[1:]:
                 response.message.blocks.remove(extra)
         return response
+
+    # -- structured output: constrained JSON, not a forced tool call --------------------------
+
+    def _structured_request(self, output_cls: type[BaseModel], prompt: BasePromptTemplate,
+                            llm_kwargs: dict[str, Any] | None, prompt_args: dict[str, Any]
+                            ) -> tuple[list[ChatMessage], dict[str, Any]]:
+        messages = self._extend_messages(prompt.format_messages(llm=self, **prompt_args))
+        schema = {"name": output_cls.__name__, "schema": output_cls.model_json_schema()}
+        return messages, {**(llm_kwargs or {}), "response_format": {"type": "json_schema", "json_schema": schema}}
+
+    @staticmethod
+    def _structured_result(output_cls: type[Model], response: ChatResponse) -> Model:
+        problem = response.additional_kwargs.get("format_error")
+        if problem:
+            raise ValueError(f"the ensemble's answer is not a valid {output_cls.__name__}: {problem}")
+        return output_cls.model_validate_json(response.message.content or "")
+
+    @dispatcher.span
+    def structured_predict(self, output_cls: type[Model], prompt: BasePromptTemplate,
+                           llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any) -> Model:
+        """``output_cls`` from JSON decoded under its schema (see the module docstring)."""
+        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+            return super().structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
+        dispatcher.event(LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt,
+                                                        template_args=prompt_args))
+        messages, kwargs = self._structured_request(output_cls, prompt, llm_kwargs, prompt_args)
+        result = self._structured_result(output_cls, self.chat(messages, **kwargs))
+        dispatcher.event(LLMStructuredPredictEndEvent(output=result))
+        return result
+
+    @dispatcher.span
+    async def astructured_predict(self, output_cls: type[Model], prompt: BasePromptTemplate,
+                                  llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any) -> Model:
+        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+            return await super().astructured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
+        dispatcher.event(LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt,
+                                                        template_args=prompt_args))
+        messages, kwargs = self._structured_request(output_cls, prompt, llm_kwargs, prompt_args)
+        result = self._structured_result(output_cls, await self.achat(messages, **kwargs))
+        dispatcher.event(LLMStructuredPredictEndEvent(output=result))
+        return result
+
+    def stream_structured_predict(self, output_cls: type[Model], prompt: BasePromptTemplate,
+                                  llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
+                                  ) -> Generator[Model, None, None]:
+        """One item, the whole object: a JSON answer is held until it validates (shared_engine.tools)."""
+        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+            return super().stream_structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)  # type: ignore[return-value]
+
+        def gen() -> Generator[Model, None, None]:
+            yield self.structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
+        return gen()
+
+    async def astream_structured_predict(self, output_cls: type[Model], prompt: BasePromptTemplate,
+                                         llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
+                                         ) -> AsyncGenerator[Model, None]:
+        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+            return await super().astream_structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)  # type: ignore[return-value]
+
+        async def gen() -> AsyncGenerator[Model, None]:
+            yield await self.astructured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
+        return gen()
 
     def get_tool_calls_from_response(self, response: ChatResponse, error_on_no_tool_call: bool = True,
                                      **kwargs: Any) -> list[ToolSelection]:

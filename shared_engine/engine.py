@@ -141,6 +141,17 @@ class EnsembleEngine:
             return self._members
 
     @property
+    def loaded(self) -> bool:
+        """Whether the members are loaded (reading ``members`` or ``context_window`` loads nothing)."""
+        return self._members is not None
+
+    @property
+    def context_window(self) -> int:
+        """The smallest member context window: what a prompt plus its answer must fit in (loads
+        the members)."""
+        return min(m.context_window for m in self.members)
+
+    @property
     def labels(self) -> list[str]:
         labels: list[str] = []
         for member in self.members:
@@ -202,12 +213,12 @@ class EnsembleEngine:
     async def astream(self, messages_or_prompt: str | Sequence[Message], *,
                       tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
                       parallel_tool_calls: bool | None = None, prefix: str = "",
-                      response_format: Mapping[str, Any] | None = None,
+                      response_format: Mapping[str, Any] | None = None, tool_result_hint: str | None = None,
                       **params: Any) -> AsyncGenerator[Event, None]:
         """Stream typed events for one answer; the last event is always ``finish``.
 
         ``tools`` (OpenAI format), ``tool_choice``, ``parallel_tool_calls``, ``prefix`` (the text the
-        answer starts with) and ``response_format`` (json_object / json_schema): see
+        answer starts with), ``response_format`` (json_object / json_schema) and ``tool_result_hint``: see
         ``shared_engine.tools``; parsed calls come as ``tool_call`` events and in ``finish.tool_calls``.
         """
         if self._closed:
@@ -216,7 +227,7 @@ class EnsembleEngine:
         gen = validated(GenerationParams, **{**defaults, **params})
         output = validated(
             OutputOptions, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
-            prefix=prefix, response_format=response_format)
+            prefix=prefix, response_format=response_format, tool_result_hint=tool_result_hint)
         plan = OutputPlan(output)
         messages = normalize_messages(messages_or_prompt)
         rejected: list[tuple[str, str]] = []
@@ -258,9 +269,11 @@ class EnsembleEngine:
                     f"prompt ({len(ids)} tokens) + max_new_tokens ({gen.max_new_tokens}) exceed "
                     f"{member.name}'s context window of {member.context_window} tokens")
         stops = tuple(gen.stop) + tuple(plan.stops) + tuple(s for m in members for s in m.stop_strings)
+        # AdaFuse's spans are written by every member unconstrained: its JSON is validated and retried only.
+        constraint = plan.constraint() if self.options.method != "adafuse" else None
         state = RequestState(
             request_members(members, self.labels, [m.new_session() for m in members], prompt_ids, self._weights()),
-            gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)))
+            gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)), constraint=constraint)
         sampler = Sampler(gen.temperature, gen.top_p, gen.seed)
         self._live[id(state)] = state
         try:

@@ -155,6 +155,9 @@ class Stats(BaseModel):
     member_weights: dict[str, float] = Field(
         default_factory=dict, description="The fusion weight each member had in this request (weights='auto' "
                                           "resolved), summing to 1.")
+    constrained: bool = Field(False, description="response_format: the answer was decoded under the JSON "
+                                                   "(schema) constraint (json_constraint.py); False: "
+                                                   "validated and retried only.")
     prompt_nll_per_byte: dict[str, float] = Field(
         default_factory=dict, description="weights='auto': each member's NLL of the prompt's content, "
                                           "nats per byte (lower = fits better).")

@@ -18,7 +18,10 @@ what Qwen's template does.
 Forcing a call (``tool_choice`` "required"/"any"/True or a tool's name) adds a closing system turn
 ("Answer with a call to ...") and prefills the answer with ``<tool_call>\\n{"name": "`` (plus the
 name when it is known), so a small model only writes the arguments; generation stops at
-``</tool_call>``. An answer prefix of the caller's own (``prefix=``) works the same way.
+``</tool_call>``. The rest of a forced call is decoded under a constraint (``json_constraint.py``):
+an offered tool's name (for "any"), then arguments that match that tool's parameter schema, then
+the closing ``}``. An answer prefix of the caller's own (``prefix=``) works the same way, without
+the constraint.
 
 Parsing (``ToolCallParser``) is incremental, so tool markup never reaches the token stream, and
 lenient through ``json_repair`` (code fences, single quotes, unquoted keys, truncated JSON,
@@ -26,12 +29,20 @@ arguments given as a JSON string); a bare JSON answer counts as a call only when
 offered tool; a tagged block that still cannot be read is reported as an invalid call, never
 guessed at.
 
-Structured output (``response_format`` json_object / json_schema) is validate-and-retry, not
-constrained decoding: the members are asked for JSON (with the schema), the answer is prefilled
-with ``{``, held back until it parses (and, for json_schema, validates with ``jsonschema``), and
-regenerated with the error fed back if it does not (``FORMAT_ATTEMPTS`` tries in all). The tokens
-of the accepted attempt are then released at once; an answer that never validates is released
-as is, with ``FinishEvent.format_error`` saying why.
+Structured output (``response_format`` json_object / json_schema): the members are asked for JSON
+(json_schema: with the schema), the answer is prefilled with ``{`` and **decoded under a
+character-level JSON constraint** (``json_constraint.py``: the drafter drafts only tokens that keep
+the answer a valid prefix of JSON matching the schema, fusion only chooses such candidates, the
+answer ends when the value is complete); json_object constrains to any JSON object, or to the
+schema it carries. Not constrained, only validated and retried: AdaFuse (its spans are written by
+every member), a request that also offers tools (a call must stay possible), a prefix of the
+caller's that is no JSON start, and a schema the parser cannot take (``Stats.constrained`` says
+which happened). Either way the answer is held back until it parses (and validates with
+``jsonschema``, which also checks keywords the parser does not enforce), and regenerated with the
+error fed back if it does not (``FORMAT_ATTEMPTS`` tries in all; under the constraint only an
+answer cut by max_new_tokens or a keyword the parser does not enforce fails). The tokens of the
+accepted attempt are then released at once; an answer that never validates is released as is,
+with ``FinishEvent.format_error`` saying why.
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import InvalidRequestError
 from .events import Event, FinishEvent, TokenEvent, ToolCallEvent
+from .json_constraint import JsonPrefix, call_start_state, start_state
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -125,6 +137,11 @@ class OutputOptions(BaseModel):
     parallel_tool_calls: bool | None = Field(None, description="False: stop after the first call.")
     prefix: str = Field("", description="Text the answer starts with (prefill): the members continue it.")
     response_format: ResponseFormat | None = None
+    tool_result_hint: str | None = Field(
+        None, description="With tools offered and a conversation that ends with tool results: a user turn "
+                          "added after them, e.g. 'Using the function result above, answer my original "
+                          "question in plain text.' Small members otherwise call the tool again instead of "
+                          "answering; it discourages multi-step tool chains, so it is off by default.")
 
 
 def forced_tool(tool_choice: Any, names: Sequence[str]) -> str | None:
@@ -419,7 +436,26 @@ class OutputPlan:
         self.forced = forced_tool(options.tool_choice, self.names) if tools else None
         self.tools = tools if tools and options.tool_choice != "none" else None
         self.prefix = options.prefix or call_prefix(self.forced) or ("{" if self.response_format else "")
+        self._own_prefix = bool(options.prefix)
+        self.tool_result_hint = options.tool_result_hint if tools else None
         self.stops = [TOOL_CALL_CLOSE] if self.forced or (self.tools and options.parallel_tool_calls is False) else []
+
+    def constraint(self) -> JsonPrefix | None:
+        """The decoding constraint after the prefix: of a JSON answer, or of a forced call's name
+        and arguments. None when there is nothing to constrain (no response_format and no forced
+        call; a response_format with tools offered; a prefix of the caller's own) or it cannot be
+        constrained (the parser does not take the schema, the prefix is no JSON start): then the
+        answer is only validated (and a JSON one retried)."""
+        fmt = self.response_format
+        if fmt is None:
+            if not self.forced or not self.tools or self._own_prefix:
+                return None
+            schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in self.tools}
+            return call_start_state(schemas, self.forced)
+        if self.tools:
+            return None
+        schema = fmt.json_schema.json_schema if fmt.json_schema is not None else None
+        return start_state(schema or None, self.prefix)
 
     @property
     def attempts(self) -> int:
@@ -427,8 +463,11 @@ class OutputPlan:
 
     def messages(self, messages: list[dict[str, Any]], earlier: Sequence[tuple[str, str]] = ()) -> list[dict[str, Any]]:
         """The conversation one attempt sees: tool history as text, the format instruction, a
-        forced call's instruction, and the rejected earlier answers with what was wrong."""
+        forced call's instruction, the tool-result hint, and the rejected earlier answers with what
+        was wrong."""
         out = tool_history_as_text(messages)
+        if self.tool_result_hint and messages and messages[-1].get("role") == "tool":
+            out.append({"role": "user", "content": self.tool_result_hint})
         if self.response_format is not None:
             out.append(format_instruction(self.response_format))
             for answer, problem in earlier:

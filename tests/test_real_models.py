@@ -87,3 +87,22 @@ async def test_cancel_then_concurrent_requests_match_sequential() -> None:
 
     concurrent = await asyncio.gather(*(engine.agenerate(p) for p in prompts))
     assert [r.text for r in concurrent] == sequential
+
+
+async def test_json_schema_answer_is_constrained_and_schema_valid() -> None:
+    # Qwen drafts and SmolLM2 verifies, across their different tokenizers; the answer is decoded
+    # under the schema (shared_engine/json_constraint.py) and must come out valid at the first try.
+    import jsonschema
+
+    city = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"},
+                                             "population_millions": {"type": "number"}},
+            "required": ["city", "country", "population_millions"], "additionalProperties": False}
+    engine = EnsembleEngine([QWEN, SMOL], method="safe", max_new_tokens=64)
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": city}}
+    result = await engine.agenerate("Describe Paris.", keep_events=True, response_format=fmt)
+    assert result.stats.constrained and result.format_error is None, result.text
+    assert not [e for e in result.events if e.type == "format_retry"]
+    answer = json.loads(result.text)
+    jsonschema.validate(answer, city)
+    assert answer["country"] == "France", answer
+    assert result.stats.ensembled_tokens > 0  # fusion ran, and kept the JSON valid

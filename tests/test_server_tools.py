@@ -1,13 +1,16 @@
 """Tool calls, structured output and the API key over HTTP, with the official ``openai`` client and
 LangChain's ``ChatOpenAI``. The engine is real except for its decoding (``_decode``), which replays
-scripted answers: prompts, prefills, parsing, validation and retries are the engine's own."""
+scripted answers: prompts, prefills, parsing, validation and retries are the engine's own. One test
+decodes for real (constrained JSON on toy members)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
+import jsonschema
 import openai
 import pytest
 from langchain_core.tools import tool
@@ -155,3 +158,17 @@ def test_api_key_guards_every_v1_route_and_health_stays_open(serve: Any) -> None
     assert httpx.get(f"{url}/v1/unknown").status_code == 401  # every /v1 route, known or not
     assert httpx.get(f"{url}/health").status_code == 200
     assert client(url, "s3cret").chat.completions.create(model=MODEL, messages=USER).choices[0].message.content == "Hello."
+
+
+def test_json_schema_output_is_decoded_under_the_schema() -> None:
+    # Real decoding on random toys, whose unconstrained answers are no JSON (tests/test_json_constraint.py):
+    # the server hands response_format to the engine, which constrains every token to the schema.
+    check = {"type": "object", "properties": {"ok": {"type": "boolean"}, "size": {"enum": ["S", "M", "L"]}},
+             "required": ["ok", "size"], "additionalProperties": False}
+    engine = EnsembleEngine([toy_member("toy-bpe", "byte_level"), toy_member("toy-sp", "metaspace", seed=1)],
+                            method="safe", max_new_tokens=96)
+    with serve_in_background(create_app(engine)) as url:
+        completion = client(url).chat.completions.create(
+            model="safe-ensemble", messages=[{"role": "user", "content": "Check."}],
+            response_format={"type": "json_schema", "json_schema": {"name": "check", "schema": check}})
+    jsonschema.validate(json.loads(completion.choices[0].message.content or ""), check)

@@ -158,6 +158,21 @@ def test_each_member_renders_tools_its_own_way() -> None:
         assert "get_weather" not in member.tokenizer.decode(member.prompt_ids(messages))
 
 
+def test_tool_result_hint_follows_tool_results_only_when_tools_are_offered() -> None:
+    hint = "Using the function result above, answer my original question in plain text."
+    after_result = [{"role": "user", "content": "Weather?"},
+                    {"role": "assistant", "content": "", "tool_calls": [
+                        {"id": "1", "type": "function", "function": {"name": "get_weather", "arguments": {}}}]},
+                    {"role": "tool", "content": "sunny"}]
+    plan = OutputPlan(OutputOptions(tools=TOOLS, tool_result_hint=hint))
+    assert plan.messages(after_result)[-2:] == [{"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"},
+                                                {"role": "user", "content": hint}]
+    assert plan.messages(after_result[:1])[-1]["content"] == "Weather?"  # no tool result yet: no hint
+    no_tools = OutputPlan(OutputOptions(tool_result_hint=hint))
+    assert hint not in str(no_tools.messages(after_result))
+    assert hint not in str(OutputPlan(OutputOptions(tools=TOOLS)).messages(after_result))  # off by default
+
+
 def test_plan_for_a_forced_call_and_for_json() -> None:
     plan = OutputPlan(OutputOptions(tools=TOOLS, tool_choice="required"))
     assert plan.forced == "get_weather" and plan.prefix == call_prefix("get_weather")
@@ -227,8 +242,10 @@ def test_structured_output_retries_and_reports_what_is_still_wrong(engine: Ensem
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
     result = engine.generate("Give me a person.", response_format=fmt, keep_events=True)
     retries = [e for e in result.events if e.type == "format_retry"]
-    # A random toy writes no valid person: every attempt fails, each rejected one is announced
-    # and never released as text, and the last answer comes back with the reason.
+    # Decoding is constrained, but a random toy cut at 12 tokens finishes no person: every attempt
+    # fails, each rejected one is announced and never released as text, and the last answer comes
+    # back with the reason.
+    assert result.stats.constrained
     assert [r.attempt for r in retries] == [1, 2] and result.format_error
     assert result.text.startswith("{") and result.text == "".join(e.text for e in result.events if e.type == "token")
 

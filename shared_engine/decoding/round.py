@@ -18,13 +18,19 @@ With a temperature (the released code is greedy only), every position where fusi
 shared boundary for SAFE) follows the fused distribution exactly: the drafted token is accepted
 by the speculative-sampling rule against it (``sampling.speculative_choice``). The consensus skip,
 which only proves that the drafted token is the fused argmax, applies to greedy decoding alone.
+
+With a JSON constraint (``state.constraint``, see json_constraint.py) the drafter drafts only tokens
+that keep the answer a valid JSON prefix, and fusion chooses only among candidates that do; where
+none does, the drafted token stands. A sampled fusion there draws straight from the fused
+distribution restricted to valid candidates (no speculative acceptance: the drafter's restricted
+distribution is not known in closed form), which keeps the answer exact to that distribution.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import torch
@@ -32,6 +38,7 @@ import torch
 from ..alignment import EOS_KEY, TokenTable, is_char_boundary
 from ..events import Event, VerifiedPosition, VerifyEvent
 from ..fusion import HEUR_DRAFTER_TOP, Fuser, MemberDist, SharpenMode, candidate_key, sharpen, top_keys
+from ..json_constraint import JsonPrefix, constrained_token
 from ..members.base import exact_support
 from ..policies import Policy, agree
 from ..sampling import Sampler, speculative_choice
@@ -44,6 +51,7 @@ from .state import RequestState
 class Draft:
     ids: list[int]
     logits: list[torch.Tensor]  # logits[j] predicted ids[j]
+    constraints: list[JsonPrefix] = field(default_factory=list)  # with a JSON constraint: the state before ids[j]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,16 +75,25 @@ def _draft(state: RequestState, length: int, sampler: Sampler, stop_below: float
     support = exact_support(state.drafter.member)
     target = state.drafter_target()
     logits = session.sync(target, len(target))[-1]
-    ids, rows = [], []
+    ids, rows, constraint, constraints = [], [], state.constraint, []
     for j in range(length):
-        token = sampler.from_logits(logits, support)
+        if constraint is None:
+            token = sampler.from_logits(logits, support)
+        else:
+            chosen = constrained_token(sampler, logits, support, state.drafter.table, constraint)
+            if chosen is None:  # no token of the drafter's can continue the JSON: the answer ends
+                state.finish_reason = "stop"
+                break
+            constraints.append(constraint)
+            token, constraint = chosen
         ids.append(token)
         rows.append(logits)
         unsure = stop_below is not None and _drafter_prob(state, token, logits) < stop_below
-        if token in eos or j == length - 1 or unsure:
+        finished = constraint is not None and constraint.finished
+        if token in eos or j == length - 1 or unsure or finished:
             break
         logits = session.step(token)
-    return Draft(ids, rows)
+    return Draft(ids, rows, constraints)
 
 
 async def _verify(state: RequestState, text: bytes, start: int, ends_with_eos: bool,
@@ -126,6 +143,8 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     chosen = state.draft_length or policy.draft.start  # what the schedule asks; the answer's end may cut it
     draft = await drafter.member.run(_draft, state, min(chosen, state.max_new_tokens - state.stats.tokens), sampler,
                                      policy.draft.stop_below)
+    if not draft.ids:
+        return  # the constraint ended the answer
     count_draft(state.stats, len(draft.ids), chosen)
     if len(draft.ids) > 1:
         yield draft_event(drafter.label, [drafter.table.pieces[t] for t in draft.ids], draft.ids)
@@ -167,7 +186,8 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
             fusable = not position.consensus
         checked.append(position)
         if fusable:
-            decision = _fuse(dists, weights, fusion, sampler, offset, token, state.stats.tokens + j)
+            decision = _fuse(dists, weights, fusion, sampler, offset, token, state.stats.tokens + j,
+                             draft.constraints[j] if draft.constraints else None)
             count_fusion(state.stats, decision)
             yield fusion_event(decision)
             if decision.changed:  # the draft diverges here
@@ -225,14 +245,23 @@ def _member_views(state: RequestState, views: list[VerifierView], text: bytes, o
 
 
 def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings, sampler: Sampler,
-          offset: int, drafted: int, position: int) -> FusionDecision:
+          offset: int, drafted: int, position: int, constraint: JsonPrefix | None = None) -> FusionDecision:
     """Fuse the members' distributions at one position and pick the token (greedy: the fused
-    argmax; sampling: the speculative rule against the fused distribution)."""
+    argmax; sampling: the speculative rule against the fused distribution). With a JSON
+    ``constraint`` only candidates that keep the answer valid can be chosen."""
     fused = fusion.fuse(dists, weights)
     drafter_top = set(top_keys(dists[0], HEUR_DRAFTER_TOP))
     scores, sharpened = sharpen(fused, weights, fusion.sharpen, drafter_top)
     drafted_key = candidate_key(dists[0].table, drafted)
-    if sampler.greedy:
+    valid = None if constraint is None else torch.tensor([_keeps_valid(constraint, k) for k in fused.keys])
+    if valid is not None:
+        index = _valid_choice(scores, valid, sampler)
+        if index is not None:
+            key = fused.keys[index]
+        else:  # no valid candidate (or none left in the nucleus): the drafted token, valid by construction
+            assert drafted_key is not None, "a constrained draft is never a special token other than EOS"
+            key = drafted_key
+    elif sampler.greedy:
         key = fused.keys[int(torch.argmax(scores))]
     else:  # speculative sampling against the fused distribution: the answer follows it exactly
         proposal = _draft_mass(dists[0], sampler, fused.keys)
@@ -252,6 +281,20 @@ def _draft_mass(drafter: MemberDist, sampler: Sampler, keys: list[bytes]) -> tor
         ids = list(table.eos_ids) if key == EOS_KEY else same.get(key, [])
         mass.append(float(probs[ids].sum()) if ids else 0.0)
     return torch.tensor(mass)
+
+
+def _valid_choice(scores: torch.Tensor, valid: torch.Tensor, sampler: Sampler) -> int | None:
+    """The fused choice among valid candidates (greedy: the best; sampling: a draw from the
+    tempered scores restricted to them); None when no valid candidate has any weight."""
+    target = (scores if sampler.greedy else sampler.tempered(scores)) * valid
+    if float(target.sum()) <= 0.0:
+        return None
+    return int(torch.argmax(target)) if sampler.greedy else sampler.pick(target)
+
+
+def _keeps_valid(constraint: JsonPrefix, key: bytes) -> bool:
+    """Whether committing the candidate ``key`` keeps the answer a valid JSON prefix."""
+    return constraint.complete if key == EOS_KEY else constraint.after(key) is not None
 
 
 @lru_cache(maxsize=8)

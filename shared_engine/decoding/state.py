@@ -3,7 +3,8 @@
 The answer is kept as **bytes** (so a character split across tokens is never garbled) together
 with the drafter's own ids that spell it. Verifiers hold their own tokenization of the same bytes
 (``TokenizedText``, re-encoded incrementally). Every commit goes through ``commit`` so that token
-counting, stop strings, max_new_tokens and UTF-8-safe text deltas are handled in one place.
+counting, stop strings, max_new_tokens, UTF-8-safe text deltas and a JSON constraint are handled
+in one place.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from ..alignment import TokenizedText, TokenTable
 from ..events import CacheSyncEvent, Stats, TokenEvent
+from ..json_constraint import JsonPrefix
 from ..members import Member, Session
 
 
@@ -74,6 +76,7 @@ class RequestState:
     members: list[RequestMember]  # members[0] is the drafter
     max_new_tokens: int
     stop: tuple[str, ...] = ()
+    constraint: JsonPrefix | None = None  # response_format: the JSON parser state of the answer so far
     answer: bytearray = field(default_factory=bytearray)
     drafter_ids: list[int] = field(default_factory=list)
     text: str = ""  # decoded answer (complete characters only)
@@ -89,6 +92,7 @@ class RequestState:
     def __post_init__(self) -> None:
         self.stats.prompt_tokens = len(self.members[0].prompt_ids)
         self.stats.member_weights = self.weight_stats()
+        self.stats.constrained = self.constraint is not None
 
     @property
     def drafter(self) -> RequestMember:
@@ -168,7 +172,9 @@ class RequestState:
 
     def commit(self, ids: list[int], source: str) -> list[TokenEvent]:
         """Append drafter ids to the answer; returns the token events to stream. Sets
-        ``finish_reason`` on EOS, a stop string or max_new_tokens (and commits nothing after)."""
+        ``finish_reason`` on EOS, a stop string, max_new_tokens or a completed JSON answer (and
+        commits nothing after). Under a JSON constraint only text that keeps the answer a valid
+        prefix is committed (the round only offers such text; this is the guard)."""
         events: list[TokenEvent] = []
         for token in ids:
             if self.finish_reason:
@@ -178,6 +184,12 @@ class RequestState:
                 break
             position = self.stats.tokens
             piece = self.drafter.table.pieces[token]
+            if self.constraint is not None:
+                constraint = self.constraint.after(piece)
+                if constraint is None:
+                    self.finish_reason = "stop"
+                    break
+                self.constraint = constraint
             self.drafter_ids.append(token)
             self.answer += piece
             self.stats.tokens += 1
@@ -191,6 +203,8 @@ class RequestState:
                 if self.stats.time_to_first_token_s is None:
                     self.stats.time_to_first_token_s = time.perf_counter() - self.started
                 events.append(TokenEvent(text=delta, source=source, position=position))
+            if not self.finish_reason and self.constraint is not None and self.constraint.finished:
+                self.finish_reason = "stop"
             if not self.finish_reason and self.stats.tokens >= self.max_new_tokens:
                 self.finish_reason = "length"
         return events

@@ -246,3 +246,37 @@ async def test_adafuse_decisions_are_custom_events(monkeypatch: pytest.MonkeyPat
     spans = [ev["data"] for ev in seen if ev["name"] == "ensemble.adafuse"]
     assert all(s["fused"] and s["chosen"] == s["candidates"][0]["text"] for s in spans)
     assert seen[-1]["data"]["stats"]["fused_spans"] == len(spans)
+
+
+def test_profile_reports_capabilities_and_the_smallest_context_window() -> None:
+    from shared_engine.members import HFMember
+    from tests.toy import byte_level_tokenizer, registered_members, tiny_llama, toy_member
+
+    short = HFMember("lc-profile-short", tiny_llama(byte_level_tokenizer()), byte_level_tokenizer())
+    short.context_window = 384  # a member of its own (toy_member's are cached and shared), cut short
+    toys = [toy_member("lc-profile-sp", "metaspace", seed=1), short]
+    with registered_members(toys) as names:
+        llm = ChatEnsemble(models=names, max_tokens=2)
+        assert llm.profile is not None and "max_input_tokens" not in llm.profile  # construction loads nothing
+        assert llm.profile["tool_calling"] and llm.profile["structured_output"] and not llm.profile["image_inputs"]
+        llm.invoke("Hi")  # the first call loads the members ...
+        assert llm.profile["max_input_tokens"] == 384 == llm.context_window  # the verifier's, the smaller
+        again = ChatEnsemble(models=names, max_tokens=2)  # ... and a later model of this configuration knows it at once
+        assert again.profile is not None and again.profile["max_input_tokens"] == 384
+        llm.close()
+        again.close()
+
+
+def test_tool_result_hint_goes_to_the_engine_only_with_tools(scripted: ScriptedEngine) -> None:
+    @tool
+    def magic(x: int) -> int:
+        """Magic."""
+        return x
+
+    llm = ChatEnsemble(models=MODELS, tool_result_hint="Answer from the result.")
+    llm.bind_tools([magic]).invoke("Hi")
+    assert scripted.calls[-1][1]["tool_result_hint"] == "Answer from the result."  # the engine adds the turn
+    llm.invoke("Hi")
+    assert "tool_result_hint" not in scripted.calls[-1][1]
+    ChatEnsemble(models=MODELS).bind_tools([magic]).invoke("Hi")
+    assert "tool_result_hint" not in scripted.calls[-1][1]  # off by default

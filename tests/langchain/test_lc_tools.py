@@ -229,3 +229,24 @@ def test_a_release_while_the_engine_lock_is_held_is_queued_not_a_deadlock() -> N
     second = ChatEnsemble(models=MODELS, draft_length=2)  # the next holder applies the queued count-off
     assert chat_models._ENGINES[key].users == users and not chat_models._PENDING_RELEASES
     second.close()
+
+
+@pytest.mark.parametrize("method", ["json_schema", "json_mode"])
+def test_structured_output_decodes_under_the_schema_on_toy_members(method: str) -> None:
+    # Random toys write no JSON unconstrained (tests/test_json_constraint.py); both JSON methods
+    # constrain every token to the schema, so even they answer with a valid object.
+    from typing import Literal
+
+    from tests.toy import registered_members, toy_member
+
+    class Check(BaseModel):
+        ok: bool
+        size: Literal["S", "M", "L"]
+
+    toys = [toy_member("lc-json-bpe", "byte_level"), toy_member("lc-json-sp", "metaspace", seed=1)]
+    with registered_members(toys) as names:
+        llm = ChatEnsemble(models=names, max_tokens=96)
+        out = llm.with_structured_output(Check, method=method, include_raw=True).invoke("Check.")
+        llm.close()
+    assert isinstance(out["parsed"], Check), out
+    assert out["raw"].response_metadata["ensemble"]["constrained"]

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Literal
 
 import pytest
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
+from llama_index.core.prompts import PromptTemplate
+from pydantic import BaseModel
 
 from llamaindex_ensemble import EnsembleLLM
 from shared_engine import ContextLengthError
 
 USER = [ChatMessage(role=MessageRole.USER, content="Tell me about Sofia.")]
+
+
+class Check(BaseModel):
+    ok: bool
+    size: Literal["S", "M", "L"]
 
 
 @pytest.fixture
@@ -79,3 +87,11 @@ def test_adafuse_span_decisions_reach_instrumentation(toy_members: list, collect
     assert spans and len(spans) == stats["fused_spans"] == stats["spans"]
     assert all(s.fused and s.candidates and s.chosen == s.candidates[0].text for s in spans)
     assert {s.span_id for s in spans} == {e.span_id for e in collector.named("LLMCompletionStartEvent")}
+
+
+def test_structured_predict_decodes_under_the_schema(toy_members: list) -> None:
+    # Random toys write no JSON unconstrained (tests/test_json_constraint.py); here the schema
+    # constrains every token, so even they produce a valid object.
+    llm = EnsembleLLM(models=toy_members, method="safe", max_tokens=96)
+    check = llm.structured_predict(Check, PromptTemplate("Check."))
+    assert isinstance(check, Check)

@@ -135,11 +135,11 @@ def test_tools_reach_the_engine_as_openai_specs_and_hint_follows_results() -> No
     llm.chat(history, tools=[MULTIPLY], tool_choice="multiply")
     messages, params = engine.requests[0]
     assert [t["function"]["name"] for t in params["tools"]] == ["multiply"] and params["tool_choice"] == "multiply"
-    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "user"]
-    assert messages[-1]["content"] == DEFAULT_TOOL_RESULT_HINT
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
+    assert params["tool_result_hint"] == DEFAULT_TOOL_RESULT_HINT  # the engine adds the turn (tests/test_tools.py)
     llm.tool_result_hint = None
     llm.chat(history, tools=[MULTIPLY])
-    assert engine.requests[1][0][-1]["role"] == "tool"
+    assert "tool_result_hint" not in engine.requests[1][1]
 
 
 # --- the eight methods over a scripted engine ------------------------------------------------------
@@ -246,21 +246,37 @@ async def test_function_agent_round_trip_with_scripted_answers() -> None:
     result = await agent.run("What is 6 times 7?")
     assert str(result) == "6 times 7 is 42."
     second = engine.requests[1][0]
-    assert [m["role"] for m in second] == ["user", "assistant", "tool", "user"]
+    assert [m["role"] for m in second] == ["user", "assistant", "tool"]
+    assert engine.requests[1][1]["tool_result_hint"] == DEFAULT_TOOL_RESULT_HINT
     assert second[1]["tool_calls"][0]["function"] == {"name": "multiply", "arguments": {"a": 6, "b": 7}}
     assert second[2]["content"] == "42"
 
 
-def test_structured_predict_goes_through_a_forced_tool_call() -> None:
-    class City(BaseModel):
-        name: str
-        country: str
+class City(BaseModel):
+    name: str
+    country: str
 
-    # The engine prefills '<tool_call>\n{"name": "City", "arguments":'; the members write the rest.
-    llm, engine = scripted_llm([' {"name": "Paris", "country": "France"}}'])
-    city = llm.structured_predict(City, PromptTemplate("Extract the city from: {text}"), text="I live in Paris.")
-    assert city == City(name="Paris", country="France")
-    assert engine.requests[0][1]["tool_choice"] == "required"  # the engine prefills the forced call
+
+async def test_structured_predict_asks_the_engine_for_json_under_the_schema() -> None:
+    # The engine prefills "{" and decodes under the schema; the members write the rest.
+    answer = ['"name": "Paris", ', '"country": "France"}']
+    llm, engine = scripted_llm(answer, answer, answer, answer)
+    prompt = PromptTemplate("Extract the city from: {text}")
+    paris = City(name="Paris", country="France")
+    assert llm.structured_predict(City, prompt, text="I live in Paris.") == paris
+    assert await llm.astructured_predict(City, prompt, text="I live in Paris.") == paris
+    assert list(llm.stream_structured_predict(City, prompt, text="I live in Paris.")) == [paris]
+    assert [c async for c in await llm.astream_structured_predict(City, prompt, text="I live in Paris.")] == [paris]
+    messages, params = engine.requests[0]
+    assert params["response_format"] == {"type": "json_schema",
+                                         "json_schema": {"name": "City", "schema": City.model_json_schema()}}
+    assert "tools" not in params and messages[-1]["content"] == "Extract the city from: I live in Paris."
+
+
+def test_structured_predict_reports_an_answer_that_never_validated() -> None:
+    llm, _ = scripted_llm(['"name": "Paris"}'])
+    with pytest.raises(ValueError, match="not a valid City: the object: 'country' is a required property"):
+        llm.structured_predict(City, PromptTemplate("Extract the city from: {text}"), text="I live in Paris.")
 
 
 async def test_token_counting_handler_reads_the_usage() -> None:

@@ -1,0 +1,234 @@
+"""Constrained decoding for ``response_format`` json_object / json_schema and for forced tool
+calls, across tokenizers.
+
+The members tokenize differently, so the constraint lives at the level every member shares: the
+**characters** of the answer. ``JsonPrefix`` is an immutable state of lm-format-enforcer's
+incremental character-level ``JsonSchemaParser`` over the answer so far; ``after(piece)`` says
+whether the answer can still become schema-valid JSON once ``piece`` (any member's token bytes, or
+a fused candidate string) is appended. A state holds back an incomplete UTF-8 character at its end
+(a byte-level token may end mid-character) until the next piece completes it. A forced call's state
+(``call_start_state``) is the same parser in a sequence: the tool's name, its arguments' JSON, ``}``.
+
+The decoding round uses it in two places (``decoding/round.py``):
+- the drafter drafts only tokens that keep the answer valid (``constrained_token``: the best valid
+  token when greedy; sampling draws exactly from the drafter's distribution restricted to the
+  valid tokens);
+- fusion picks among the fused candidates that keep the answer valid only; where none does, the
+  drafted token (valid by construction) stands.
+So the committed text is always a valid prefix, and the answer ends (reason ``stop``) as soon as
+the JSON value is complete. Verifiers are not constrained: they score the drafted text as usual.
+
+Where the lm-format-enforcer parser is stricter than JSON Schema (its defaults: arrays of at most
+20 items unless the schema says more, at most 12 whitespace characters in a row), this project's
+settings relax it (``_CONFIG``); the validation with ``jsonschema`` after the answer stays, so a
+schema keyword the parser does not enforce (``minimum``, ``format``, ...) is still checked and
+retried (``tools.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from lmformatenforcer import (
+    CharacterLevelParser,
+    CharacterLevelParserConfig,
+    JsonSchemaParser,
+    SequenceParser,
+    StringParser,
+    UnionParser,
+)
+
+from .alignment import TokenTable
+from .sampling import Sampler
+
+_ALPHABET = "".join(c for c in string.printable if c not in "\\\t\n\r\x0b\x0c")
+"""What a JSON string may hold literally (ASCII part): every printable character but the
+backslash (the parser adds it, as the start of an escape). The parser's default alphabet lacks a
+few (``|``, ``~``); non-ASCII characters are handled by ``_feed``."""
+
+_CONFIG = CharacterLevelParserConfig(alphabet=_ALPHABET, max_consecutive_whitespaces=16,
+                                     max_json_array_length=10_000)
+"""16 whitespace characters in a row (indented JSON nests deeper than the default 12 allows; a
+small model's whitespace loop is still cut short); arrays as long as the schema or max_new_tokens allow."""
+
+_STAND_IN = "a"
+"""What the parser is fed for a non-ASCII character inside a free-text string: one ordinary
+character, so lengths (minLength/maxLength) still count right."""
+
+_SAMPLE_TRIES = 32
+"""Rejection draws before a sampled constrained token is drawn from the checked valid set."""
+
+_GREEDY_FIRST = 64
+"""Greedy: the drafter's top tokens checked first, before the whole vocabulary in order."""
+
+
+def _free_text(parser: CharacterLevelParser) -> bool:
+    """Whether ``parser`` is inside a JSON string that takes any character (no enum, no pattern)."""
+    if isinstance(parser, UnionParser):
+        return any(_free_text(p) for p in parser.parsers)
+    if isinstance(parser, SequenceParser):  # a tool call: the arguments' JSON comes first
+        return _free_text(parser.parsers[0])
+    key = parser.shortcut_key()
+    return isinstance(key, tuple) and bool(key) and key[0] == "json_freetext"
+
+
+def _feed(parser: CharacterLevelParser, char: str) -> CharacterLevelParser | None:
+    """``parser`` after ``char``, or None if ``char`` cannot come next."""
+    if char in parser.get_allowed_characters():
+        return parser.add_character(char)
+    if ord(char) > 127 and _free_text(parser):  # JSON strings take any non-ASCII character
+        return parser.add_character(_STAND_IN)
+    return None
+
+
+def _split_utf8(data: bytes) -> tuple[str, bytes] | None:
+    """``data`` as its complete characters and an incomplete character at the end (kept as bytes);
+    None if ``data`` is not UTF-8."""
+    for cut in range(len(data), max(-1, len(data) - 4), -1):
+        try:
+            text = data[:cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        tail = data[cut:]
+        if not tail:
+            return text, b""
+        try:
+            tail.decode("utf-8")
+        except UnicodeDecodeError as err:
+            if err.reason == "unexpected end of data":  # a character started, not yet finished
+                return text, tail
+        return None
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class JsonPrefix:
+    """The answer so far, as a JSON (schema) parser state: immutable, so drafts can branch off."""
+
+    parser: CharacterLevelParser
+    pending: bytes = b""  # the start of a character the next bytes complete
+
+    @classmethod
+    def start(cls, schema: Mapping[str, Any] | None) -> JsonPrefix:
+        """Before the first character; ``schema`` None: any JSON value."""
+        return cls(JsonSchemaParser(dict(schema) if schema else None, config=_CONFIG))
+
+    def after(self, piece: bytes) -> JsonPrefix | None:
+        """The state once ``piece`` is appended, or None if no valid JSON starts this way."""
+        split = _split_utf8(self.pending + piece)
+        if split is None:
+            return None
+        text, pending = split
+        parser: CharacterLevelParser | None = self.parser
+        for char in text:
+            parser = _feed(parser, char)
+            if parser is None:
+                return None
+        if pending and not _free_text(parser):
+            return None  # a non-ASCII character can only come inside a string
+        return JsonPrefix(parser, pending)
+
+    @property
+    def complete(self) -> bool:
+        """The answer may end here: a whole value that satisfies the schema."""
+        return not self.pending and self.parser.can_end()
+
+    @property
+    def finished(self) -> bool:
+        """Complete, and nothing but whitespace could follow: the answer is over."""
+        return self.complete and not self.parser.get_allowed_characters().strip()
+
+    def first_byte_ok(self, first: int) -> bool:
+        """A cheap necessary condition for a piece starting with byte ``first`` (no pending bytes)."""
+        if first < 0x80:
+            return chr(first) in self.parser.get_allowed_characters()
+        return _free_text(self.parser)
+
+
+def start_state(schema: Mapping[str, Any] | None, prefix: str) -> JsonPrefix | None:
+    """The constraint for an answer prefilled with ``prefix``; None when the parser cannot take
+    this schema (then the request is validate-and-retry only) or the prefix is no JSON start."""
+    try:
+        state = JsonPrefix.start(schema)
+    except Exception:  # noqa: BLE001 - the parser's schema model rejects what it does not support
+        return None
+    return state.after(prefix.encode("utf-8"))
+
+
+def call_start_state(tools: Mapping[str, Mapping[str, Any]], forced: str) -> JsonPrefix | None:
+    """The constraint of a forced tool call, after its prefill (``tools.call_prefix``): ``forced``
+    names the tool (the prefill ends after ``"arguments":``) or is "any" (the prefill ends inside
+    ``"name": "``, so the name must be one of ``tools``, each followed by its own arguments). The
+    arguments must match the tool's parameter schema, and the call object closes with ``}``
+    (``</tool_call>`` then follows as the stop string). None when the parser cannot take a schema."""
+    def arguments_then_close(schema: Mapping[str, Any]) -> list[CharacterLevelParser]:
+        # No parameters given: any object (OpenAI's reading of an empty schema).
+        return [JsonSchemaParser(dict(schema) or {"type": "object"}, config=_CONFIG), StringParser("}")]
+
+    try:
+        if forced != "any":
+            return JsonPrefix(SequenceParser(arguments_then_close(tools[forced])))
+        return JsonPrefix(UnionParser([SequenceParser([StringParser(f'{json.dumps(name)[1:]}, "arguments":'),
+                                                       *arguments_then_close(schema)])
+                                       for name, schema in tools.items()]))
+    except Exception:  # noqa: BLE001 - the parser's schema model rejects what it does not support
+        return None
+
+
+def _next_state(table: TokenTable, token: int, prefix: JsonPrefix) -> JsonPrefix | None:
+    """The state after ``token``, or None if it breaks the JSON (EOS: only a complete answer)."""
+    if token in table.eos_ids:
+        return prefix if prefix.complete else None
+    piece = table.pieces[token] if token < len(table.pieces) else b""
+    if not piece or token in table.special_ids:
+        return None
+    if not prefix.pending and not prefix.first_byte_ok(piece[0]):
+        return None
+    return prefix.after(piece)
+
+
+def constrained_token(sampler: Sampler, logits: torch.Tensor, support: int | None, table: TokenTable,
+                      prefix: JsonPrefix) -> tuple[int, JsonPrefix] | None:
+    """The drafter's next token under the constraint, and the state after it; None if no token of
+    the vocabulary can continue (the answer cannot be completed).
+
+    Greedy: the most likely valid token. Sampling: a draw from the sampler's distribution
+    restricted to valid tokens (rejection draws, then, if those keep failing, the valid tokens
+    among the rest checked one by one); where the nucleus holds no valid token, the greedy choice."""
+    if not sampler.greedy:
+        probs = sampler.distribution(logits, support).clone()
+        for _ in range(_SAMPLE_TRIES):
+            if float(probs.sum()) <= 0.0:
+                break
+            token = sampler.pick(probs)
+            after = _next_state(table, token, prefix)
+            if after is not None:
+                return token, after
+            probs[token] = 0.0
+        left = torch.nonzero(probs > 0).flatten().tolist()
+        valid = {t: s for t in left if (s := _next_state(table, t, prefix)) is not None}
+        if valid:
+            ids = list(valid)
+            token = ids[sampler.pick(probs[ids])]
+            return token, valid[token]
+    return _greedy(logits, table, prefix)
+
+
+def _greedy(logits: torch.Tensor, table: TokenTable, prefix: JsonPrefix) -> tuple[int, JsonPrefix] | None:
+    """The most likely token that keeps the answer valid: the top ``_GREEDY_FIRST`` first, then the
+    whole vocabulary in order of likelihood."""
+    top = torch.topk(logits, min(_GREEDY_FIRST, logits.shape[-1])).indices.tolist()
+    for token in top:
+        after = _next_state(table, token, prefix)
+        if after is not None:
+            return token, after
+    seen = set(top)
+    for token in torch.argsort(logits, descending=True).tolist():
+        if token not in seen and (after := _next_state(table, token, prefix)) is not None:
+            return token, after
+    return None
