@@ -80,6 +80,9 @@ def test_engine_wide_placement_fills_only_transformers_members_that_set_none() -
     assert b.dtype == "float16"  # its own dtype wins
     assert (c.device, c.dtype) == ("cpu", "bfloat16")
     assert d.dtype is None and v.dtype is None  # not transformers: untouched
+    # a default backend names only the members without their own prefix (eval summaries record it)
+    assert MemberConfig(model="llamacpp:d").with_defaults(None, "transformers").backend is None
+    assert MemberConfig(model="d").with_defaults(None, "llamacpp").backend == "llamacpp"
     mapped = EnsembleEngine(["a", MemberConfig(model="c", device="cpu")], device_map="auto").member_specs
     assert mapped[0].device_map == "auto"
     assert (mapped[1].device, mapped[1].device_map) == ("cpu", None)  # device and device_map never mixed

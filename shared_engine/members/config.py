@@ -158,8 +158,8 @@ class MemberConfig(MemberDefaults):
         in-process llama.cpp member. A member that sets its own device or device_map keeps it: the
         two are never mixed."""
         values = self.model_dump(exclude_none=True)
-        if self.backend is None and backend is not None:
-            values["backend"] = backend
+        if self.backend is None and backend is not None and parse_member_spec(self.model, backend).backend == backend:
+            values["backend"] = backend  # a model with its own prefix (llamacpp:NAME) keeps it, and says so
         config = validated(MemberConfig, **values)
         if defaults is None:
             return config
