@@ -94,6 +94,7 @@ class EnsembleEngine:
         for spec in self._specs:
             if isinstance(spec, MemberConfig):
                 spec.check_placement()
+        self._names = _display_names(self._specs)
         self._members: list[Member] | None = None
         self._load_lock = threading.Lock()
         if self.options.method != "single" and len(self._specs) < 2:
@@ -115,6 +116,8 @@ class EnsembleEngine:
             if not 0 <= drafter < len(names):
                 raise InvalidRequestError(f"drafter index {drafter} out of range")
             index = drafter
+        elif drafter in self._names:
+            index = self._names.index(drafter)
         else:
             index = _member_index(drafter, names)
         order = [index] + [i for i in range(len(names)) if i != index]
@@ -153,11 +156,16 @@ class EnsembleEngine:
 
     @property
     def labels(self) -> list[str]:
+        """How stats and events name the members, in decoding order: a member's ``MemberConfig.name``,
+        else its model's name (primed, ``name'``, when that is taken: the same model may appear twice)."""
+        given = {name for name in self._names if name is not None}
         labels: list[str] = []
-        for member in self.members:
-            label = member.name
-            while label in labels:
-                label += "'"
+        for index, member in zip(self._order, self.members):
+            label = self._names[index]
+            if label is None:
+                label = member.name
+                while label in labels or label in given:
+                    label += "'"
             labels.append(label)
         return labels
 
@@ -364,6 +372,24 @@ def _is_member(spec: object) -> TypeIs[Member]:
     """A built member (anything with the Member interface), as opposed to a description of one."""
     return not isinstance(spec, (str, dict, MemberConfig)) and all(
         hasattr(spec, a) for a in ("name", "table", "new_session"))
+
+
+def _display_names(specs: Sequence[MemberConfig | Member]) -> list[str | None]:
+    """Each member's ``MemberConfig.name`` (None where it has none). A name must single out one
+    member: no two members share one, and none is another member's model (``drafter=`` and the
+    stats' keys would be ambiguous)."""
+    names = [spec.name if isinstance(spec, MemberConfig) else None for spec in specs]
+    models = [spec.model if isinstance(spec, MemberConfig) else spec.name for spec in specs]
+    for i, name in enumerate(names):
+        if name is None:
+            continue
+        if name in names[:i]:
+            raise InvalidRequestError(f"two members are both named {name!r}; member names must be unique")
+        other = next((m for j, m in enumerate(models) if j != i and name in (m, _spec_target(m))), None)
+        if other is not None:
+            raise InvalidRequestError(f"member name {name!r} is also the model of another member ({other!r}); "
+                                      "choose a name that no other member goes by")
+    return names
 
 
 def _reject_ambiguous_names(members: Sequence[Member]) -> None:

@@ -169,6 +169,62 @@ def test_llamaindex_adapter_passes_member_configs_and_options() -> None:
         EnsembleLLM(models=["a", "b"], members=configs)
 
 
+# -- display names (MemberConfig.name) ---------------------------------------------------------
+
+def test_member_names_key_stats_and_events_pick_the_drafter_and_change_nothing_else(toy_folders: list[Path]) -> None:
+    a, b = (str(f) for f in toy_folders)
+    named = EnsembleEngine([MemberConfig(model=a, name="alpha"), MemberConfig(model=b, name="beta")],
+                           method="every-token", drafter="beta", max_new_tokens=6)
+    assert named.labels == ["beta", "alpha"]  # decoding order: the drafter first
+    result = named.generate("Sofia walked to", keep_events=True)
+    assert set(result.stats.forward_passes) == set(result.stats.member_weights) == {"alpha", "beta"}
+    decisions = [e for e in result.events if e.type == "ensemble"]
+    assert decisions and all(set(c.member_probs) == {"alpha", "beta"} for e in decisions for c in e.candidates)
+    plain = EnsembleEngine([a, b], method="every-token", drafter=b, max_new_tokens=6).generate("Sofia walked to")
+    assert plain.text == result.text and set(plain.stats.forward_passes) == {"toy-cfg-a", "toy-cfg-b"}
+
+
+def test_member_names_are_unique_and_single_out_one_member(toy_folders: list[Path]) -> None:
+    a, b = (str(f) for f in toy_folders)
+    with pytest.raises(InvalidRequestError, match="both named 'x'"):
+        EnsembleEngine([MemberConfig(model=a, name="x"), MemberConfig(model=b, name="x")])
+    with pytest.raises(InvalidRequestError, match="'llamacpp:q'"):  # drafter="q" would be ambiguous
+        EnsembleEngine([MemberConfig(model="p", name="q"), "llamacpp:q"])
+    with pytest.raises(InvalidRequestError, match="name"):
+        EnsembleEngine([{"model": a, "name": ""}, b])
+    twice = EnsembleEngine([MemberConfig(model=a, name="first"), MemberConfig(model=a, name="second")])
+    assert twice.labels == ["first", "second"] and twice.members[0] is twice.members[1]  # one set of weights
+    # an unnamed member whose model goes by a name another member took is primed, as a repeated model is
+    taken = EnsembleEngine([MemberConfig(model=a, name="toy-cfg-b"), b, b])
+    assert taken.labels == ["toy-cfg-b", "toy-cfg-b'", "toy-cfg-b''"]
+
+
+def test_member_names_on_the_command_line_the_server_page_and_eval_summaries(
+        toy_folders: list[Path], tmp_path: Path) -> None:
+    import httpx
+
+    from shared_engine.cli import build_parser, main
+    from shared_engine.engine_args import engine_from_args
+    from shared_engine.evaluation.compare import load_summaries
+    from shared_engine.server import create_app
+    from shared_engine.server.background import serve_in_background
+
+    a, b = (str(f) for f in toy_folders)
+    members = tmp_path / "members.yaml"
+    members.write_text(f"- {{model: '{a}', name: alpha}}\n- {{model: '{b}', name: beta}}\n")
+    args = build_parser().parse_args(["serve", "--members", str(members), "--drafter", "beta"])
+    engine = engine_from_args(args, "safe")
+    assert engine.labels == ["beta", "alpha"]
+    with serve_in_background(create_app(engine)) as url:
+        assert httpx.get(f"{url}/health").json()["members"] == ["beta", "alpha"]
+        assert httpx.get(f"{url}/v1/models").json()["data"][0]["members"] == ["beta", "alpha"]
+    out = tmp_path / "run"
+    assert main(["eval", "--bench", "gsm8k", "--members", str(members), "--method", "single", "--drafter", "beta",
+                 "--limit", "1", "--max-new-tokens", "4", "--out", str(out), "--no-progress"]) == 0
+    (summary,) = load_summaries([out])
+    assert summary["models"] == [b] and summary["label"] == "single (beta)"  # the model runs, the name shows
+
+
 # -- the CLI ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("suffix", [".yaml", ".json"])

@@ -50,10 +50,14 @@ def _short(model: str) -> str:
 
 
 def _drafter(args: argparse.Namespace, drafter: str | int | None) -> str:
-    """The drafter's name; ``drafter`` is the engine's resolved option (a profile may have set it)."""
+    """The drafter's model; ``drafter`` is the engine's resolved option (a profile may have set it):
+    an index, a model or a member's display name."""
     if drafter is None:
         return args.models[0]
-    return args.models[int(drafter)] if isinstance(drafter, int) or drafter.isdigit() else drafter
+    if isinstance(drafter, int) or drafter.isdigit():
+        return args.models[int(drafter)]
+    named = {c.name: c.model for c in member_configs(args, args.backend) if c.name}
+    return named.get(drafter, drafter)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,16 +76,18 @@ def run(args: argparse.Namespace) -> int:
     options = engine.options.model_dump(exclude=set(GenerationParams.model_fields) | {"method"})  # any method's
     # `single` runs the drafter alone
     models = [_drafter(args, engine.options.drafter)] if method == "single" else args.models
+    # a bf16 run is another run; a display name (MemberConfig.name) keys the stats and labels the run
     member_options = {c.model: c.model_dump(mode="json", exclude_none=True, exclude={"model"})
-                      for c in member_configs(args, args.backend) if c.backend_options()}  # a bf16 run is another run
+                      for c in member_configs(args, args.backend) if c.backend_options() or c.name}
     config = RunConfig(bench=bench.name, models=models, method=method, max_new_tokens=args.max_new_tokens,
                        engine_options=options, member_options=member_options)
-    out = Path(args.out or f"eval-runs/{bench.name}-{method}-{'+'.join(_short(m) for m in models)}")
+    shown = [member_options.get(m, {}).get("name") or m for m in models]
+    out = Path(args.out or f"eval-runs/{bench.name}-{method}-{'+'.join(_short(m) for m in shown)}")
     summary = asyncio.run(evaluate(engine, bench, config, out, limit=args.limit, resume=args.resume,
                                    progress=not args.no_progress))
     score = summary["score"]
     ci = summary["ci95"]
-    line = (f"{bench.name} {method} {'+'.join(models)}: n={summary['n']} {bench.metric}="
+    line = (f"{bench.name} {method} {'+'.join(shown)}: n={summary['n']} {bench.metric}="
             f"{score if score is not None else '-'}")
     if bench.metric != "chrf":
         line += f" (95% CI {ci[0]:.3f}-{ci[1]:.3f})"

@@ -17,7 +17,10 @@ _SHORT = {"qwen2.5-coder-0.5b-instruct": "qwen", "smollm2-135m-instruct": "smol"
 
 
 def run_label(summary: dict[str, Any]) -> str:
-    models = "+".join(_SHORT.get(m, Path(m).name) for m in summary["models"])
+    """``method (members)`` plus the options that tell runs apart; a member is shown by its display
+    name (``MemberConfig.name``) when it has one, else by a short form of its model."""
+    named = summary.get("member_options", {})
+    models = "+".join(named.get(m, {}).get("name") or _SHORT.get(m, Path(m).name) for m in summary["models"])
     options = summary.get("engine_options", {})
     confidence, weights = options.get("drafter_confidence"), options.get("weights")
     return (f"{summary['method']} ({models})" + (f" dc={confidence}" if confidence else "")

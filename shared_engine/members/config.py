@@ -2,7 +2,7 @@
 CLI (``--members FILE``, a YAML or JSON list of these).
 
     MemberConfig(model="Qwen/Qwen2.5-7B-Instruct", device="cuda:0", dtype="bfloat16")
-    MemberConfig(model="llamacpp:smollm2-135m-instruct", threads=2)
+    MemberConfig(model="llamacpp:smollm2-135m-instruct", threads=2, name="smol")
     MemberConfig(model="vllm:http://gpu-box:8000", top_k=20, http={"timeout_s": 30})
 
 Options belong to a backend, and setting one on a member of another backend is an error (a
@@ -102,6 +102,10 @@ class MemberConfig(MemberDefaults):
     vllm:URL#TOKENIZER, ...; see the members package)."""
     backend: Backend | None = None
     """Backend for a model without a prefix (default: transformers)."""
+    name: str | None = Field(None, min_length=1)
+    """Display name: how stats, events, the server page and eval summaries call this member, and what
+    ``drafter=`` / ``--drafter`` may name (default: the model's name). Unique within an ensemble; it
+    changes nothing else (two names for one model share its weights)."""
     top_k: int | None = Field(None, ge=1)
     """Server members: how many of the most likely ids the server returns per position."""
     http: HttpSettings | None = None

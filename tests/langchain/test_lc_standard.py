@@ -1,12 +1,18 @@
 """LangChain's standard chat-model suites (langchain-tests) run against ``ChatEnsemble``.
 
 Unit tests only construct the model (no weights are loaded). Integration tests run the real zoo
-ensemble (Qwen2.5-Coder-0.5B drafting, SmolLM2-135M verifying) with short answers so the whole
-suite stays within a few minutes on a CPU. Every skip below comes from a capability flag that
-says why; every xfail carries its reason.
+ensemble (Qwen2.5-Coder-0.5B drafting, SmolLM2-135M verifying) as llama.cpp members: the same GGUF
+weights, about 3x faster on a CPU than their float32 transformers copies, and the adapter's path
+is the same for every backend (the transformers members answer through ChatEnsemble in
+test_lc_chat_ensemble.py: streaming equals invoke, a tool round trip). llama.cpp's greedy answers
+repeat run to run for one request at a time. Answers are short, and the members stay loaded for
+the whole class. Every skip below comes from a capability flag that says why; every xfail carries
+its reason.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 from langchain_tests.integration_tests import ChatModelIntegrationTests
@@ -15,6 +21,7 @@ from langchain_tests.unit_tests import ChatModelUnitTests
 from langchain_ensemble import ChatEnsemble
 
 MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
+LLAMACPP_MODELS = [f"llamacpp:{name}" for name in MODELS]
 
 
 class TestChatEnsembleUnit(ChatModelUnitTests):
@@ -44,7 +51,16 @@ class TestChatEnsembleIntegration(ChatModelIntegrationTests):
     def chat_model_params(self) -> dict:
         # 48 drafter tokens: enough for a tool call or a short structured answer, and keeps
         # the ~60 engine calls of this suite within a few minutes on a 2-core CPU.
-        return {"models": MODELS, "max_tokens": 48, "temperature": 0}
+        return {"models": LLAMACPP_MODELS, "max_tokens": 48, "temperature": 0}
+
+    @pytest.fixture(scope="class", autouse=True)
+    def _members_stay_loaded(self) -> Iterator[None]:
+        """Each test builds its own chat model, and the last one of a configuration to go releases
+        the shared engine and its members; one more held here for the class lets every test's model
+        find the members already loaded (their llama.cpp servers start once, not once per test)."""
+        held = ChatEnsemble(**self.chat_model_params)
+        yield
+        held.close()
 
     # Capability flags that skip tests, each with its reason:
     @property
@@ -52,9 +68,9 @@ class TestChatEnsembleIntegration(ChatModelIntegrationTests):
         # method="json_mode" works and is constrained (shared_engine/json_constraint.py, tested in
         # tests/langchain/test_lc_tools.py), but this suite's test caps answers at 48 tokens and the
         # 0.5B drafter's greedy string content loops: '{"setup": "A cat is a cat, a cat is a cat,
-        # ...' until the cap on all three tries. Measured again with the constraint on (2026-11-30):
-        # the JSON stays valid, the loop inside the string is the model's; no constraint ends it.
-        # json_schema and function_calling pass the suite.
+        # ...' until the cap on all three tries. Measured again with the constraint on (2026-11-30,
+        # the transformers pair): the JSON stays valid, the loop inside the string is the model's;
+        # no constraint ends it. json_schema and function_calling pass the suite.
         return False
 
     @property
