@@ -218,3 +218,13 @@ def test_chrf_runs_pair_by_sentence_chrf_with_a_bootstrap_interval_of_the_corpus
     assert (result["wins"], result["losses"], result["both_right"]) == (4, 16, 0)  # "bad" has sentence 2 exact
     rows = [json.loads(line) for line in (tmp_path / "good" / SAMPLES).read_text().splitlines()]
     assert chrf_difference(rows, rows) == (0.0, (0.0, 0.0))
+
+
+def test_run_labels_give_zoo_members_their_short_name_on_any_backend() -> None:
+    from shared_engine.evaluation.compare import run_label
+
+    summary = {"method": "safe", "models": ["llamacpp:qwen2.5-coder-0.5b-instruct", "gemma-3-270m"],
+               "engine_options": {"drafter_confidence": 0.5, "weights": [2, 1]}}
+    assert run_label(summary) == "safe (qwen+gemma) dc=0.5 w=2,1"
+    assert run_label({"method": "single", "models": ["llamacpp:http://h:8080"], "engine_options": {}}) == \
+        "single (h:8080)"

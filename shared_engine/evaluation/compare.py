@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EnsembleError, InvalidRequestError
+from ..members.spec import BACKENDS
 from .runner import SAMPLES, SUMMARY
 
 _SHORT = {"qwen2.5-coder-0.5b-instruct": "qwen", "smollm2-135m-instruct": "smol", "gemma-3-270m": "gemma"}
@@ -20,11 +21,18 @@ def run_label(summary: dict[str, Any]) -> str:
     """``method (members)`` plus the options that tell runs apart; a member is shown by its display
     name (``MemberConfig.name``) when it has one, else by a short form of its model."""
     named = summary.get("member_options", {})
-    models = "+".join(named.get(m, {}).get("name") or _SHORT.get(m, Path(m).name) for m in summary["models"])
+    models = "+".join(named.get(m, {}).get("name") or _short_name(m) for m in summary["models"])
     options = summary.get("engine_options", {})
     confidence, weights = options.get("drafter_confidence"), options.get("weights")
     return (f"{summary['method']} ({models})" + (f" dc={confidence}" if confidence else "")
             + (f" w={_weights_label(weights)}" if weights and summary["method"] != "single" else ""))
+
+
+def _short_name(model: str) -> str:
+    """``qwen`` for ``qwen2.5-coder-0.5b-instruct`` and ``llamacpp:qwen2.5-coder-0.5b-instruct`` alike."""
+    backend, _, target = model.partition(":")
+    name = target if backend in BACKENDS and target and not target.startswith("http") else model
+    return _SHORT.get(name, Path(name).name)
 
 
 def _weights_label(weights: list[float] | str) -> str:
@@ -64,7 +72,7 @@ def table(summaries: list[dict[str, Any]]) -> str:
 
 def _forwards(summary: dict[str, Any]) -> str:
     per_member = summary.get("forward_passes_per_token") or {}
-    return ", ".join(f"{_SHORT.get(m, m)} {v:.2f}" for m, v in per_member.items()) or "-"
+    return ", ".join(f"{_short_name(m)} {v:.2f}" for m, v in per_member.items()) or "-"
 
 
 def plot(summaries: list[dict[str, Any]], folder: Path) -> list[Path]:
