@@ -347,3 +347,40 @@ def test_prompt_ids_plain_fallback_for_template_less_tokenizer():
     assert ids[0] == m.tokenizer.bos_token_id and m.tokenizer.bos_token_id not in ids[1:]
     assert m.table.to_bytes(ids[1:]) == b" " + render_plain(messages).encode()
     assert m.stop_strings == PLAIN_TEMPLATE_STOPS
+
+
+def test_a_release_inside_a_member_build_waits_for_the_build_instead_of_deadlocking(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine closes from ``weakref.finalize`` (a LangChain chat model collected), so inside any
+    garbage collection, also one that runs while this thread holds the registry lock to build a
+    member (seen in the suite: a tokenizer's JSON parse collected a chat model, whose engine released
+    its members and waited for the lock its own thread held). The release is applied when the
+    build ends, and closes the member then."""
+    import threading
+
+    from shared_engine import members as registry
+
+    closed: list[str] = []
+    first, second = "llamacpp:http://127.0.0.1:1", "llamacpp:http://127.0.0.1:2"
+
+    class Built:
+        def __init__(self, key: str) -> None:
+            self.key = key
+
+        def close(self) -> None:
+            closed.append(self.key)
+
+    def build(config: registry.MemberConfig, progress: bool) -> Built:
+        if config.key == second:
+            registry.release_member(first)  # what the collected engine's close does mid-build
+            assert closed == []  # queued: the lock is this thread's
+        return Built(config.key)
+
+    monkeypatch.setattr(registry, "_build", build)
+    registry.acquire_member(first)
+    loader = threading.Thread(target=registry.acquire_member, args=(second,), daemon=True)
+    loader.start()
+    loader.join(timeout=60)
+    assert not loader.is_alive(), "acquire_member deadlocked on a release made inside its build"
+    assert closed == [first] and first not in registry._LOADED and second in registry._LOADED
+    assert registry.release_member(second) and closed == [first, second]

@@ -32,3 +32,19 @@ ev --backend llamacpp --bench gsm8k --method single --models $Q --limit 100 --ma
 ev --backend llamacpp --bench gsm8k --method safe --models $Q,$S --drafter-confidence 0.5 --limit 100 \
   --max-new-tokens 256 --out $OUT/llama100/gsm8k-safe-dc0.5-q+s
 safe-ensemble eval compare $OUT/llama100/gsm8k-* --baseline $OUT/llama100/gsm8k-single-q
+
+# Across benchmarks (part 3): llama.cpp members with reuse_prompt_cache (members files below), greedy, first 100
+# of the 70% share; SAFE at its default gate (drafter_confidence 0.5) unless the name says paper / w2.
+mkdir -p $OUT/p3/members
+mk() { f=$OUT/p3/members/$1.yaml; shift; : > $f; for m in "$@"; do printf -- "- model: llamacpp:%s\n  reuse_prompt_cache: true\n" $m >> $f; done; }
+mk q $Q; mk s $S; mk g $G; mk qs $Q $S; mk qg $Q $G; mk qsg $Q $S $G
+M=$OUT/p3/members
+F="--bench flores --pair en-de --limit 100 --max-new-tokens 128"
+for r in q s g; do ev $F --method single --members $M/$r.yaml --out $OUT/p3/flores-en-de-single-$r; done
+for r in qg qs qsg; do ev $F --method safe --members $M/$r.yaml --out $OUT/p3/flores-en-de-safe-dc0.5-$r; done
+ev $F --method safe --members $M/qs.yaml --drafter-confidence none --out $OUT/p3/flores-en-de-safe-paper-qs
+ev $F --method safe --members $M/qg.yaml --weights 2,1 --out $OUT/p3/flores-en-de-safe-dc0.5-w2-qg
+for r in q g s; do ev --bench squad --limit 100 --method single --members $M/$r.yaml --out $OUT/p3/squad-single-$r; done
+for r in qg qs; do ev --bench squad --limit 100 --method safe --members $M/$r.yaml --out $OUT/p3/squad-safe-dc0.5-$r; done
+safe-ensemble eval compare $OUT/p3/flores-en-de-* --baseline $OUT/p3/flores-en-de-single-q
+safe-ensemble eval compare $OUT/p3/squad-* --baseline $OUT/p3/squad-single-q

@@ -18,7 +18,9 @@ the registry key is the spec plus those options. Hub ids (``org/name``) load fro
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,16 @@ from .spec import BACKENDS, LOCAL_BACKENDS, Backend, MemberSpec, parse_member_sp
 _LOADED: dict[str, Member] = {}
 _HOLDERS: dict[str, int] = {}  # engines holding each registry member (acquire_member/release_member)
 _LOAD_LOCK = threading.Lock()
+_PENDING_RELEASES: deque[str] = deque()
+"""Registry keys let go while ``_LOAD_LOCK`` was taken, applied by whoever lets go of the lock."""
+
+
+@contextmanager
+def _registry() -> Iterator[None]:
+    """``_LOAD_LOCK``, and on leaving, the releases queued meanwhile (see ``release_member``)."""
+    with _LOAD_LOCK:
+        yield
+    _apply_pending_releases()
 
 
 def load_member(name_or_spec: str | MemberConfig, progress: bool = True, backend: str | None = None,
@@ -44,7 +56,7 @@ def load_member(name_or_spec: str | MemberConfig, progress: bool = True, backend
     checked before anything is read.
     """
     config = _config(name_or_spec, backend, options)
-    with _LOAD_LOCK:
+    with _registry():
         member = _LOADED.get(config.key)
         if member is None:
             config.check_placement()
@@ -65,7 +77,7 @@ def acquire_member(name_or_spec: str | MemberConfig, backend: str | None = None)
     """``load_member`` for a holder that will ``release_member`` it (an engine): the registry
     counts holders, so the last one to let go frees the member."""
     member = load_member(name_or_spec, backend=backend)
-    with _LOAD_LOCK:
+    with _registry():
         key = _config(name_or_spec, backend).key
         _HOLDERS[key] = _HOLDERS.get(key, 0) + 1
     return member
@@ -74,20 +86,44 @@ def acquire_member(name_or_spec: str | MemberConfig, backend: str | None = None)
 def release_member(name_or_spec: str | MemberConfig, backend: str | None = None) -> bool:
     """One holder lets go; when none is left the member leaves the registry and its resources are
     closed (HTTP clients, an in-process llama.cpp server; transformers weights are freed once no
-    Python object refers to them). Returns True if it was freed."""
+    Python object refers to them). Returns True if it was freed now.
+
+    Engines close from ``weakref.finalize`` too (an adapter's chat model collected), i.e. inside
+    any garbage collection, also one that a thread triggers while it holds ``_LOAD_LOCK`` to build
+    a member: waiting for the lock there would wait for itself forever. So the release is queued,
+    applied now if the lock is free, else by the holder when it lets go."""
     key = _config(name_or_spec, backend).key
-    with _LOAD_LOCK:
-        if key not in _HOLDERS:
-            return False
-        _HOLDERS[key] -= 1
-        if _HOLDERS[key] > 0:
-            return False
-        del _HOLDERS[key]
-        member = _LOADED.pop(key, None)
-    close = getattr(member, "close", None)
-    if close is not None:
-        close()
-    return member is not None
+    _PENDING_RELEASES.append(key)
+    return key in _apply_pending_releases()
+
+
+def _apply_pending_releases() -> set[str]:
+    """Count off the queued releases (never waiting for ``_LOAD_LOCK``); the keys freed."""
+    freed: set[str] = set()
+    while _PENDING_RELEASES:
+        if not _LOAD_LOCK.acquire(blocking=False):
+            return freed  # its holder applies the queue when it lets go
+        closing: list[Member] = []
+        try:
+            while _PENDING_RELEASES:
+                key = _PENDING_RELEASES.popleft()
+                if key not in _HOLDERS:
+                    continue
+                _HOLDERS[key] -= 1
+                if _HOLDERS[key] > 0:
+                    continue
+                del _HOLDERS[key]
+                member = _LOADED.pop(key, None)
+                if member is not None:
+                    closing.append(member)
+                    freed.add(key)
+        finally:
+            _LOAD_LOCK.release()
+        for member in closing:  # outside the lock: closing may take a while (a llama.cpp server)
+            close = getattr(member, "close", None)
+            if close is not None:
+                close()
+    return freed
 
 
 def check_members_fit(configs: Sequence[MemberConfig], progress: bool = True) -> None:
@@ -111,14 +147,14 @@ def register_member(member: Member, name: str | None = None) -> None:
     so string-only surfaces (LangChain's ``models`` list, the CLI) can use it. The registration
     holds the member (engines closing never free it) until ``unregister_member``."""
     key = str(parse_member_spec(name or member.name))
-    with _LOAD_LOCK:
+    with _registry():
         _LOADED[key] = member
         _HOLDERS[key] = _HOLDERS.get(key, 0) + 1
 
 
 def unregister_member(name: str) -> None:
     key = str(parse_member_spec(name))
-    with _LOAD_LOCK:
+    with _registry():
         _LOADED.pop(key, None)
         _HOLDERS.pop(key, None)
 
