@@ -48,6 +48,7 @@ with ``FinishEvent.format_error`` saying why.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -308,6 +309,26 @@ def _partial_suffix(text: str, token: str) -> int:
     return 0
 
 
+def coerce_arguments(arguments: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
+    """Top-level arguments written as a string where the tool's schema wants a number or a boolean
+    (``"1234"`` for an integer: small models quote numbers) become that type when the whole string
+    reads as one; everything else is left as written (a tool's own validation has the last word)."""
+    properties = schema.get("properties") or {}
+    fixed = dict(arguments)
+    for key, value in arguments.items():
+        wanted = (properties.get(key) or {}).get("type")
+        if not isinstance(value, str) or wanted not in ("integer", "number", "boolean"):
+            continue
+        text = value.strip()
+        if wanted == "boolean" and text.lower() in ("true", "false"):
+            fixed[key] = text.lower() == "true"
+        elif wanted == "integer" and re.fullmatch(r"[-+]?\d+", text):
+            fixed[key] = int(text)
+        elif wanted == "number" and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", text):
+            fixed[key] = float(text) if any(c in text for c in ".eE") else int(text)
+    return fixed
+
+
 class ToolCallParser:
     """Splits a streamed answer into plain text and tool calls, without leaking tool markup.
 
@@ -319,8 +340,9 @@ class ToolCallParser:
     empty text.
     """
 
-    def __init__(self, names: Sequence[str]) -> None:
+    def __init__(self, names: Sequence[str], schemas: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.names = set(names)
+        self.schemas = dict(schemas or {})  # tool name -> its parameters' JSON schema
         self.buffer = ""
         self.in_call = False
         self.hold_all = False
@@ -393,7 +415,9 @@ class ToolCallParser:
         return out
 
     def _calls(self, body: str) -> list[ToolCallEvent]:
-        calls = parse_calls(body, self.num_calls)
+        calls = [call.model_copy(update={"arguments": coerce_arguments(call.arguments, self.schemas[call.name])})
+                 if call.name in self.schemas and call.arguments else call
+                 for call in parse_calls(body, self.num_calls)]
         self.num_calls += len(calls)
         self._pending_ws, self._after_call = "", True
         return list(calls)
@@ -492,7 +516,8 @@ class AnswerShaper:
 
     def __init__(self, plan: OutputPlan) -> None:
         self.plan = plan
-        self.parser = ToolCallParser(plan.names) if plan.tools else None
+        self.parser = ToolCallParser(plan.names, {t["function"]["name"]: t["function"].get("parameters") or {}
+                                                  for t in plan.tools}) if plan.tools else None
         self.text = ""  # what the caller has been (or, when held, will be) shown
         self.calls: list[ToolCallEvent] = []
         self.held: list[Event] = []

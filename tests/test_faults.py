@@ -71,6 +71,9 @@ def proxy(llama_server):  # noqa: ANN001, ANN201
 def _engine(url: str, method: str = "safe", **options: Any) -> EnsembleEngine:
     drafter = load_member(f"llamacpp:{SMOL}")
     verifier = load_member(f"llamacpp:{url}", http=DEADLINE)
+    # the paper's rule: the verifier is asked every round (SAFE's default gate would let the sure
+    # drafter skip most of its calls, and the fault would have nothing to hit)
+    options.setdefault("drafter_confidence", None)
     return EnsembleEngine([drafter, verifier], method=method, max_new_tokens=60, **options)
 
 

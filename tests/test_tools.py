@@ -257,3 +257,21 @@ def test_bad_tool_options_are_typed_errors(engine: EnsembleEngine) -> None:
         engine.generate("hi", tools=[{"type": "function", "function": {"name": "has space"}}])
     with pytest.raises(InvalidRequestError, match="response_format"):
         engine.generate("hi", response_format={"type": "xml"})
+
+
+def test_quoted_numbers_and_booleans_take_the_type_the_tool_schema_asks_for() -> None:
+    """Small models write ``{"a": "1234"}`` for an integer; LlamaIndex calls the function with what
+    the engine parsed, so the engine gives the schema's type where the whole string reads as one."""
+    from shared_engine.tools import ToolCallParser, coerce_arguments
+
+    schema = {"properties": {"a": {"type": "integer"}, "x": {"type": "number"}, "ok": {"type": "boolean"},
+                             "name": {"type": "string"}}}
+    assert coerce_arguments({"a": "1234", "x": " 2.5 ", "ok": "True", "name": "42"}, schema) == \
+        {"a": 1234, "x": 2.5, "ok": True, "name": "42"}
+    assert coerce_arguments({"a": "12 apples", "x": "1e3", "ok": "yes", "extra": "7"}, schema) == \
+        {"a": "12 apples", "x": 1000.0, "ok": "yes", "extra": "7"}
+    parser = ToolCallParser(["multiply"], {"multiply": schema})
+    out = parser.feed('<tool_call>\n{"name": "multiply", "arguments": {"a": "1234", "name": "b"}}\n</tool_call>')
+    out += parser.close()
+    calls = [c for c in out if not isinstance(c, str)]
+    assert [c.arguments for c in calls] == [{"a": 1234, "name": "b"}]
