@@ -69,7 +69,8 @@ class TestChatEnsembleIntegration(ChatModelIntegrationTests):
         # tests/langchain/test_lc_tools.py), but this suite's test caps answers at 48 tokens and the
         # 0.5B drafter's greedy string content loops: '{"setup": "A cat is a cat, a cat is a cat,
         # ...' until the cap on all three tries. Measured again with the constraint on (2026-11-30,
-        # the transformers pair): the JSON stays valid, the loop inside the string is the model's;
+        # the transformers pair, and on the llama.cpp pair this class runs): the JSON stays valid, the loop
+        # inside the string is the model's;
         # no constraint ends it. json_schema and function_calling pass the suite.
         return False
 
