@@ -459,6 +459,9 @@ class OutputPlan:
             raise InvalidRequestError("a forced tool call and a JSON response_format cannot be combined")
         self.forced = forced_tool(options.tool_choice, self.names) if tools else None
         self.tools = tools if tools and options.tool_choice != "none" else None
+        self.schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in self.tools or []}
+        """Each offered tool's parameter schema: what a forced call is constrained to and what parsed
+        arguments are typed by."""
         self.prefix = options.prefix or call_prefix(self.forced) or ("{" if self.response_format else "")
         self._own_prefix = bool(options.prefix)
         self.tool_result_hint = options.tool_result_hint if tools else None
@@ -474,8 +477,7 @@ class OutputPlan:
         if fmt is None:
             if not self.forced or not self.tools or self._own_prefix:
                 return None
-            schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in self.tools}
-            return call_start_state(schemas, self.forced)
+            return call_start_state(self.schemas, self.forced)
         if self.tools:
             return None
         schema = fmt.json_schema.json_schema if fmt.json_schema is not None else None
@@ -516,8 +518,7 @@ class AnswerShaper:
 
     def __init__(self, plan: OutputPlan) -> None:
         self.plan = plan
-        self.parser = ToolCallParser(plan.names, {t["function"]["name"]: t["function"].get("parameters") or {}
-                                                  for t in plan.tools}) if plan.tools else None
+        self.parser = ToolCallParser(plan.names, plan.schemas) if plan.tools else None
         self.text = ""  # what the caller has been (or, when held, will be) shown
         self.calls: list[ToolCallEvent] = []
         self.held: list[Event] = []

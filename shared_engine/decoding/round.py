@@ -52,6 +52,7 @@ class Draft:
     ids: list[int]
     logits: list[torch.Tensor]  # logits[j] predicted ids[j]
     constraints: list[JsonPrefix] = field(default_factory=list)  # with a JSON constraint: the state before ids[j]
+    probs: list[float] = field(default_factory=list)  # the drafter's p(ids[j]) where the draft's stop computed it
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +76,7 @@ def _draft(state: RequestState, length: int, sampler: Sampler, stop_below: float
     support = exact_support(state.drafter.member)
     target = state.drafter_target()
     logits = session.sync(target, len(target))[-1]
-    ids, rows, constraint, constraints = [], [], state.constraint, []
+    ids, rows, constraint, constraints, probs = [], [], state.constraint, [], []
     for j in range(length):
         if constraint is None:
             token = sampler.from_logits(logits, support)
@@ -88,12 +89,14 @@ def _draft(state: RequestState, length: int, sampler: Sampler, stop_below: float
             token, constraint = chosen
         ids.append(token)
         rows.append(logits)
-        unsure = stop_below is not None and _drafter_prob(state, token, logits) < stop_below
+        if stop_below is not None:
+            probs.append(_drafter_prob(state, token, logits))
+        unsure = stop_below is not None and probs[-1] < stop_below
         finished = constraint is not None and constraint.finished
         if token in eos or j == length - 1 or unsure or finished:
             break
         logits = session.step(token)
-    return Draft(ids, rows, constraints)
+    return Draft(ids, rows, constraints, probs)
 
 
 async def _verify(state: RequestState, text: bytes, start: int, ends_with_eos: bool,
@@ -212,9 +215,11 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
 
 
 def _drafter_probs(state: RequestState, draft: Draft) -> Iterator[float]:
-    """The drafter's probability of each drafted token, as the consensus check computes it. Lazy:
-    nothing is computed without a ``drafter_confidence``, and only up to the first unsure token."""
-    return (_drafter_prob(state, token, logits) for token, logits in zip(draft.ids, draft.logits))
+    """The drafter's probability of each drafted token, as the consensus check computes it: those the
+    draft's stop already computed, the rest lazily (nothing without a ``drafter_confidence``, and
+    nothing past the first unsure token)."""
+    return (draft.probs[j] if j < len(draft.probs) else _drafter_prob(state, token, logits)
+            for j, (token, logits) in enumerate(zip(draft.ids, draft.logits)))
 
 
 def _drafter_prob(state: RequestState, token: int, logits: torch.Tensor) -> float:
