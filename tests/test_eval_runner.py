@@ -102,6 +102,32 @@ async def test_runs_refuse_to_mix(tmp_path: Path) -> None:
         await evaluate(engine(), bench, changed, tmp_path, resume=True, progress=False)
 
 
+async def test_resume_asks_again_what_failed_for_a_passing_reason(tmp_path: Path) -> None:
+    """A member's timeout is not the question's fault: resume asks it again (its new answer is its
+    only line). A request error (a prompt too long) would fail again the same way: it stays."""
+    bench = toy_bench(tmp_path)
+    full = await evaluate(engine(), bench, config(), tmp_path / "full", progress=False)
+    out = tmp_path / "failed"
+    await evaluate(engine(), bench, config(), out, progress=False)
+    lines = [json.loads(x) for x in (out / SAMPLES).read_text().splitlines()]
+    failed = {"output": "", "extracted": None, "correct": False, "value": 0.0, "finish_reason": "error",
+              "stats": None}
+    lines[0].update(failed, error="MemberError: member 'a' at http://x: POST /completion failed after 3 attempt(s)")
+    lines[2].update(failed, error="ContextLengthError: the prompt has 600 tokens; member 'a' holds 512")
+    (out / SAMPLES).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    answered = []
+    resumed = await evaluate(engine(), bench, config(), out, resume=True, progress=False,
+                             on_sample=lambda s: answered.append(s.id))
+    assert answered == ["0"]
+    assert resumed["failures"] == 1 and resumed["n"] == 3
+    stored = {x["id"]: x for x in map(json.loads, (out / SAMPLES).read_text().splitlines())}
+    assert len(stored) == 3 and len((out / SAMPLES).read_text().splitlines()) == 3
+    expected = [json.loads(x) for x in (tmp_path / "full" / SAMPLES).read_text().splitlines()]
+    assert _without_timing(stored["0"]) == _without_timing(expected[0])
+    assert stored["2"]["error"].startswith("ContextLengthError")
+    assert resumed["correct"] == full["correct"] - int(expected[2]["correct"])
+
+
 @needs_data
 async def test_a_question_the_engine_rejects_is_a_counted_failure(tmp_path: Path) -> None:
     """Real GSM8K few-shot prompts exceed the toy models' 512-token window: each is recorded as a

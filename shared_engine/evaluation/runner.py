@@ -4,13 +4,15 @@
 max_new_tokens, prompt version); ``DIR/samples.jsonl`` gets one line per answered question,
 flushed at once, so an interrupted run loses at most the question in flight and ``resume=True``
 continues with the questions not yet in the file (greedy decoding makes the result the same as an
-uninterrupted run). On resume the stored answers are scored again with the current scorer, and the
+uninterrupted run). On resume the stored answers are scored again with the current scorer, a
+question that failed for a passing reason (a member's server timing out) is asked again, and the
 summary is always recomputed from the whole JSONL.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 from collections import defaultdict
@@ -29,6 +31,8 @@ from .benchmarks import Benchmark
 from .datasets import Record
 from .prompts import PROMPT_VERSION
 from .scoring import corpus_translation
+
+log = logging.getLogger(__name__)
 
 SAMPLES, SUMMARY, CONFIG = "samples.jsonl", "summary.json", "config.json"
 
@@ -171,7 +175,9 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
     records: list[Record] = dataset.records[:limit] if limit is not None else dataset.records
     wanted = {r.id for r in records}
     samples_file = out / SAMPLES
-    done = {s.id: s for s in _rescored(read_samples(samples_file), records, bench, samples_file) if s.id in wanted}
+    stored = _without_transient_failures(_rescored(read_samples(samples_file), records, bench, samples_file),
+                                         samples_file)
+    done = {s.id: s for s in stored if s.id in wanted}
     todo = [r for r in records if r.id not in done]
     correct = sum(s.value for s in done.values())  # running accuracy (mean sentence chrF for translation)
     tokens = sum((s.stats or {}).get("tokens", 0) for s in done.values())
@@ -214,6 +220,26 @@ def _rescored(samples: list[Sample], records: list[Record], bench: Benchmark, fi
     if updated != samples:
         file.write_text("".join(s.model_dump_json() + "\n" for s in updated), encoding="utf-8")
     return updated
+
+
+FINAL_ERRORS = ("InvalidRequestError", "ContextLengthError")
+"""Failures the question itself causes (e.g. a prompt longer than a member's context): asking again
+gives the same error, so a resumed run keeps them. Any other failure (a member's server timing out,
+an engine closed under the run) is asked again on resume."""
+
+
+def _is_transient(sample: Sample) -> bool:
+    return sample.error is not None and sample.error.split(":", 1)[0] not in FINAL_ERRORS
+
+
+def _without_transient_failures(samples: list[Sample], file: Path) -> list[Sample]:
+    """The stored samples minus those that failed for a passing reason; the file is rewritten
+    without them, so the question is asked again and its new answer is its only line."""
+    kept = [s for s in samples if not _is_transient(s)]
+    if len(kept) != len(samples):
+        file.write_text("".join(s.model_dump_json() + "\n" for s in kept), encoding="utf-8")
+        log.warning("asking %d question(s) again that failed for a passing reason", len(samples) - len(kept))
+    return kept
 
 
 async def _answer(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, record: Record) -> Sample:
