@@ -116,6 +116,22 @@ def test_tool_results_go_back_through_the_conversation(serve: Any) -> None:
     assert messages[2] == {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}
 
 
+def test_tool_result_hint_is_taken_per_request(serve: Any) -> None:
+    url, engine = serve(["It is sunny in Paris."])
+    history = [*USER, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"location": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    hint = "Using the function result above, answer in plain text."
+    client(url).chat.completions.create(model=MODEL, messages=history, tools=[WEATHER],  # type: ignore[arg-type]
+                                        extra_body={"tool_result_hint": hint})
+    assert engine.prompts[0][0][-1] == {"role": "user", "content": hint}
+    client(url).chat.completions.create(model=MODEL, messages=history, tools=[WEATHER])  # type: ignore[arg-type]
+    assert engine.prompts[1][0][-1]["content"] == "<tool_response>\nsunny\n</tool_response>"  # off unless asked
+    with pytest.raises(openai.BadRequestError, match="tool_result_hint"):
+        client(url).chat.completions.create(model=MODEL, messages=history, tools=[WEATHER],  # type: ignore[arg-type]
+                                            extra_body={"tool_result_hint": 3})
+
+
 def test_json_schema_output_is_validated_and_retried(serve: Any) -> None:
     # After the prefilled "{": the first answer lacks "age" (rejected, regenerated), the second is valid.
     url, engine = serve(['"name": "Ann"}', '"name": "Ann", "age": 3}'])

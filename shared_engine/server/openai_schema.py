@@ -4,8 +4,8 @@ Requests are validated strictly (``"5"`` is not an integer, as with OpenAI) so t
 surfaces as a 400 naming the parameter instead of a silent coercion. Unknown request fields are
 accepted and ignored, as OpenAI-compatible servers usually do, except those whose silent omission
 would change the answer's meaning (the legacy ``functions``, ``logprobs``): those get a 400 saying
-they are not supported. ``tools``, ``tool_choice``, ``parallel_tool_calls`` and ``response_format``
-go to the engine's one mechanism (``shared_engine.tools``); calls come back as OpenAI
+they are not supported. ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``response_format`` and the
+extension ``tool_result_hint`` go to the engine's one mechanism (``shared_engine.tools``); calls come back as OpenAI
 ``tool_calls``, streamed as one delta per call.
 
 The ensemble extension: every response carries an extra top-level ``ensemble`` object (OpenAI
@@ -97,6 +97,10 @@ class ChatCompletionRequest(BaseModel):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
+    tool_result_hint: str | None = Field(
+        None, min_length=1,
+        description="Extension: with tools offered and a conversation that ends with tool results, a user "
+                    "turn added after them asking for a plain-text answer (shared_engine.tools.OutputOptions).")
     ensemble_events: bool | Literal["all"] = Field(
         True, description="Extension: send ensemble decisions along; 'all' adds AdaFuse's confident "
                           "(not voted) spans.")
@@ -128,7 +132,8 @@ class ChatCompletionRequest(BaseModel):
     def output_options(self) -> dict[str, Any]:
         """The engine's tool and format options (``shared_engine.tools.OutputOptions``)."""
         options = {"tools": self.tools or None, "tool_choice": self.tool_choice,
-                   "parallel_tool_calls": self.parallel_tool_calls, "response_format": self.response_format}
+                   "parallel_tool_calls": self.parallel_tool_calls, "response_format": self.response_format,
+                   "tool_result_hint": self.tool_result_hint}
         return {k: v for k, v in options.items() if v is not None}
 
 
