@@ -170,7 +170,11 @@ class EnsembleEngine:
         return labels
 
     def _weights(self) -> torch.Tensor:
-        raw = self.options.weights if isinstance(self.options.weights, list) else [1.0] * len(self._specs)
+        if isinstance(self.options.weights, list):
+            raw = self.options.weights
+        else:  # no weights given ('auto' replaces these once the prompt is read)
+            raw = [1.0] * len(self._specs)
+            raw[self._order[0]] = self.options.drafter_weight
         ordered = torch.tensor([raw[i] for i in self._order], dtype=torch.float32)
         if (ordered < 0).any() or ordered.sum() <= 0:
             raise InvalidRequestError("weights must be non-negative and not all zero")

@@ -30,6 +30,9 @@ def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = Tr
     parser.add_argument("--weights", type=weights_arg,
                         help="fusion weight of each model, in --models order, e.g. 2,1 (default: equal), or "
                              "auto: per request, from how well each model fits the prompt (PackLLM-sim)")
+    parser.add_argument("--drafter-weight", type=float,
+                        help="with no --weights: the drafter's weight relative to each other model's 1 "
+                             "(default: the method's; 1 = equal)")
     parser.add_argument("--weights-temperature", type=float, default=1.0,
                         help="--weights auto: softmax temperature over the prompt losses (default 1)")
     parser.add_argument("--profile", help="a profile from `safe-ensemble calibrate`: its weights, drafter and "
@@ -81,7 +84,8 @@ def engine_from_args(args: argparse.Namespace, method: str, backend: str | None 
     chosen = backend or getattr(args, "backend", None) or "transformers"
     backend = chosen if isinstance(chosen, str) else chosen[0]
     explicit = {k: v for k, v in (("fusion", args.fusion), ("sharpen", args.sharpen),
-                                  ("drafter_confidence", args.drafter_confidence)) if v is not None}
+                                  ("drafter_confidence", args.drafter_confidence),
+                                  ("drafter_weight", args.drafter_weight)) if v is not None}
     for name in ("sharpen", "drafter_confidence"):  # each method's own default applies unless a flag is given
         if explicit.get(name) == "none":
             explicit[name] = None

@@ -80,6 +80,11 @@ class EngineOptions(GenerationParams):
     weights: list[float] | Literal["auto"] | None = Field(
         None, description="Member weights in member order (default: uniform), or 'auto': per request, "
                           "from each member's fit of the prompt (PackLLM-sim, see auto_weights.py).")
+    drafter_weight: float = Field(
+        1.0, gt=0.0, allow_inf_nan=False,
+        description="With no weights given (no list, no 'auto', no profile): the drafter's weight relative to "
+                    "each other member's 1, so the member that writes the text keeps more say where it is "
+                    "unsure; 1 = equal weights.")
     weights_temperature: float = Field(
         1.0, gt=0.0, allow_inf_nan=False,
         description="weights='auto': softmax temperature over the members' prompt losses (PackLLM's 1).")

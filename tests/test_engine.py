@@ -178,6 +178,24 @@ def test_bad_engine_options_raise_typed_errors() -> None:
         EnsembleEngine(["no-such-model", "x"]).generate("hi")
 
 
+def test_drafter_weight_weighs_the_drafter_when_no_weights_are_given() -> None:
+    a, b = toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)
+    prompt = "Sofia counted 42 apples."
+
+    def run(**options: object):  # noqa: ANN202 - a GenerationResult
+        return EnsembleEngine([a, b], drafter_confidence=None, **options).generate(prompt, max_new_tokens=16)
+
+    weighted = run(drafter_weight=3.0)
+    assert weighted.stats.member_weights == {"a": 0.75, "b": 0.25}
+    assert run(drafter="b", drafter_weight=3.0).stats.member_weights == {"b": 0.75, "a": 0.25}
+    assert run(drafter_weight=3.0, weights=[1.0, 1.0]).stats.member_weights == {"a": 0.5, "b": 0.5}
+    explicit = run(weights=[3.0, 1.0])
+    assert (weighted.text, weighted.stats.changed_tokens) == (explicit.text, explicit.stats.changed_tokens)
+    assert weighted.stats.ensembled_tokens > 0  # the weights were used, not only reported
+    with pytest.raises(InvalidRequestError, match="drafter_weight"):
+        EnsembleEngine([a, b], drafter_weight=0.0)
+
+
 def test_context_too_long_is_a_clear_error() -> None:
     member = toy_member("toy")
     with pytest.raises(ContextLengthError, match="context window"):

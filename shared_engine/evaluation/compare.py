@@ -24,8 +24,11 @@ def run_label(summary: dict[str, Any]) -> str:
     models = "+".join(named.get(m, {}).get("name") or _short_name(m) for m in summary["models"])
     options = summary.get("engine_options", {})
     confidence, weights = options.get("drafter_confidence"), options.get("weights")
+    drafter_weight = options.get("drafter_weight")
     return (f"{summary['method']} ({models})" + (f" dc={confidence}" if confidence else "")
-            + (f" w={_weights_label(weights)}" if weights and summary["method"] != "single" else ""))
+            + (f" w={_weights_label(weights)}" if weights and summary["method"] != "single" else "")
+            + (f" dw={drafter_weight:g}" if not weights and drafter_weight not in (None, 1.0)
+               and summary["method"] != "single" else ""))
 
 
 def _short_name(model: str) -> str:
