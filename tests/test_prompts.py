@@ -93,6 +93,20 @@ def test_the_plain_format_ends_on_a_new_line_like_a_chat_template() -> None:
     assert chatml.endswith("\n") and text.endswith("\n")
 
 
+def test_the_plain_generation_prompt_starts_an_assistant_turn_as_the_exemplars_show_them() -> None:
+    """Rendering the conversation plus an answer gives the generation prompt followed by that
+    answer, as a chat template does: a few-shot base model then reads its turn as it read the
+    exemplars' (before the fix, exemplars read ``Assistant: France`` and the prompt ended
+    ``Assistant:\n``, so Gemma-3-270m took the turn for an empty one and wrote ``User:``)."""
+    shots = [{"role": "system", "content": "Answer briefly."},
+             {"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris"},
+             {"role": "user", "content": "Capital of Italy?"}]
+    prompt = render_plain(shots)
+    answered = render_plain([*shots, {"role": "assistant", "content": "Rome"}])
+    assert answered.startswith(prompt + "Rome\n")
+    assert "Assistant:\nParis\nUser: Capital of Italy?\nAssistant:\n" in prompt
+
+
 @pytest.mark.parametrize("key", KEYS)
 @pytest.mark.parametrize("answer", ANSWERS)
 def test_every_member_reads_the_first_answer_token_as_its_tokenizer_would(key: str, answer: str) -> None:

@@ -19,6 +19,9 @@ from ..tools import template_renders_tools, with_tools_system
 Message = Mapping[str, Any]
 ROLES = ("system", "user", "assistant", "tool")
 
+ASSISTANT_TURN = "Assistant:\n"
+"""How the plain format opens an assistant turn, earlier ones and the one to generate alike."""
+
 PLAIN_TEMPLATE_STOPS = ("\nUser:",)
 """Stop strings implied by the plain template: a base model would go on to write the next turn."""
 
@@ -74,14 +77,22 @@ def render_plain(messages: Sequence[Message]) -> str:
     templates' generation prompts do (``<|im_start|>assistant\\n``): the answer is shared text,
     and a chat drafter starts it with a word and no leading space, which reads naturally here
     (``Assistant:\\nThe``), while ``Assistant:The`` would not; a plain-format drafter, in turn,
-    starts without the space that chat members would read after their newline."""
+    starts without the space that chat members would read after their newline.
+
+    Earlier assistant turns (few-shot answers) are written the same way, ``Assistant:\n<answer>``:
+    the generation prompt must be the start of an assistant turn as the conversation shows them,
+    as a chat template's is. With ``Assistant: <answer>`` in the exemplars, a base model read
+    ``Assistant:\n`` as an empty answer and wrote ``User:`` next (Gemma-3-270m on 59 of 100
+    FLORES sentences)."""
     parts = []
     for message in messages:
         if message["role"] == "system":
             parts.append(f"{message['content']}\n\n")
+        elif message["role"] == "assistant":
+            parts.append(f"{ASSISTANT_TURN}{message['content']}\n")
         else:
             parts.append(f"{message['role'].capitalize()}: {message['content']}\n")
-    return "".join(parts) + "Assistant:\n"
+    return "".join(parts) + ASSISTANT_TURN
 
 
 def render_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message],
