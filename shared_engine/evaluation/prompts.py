@@ -27,7 +27,10 @@ from pathlib import Path
 from ..errors import InvalidRequestError
 from .datasets import Record, load_arc
 
-PROMPT_VERSION = "eval-prompts-v2"
+PROMPT_VERSION = "eval-prompts-v3"
+"""v3: the same messages; members without a chat template (Gemma base) read few-shot answers as
+``Assistant:\n<answer>``, like their generation prompt (members/chat.py). Runs of chat-template
+members are the same under v2 and v3."""
 
 Messages = list[dict[str, str]]
 
