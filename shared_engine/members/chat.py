@@ -82,8 +82,7 @@ def render_plain(messages: Sequence[Message]) -> str:
     Earlier assistant turns (few-shot answers) are written the same way, ``Assistant:\n<answer>``:
     the generation prompt must be the start of an assistant turn as the conversation shows them,
     as a chat template's is. With ``Assistant: <answer>`` in the exemplars, a base model read
-    ``Assistant:\n`` as an empty answer and wrote ``User:`` next (Gemma-3-270m on 59 of 100
-    FLORES sentences)."""
+    ``Assistant:\n`` as an empty answer and wrote ``User:`` next (Gemma-3-270m on 5-shot SQuAD)."""
     parts = []
     for message in messages:
         if message["role"] == "system":
