@@ -113,7 +113,9 @@ def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
                                "max_new_tokens": args.max_new_tokens, "draft_length": args.draft_length,
                                "draft_schedule": args.draft_schedule,
                                "fusion": args.fusion, "sharpen": args.sharpen,
-                               "drafter_confidence": _safe_drafter_confidence(args), "methods": {}}
+                               "drafter_confidence": _safe_drafter_confidence(args),
+                               "drafter_weight": args.drafter_weight or EngineOptions(method="safe").drafter_weight,
+                               "methods": {}}
     runs = [(entry, *parse_method(entry, args)) for entry in entries]  # a bad entry fails before any run
     answers: dict[str, list[str]] = {}
     for entry, method, method_args in runs:

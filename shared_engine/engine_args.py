@@ -28,11 +28,12 @@ def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = Tr
     add_member_args(parser, members_required)  # --models or --members FILE, --device, --dtype, ...
     parser.add_argument("--drafter", help="member that drafts (default: the first)")
     parser.add_argument("--weights", type=weights_arg,
-                        help="fusion weight of each model, in --models order, e.g. 2,1 (default: equal), or "
-                             "auto: per request, from how well each model fits the prompt (PackLLM-sim)")
+                        help="fusion weight of each model, in --models order, e.g. 2,1 (default: see "
+                             "--drafter-weight), or auto: per request, from how well each model fits the "
+                             "prompt (PackLLM-sim)")
     parser.add_argument("--drafter-weight", type=float,
                         help="with no --weights: the drafter's weight relative to each other model's 1 "
-                             "(default: the method's; 1 = equal)")
+                             "(default 2 for safe, else 1 = equal)")
     parser.add_argument("--weights-temperature", type=float, default=1.0,
                         help="--weights auto: softmax temperature over the prompt losses (default 1)")
     parser.add_argument("--profile", help="a profile from `safe-ensemble calibrate`: its weights, drafter and "

@@ -120,7 +120,8 @@ def test_an_adaptive_safe_run_drafts_the_lengths_the_rule_gives(monkeypatch: pyt
     length_rule_only(monkeypatch)
     rounds = recorded_rounds(monkeypatch)
     result = EnsembleEngine(disagreeing(), method="safe", draft_schedule="adaptive", drafter_confidence=None,
-                            max_new_tokens=60).generate(PROMPT)  # the paper's rule: changes that shrink drafts
+                            drafter_weight=1.0, max_new_tokens=60,
+                            ).generate(PROMPT)  # the paper's rule and weights: changes that shrink drafts
     stats = result.stats
     assert len(rounds) == stats.rounds and rounds[0][0] == 5
     assert sum(not whole for _, whole in rounds) == stats.changed_tokens > 0  # each change ends its round

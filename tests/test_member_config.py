@@ -301,11 +301,11 @@ def test_a_bfloat16_zoo_ensemble_answers_the_gsm8k_smoke_question_as_float32() -
     from tests.test_real_models import QWEN, SMOL, gsm8k_question
 
     question = gsm8k_question(0)
-    # the paper's rule, as measured for README "Members": with SAFE's default gate (0.5) bfloat16
-    # departs from float32 at a near-tie of Qwen's past token 30 of this answer
-    full = EnsembleEngine([QWEN, SMOL], method="safe", drafter_confidence=None, max_new_tokens=48).generate(question)
-    half_engine = EnsembleEngine([QWEN, SMOL], method="safe", drafter_confidence=None, dtype="bfloat16",
-                                 max_new_tokens=48)
+    # the paper's rule and weights, as measured for README "Members": with SAFE's default gate (0.5)
+    # or drafter weight (2) bfloat16 departs from float32 at a near-tie of Qwen's past token 30
+    paper = {"method": "safe", "drafter_confidence": None, "drafter_weight": 1.0, "max_new_tokens": 48}
+    full = EnsembleEngine([QWEN, SMOL], **paper).generate(question)
+    half_engine = EnsembleEngine([QWEN, SMOL], dtype="bfloat16", **paper)
     half = half_engine.generate(question)
     assert [m.model.dtype for m in half_engine.members] == [torch.bfloat16, torch.bfloat16]
     assert half.text == full.text and half.stats.tokens == full.stats.tokens == 48

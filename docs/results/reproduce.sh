@@ -41,10 +41,18 @@ mk q $Q; mk s $S; mk g $G; mk qs $Q $S; mk qg $Q $G; mk qsg $Q $S $G
 M=$OUT/p3/members
 F="--bench flores --pair en-de --limit 100 --max-new-tokens 128"
 for r in q s g; do ev $F --method single --members $M/$r.yaml --out $OUT/p3/flores-en-de-single-$r; done
-for r in qg qs qsg; do ev $F --method safe --members $M/$r.yaml --out $OUT/p3/flores-en-de-safe-dc0.5-$r; done
-ev $F --method safe --members $M/qs.yaml --drafter-confidence none --out $OUT/p3/flores-en-de-safe-paper-qs
-ev $F --method safe --members $M/qg.yaml --weights 2,1 --out $OUT/p3/flores-en-de-safe-dc0.5-w2-qg
-for r in q g s; do ev --bench squad --limit 100 --method single --members $M/$r.yaml --out $OUT/p3/squad-single-$r; done
-for r in qg qs; do ev --bench squad --limit 100 --method safe --members $M/$r.yaml --out $OUT/p3/squad-safe-dc0.5-$r; done
+# (equal weights were SAFE's default then: --drafter-weight 1 reproduces them)
+for r in qg qs qsg; do ev $F --method safe --members $M/$r.yaml --drafter-weight 1 --out $OUT/p3/flores-en-de-safe-dc0.5-$r; done
+ev $F --method safe --members $M/qs.yaml --drafter-confidence none --drafter-weight 1 --out $OUT/p3/flores-en-de-safe-paper-qs
+ev $F --method safe --members $M/qg.yaml --weights 2,1 --out $OUT/p3/flores-en-de-safe-dc0.5-w2-qg   # = the default now
 safe-ensemble eval compare $OUT/p3/flores-en-de-* --baseline $OUT/p3/flores-en-de-single-q
-safe-ensemble eval compare $OUT/p3/squad-* --baseline $OUT/p3/squad-single-q
+
+# Prompts v3 (Gemma's few-shot answers rendered like its generation prompt) and SAFE's drafter weight:
+# SQuAD, ARC-Challenge, GSM8K, Qwen + Gemma at drafter weights 1 (the papers'), 2 (the default) and 4
+S="--bench squad --limit 100 --max-new-tokens 32"; A="--bench arc-challenge --limit 100 --max-new-tokens 64"
+G="--bench gsm8k --limit 100 --max-new-tokens 256"
+for B in S A G; do eval "X=\$$B"; n=$(echo $X | cut -d' ' -f2)
+  for r in q g; do ev $X --method single --members $M/$r.yaml --out $OUT/p5/$n-single-$r; done
+  for dw in 1 2; do ev $X --method safe --members $M/qg.yaml --drafter-weight $dw --out $OUT/p5/$n-safe-dw$dw-qg; done
+  safe-ensemble eval compare $OUT/p5/$n-* --baseline $OUT/p5/$n-single-q; done
+ev $S --method safe --members $M/qg.yaml --drafter-weight 4 --out $OUT/p5/squad-safe-dw4-qg
