@@ -172,6 +172,11 @@ async def test_compare_prints_a_table_and_draws_three_plots(tmp_path: Path) -> N
     pngs = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
     assert pngs == ["toy-accuracy.png", "toy-tokens-per-s.png", "toy-vs-ensemble-rate.png"]
     assert all((tmp_path / "plots" / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
+    assert "prompt versions" not in text
+    summary_file = tmp_path / "single" / SUMMARY
+    summary_file.write_text(json.dumps({**json.loads(summary_file.read_text()), "prompt_version": "eval-prompts-v2"}))
+    mixed = compare_runs([tmp_path / "safe", tmp_path / "single"], tmp_path / "plots")
+    assert "note: the runs used different prompt versions: " in mixed and "eval-prompts-v2: single (a+b)" in mixed
     with pytest.raises(InvalidRequestError, match="summary.json"):
         compare_runs([tmp_path / "nowhere"], tmp_path / "plots")
 

@@ -252,4 +252,16 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
     text = table(summaries)
     if baseline is not None:
         text += "\n\n" + paired_table(baseline, summaries)
-    return text + "\n\nplots: " + ", ".join(str(p) for p in written)
+    return text + _mixed_prompts_note(summaries) + "\n\nplots: " + ", ".join(str(p) for p in written)
+
+
+def _mixed_prompts_note(summaries: list[dict[str, Any]]) -> str:
+    """A warning when the runs were asked with different prompt versions (prompts.PROMPT_VERSION):
+    their rows may not compare, and nothing else in the table would show it."""
+    versions: dict[str, list[str]] = {}
+    for s in summaries:
+        versions.setdefault(s.get("prompt_version") or "unknown", []).append(run_label(s))
+    if len(versions) < 2:
+        return ""
+    return "\n\nnote: the runs used different prompt versions: " + "; ".join(
+        f"{version}: {', '.join(labels)}" for version, labels in sorted(versions.items()))
