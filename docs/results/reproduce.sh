@@ -56,3 +56,7 @@ for B in S A G; do eval "X=\$$B"; n=$(echo $X | cut -d' ' -f2)
   for dw in 1 2; do ev $X --method safe --members $M/qg.yaml --drafter-weight $dw --out $OUT/p5/$n-safe-dw$dw-qg; done
   safe-ensemble eval compare $OUT/p5/$n-* --baseline $OUT/p5/$n-single-q; done
 ev $S --method safe --members $M/qg.yaml --drafter-weight 4 --out $OUT/p5/squad-safe-dw4-qg
+# The default zoo pair, Qwen + SmolLM2, at drafter weights 1 and 2
+ev $S --method single --members $M/s.yaml --out $OUT/p5/squad-single-s
+for B in S A; do eval "X=\$$B"; n=$(echo $X | cut -d' ' -f2)
+  for dw in 1 2; do ev $X --method safe --members $M/qs.yaml --drafter-weight $dw --out $OUT/p5/$n-safe-dw$dw-qs; done; done
