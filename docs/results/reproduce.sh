@@ -60,3 +60,7 @@ ev $S --method safe --members $M/qg.yaml --drafter-weight 4 --out $OUT/p5/squad-
 ev $S --method single --members $M/s.yaml --out $OUT/p5/squad-single-s
 for B in S A; do eval "X=\$$B"; n=$(echo $X | cut -d' ' -f2)
   for dw in 1 2; do ev $X --method safe --members $M/qs.yaml --drafter-weight $dw --out $OUT/p5/$n-safe-dw$dw-qs; done; done
+# NQ and TriviaQA at SAFE's defaults (drafter weight 2); TriviaQA also with Gemma drafting (its best member)
+for b in nq triviaqa; do for r in q g; do ev --bench $b --limit 100 --method single --members $M/$r.yaml --out $OUT/p5/$b-single-$r; done
+  ev --bench $b --limit 100 --method safe --members $M/qg.yaml --out $OUT/p5/$b-safe-dw2-qg; done
+ev --bench triviaqa --limit 100 --method safe --members $M/qg.yaml --drafter llamacpp:gemma-3-270m --out $OUT/p5/triviaqa-safe-dw2-gq
