@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from .data_paths import gsm8k_file
 from .decoding.report import mean_draft_length
-from .engine_args import add_engine_args, engine_from_args
+from .engine_args import add_engine_args, engine_from_args, method_default_flags
 from .members import LOCAL_BACKENDS
 from .options import EngineOptions
 
@@ -108,13 +108,13 @@ def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     if len(prompts) < args.prompts:
         print(f"bench: {gsm8k_file(args.data)} has only {len(prompts)} questions", file=sys.stderr)
     entries = [m.strip() for m in args.methods.split(",") if m.strip()]
+    safe = EngineOptions(method="safe", **method_default_flags(args))  # what SAFE runs with: flags, else its defaults
     results: dict[str, Any] = {"models": args.models, "backend": backend, "prompts": len(prompts),
                                "data": str(gsm8k_file(args.data)),
                                "max_new_tokens": args.max_new_tokens, "draft_length": args.draft_length,
                                "draft_schedule": args.draft_schedule,
                                "fusion": args.fusion, "sharpen": args.sharpen,
-                               "drafter_confidence": _safe_drafter_confidence(args),
-                               "drafter_weight": args.drafter_weight or EngineOptions(method="safe").drafter_weight,
+                               "drafter_confidence": safe.drafter_confidence, "drafter_weight": safe.drafter_weight,
                                "methods": {}}
     runs = [(entry, *parse_method(entry, args)) for entry in entries]  # a bad entry fails before any run
     answers: dict[str, list[str]] = {}
@@ -174,11 +174,3 @@ def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
                 by_method["adafuse"]["tokens_per_s"] / by_method["single"]["tokens_per_s"], 3)
     results["forward_passes_per_token"] = {m: r["forward_passes_per_token"] for m, r in by_method.items()}
     return results
-
-
-def _safe_drafter_confidence(args: argparse.Namespace) -> float | None:
-    """The drafter confidence SAFE runs with: the flag's, else SAFE's default (None: the paper's rule)."""
-    given = args.drafter_confidence
-    if given is None:
-        return EngineOptions(method="safe").drafter_confidence
-    return None if given == "none" else float(given)

@@ -8,6 +8,7 @@ imports another and nothing imports ``cli.py``. A new engine flag goes into ``ad
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from .engine import EnsembleEngine
 from .member_flags import add_member_args, member_configs
@@ -79,21 +80,24 @@ def default_method(models: list[str]) -> str:
     return "single" if len(models) == 1 else "safe"
 
 
+def method_default_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags whose default depends on the method (options.METHOD_DEFAULTS), only those given:
+    each method's own default applies unless a flag says otherwise (``none`` = None)."""
+    given = {k: v for k, v in (("fusion", args.fusion), ("sharpen", args.sharpen),
+                               ("drafter_confidence", args.drafter_confidence),
+                               ("drafter_weight", args.drafter_weight)) if v is not None}
+    return {k: None if v == "none" and k in ("sharpen", "drafter_confidence") else v for k, v in given.items()}
+
+
 def engine_from_args(args: argparse.Namespace, method: str, backend: str | None = None) -> EnsembleEngine:
     """An engine from ``add_engine_args``' flags; ``backend`` (default: ``args.backend``, else
     transformers) runs the model names that carry no backend prefix. Members load on first request."""
     chosen = backend or getattr(args, "backend", None) or "transformers"
     backend = chosen if isinstance(chosen, str) else chosen[0]
-    explicit = {k: v for k, v in (("fusion", args.fusion), ("sharpen", args.sharpen),
-                                  ("drafter_confidence", args.drafter_confidence),
-                                  ("drafter_weight", args.drafter_weight)) if v is not None}
-    for name in ("sharpen", "drafter_confidence"):  # each method's own default applies unless a flag is given
-        if explicit.get(name) == "none":
-            explicit[name] = None
     return EnsembleEngine(member_configs(args, backend), method=method, drafter=args.drafter, weights=args.weights,
                           weights_temperature=args.weights_temperature, profile=args.profile,
                           draft_length=args.draft_length, draft_schedule=args.draft_schedule,
-                          max_draft_length=args.max_draft_length, **explicit,
+                          max_draft_length=args.max_draft_length, **method_default_flags(args),
                           max_new_tokens=args.max_new_tokens,
                           uncertainty=args.uncertainty, threshold=args.threshold, max_words=args.max_words,
                           num_candidates=args.num_candidates, candidate_temperature=args.candidate_temperature,

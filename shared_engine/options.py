@@ -31,7 +31,7 @@ token where the drafter gives it >= 0.5 (the released code's GaC-variant gate): 
 did not, and the gate skips the verifiers' forward on most rounds; ``drafter_confidence=None`` is
 the paper's rule alone. And SAFE weighs the drafter twice each verifier (``drafter_weight=2``): with
 equal weights a weak verifier's confident first word outvoted an unsure drafter (SQuAD, Qwen + Gemma:
-0 questions won, 7 lost, p = 0.016), at 2:1 it did not (0 won, 2 lost), and on FLORES en-de 2:1 moved
+0 questions won, 7 lost, one-sided p = 0.008), at 2:1 it did not (0 won, 2 lost), and on FLORES en-de 2:1 moved
 the ensemble from 2.1 chrF below Qwen alone to level with it (README Results). ``drafter_weight=1``
 gives the papers' equal weights."""
 

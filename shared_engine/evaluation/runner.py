@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from tqdm import tqdm
 
+from .. import errors
 from ..decoding.report import mean_draft_length
 from ..engine import EnsembleEngine
 from ..errors import EnsembleError, InvalidRequestError
@@ -175,9 +176,7 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
     records: list[Record] = dataset.records[:limit] if limit is not None else dataset.records
     wanted = {r.id for r in records}
     samples_file = out / SAMPLES
-    stored = _without_transient_failures(_rescored(read_samples(samples_file), records, bench, samples_file),
-                                         samples_file)
-    done = {s.id: s for s in stored if s.id in wanted}
+    done = {s.id: s for s in _stored(read_samples(samples_file), records, bench, samples_file) if s.id in wanted}
     todo = [r for r in records if r.id not in done]
     correct = sum(s.value for s in done.values())  # running accuracy (mean sentence chrF for translation)
     tokens = sum((s.stats or {}).get("tokens", 0) for s in done.values())
@@ -205,12 +204,16 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
     return summary
 
 
-def _rescored(samples: list[Sample], records: list[Record], bench: Benchmark, file: Path) -> list[Sample]:
-    """Stored answers scored again with the current scorer (a scoring fix needs no new generation);
-    the file is rewritten only if a verdict changed."""
+def _stored(samples: list[Sample], records: list[Record], bench: Benchmark, file: Path) -> list[Sample]:
+    """The stored answers to keep, scored again with the current scorer (a scoring fix needs no new
+    generation), without those that failed for a passing reason (asked again, so a question's new
+    answer is its only line). The file is rewritten, once, only if something changed."""
     by_id = {r.id: r for r in records}
+    kept = [s for s in samples if not _is_transient(s)]
+    if len(kept) != len(samples):
+        log.warning("asking %d question(s) again that failed for a passing reason", len(samples) - len(kept))
     updated = []
-    for sample in samples:
+    for sample in kept:
         record = by_id.get(sample.id)
         if record is not None and sample.error is None:
             score = bench.score(sample.output, record)
@@ -222,24 +225,14 @@ def _rescored(samples: list[Sample], records: list[Record], bench: Benchmark, fi
     return updated
 
 
-FINAL_ERRORS = ("InvalidRequestError", "ContextLengthError")
-"""Failures the question itself causes (e.g. a prompt longer than a member's context): asking again
-gives the same error, so a resumed run keeps them. Any other failure (a member's server timing out,
-an engine closed under the run) is asked again on resume."""
-
-
 def _is_transient(sample: Sample) -> bool:
-    return sample.error is not None and sample.error.split(":", 1)[0] not in FINAL_ERRORS
-
-
-def _without_transient_failures(samples: list[Sample], file: Path) -> list[Sample]:
-    """The stored samples minus those that failed for a passing reason; the file is rewritten
-    without them, so the question is asked again and its new answer is its only line."""
-    kept = [s for s in samples if not _is_transient(s)]
-    if len(kept) != len(samples):
-        file.write_text("".join(s.model_dump_json() + "\n" for s in kept), encoding="utf-8")
-        log.warning("asking %d question(s) again that failed for a passing reason", len(samples) - len(kept))
-    return kept
+    """A failure the question itself does not cause: anything but an ``InvalidRequestError`` (e.g. a
+    prompt longer than a member's context, which would fail the same way again), such as a member's
+    server timing out or an engine closed under the run. Samples store the error as ``Class: text``."""
+    if sample.error is None:
+        return False
+    kind = getattr(errors, sample.error.split(":", 1)[0], None)
+    return not (isinstance(kind, type) and issubclass(kind, InvalidRequestError))
 
 
 async def _answer(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, record: Record) -> Sample:
