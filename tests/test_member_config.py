@@ -204,6 +204,7 @@ def test_member_names_on_the_command_line_the_server_page_and_eval_summaries(
     import httpx
 
     from shared_engine.cli import build_parser, main
+    from shared_engine.data_paths import GSM8K_SAMPLE
     from shared_engine.engine_args import engine_from_args
     from shared_engine.evaluation.compare import load_summaries
     from shared_engine.server import create_app
@@ -219,7 +220,12 @@ def test_member_names_on_the_command_line_the_server_page_and_eval_summaries(
         assert httpx.get(f"{url}/health").json()["members"] == ["beta", "alpha"]
         assert httpx.get(f"{url}/v1/models").json()["data"][0]["members"] == ["beta", "alpha"]
     out = tmp_path / "run"
-    assert main(["eval", "--bench", "gsm8k", "--members", str(members), "--method", "single", "--drafter", "beta",
+    data = tmp_path / "gsm8k"  # the packaged sample, as test and (for the exemplars) train split: any clone has it
+    data.mkdir()
+    for split in ("test.jsonl", "train.jsonl"):
+        (data / split).write_bytes(GSM8K_SAMPLE.read_bytes())
+    assert main(["eval", "--bench", "gsm8k", "--data", str(data / "test.jsonl"),
+                 "--members", str(members), "--method", "single", "--drafter", "beta",
                  "--limit", "1", "--max-new-tokens", "4", "--out", str(out), "--no-progress"]) == 0
     (summary,) = load_summaries([out])
     assert summary["models"] == [b] and summary["label"] == "single (beta)"  # the model runs, the name shows
