@@ -35,7 +35,7 @@ import torch
 from pydantic import BaseModel
 from typing_extensions import TypeIs
 
-from .auto_weights import auto_weights
+from .auto_weights import FitCache, auto_weights, choose_drafter
 from .decoding import AdaFuseSettings, FusionSettings, RequestState, adafuse_round, decode_round, request_members
 from .decoding.adafuse import DEFAULT_THRESHOLD
 from .errors import ContextLengthError, EngineClosedError, InvalidRequestError, MemberError
@@ -102,6 +102,7 @@ class EnsembleEngine:
         if isinstance(self.options.weights, list) and len(self.options.weights) != len(self._specs):
             raise InvalidRequestError(f"{len(self.options.weights)} weights for {len(self._specs)} members")
         self._order = self._drafter_first(self.options.drafter)
+        self._answer_fits = FitCache()  # drafter='auto': example-answer fits, per member and prompt prefix
         self.fuser = make_fuser(self.options.fusion, self.options.top_k)
         self._live: dict[int, RequestState] = {}  # requests that hold sessions, by id()
         self._closed = False
@@ -110,7 +111,10 @@ class EnsembleEngine:
 
     def _drafter_first(self, drafter: str | int | None) -> list[int]:
         names = [s.model if isinstance(s, MemberConfig) else s.name for s in self._specs]
-        if drafter is None:
+        if drafter == "auto" and self.options.method == "single":
+            raise InvalidRequestError("drafter='auto' chooses among members; method 'single' runs one member "
+                                      "(name it with drafter=)")
+        if drafter is None or drafter == "auto":
             index = 0
         elif isinstance(drafter, int):
             if not 0 <= drafter < len(names):
@@ -289,6 +293,7 @@ class EnsembleEngine:
         sampler = Sampler(gen.temperature, gen.top_p, gen.seed)
         self._live[id(state)] = state
         try:
+            await self._request_drafter(state, messages)
             await self._request_weights(state, messages)
             next_round = self._round_function()
             while not state.finish_reason:
@@ -318,6 +323,22 @@ class EnsembleEngine:
                 release = getattr(record.session, "close", None)
                 if release is not None:
                     release()
+
+    async def _request_drafter(self, state: RequestState, messages: Sequence[Message]) -> None:
+        """``drafter="auto"``: the member that best predicts the prompt's example answers drafts (auto_weights.py)."""
+        if self.options.drafter != "auto" or len(state.members) < 2:
+            return
+        records = state.members
+        choice = await choose_drafter([m.member for m in records], [m.session for m in records],
+                                      [m.prompt_ids for m in records], messages, self._answer_fits)
+        state.stats.answer_nll_per_byte = {m.label: round(v, 5) for m, v in zip(records, choice.nll_per_byte)}
+        if not choice.index:
+            return
+        state.make_drafter(choice.index)
+        if not isinstance(self.options.weights, list):  # the default weights follow the drafter
+            raw = torch.ones(len(records))
+            raw[0] = self.options.drafter_weight
+            state.set_weights(raw / raw.sum())
 
     async def _request_weights(self, state: RequestState, messages: Sequence[Message]) -> None:
         """``weights="auto"``: this request's member weights from the prompt (auto_weights.py)."""

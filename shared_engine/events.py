@@ -158,6 +158,10 @@ class Stats(BaseModel):
     constrained: bool = Field(False, description="response_format: the answer was decoded under the JSON "
                                                    "(schema) constraint (json_constraint.py); False: "
                                                    "validated and retried only.")
+    drafter: str = Field("", description="The member that drafted (drafter='auto': chosen for this request).")
+    answer_nll_per_byte: dict[str, float] = Field(
+        default_factory=dict, description="drafter='auto': each member's NLL of the prompt's example answers, "
+                                          "nats per byte (the lowest drafts).")
     prompt_nll_per_byte: dict[str, float] = Field(
         default_factory=dict, description="weights='auto': each member's NLL of the prompt's content, "
                                           "nats per byte (lower = fits better).")

@@ -65,7 +65,10 @@ class EngineOptions(GenerationParams):
     """How the ensemble decodes. Generation parameters given here are the request defaults."""
 
     method: Method = Field("safe", description="safe | every-token | gac-threshold | single | adafuse")
-    drafter: str | int | None = Field(None, description="Member name or index that drafts (default: the first).")
+    drafter: str | int | None = Field(
+        None, description="Member name or index that drafts (default: the first), or 'auto': per request, the "
+                          "member that best predicts the prompt's example answers (its earlier assistant turns; "
+                          "with none, the first member). See auto_weights.py.")
     draft_length: int = Field(5, ge=1, le=64, description="Tokens drafted per round (SAFE's gamma); with "
                                                            "draft_schedule='adaptive', the first round's.")
     draft_schedule: Literal["fixed", "adaptive"] = Field(

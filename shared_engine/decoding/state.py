@@ -92,6 +92,7 @@ class RequestState:
     def __post_init__(self) -> None:
         self.stats.prompt_tokens = len(self.members[0].prompt_ids)
         self.stats.member_weights = self.weight_stats()
+        self.stats.drafter = self.members[0].label
         self.stats.constrained = self.constraint is not None
 
     @property
@@ -146,6 +147,15 @@ class RequestState:
             end += len(table.pieces[token])
             ends.append(end)
         return TokenizedText(table, ids, ends, table.to_bytes(ids))
+
+    def make_drafter(self, index: int) -> None:
+        """Before the first round: member ``index`` drafts (``drafter="auto"``); each member keeps its weight."""
+        if self.answer or self.stats.rounds:
+            raise RuntimeError("the drafter is chosen before the answer starts")
+        self.members.insert(0, self.members.pop(index))
+        self.stats.prompt_tokens = len(self.members[0].prompt_ids)
+        self.stats.member_weights = self.weight_stats()
+        self.stats.drafter = self.members[0].label
 
     def drop_member(self, index: int, reason: str) -> None:
         """Go on without member ``index`` (its server failed): its record goes, the others'

@@ -24,11 +24,22 @@ def run_label(summary: dict[str, Any]) -> str:
     models = "+".join(named.get(m, {}).get("name") or _short_name(m) for m in summary["models"])
     options = summary.get("engine_options", {})
     confidence, weights = options.get("drafter_confidence"), options.get("weights")
-    drafter_weight = options.get("drafter_weight")
-    return (f"{summary['method']} ({models})" + (f" dc={confidence}" if confidence else "")
+    drafter_weight, drafter = options.get("drafter_weight"), options.get("drafter")
+    shown_drafter = ("auto" if drafter == "auto" else _drafter_label(summary, drafter)) if drafter is not None else None
+    return (f"{summary['method']} ({models})"
+            + (f" drafter={shown_drafter}" if shown_drafter and summary["method"] != "single" else "")
+            + (f" dc={confidence}" if confidence else "")
             + (f" w={_weights_label(weights)}" if weights and summary["method"] != "single" else "")
             + (f" dw={drafter_weight:g}" if not weights and drafter_weight not in (None, 1.0)
                and summary["method"] != "single" else ""))
+
+
+def _drafter_label(summary: dict[str, Any], drafter: str | int) -> str:
+    """A configured drafter as the label shows members (an index or spec becomes its short name)."""
+    models = summary["models"]
+    if isinstance(drafter, int) or drafter.isdigit():
+        return _short_name(models[int(drafter)]) if int(drafter) < len(models) else str(drafter)
+    return _short_name(drafter)
 
 
 def _short_name(model: str) -> str:

@@ -15,7 +15,7 @@ import json
 import logging
 import math
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -134,6 +134,9 @@ def summarize(samples: list[Sample], config: RunConfig, bench: Benchmark, skippe
             lengths[int(length)] += rounds  # JSON keys are strings
     if lengths:
         summary["mean_draft_length"] = mean_draft_length(lengths)
+    drafters = Counter(s["drafter"] for s in stats if s.get("drafter"))
+    if len(drafters) > 1 or (drafters and config.engine_options.get("drafter") == "auto"):
+        summary["drafters"] = dict(drafters.most_common())  # questions each member drafted
     if bench.metric == "exact_match":
         summary["f1"] = round(sum(s.f1 or 0.0 for s in samples) / n, 4) if n else None
     if bench.metric == "chrf":  # no right/wrong in translation: corpus chrF (and BLEU) instead

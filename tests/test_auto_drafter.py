@@ -1,0 +1,171 @@
+"""drafter="auto" on toy models: the member that predicts the prompt's example answers drafts,
+whichever position and tokenizer it has; the fit is exact, cached per prompt prefix, and reported."""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+
+import pytest
+import torch
+
+from shared_engine import EnsembleEngine
+from shared_engine.auto_weights import (
+    FitCache,
+    answer_tokens,
+    answers_fit,
+    choose_drafter,
+    example_answers,
+    prefill_nlls,
+)
+from shared_engine.errors import InvalidRequestError
+from shared_engine.members import HFMember
+from shared_engine.members.chat import normalize_messages
+from tests.toy import TOKENIZERS, tiny_gpt2, tiny_llama, toy_member
+
+FEW_SHOT = [
+    {"role": "user", "content": "What did Sofia count?"},
+    {"role": "assistant", "content": "Sofia counted 42 apples."},
+    {"role": "user", "content": "And Maria?"},
+    {"role": "assistant", "content": "Maria counted 17 books."},
+    {"role": "user", "content": "And Pedro?"},
+]
+
+
+@cache
+def answers_member(name: str, tokenizer: str, steps: int = 30) -> HFMember:
+    """A tiny model trained a few steps on the few-shot prompt as its own template renders it: it
+    predicts the example answers far better than a random model of the same size."""
+    tok = TOKENIZERS[tokenizer]()
+    base = tiny_llama(tok, 11) if tokenizer == "byte_level" else tiny_gpt2(tok, 11)
+    model = copy.deepcopy(base).train()
+    member = HFMember(name, model, tok)
+    ids = torch.tensor([member.prompt_ids(normalize_messages(FEW_SHOT))])
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+    torch.manual_seed(0)
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    return HFMember(name, model, tok)
+
+
+def _random(tokenizer: str) -> HFMember:
+    return toy_member("random", tokenizer, "llama" if tokenizer == "byte_level" else "gpt2", seed=2)
+
+
+@pytest.mark.parametrize("fits", ["byte_level", "metaspace"])
+def test_the_member_that_predicts_the_example_answers_drafts(fits: str) -> None:
+    good, plain = answers_member("fits", fits), _random("metaspace" if fits == "byte_level" else "byte_level")
+    chosen = EnsembleEngine([good, plain], drafter="fits").generate(FEW_SHOT, max_new_tokens=6)
+    for members in ([good, plain], [plain, good]):  # listed first, then listed second
+        result = EnsembleEngine(members, drafter="auto").generate(FEW_SHOT, max_new_tokens=6)
+        stats = result.stats
+        assert stats.drafter == "fits"
+        assert stats.answer_nll_per_byte["fits"] < stats.answer_nll_per_byte["random"]
+        assert stats.member_weights == pytest.approx({"fits": 2 / 3, "random": 1 / 3}, abs=1e-4)  # dw follows
+        assert result.text == chosen.text  # exactly the run with that drafter named
+        assert stats.prompt_tokens == len(good.prompt_ids(normalize_messages(FEW_SHOT)))
+
+
+def test_given_weights_stay_with_their_members() -> None:
+    good, plain = answers_member("fits", "metaspace"), _random("byte_level")
+    stats = EnsembleEngine([plain, good], drafter="auto", weights=[1, 3]).generate(FEW_SHOT, max_new_tokens=2).stats
+    assert stats.drafter == "fits"
+    assert stats.member_weights == pytest.approx({"fits": 0.75, "random": 0.25}, abs=1e-5)
+
+
+@pytest.mark.parametrize("tokenizer", ["byte_level", "metaspace"])
+def test_answers_fit_is_the_full_prefill_nll_of_the_answer_tokens(tokenizer: str) -> None:
+    member = _random(tokenizer)
+    ids = member.prompt_ids(normalize_messages(FEW_SHOT))
+    scored = answer_tokens(member, ids, example_answers(normalize_messages(FEW_SHOT)))
+    spelled = member.table.to_bytes([ids[i] for i in scored]).decode()
+    assert "42 apples" in spelled and "17 books" in spelled and "Pedro" not in spelled and "Maria?" not in spelled
+    assert scored != list(range(scored[0], scored[-1] + 1))  # two runs of tokens, scored apart
+    reference = prefill_nlls(member.new_session(), ids)  # entry i - 1 is token i's
+    fit = answers_fit(member, member.new_session(), ids, scored)
+    assert fit.nll == pytest.approx(float(sum(reference[i - 1] for i in scored)), rel=1e-4)
+    assert fit.num_bytes == len(spelled.encode()) and fit.num_tokens == len(scored)
+    cache_ = FitCache()
+    answers_fit(member, member.new_session(), ids, scored, cache_)
+    assert answers_fit(member, member.new_session(), ids, scored, cache_) == fit  # read back, not recomputed
+
+
+def test_a_fixed_few_shot_block_is_scored_once() -> None:
+    good, plain = answers_member("fits", "byte_level"), _random("metaspace")
+    named = EnsembleEngine([good, plain], drafter="fits").generate(FEW_SHOT, max_new_tokens=4).stats
+    engine = EnsembleEngine([plain, good], drafter="auto")
+    first = engine.generate(FEW_SHOT, max_new_tokens=4).stats
+    other_question = FEW_SHOT[:-1] + [{"role": "user", "content": "And Lucia?"}]
+    second = engine.generate(other_question, max_new_tokens=4).stats
+    again = engine.generate(FEW_SHOT, max_new_tokens=4).stats
+    assert first.forward_passes["fits"] > named.forward_passes["fits"]  # the scoring forwards
+    assert again.forward_passes == named.forward_passes  # found in the cache: nothing scored again
+    assert second.drafter == "fits" and second.answer_nll_per_byte == first.answer_nll_per_byte
+
+
+def test_without_example_answers_the_first_member_drafts() -> None:
+    good, plain = answers_member("fits", "byte_level"), _random("metaspace")
+    stats = EnsembleEngine([plain, good], drafter="auto").generate("And Pedro?", max_new_tokens=2).stats
+    assert stats.drafter == "random" and stats.answer_nll_per_byte == {}
+    assert stats.member_weights == pytest.approx({"random": 2 / 3, "fits": 1 / 3}, abs=1e-4)
+
+
+def test_auto_drafter_needs_a_choice() -> None:
+    with pytest.raises(InvalidRequestError, match="single"):
+        EnsembleEngine([toy_member("a"), toy_member("b")], method="single", drafter="auto")
+
+
+def test_fit_cache_is_bounded_and_keyed_by_member_and_prefix() -> None:
+    from shared_engine.weighting import TextFit
+
+    a, b = toy_member("a"), toy_member("b", seed=3)
+    cache_ = FitCache(size=2)
+    cache_.put(a, 1, [1, 2], TextFit(1.0, 1, 1))
+    cache_.put(b, 1, [1, 2], TextFit(2.0, 1, 1))
+    assert cache_.get(a, 1, [1, 2]) == TextFit(1.0, 1, 1) and cache_.get(a, 1, [1, 3]) is None
+    assert cache_.get(a, 0, [1, 2]) is None
+    cache_.put(a, 0, [4], TextFit(3.0, 1, 1))  # evicts the least recently read: b's
+    assert cache_.get(b, 1, [1, 2]) is None and cache_.get(a, 1, [1, 2]) is not None
+
+
+def test_a_growing_conversation_scores_only_its_newest_answer() -> None:
+    good, plain = answers_member("fits", "byte_level"), _random("metaspace")
+    grown = FEW_SHOT + [{"role": "assistant", "content": "Pedro counted 9 pens."},
+                        {"role": "user", "content": "And Lucia?"}]
+    named = EnsembleEngine([good, plain], drafter="fits").generate(grown, max_new_tokens=3).stats
+    engine = EnsembleEngine([good, plain], drafter="auto")
+    engine.generate(FEW_SHOT, max_new_tokens=3)
+    stats = engine.generate(grown, max_new_tokens=3).stats
+    assert stats.drafter == "fits"
+    assert stats.forward_passes["fits"] == named.forward_passes["fits"] + 1  # one run scored: the new answer
+    fresh = EnsembleEngine([good, plain], drafter="auto").generate(grown, max_new_tokens=3).stats
+    assert fresh.answer_nll_per_byte == pytest.approx(stats.answer_nll_per_byte, rel=1e-4)  # cache changes nothing
+    assert fresh.forward_passes["fits"] == named.forward_passes["fits"] + 3
+
+
+def test_choose_drafter_keeps_the_configured_one_when_a_prompt_hides_the_answers() -> None:
+    import asyncio
+
+    a, b = toy_member("a"), toy_member("b", "metaspace", "gpt2", 2)
+    messages = normalize_messages(FEW_SHOT)
+    ids = [a.prompt_ids(messages), b.prompt_ids(messages)[:3]]  # b's prompt shows none of the answers
+    choice = asyncio.run(choose_drafter([a, b], [a.new_session(), b.new_session()], ids, messages, FitCache()))
+    assert choice.index is None and "none of the example answers" in choice.reason
+
+
+def test_cli_drafter_auto_reaches_the_engine_and_labels_the_run() -> None:
+    from shared_engine.cli import build_parser
+    from shared_engine.engine_args import engine_from_args
+    from shared_engine.evaluation.compare import run_label
+
+    args = build_parser().parse_args(["run", "--models", "a,b", "--drafter", "auto", "hi"])
+    engine = engine_from_args(args, "safe")
+    assert engine.options.drafter == "auto"
+    summary = {"method": "safe", "models": ["a", "b"], "engine_options": engine.options.model_dump()}
+    assert run_label(summary) == "safe (a+b) drafter=auto dc=0.5 dw=2"
+    summary["engine_options"]["drafter"] = "1"
+    assert run_label(summary) == "safe (a+b) drafter=b dc=0.5 dw=2"
