@@ -309,6 +309,8 @@ class EnsembleEngine:
                     if index is None:
                         raise
                     state.drop_member(index, str(err))
+                    if index == 0 and self.options.weights is None:  # the heir drafts: the drafter's weight goes to it
+                        state.set_weights(self._drafter_weighted(len(state.members)))
             for event in state.flush():
                 yield event
             yield FinishEvent(reason=state.finish_reason, text=state.text, stats=state.finalize_stats(),
@@ -336,9 +338,13 @@ class EnsembleEngine:
             return
         state.make_drafter(choice.index)
         if not isinstance(self.options.weights, list):  # the default weights follow the drafter
-            raw = torch.ones(len(records))
-            raw[0] = self.options.drafter_weight
-            state.set_weights(raw / raw.sum())
+            state.set_weights(self._drafter_weighted(len(records)))
+
+    def _drafter_weighted(self, members: int) -> torch.Tensor:
+        """The default weights in decoding order: ``drafter_weight`` for the drafter, 1 for each other member."""
+        raw = torch.ones(members)
+        raw[0] = self.options.drafter_weight
+        return raw / raw.sum()
 
     async def _request_weights(self, state: RequestState, messages: Sequence[Message]) -> None:
         """``weights="auto"``: this request's member weights from the prompt (auto_weights.py)."""

@@ -169,3 +169,16 @@ def test_cli_drafter_auto_reaches_the_engine_and_labels_the_run() -> None:
     assert run_label(summary) == "safe (a+b) drafter=auto dc=0.5 dw=2"
     summary["engine_options"]["drafter"] = "1"
     assert run_label(summary) == "safe (a+b) drafter=b dc=0.5 dw=2"
+
+
+def test_safe_chooses_its_drafter_by_default_and_the_baselines_draft_with_the_first_member() -> None:
+    from shared_engine.options import EngineOptions
+
+    assert EngineOptions(method="safe").drafter == "auto"
+    assert EngineOptions(method="safe", drafter=None).drafter == "auto"  # None: the method's default
+    assert EngineOptions(method="safe", drafter=0).drafter == 0
+    assert EngineOptions(method="every-token").drafter is None and EngineOptions(method="adafuse").drafter is None
+    good, plain = answers_member("fits", "byte_level"), _random("metaspace")
+    assert EnsembleEngine([plain, good]).generate(FEW_SHOT, max_new_tokens=2).stats.drafter == "fits"
+    assert EnsembleEngine([plain, good], method="every-token").generate(FEW_SHOT, max_new_tokens=2).stats.drafter \
+        == "random"

@@ -116,7 +116,7 @@ def test_cli_weights_auto_reaches_the_engine_and_labels_the_run() -> None:
     engine = engine_from_args(args, "safe")  # members load on first request
     assert (engine.options.weights, engine.options.weights_temperature) == ("auto", 2.0)
     summary = {"method": "safe", "models": ["a", "b"], "engine_options": engine.options.model_dump()}
-    assert run_label(summary) == "safe (a+b) dc=0.5 w=auto"  # SAFE's default gate is part of the run
+    assert run_label(summary) == "safe (a+b) drafter=auto dc=0.5 w=auto"  # SAFE's defaults are part of the run
 
 
 class _BrokenSession:

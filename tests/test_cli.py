@@ -67,7 +67,7 @@ def test_weights_reach_the_engine_and_label_the_run(command: str) -> None:
     engine = engine_from_args(args, "safe")  # members load on first request
     assert engine.options.weights == [2.0, 1.0]
     summary = {"method": "safe", "models": [QWEN, SMOL], "engine_options": engine.options.model_dump()}
-    assert run_label(summary) == "safe (qwen+smol) dc=0.5 w=2,1"  # SAFE's default gate is part of the run
+    assert run_label(summary) == "safe (qwen+smol) drafter=auto dc=0.5 w=2,1"  # SAFE's defaults are part of the run
     with pytest.raises(SystemExit):
         build_parser().parse_args([command, "--models", QWEN, "--weights", "two,1", *extra])
     for flag, confidence in (("none", None), ("0.7", 0.7)):  # none: the paper's consensus rule alone

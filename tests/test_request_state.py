@@ -68,3 +68,13 @@ def test_finish_stats_report_the_weights_after_a_member_was_dropped() -> None:
     result = engine.generate("Hi", max_new_tokens=3)
     assert result.stats.member_weights == {"a": 0.85714, "c": 0.14286}
     assert set(result.stats.forward_passes) == {"a", "c"}
+
+
+def test_a_failed_drafter_hands_its_weight_to_the_member_that_drafts_next() -> None:
+    """With the default weights the member that drafts weighs drafter_weight: also the heir of a
+    drafter that failed mid-answer (a weights list keeps its proportions instead, as above)."""
+    members = [_BrokenMember(toy_member("a", "metaspace", "gpt2", 2)), toy_member("b", "byte_level", "llama", 1),
+               toy_member("c", "metaspace", "llama", 3)]
+    result = EnsembleEngine(members, on_member_failure="degrade").generate("Hi", max_new_tokens=3)
+    assert set(result.stats.forward_passes) == {"b", "c"} and result.stats.tokens == 3
+    assert result.stats.member_weights == pytest.approx({"b": 2 / 3, "c": 1 / 3}, abs=1e-4)

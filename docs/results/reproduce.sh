@@ -60,7 +60,23 @@ ev $S --method safe --members $M/qg.yaml --drafter-weight 4 --out $OUT/p5/squad-
 ev $S --method single --members $M/s.yaml --out $OUT/p5/squad-single-s
 for B in S A; do eval "X=\$$B"; n=$(echo $X | cut -d' ' -f2)
   for dw in 1 2; do ev $X --method safe --members $M/qs.yaml --drafter-weight $dw --out $OUT/p5/$n-safe-dw$dw-qs; done; done
-# NQ and TriviaQA at SAFE's defaults (drafter weight 2); TriviaQA also with Gemma drafting (its best member)
+# NQ and TriviaQA at drafter weight 2 with Qwen drafting (SAFE's default then); TriviaQA also with Gemma drafting
 for b in nq triviaqa; do for r in q g; do ev --bench $b --limit 100 --method single --members $M/$r.yaml --out $OUT/p5/$b-single-$r; done
-  ev --bench $b --limit 100 --method safe --members $M/qg.yaml --out $OUT/p5/$b-safe-dw2-qg; done
+  ev --bench $b --limit 100 --method safe --members $M/qg.yaml --drafter llamacpp:$Q --out $OUT/p5/$b-safe-dw2-qg; done
 ev --bench triviaqa --limit 100 --method safe --members $M/qg.yaml --drafter llamacpp:gemma-3-270m --out $OUT/p5/triviaqa-safe-dw2-gq
+
+# SAFE's default now chooses the drafter per request (drafter auto: the member that best predicts the
+# prompt's example answers). It chose Qwen on every GSM8K, ARC, SQuAD and BBH question and keeps the first
+# member on zero-shot FLORES, so the p5 dw2 runs above are the default there; it chose Gemma on TriviaQA/NQ.
+for b in triviaqa nq; do ev --bench $b --limit 100 --method safe --members $M/qg.yaml --out $OUT/p6/$b-safe-auto-qg; done
+for pair in de-en en-ro; do F="--bench flores --pair $pair --limit 100 --max-new-tokens 128"
+  for r in q g; do ev $F --method single --members $M/$r.yaml --out $OUT/p6/flores-$pair-single-$r; done
+  ev $F --method safe --members $M/qg.yaml --out $OUT/p6/flores-$pair-safe-auto-qg
+  safe-ensemble eval compare $OUT/p6/flores-$pair-* --baseline $OUT/p6/flores-$pair-single-q; done
+for b in squad triviaqa; do ev --bench $b --limit 100 --method safe --members $M/qsg.yaml --out $OUT/p6/$b-safe-auto-qsg; done
+B="--bench bbh --limit 100 --max-new-tokens 256"
+for r in q g; do ev $B --method single --members $M/$r.yaml --out $OUT/p6/bbh-single-$r; done
+ev $B --method safe --members $M/qg.yaml --out $OUT/p6/bbh-safe-auto-qg
+safe-ensemble eval compare $OUT/p6/bbh-* --baseline $OUT/p6/bbh-single-q
+# which member fits each benchmark's prompts (whole content vs example answers), transformers members
+python scripts/drafter_fit_probe.py --prompts 8
