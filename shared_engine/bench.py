@@ -114,7 +114,8 @@ def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
                                "max_new_tokens": args.max_new_tokens, "draft_length": args.draft_length,
                                "draft_schedule": args.draft_schedule,
                                "fusion": args.fusion, "sharpen": args.sharpen,
-                               "drafter_confidence": safe.drafter_confidence, "drafter_weight": safe.drafter_weight,
+                               "drafter_confidence": safe.drafter_confidence,
+                               "drafter_weight": safe.drafter_weight_for(len(args.models)),
                                "methods": {}}
     runs = [(entry, *parse_method(entry, args)) for entry in entries]  # a bad entry fails before any run
     answers: dict[str, list[str]] = {}

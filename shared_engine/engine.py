@@ -178,7 +178,7 @@ class EnsembleEngine:
             raw = self.options.weights
         else:  # no weights given ('auto' replaces these once the prompt is read)
             raw = [1.0] * len(self._specs)
-            raw[self._order[0]] = self.options.drafter_weight
+            raw[self._order[0]] = self.options.drafter_weight_for(len(self._specs))
         ordered = torch.tensor([raw[i] for i in self._order], dtype=torch.float32)
         if (ordered < 0).any() or ordered.sum() <= 0:
             raise InvalidRequestError("weights must be non-negative and not all zero")
@@ -343,7 +343,7 @@ class EnsembleEngine:
     def _drafter_weighted(self, members: int) -> torch.Tensor:
         """The default weights in decoding order: ``drafter_weight`` for the drafter, 1 for each other member."""
         raw = torch.ones(members)
-        raw[0] = self.options.drafter_weight
+        raw[0] = self.options.drafter_weight_for(members)
         return raw / raw.sum()
 
     async def _request_weights(self, state: RequestState, messages: Sequence[Message]) -> None:

@@ -36,7 +36,8 @@ def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = Tr
                              "prompt (PackLLM-sim)")
     parser.add_argument("--drafter-weight", type=float,
                         help="with no --weights: the drafter's weight relative to each other model's 1 "
-                             "(default 2 for safe, else 1 = equal)")
+                             "(default for safe: twice the others together, i.e. 2 with two models, 4 with "
+                             "three; else 1 = equal)")
     parser.add_argument("--weights-temperature", type=float, default=1.0,
                         help="--weights auto: softmax temperature over the prompt losses (default 1)")
     parser.add_argument("--profile", help="a profile from `safe-ensemble calibrate`: its weights, drafter and "

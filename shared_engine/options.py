@@ -17,7 +17,7 @@ Method = Literal["safe", "every-token", "gac-threshold", "single", "adafuse"]
 METHODS: tuple[str, ...] = get_args(Method)
 
 METHOD_DEFAULTS: dict[str, dict[str, object]] = {
-    "safe": {"fusion": "unite", "sharpen": "heur", "drafter_confidence": 0.5, "drafter_weight": 2.0,
+    "safe": {"fusion": "unite", "sharpen": "heur", "drafter_confidence": 0.5, "drafter_weight": None,
              "drafter": "auto"},
     "every-token": {"fusion": "unite", "sharpen": None},
     "gac-threshold": {"fusion": "gac", "sharpen": None},
@@ -34,7 +34,10 @@ the paper's rule alone. And SAFE weighs the drafter twice each verifier (``draft
 equal weights a weak verifier's confident first word outvoted an unsure drafter (SQuAD, Qwen + Gemma:
 0 questions won, 7 lost, one-sided p = 0.008), at 2:1 it did not (0 won, 2 lost), and on FLORES en-de 2:1 moved
 the ensemble from 2.1 chrF below Qwen alone to level with it (README Results). ``drafter_weight=1``
-gives the papers' equal weights. With that weight the drafter must be the task's best member, so SAFE
+gives the papers' equal weights. With more verifiers the default keeps the drafter's share at 2/3
+(``drafter_weight=None``: twice the verifiers together, 4 for two verifiers): three members at 2, 1, 1
+lost 5 SQuAD questions to Qwen alone and won 0 (p = 0.031), at 4, 1, 1 they lost 3 (p = 0.125).
+With that weight the drafter must be the task's best member, so SAFE
 picks it per request (``drafter="auto"``: the member that best predicts the prompt's example answers;
 the first member where the prompt shows none): on TriviaQA, where Gemma-3-270m beats Qwen (12% vs 3%),
 Qwen drafting scored 7% (1 won, 6 lost against Gemma, p = 0.06), the automatic choice 11% (2 / 3)."""
@@ -93,11 +96,12 @@ class EngineOptions(GenerationParams):
         None, description="Member weights in member order (default: drafter_weight for the drafter, 1 for the "
                           "others), or 'auto': per request, "
                           "from each member's fit of the prompt (PackLLM-sim, see auto_weights.py).")
-    drafter_weight: float = Field(
+    drafter_weight: float | None = Field(
         1.0, gt=0.0, allow_inf_nan=False,
         description="With no weights given (no list, no 'auto', no profile): the drafter's weight relative to "
                     "each other member's 1, so the member that writes the text keeps more say where it is "
-                    "unsure; 1 = equal weights (default per method: 2 for safe, else 1).")
+                    "unsure; 1 = equal weights; None = twice the other members together (2 with one verifier, "
+                    "4 with two: the drafter holds 2/3). Default per method: None for safe, else 1.")
     weights_temperature: float = Field(
         1.0, gt=0.0, allow_inf_nan=False,
         description="weights='auto': softmax temperature over the members' prompt losses (PackLLM's 1).")
@@ -129,6 +133,10 @@ class EngineOptions(GenerationParams):
         "always", description="adafuse: 'always' (the released code): every member proposes a span every "
                               "round and the lowest weighted mean NLL wins; 'uncertain': a member that is "
                               "sure writes alone, the vote runs only where even the surest is unsure.")
+
+    def drafter_weight_for(self, members: int) -> float:
+        """The drafter's weight relative to each other member's 1 in an ensemble of ``members``."""
+        return self.drafter_weight if self.drafter_weight is not None else 2.0 * max(members - 1, 1)
 
     @model_validator(mode="after")
     def _method_defaults(self) -> EngineOptions:

@@ -3,11 +3,7 @@ whichever position and tokenizer it has; the fit is exact, cached per prompt pre
 
 from __future__ import annotations
 
-import copy
-from functools import cache
-
 import pytest
-import torch
 
 from shared_engine import EnsembleEngine
 from shared_engine.auto_weights import (
@@ -21,7 +17,7 @@ from shared_engine.auto_weights import (
 from shared_engine.errors import InvalidRequestError
 from shared_engine.members import HFMember
 from shared_engine.members.chat import normalize_messages
-from tests.toy import TOKENIZERS, tiny_gpt2, tiny_llama, toy_member
+from tests.toy import fitted_member, toy_member
 
 FEW_SHOT = [
     {"role": "user", "content": "What did Sofia count?"},
@@ -32,24 +28,10 @@ FEW_SHOT = [
 ]
 
 
-@cache
-def answers_member(name: str, tokenizer: str, steps: int = 30) -> HFMember:
-    """A tiny model trained a few steps on the few-shot prompt as its own template renders it: it
-    predicts the example answers far better than a random model of the same size."""
-    tok = TOKENIZERS[tokenizer]()
-    base = tiny_llama(tok, 11) if tokenizer == "byte_level" else tiny_gpt2(tok, 11)
-    model = copy.deepcopy(base).train()
-    member = HFMember(name, model, tok)
-    ids = torch.tensor([member.prompt_ids(normalize_messages(FEW_SHOT))])
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
-    torch.manual_seed(0)
-    for _ in range(steps):
-        loss = model(input_ids=ids, labels=ids).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
-    return HFMember(name, model, tok)
+def answers_member(name: str, tokenizer: str) -> HFMember:
+    """A tiny model trained on the few-shot prompt: it predicts the example answers far better than a
+    random model of the same size."""
+    return fitted_member(name, tokenizer, FEW_SHOT)
 
 
 def _random(tokenizer: str) -> HFMember:
@@ -166,9 +148,9 @@ def test_cli_drafter_auto_reaches_the_engine_and_labels_the_run() -> None:
     engine = engine_from_args(args, "safe")
     assert engine.options.drafter == "auto"
     summary = {"method": "safe", "models": ["a", "b"], "engine_options": engine.options.model_dump()}
-    assert run_label(summary) == "safe (a+b) drafter=auto dc=0.5 dw=2"
+    assert run_label(summary) == "safe (a+b) drafter=auto dc=0.5"
     summary["engine_options"]["drafter"] = "1"
-    assert run_label(summary) == "safe (a+b) drafter=b dc=0.5 dw=2"
+    assert run_label(summary) == "safe (a+b) drafter=b dc=0.5"
 
 
 def test_safe_chooses_its_drafter_by_default_and_the_baselines_draft_with_the_first_member() -> None:

@@ -3,9 +3,6 @@ tokenizer it has; the prefill is not repeated; the weights are reported in the f
 
 from __future__ import annotations
 
-import copy
-from functools import cache
-
 import pytest
 import torch
 
@@ -14,35 +11,15 @@ from shared_engine.auto_weights import prefill_nlls
 from shared_engine.members import HFMember
 from shared_engine.members.chat import normalize_messages
 from shared_engine.weighting import content_spans, packllm_weights, tokens_inside
-from tests.toy import TOKENIZERS, tiny_gpt2, tiny_llama, toy_member
+from tests.toy import fitted_member, toy_member
 
 PROMPT = "Sofia counted 42 apples; Maria counted 17 books."
-
-
-@cache
-def fitted_member(name: str, tokenizer: str, steps: int = 30) -> HFMember:
-    """A tiny model trained for a few steps on PROMPT as its own chat template renders it: a real
-    model that fits this prompt far better than a random one."""
-    tok = TOKENIZERS[tokenizer]()
-    base = tiny_llama(tok, 11) if tokenizer == "byte_level" else tiny_gpt2(tok, 11)
-    model = copy.deepcopy(base).train()
-    member = HFMember(name, model, tok)
-    ids = torch.tensor([member.prompt_ids(normalize_messages(PROMPT))])
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
-    torch.manual_seed(0)
-    for _ in range(steps):
-        loss = model(input_ids=ids, labels=ids).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
-    return HFMember(name, model, tok)
 
 
 @pytest.mark.parametrize("fits", ["byte_level", "metaspace"])
 def test_the_member_that_fits_the_prompt_weighs_more(fits: str) -> None:
     other = "metaspace" if fits == "byte_level" else "byte_level"
-    good = fitted_member("fits", fits)
+    good = fitted_member("fits", fits, PROMPT)
     plain = toy_member("random", other, "llama" if other == "byte_level" else "gpt2", seed=2)
     for members in ([good, plain], [plain, good]):  # drafter first, then verifier first
         engine = EnsembleEngine(members, weights="auto")

@@ -196,6 +196,19 @@ def test_drafter_weight_weighs_the_drafter_when_no_weights_are_given() -> None:
         EnsembleEngine([a, b], drafter_weight=0.0)
 
 
+def test_safe_keeps_two_thirds_of_the_weight_for_its_drafter_with_any_number_of_verifiers() -> None:
+    a, b, c = (toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2),
+               toy_member("c", "metaspace", "llama", 3))
+    weights = EnsembleEngine([a, b, c]).generate("Hi", max_new_tokens=2).stats.member_weights
+    assert weights == pytest.approx({"a": 2 / 3, "b": 1 / 6, "c": 1 / 6}, abs=1e-4)
+    assert EnsembleEngine([a, b]).generate("Hi", max_new_tokens=2).stats.member_weights == \
+        pytest.approx({"a": 2 / 3, "b": 1 / 3}, abs=1e-4)
+    per_verifier = EnsembleEngine([a, b, c], drafter_weight=2.0).generate("Hi", max_new_tokens=2).stats
+    assert per_verifier.member_weights == pytest.approx({"a": 0.5, "b": 0.25, "c": 0.25}, abs=1e-4)
+    equal = EnsembleEngine([a, b, c], method="every-token").generate("Hi", max_new_tokens=2).stats
+    assert equal.member_weights == pytest.approx({"a": 1 / 3, "b": 1 / 3, "c": 1 / 3}, abs=1e-4)
+
+
 def test_context_too_long_is_a_clear_error() -> None:
     member = toy_member("toy")
     with pytest.raises(ContextLengthError, match="context window"):

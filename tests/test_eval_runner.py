@@ -181,6 +181,31 @@ async def test_compare_prints_a_table_and_draws_three_plots(tmp_path: Path) -> N
         compare_runs([tmp_path / "nowhere"], tmp_path / "plots")
 
 
+async def test_compare_by_group_pairs_each_run_within_each_task(tmp_path: Path) -> None:
+    bench = toy_bench(tmp_path, questions=4)
+    grouped = Dataset(name="toy", source="memory", records=[
+        Record(id=str(i), question=f"Q: What is {i} + {i}?", answers=[str(2 * i)], group="ab"[i // 2])
+        for i in range(4)])
+    bench = dataclasses.replace(bench, load=lambda _path: grouped)
+    await evaluate(engine(), bench, config(), tmp_path / "safe", progress=False)
+    single = EnsembleEngine([toy_member("a", "byte_level", "llama", 1)], method="single")
+    await evaluate(single, bench, config("single"), tmp_path / "single", progress=False)
+    # a known pattern: task a has one question won and one lost, task b one won and one both right
+    for run, correct in (("single", [True, False, True, False]), ("safe", [False, True, True, True])):
+        file = tmp_path / run / SAMPLES
+        rows = [json.loads(x) for x in file.read_text().splitlines()]
+        assert [r["group"] for r in rows] == ["a", "a", "b", "b"]
+        file.write_text("".join(json.dumps({**r, "correct": c}) + "\n" for r, c in zip(rows, correct)))
+    text = compare_runs([tmp_path / "safe", tmp_path / "single"], tmp_path / "plots", baseline=tmp_path / "single",
+                        by_group=True)
+    assert "| safe (a+b) | 4 | 1 | 2 | 1 |" in text  # overall: both right, won, lost
+    assert f"By group, safe (a+b) paired with {tmp_path / 'single'}:" in text
+    assert "| a | 2 | 50% | 50% | 1 | 1 | 0.750 |" in text
+    assert "| b | 2 | 50% | 100% | 1 | 0 | 1.000 |" in text
+    with pytest.raises(InvalidRequestError, match="--baseline"):
+        compare_runs([tmp_path / "safe"], tmp_path / "plots", by_group=True)
+
+
 @needs_data
 def test_translation_summary_is_corpus_chrf_and_bleu_not_accuracy() -> None:
     bench = get_benchmark("flores", data=None, pair="de-en")

@@ -101,6 +101,11 @@ def test_text_parts_and_the_developer_role_are_read_like_plain_messages(base_url
                                      {"type": "text", "text": "to the park"}]}]})
     assert plain.status_code == parts.status_code == 200
     assert parts.json()["choices"] == plain.json()["choices"]
+    # OpenAI's neutral defaults, which some clients always send, change nothing (non-zero ones are a 400)
+    neutral = post(base_url, {"model": MODEL, "max_tokens": 6, "frequency_penalty": 0, "presence_penalty": 0.0,
+                              "logit_bias": {}, "messages": [{"role": "system", "content": "Be brief."},
+                                                             {"role": "user", "content": "Sofia walked to the park"}]})
+    assert neutral.status_code == 200 and neutral.json()["choices"] == plain.json()["choices"]
 
 
 def test_ensemble_events_can_be_turned_off(base_url: str) -> None:
@@ -234,6 +239,10 @@ GOOD = {"model": MODEL, "messages": USER}
     ({**GOOD, "n": 2}, "n", "invalid_value"),
     ({**GOOD, "stream": "yes"}, "stream", "invalid_type"),
     ({**GOOD, "functions": [{"name": "f"}]}, "functions", "unsupported_parameter"),
+    ({**GOOD, "frequency_penalty": 0.5}, "frequency_penalty", "unsupported_parameter"),
+    ({**GOOD, "presence_penalty": -1}, "presence_penalty", "unsupported_parameter"),
+    ({**GOOD, "logit_bias": {"42": 5}}, "logit_bias", "unsupported_parameter"),
+    ({**GOOD, "top_logprobs": 2}, "top_logprobs", "unsupported_parameter"),
     ({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "g"}, None, None),
     ({**GOOD, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 3}}}},
      None, None),

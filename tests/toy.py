@@ -263,3 +263,31 @@ def registered_members(members: list) -> Iterator[list[str]]:
     finally:
         for member in members:
             unregister_member(member.name)
+
+
+def fitted_member(name: str, tokenizer: str, conversation: str | list[dict[str, str]], steps: int = 30) -> HFMember:
+    """A tiny model trained a few steps on ``conversation`` (a prompt or messages) as its own chat
+    template renders it: a real model that fits that text far better than a random one of its size."""
+    return _fitted_member(name, tokenizer, json.dumps(conversation), steps)
+
+
+@cache
+def _fitted_member(name: str, tokenizer: str, conversation_json: str, steps: int) -> HFMember:
+    import copy
+
+    from shared_engine.members.chat import normalize_messages
+
+    tok = TOKENIZERS[tokenizer]()
+    base = tiny_llama(tok, 11) if tokenizer == "byte_level" else tiny_gpt2(tok, 11)
+    model = copy.deepcopy(base).train()
+    member = HFMember(name, model, tok)
+    ids = torch.tensor([member.prompt_ids(normalize_messages(json.loads(conversation_json)))])
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+    torch.manual_seed(0)
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    return HFMember(name, model, tok)

@@ -73,8 +73,11 @@ for pair in de-en en-ro; do F="--bench flores --pair $pair --limit 100 --max-new
   for r in q g; do ev $F --method single --members $M/$r.yaml --out $OUT/p6/flores-$pair-single-$r; done
   ev $F --method safe --members $M/qg.yaml --out $OUT/p6/flores-$pair-safe-auto-qg
   safe-ensemble eval compare $OUT/p6/flores-$pair-* --baseline $OUT/p6/flores-$pair-single-q; done
-for b in squad triviaqa; do ev --bench $b --limit 100 --method safe --members $M/qsg.yaml --out $OUT/p6/$b-safe-auto-qsg; done
-B="--bench bbh --limit 100 --max-new-tokens 256"
+# three members: the drafter's weight 2 per verifier (the previous default) and the default now (4 = twice both)
+for b in squad triviaqa; do ev --bench $b --limit 100 --method safe --members $M/qsg.yaml --drafter-weight 2 --out $OUT/p6/$b-safe-auto-qsg; done
+ev --bench squad --limit 100 --method safe --members $M/qsg.yaml --weights 4,1,1 --out $OUT/p6/squad-safe-w411-qsg
+ev --bench triviaqa --limit 100 --method safe --members $M/qsg.yaml --out $OUT/p6/triviaqa-safe-auto-dw4-qsg
+B="--bench bbh --limit 50 --max-new-tokens 256"
 for r in q g; do ev $B --method single --members $M/$r.yaml --out $OUT/p6/bbh-single-$r; done
 ev $B --method safe --members $M/qg.yaml --out $OUT/p6/bbh-safe-auto-qg
 safe-ensemble eval compare $OUT/p6/bbh-* --baseline $OUT/p6/bbh-single-q

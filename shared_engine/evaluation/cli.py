@@ -43,6 +43,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     compare.add_argument("--plots", default="eval-plots", help="folder for the PNG plots")
     compare.add_argument("--json", help="also write the rows as JSON here")
     compare.add_argument("--baseline", help="one of the folders: count per question where each run wins / loses")
+    compare.add_argument("--by-group", action="store_true",
+                         help="with --baseline: the paired count within each group too (BBH task, MMLU-Redux subject)")
 
 
 def _short(model: str) -> str:
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         from .compare import compare_runs
 
         print(compare_runs([Path(d) for d in args.dirs], Path(args.plots), args.json,
-                           Path(args.baseline) if args.baseline else None))
+                           Path(args.baseline) if args.baseline else None, args.by_group))
         return 0
     if not args.bench or not args.models:
         raise InvalidRequestError("eval needs --bench and --models or --members (or: eval compare DIR...)")

@@ -188,20 +188,48 @@ def paired(baseline: Path, other: Path, limit: int | None = None) -> dict[str, A
     base, new = _rows(baseline, limit), _rows(other, limit)
     common = [i for i in new if i in base]
     chrf = _is_chrf(baseline)
-    if chrf:
-        wins = sum(new[i]["value"] > base[i]["value"] for i in common)
-        losses = sum(new[i]["value"] < base[i]["value"] for i in common)
-        both = len(common) - wins - losses
-    else:
-        wins = sum(bool(new[i]["correct"]) and not base[i]["correct"] for i in common)
-        losses = sum(bool(base[i]["correct"]) and not new[i]["correct"] for i in common)
-        both = sum(bool(base[i]["correct"] and new[i]["correct"]) for i in common)
+    wins, losses, both = _discordant(base, new, common, chrf)
     p, p_worse = sign_test(wins, losses)
-    result = {"n": len(common), "both_right": both, "wins": wins, "losses": losses,
-              "p": round(p, 4), "p_worse": round(p_worse, 4)}
+    result: dict[str, Any] = {"n": len(common), "both_right": both, "wins": wins, "losses": losses,
+                              "p": round(p, 4), "p_worse": round(p_worse, 4)}
     if chrf:
         result["chrf_delta"], result["chrf_delta_ci95"] = chrf_difference(
             [base[i] for i in common], [new[i] for i in common])
+    return result
+
+
+def _discordant(base: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]], ids: list[str],
+                chrf: bool) -> tuple[int, int, int]:
+    """(wins, losses, both right) of ``new`` against ``base`` on ``ids``; chrF: a higher / lower
+    sentence chrF, and ties instead of both right."""
+    if chrf:
+        wins = sum(new[i]["value"] > base[i]["value"] for i in ids)
+        losses = sum(new[i]["value"] < base[i]["value"] for i in ids)
+        return wins, losses, len(ids) - wins - losses
+    wins = sum(bool(new[i]["correct"]) and not base[i]["correct"] for i in ids)
+    losses = sum(bool(base[i]["correct"]) and not new[i]["correct"] for i in ids)
+    return wins, losses, sum(bool(base[i]["correct"] and new[i]["correct"]) for i in ids)
+
+
+def paired_by_group(baseline: Path, other: Path, limit: int | None = None) -> list[dict[str, Any]]:
+    """``paired`` within each group of questions (a BBH task, an MMLU-Redux subject: the samples'
+    ``group``), so a gain confined to some tasks is not averaged away. Scores are accuracy, or the
+    mean sentence chrF."""
+    base, new = _rows(baseline, limit), _rows(other, limit)
+    chrf = _is_chrf(baseline)
+    groups: dict[str, list[str]] = {}
+    for i in new:
+        if i in base:
+            groups.setdefault(str(base[i].get("group") or "-"), []).append(i)
+
+    def score(rows: dict[str, dict[str, Any]], ids: list[str]) -> float:
+        return sum(float(rows[i]["value"] if chrf else bool(rows[i]["correct"])) for i in ids) / len(ids)
+
+    result = []
+    for group, ids in sorted(groups.items()):
+        wins, losses, _ = _discordant(base, new, ids, chrf)
+        result.append({"group": group, "n": len(ids), "baseline": score(base, ids), "run": score(new, ids),
+                       "wins": wins, "losses": losses, "p_worse": round(sign_test(wins, losses)[1], 4)})
     return result
 
 
@@ -255,7 +283,29 @@ def paired_table(baseline: Path, summaries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, baseline: Path | None = None) -> str:
+def group_tables(baseline: Path, summaries: list[dict[str, Any]]) -> str:
+    """One table per run: ``paired_by_group`` against the baseline."""
+    base_n = next((s["n"] for s in summaries if Path(s["dir"]) == baseline), None)
+    chrf = _is_chrf(baseline)
+    shown = (lambda v: f"{v:.1f}") if chrf else (lambda v: f"{v:.0%}")
+    tables = []
+    for s in summaries:
+        if Path(s["dir"]) == baseline:
+            continue
+        lines = [f"By group, {s['label']} paired with {baseline}:", "",
+                 "| group | N | baseline | this run | right only here (chrF: higher) | right only in baseline "
+                 "(chrF: lower) | p (worse) |", "|---|---|---|---|---|---|---|"]
+        for row in paired_by_group(baseline, Path(s["dir"]), min(s["n"], base_n) if base_n is not None else s["n"]):
+            lines.append(f"| {row['group']} | {row['n']} | {shown(row['baseline'])} | {shown(row['run'])} | "
+                         f"{row['wins']} | {row['losses']} | {row['p_worse']:.3f} |")
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)
+
+
+def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, baseline: Path | None = None,
+                 by_group: bool = False) -> str:
+    if by_group and baseline is None:
+        raise InvalidRequestError("--by-group pairs each run with --baseline within each group: give --baseline")
     summaries = load_summaries(dirs)
     written = plot(summaries, plots)
     if json_out:
@@ -263,6 +313,8 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
     text = table(summaries)
     if baseline is not None:
         text += "\n\n" + paired_table(baseline, summaries)
+    if by_group and baseline is not None:
+        text += "\n\n" + group_tables(baseline, summaries)
     return text + _mixed_prompts_note(summaries) + "\n\nplots: " + ", ".join(str(p) for p in written)
 
 

@@ -118,8 +118,15 @@ class ChatCompletionRequest(BaseModel):
         extra = self.model_extra or {}
         if extra.get("functions"):
             return "functions", "the legacy functions API is not supported; use tools"
-        if extra.get("logprobs"):
-            return "logprobs", "log probabilities are not returned by this server"
+        if extra.get("logprobs") or extra.get("top_logprobs"):
+            param = "logprobs" if extra.get("logprobs") else "top_logprobs"
+            return param, "log probabilities are not returned by this server"
+        for penalty in ("frequency_penalty", "presence_penalty"):
+            if extra.get(penalty):  # 0 (OpenAI's default) is accepted: it changes nothing
+                return penalty, ("repetition penalties are not applied by the ensemble (its members "
+                                 "tokenize the answer differently); omit it or send 0")
+        if extra.get("logit_bias"):
+            return "logit_bias", "token ids differ between the members, so a logit bias has no single meaning"
         return None
 
     def generation_params(self) -> dict[str, Any]:
