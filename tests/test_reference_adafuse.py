@@ -6,8 +6,10 @@ its mean NLL of every candidate it did not propose (through its own fresh tokeni
 span), the weighted score, the winner (lowest score), who proposed what (a sure member exactly one
 span, for the verifier of >= 2 words unless its continuation ends first; an unsure member one-word
 branches; spans holding bytes that are not UTF-8, which random members emit, have no words to
-count) and that the answer is exactly the chosen spans. The drafter reads its own committed ids,
-which the events do not carry, so its NLLs are checked only through the score arithmetic.
+count) and that the answer is exactly the chosen spans. The drafter reads its own committed ids:
+the ids it generated for a span it proposed (recomputed here: greedy from its first or branched first
+token), else its spelling of the chosen bytes; its NLL of every candidate it did not propose is
+recomputed on that context too.
 """
 
 from __future__ import annotations
@@ -30,6 +32,26 @@ def _logits(member, ids: list[int]) -> torch.Tensor:  # noqa: ANN001
         return member.model(torch.tensor([ids])).logits[0].float()
 
 
+def _nll(member, context: list[int], ids: list[int]) -> float:  # noqa: ANN001
+    logp = torch.log_softmax(_logits(member, context + ids)[len(context) - 1:-1], -1)
+    return -float(logp[torch.arange(len(ids)), torch.tensor(ids)].mean())
+
+
+def _generated_ids(member, context: list[int], text: bytes, branches: int) -> list[int] | None:  # noqa: ANN001
+    """The ids ``member`` wrote for ``text`` from ``context``: greedy after one of its top first
+    tokens (the sure span takes the first, an unsure member's branches the others); None if no such
+    continuation spells exactly ``text`` (a token straddling its end)."""
+    for first in torch.topk(_logits(member, context)[-1], branches).indices.tolist():
+        ids, data = [first], member.table.pieces[first]
+        while len(data) < len(text) and text.startswith(data):
+            token = int(torch.argmax(_logits(member, context + ids)[-1]))
+            ids.append(token)
+            data += member.table.pieces[token]
+        if data == text:
+            return ids
+    return None
+
+
 def _margin(logits: torch.Tensor) -> float:
     top = torch.topk(torch.softmax(logits, -1), 2).values
     return float(top[0] - top[1])
@@ -41,13 +63,14 @@ def test_adafuse_votes_equal_plain_recomputation(weights: tuple[float, float]) -
     engine = EnsembleEngine([drafter, verifier], method="adafuse", weights=list(weights), threshold=THRESHOLD)
     prompts = [QUESTION] + [[{"role": "user", "content": text}] for text in (
         "Tom wrote about numbers 12 and 7", "Sofia visited Berlin", "Hello Maria. So many apples", "def add(a, b):")]
-    checked = sure_rounds = 0
+    checked = drafter_checked = sure_rounds = 0
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for messages in prompts:
             result = engine.generate(messages, max_new_tokens=32, keep_events=True)
             prompt = verifier.prompt_ids(messages)
+            drafter_context = drafter.prompt_ids(messages)
             answer = b""
             for event in (e for e in result.events if e.type == "adafuse"):
                 assert event.offset == len(answer) and event.fused
@@ -59,13 +82,17 @@ def test_adafuse_votes_equal_plain_recomputation(weights: tuple[float, float]) -
                 for c in event.candidates:
                     assert c.score == pytest.approx(weights[0] * c.member_nll[drafter.name]
                                                     + weights[1] * c.member_nll["v"], abs=2e-3)
-                    if "v" in c.proposed_by or c.text == "<eos>" or "\ufffd" in c.text:
-                        continue  # its own generation log-probs: same forward, not recomputed here
-                    ids = spell_bytes(verifier.table, c.text.encode())
-                    logp = torch.log_softmax(_logits(verifier, context + ids)[len(context) - 1:-1], -1)
-                    nll = -float(logp[torch.arange(len(ids)), torch.tensor(ids)].mean())
-                    assert c.member_nll["v"] == pytest.approx(nll, abs=2e-3), (event.chosen, c.text)
-                    checked += 1
+                    if c.text == "<eos>" or "\ufffd" in c.text:
+                        continue
+                    # a member's own proposals keep their generation log-probs (same forward): not recomputed
+                    if "v" not in c.proposed_by:
+                        nll = _nll(verifier, context, spell_bytes(verifier.table, c.text.encode()))
+                        assert c.member_nll["v"] == pytest.approx(nll, abs=2e-3), (event.chosen, c.text)
+                        checked += 1
+                    if drafter.name not in c.proposed_by:
+                        nll = _nll(drafter, drafter_context, spell_bytes(drafter.table, c.text.encode()))
+                        assert c.member_nll[drafter.name] == pytest.approx(nll, abs=2e-3), (event.chosen, c.text)
+                        drafter_checked += 1
                 assert event.chosen == min(event.candidates, key=lambda c: c.score).text
                 for name, margin in event.member_uncertainty.items():
                     mine = [c for c in event.candidates if name in c.proposed_by]
@@ -86,9 +113,13 @@ def test_adafuse_votes_equal_plain_recomputation(weights: tuple[float, float]) -
                             [c.text for c in mine]
                 if event.chosen == "<eos>" or "\ufffd" in event.chosen:
                     break
+                chosen = next(c for c in event.candidates if c.text == event.chosen)
+                own = (_generated_ids(drafter, drafter_context, event.chosen.encode(), engine.options.num_candidates)
+                       if drafter.name in chosen.proposed_by else None)
+                drafter_context += own or spell_bytes(drafter.table, event.chosen.encode())
                 answer += event.chosen.encode()
             else:
                 assert result.text == answer.decode("utf-8", "replace")
     finally:
         torch.set_num_threads(threads)
-    assert checked >= 10 and sure_rounds >= 3, (checked, sure_rounds)
+    assert checked >= 10 and drafter_checked >= 5 and sure_rounds >= 3, (checked, drafter_checked, sure_rounds)
