@@ -80,6 +80,14 @@ ev --bench triviaqa --limit 100 --method safe --members $M/qsg.yaml --out $OUT/p
 B="--bench bbh --limit 50 --max-new-tokens 256"
 for r in q g; do ev $B --method single --members $M/$r.yaml --out $OUT/p6/bbh-single-$r; done
 ev $B --method safe --members $M/qg.yaml --out $OUT/p6/bbh-safe-auto-qg
-safe-ensemble eval compare $OUT/p6/bbh-* --baseline $OUT/p6/bbh-single-q
+safe-ensemble eval compare $OUT/p6/bbh-* --baseline $OUT/p6/bbh-single-q --by-group
+# Two comparable members (SmolLM2-135M + Gemma-3-270m) on FLORES en-de: the default and the papers' equal weights
+mk sg smollm2-135m-instruct gemma-3-270m
+F="--bench flores --pair en-de --limit 100 --max-new-tokens 128"
+for r in s g; do ev $F --method single --members $M/$r.yaml --out $OUT/p6/flores-en-de-single-$r; done
+ev $F --method safe --members $M/sg.yaml --out $OUT/p6/flores-en-de-safe-sg
+ev $F --method safe --members $M/sg.yaml --drafter-weight 1 --out $OUT/p6/flores-en-de-safe-dw1-sg
+safe-ensemble eval compare $OUT/p6/flores-en-de-*-s $OUT/p6/flores-en-de-*-g $OUT/p6/flores-en-de-*sg \
+  --baseline $OUT/p6/flores-en-de-single-s
 # which member fits each benchmark's prompts (whole content vs example answers), transformers members
 python scripts/drafter_fit_probe.py --prompts 8
