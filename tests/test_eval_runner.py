@@ -282,5 +282,11 @@ def test_run_labels_give_zoo_members_their_short_name_on_any_backend() -> None:
     summary = {"method": "safe", "models": ["llamacpp:qwen2.5-coder-0.5b-instruct", "gemma-3-270m"],
                "engine_options": {"drafter_confidence": 0.5, "weights": [2, 1]}}
     assert run_label(summary) == "safe (qwen+gemma) dc=0.5 w=2,1"
+    # SAFE's default drafter weight (None: 2/3 for the drafter) is not shown; the papers' equal weights are
+    safe = {"method": "safe", "models": ["qwen2.5-coder-0.5b-instruct", "gemma-3-270m"]}
+    assert run_label({**safe, "engine_options": {"drafter_weight": None}}) == "safe (qwen+gemma)"
+    assert run_label({**safe, "engine_options": {"drafter_weight": 1.0}}) == "safe (qwen+gemma) dw=1"
+    assert run_label({**safe, "method": "every-token", "engine_options": {"drafter_weight": 1.0}}) == \
+        "every-token (qwen+gemma)"
     assert run_label({"method": "single", "models": ["llamacpp:http://h:8080"], "engine_options": {}}) == \
         "single (h:8080)"

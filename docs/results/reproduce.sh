@@ -91,3 +91,6 @@ safe-ensemble eval compare $OUT/p6/flores-en-de-*-s $OUT/p6/flores-en-de-*-g $OU
   --baseline $OUT/p6/flores-en-de-single-s
 # which member fits each benchmark's prompts (whole content vs example answers), transformers members
 python scripts/drafter_fit_probe.py --prompts 8
+# Speed at today's defaults (README Speed), on a quiet machine
+safe-ensemble bench --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct --backend transformers,llamacpp \
+  --methods single,safe,every-token --prompts 3 --max-new-tokens 128 --json $OUT/p6/bench-defaults.json

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import EnsembleError, InvalidRequestError
 from ..members.spec import BACKENDS
+from ..options import METHOD_DEFAULTS
 from .runner import SAMPLES, SUMMARY
 
 _SHORT = {"qwen2.5-coder-0.5b-instruct": "qwen", "smollm2-135m-instruct": "smol", "gemma-3-270m": "gemma"}
@@ -30,7 +31,8 @@ def run_label(summary: dict[str, Any]) -> str:
             + (f" drafter={shown_drafter}" if shown_drafter and summary["method"] != "single" else "")
             + (f" dc={confidence}" if confidence else "")
             + (f" w={_weights_label(weights)}" if weights and summary["method"] != "single" else "")
-            + (f" dw={drafter_weight:g}" if not weights and drafter_weight not in (None, 1.0)
+            + (f" dw={drafter_weight:g}" if not weights and drafter_weight is not None
+               and drafter_weight != METHOD_DEFAULTS.get(summary["method"], {}).get("drafter_weight", 1.0)
                and summary["method"] != "single" else ""))
 
 
