@@ -174,12 +174,9 @@ class EnsembleEngine:
         return labels
 
     def _weights(self) -> torch.Tensor:
-        if isinstance(self.options.weights, list):
-            raw = self.options.weights
-        else:  # no weights given ('auto' replaces these once the prompt is read)
-            raw = [1.0] * len(self._specs)
-            raw[self._order[0]] = self.options.drafter_weight_for(len(self._specs))
-        ordered = torch.tensor([raw[i] for i in self._order], dtype=torch.float32)
+        if not isinstance(self.options.weights, list):  # ('auto' replaces these once the prompt is read)
+            return self._drafter_weighted(len(self._specs))
+        ordered = torch.tensor([self.options.weights[i] for i in self._order], dtype=torch.float32)
         if (ordered < 0).any() or ordered.sum() <= 0:
             raise InvalidRequestError("weights must be non-negative and not all zero")
         return ordered / ordered.sum()
@@ -341,7 +338,8 @@ class EnsembleEngine:
             state.set_weights(self._drafter_weighted(len(records)))
 
     def _drafter_weighted(self, members: int) -> torch.Tensor:
-        """The default weights in decoding order: ``drafter_weight`` for the drafter, 1 for each other member."""
+        """The default weights (no list given) in decoding order: ``drafter_weight_for(members)`` for the
+        drafter, 1 for each other member, normalised."""
         raw = torch.ones(members)
         raw[0] = self.options.drafter_weight_for(members)
         return raw / raw.sum()

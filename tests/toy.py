@@ -18,6 +18,7 @@ runs once per test process; building everything takes well under five seconds on
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ from transformers import (
 )
 
 from shared_engine.members import HFMember, register_member, unregister_member
+from shared_engine.members.chat import normalize_messages
 
 BYTE_LEVEL_VOCAB = 900
 METASPACE_VOCAB = 700  # includes the 256 byte-fallback pieces and 4 special tokens
@@ -273,10 +275,6 @@ def fitted_member(name: str, tokenizer: str, conversation: str | list[dict[str, 
 
 @cache
 def _fitted_member(name: str, tokenizer: str, conversation_json: str, steps: int) -> HFMember:
-    import copy
-
-    from shared_engine.members.chat import normalize_messages
-
     tok = TOKENIZERS[tokenizer]()
     base = tiny_llama(tok, 11) if tokenizer == "byte_level" else tiny_gpt2(tok, 11)
     model = copy.deepcopy(base).train()

@@ -270,34 +270,34 @@ def chrf_difference(base: list[dict[str, Any]], new: list[dict[str, Any]], resam
 def paired_table(baseline: Path, summaries: list[dict[str, Any]]) -> str:
     """Pairs each run with the baseline over the questions both summaries cover (chrF runs: per
     sentence, "right only here" = a higher sentence chrF, plus the corpus chrF difference)."""
-    base_n = next((s["n"] for s in summaries if Path(s["dir"]) == baseline), None)
     lines = [f"Paired with {baseline} (the same questions):", "",
              "| run | N | both right (chrF: tied) | right only here (chrF: higher) | right only in baseline "
              "(chrF: lower) | sign test p | p (worse) | Δ chrF (95% CI) |",
              "|---|---|---|---|---|---|---|---|"]
-    for s in summaries:
-        if Path(s["dir"]) != baseline:
-            p = paired(baseline, Path(s["dir"]), min(s["n"], base_n) if base_n is not None else s["n"])
-            delta = (f"{p['chrf_delta']:+.2f} ({p['chrf_delta_ci95'][0]:+.2f} to {p['chrf_delta_ci95'][1]:+.2f})"
-                     if "chrf_delta" in p else "-")
-            lines.append(f"| {s['label']} | {p['n']} | {p['both_right']} | {p['wins']} | {p['losses']} "
-                         f"| {p['p']:.3f} | {p['p_worse']:.3f} | {delta} |")
+    for s, limit in _paired_runs(baseline, summaries):
+        p = paired(baseline, Path(s["dir"]), limit)
+        delta = (f"{p['chrf_delta']:+.2f} ({p['chrf_delta_ci95'][0]:+.2f} to {p['chrf_delta_ci95'][1]:+.2f})"
+                 if "chrf_delta" in p else "-")
+        lines.append(f"| {s['label']} | {p['n']} | {p['both_right']} | {p['wins']} | {p['losses']} "
+                     f"| {p['p']:.3f} | {p['p_worse']:.3f} | {delta} |")
     return "\n".join(lines)
+
+
+def _paired_runs(baseline: Path, summaries: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
+    """Each run but the baseline, with the number of leading questions both summaries cover."""
+    base_n = next((s["n"] for s in summaries if Path(s["dir"]) == baseline), None)
+    return [(s, s["n"] if base_n is None else min(s["n"], base_n)) for s in summaries if Path(s["dir"]) != baseline]
 
 
 def group_tables(baseline: Path, summaries: list[dict[str, Any]]) -> str:
     """One table per run: ``paired_by_group`` against the baseline."""
-    base_n = next((s["n"] for s in summaries if Path(s["dir"]) == baseline), None)
-    chrf = _is_chrf(baseline)
-    shown = (lambda v: f"{v:.1f}") if chrf else (lambda v: f"{v:.0%}")
+    shown = (lambda v: f"{v:.1f}") if _is_chrf(baseline) else (lambda v: f"{v:.0%}")
     tables = []
-    for s in summaries:
-        if Path(s["dir"]) == baseline:
-            continue
+    for s, limit in _paired_runs(baseline, summaries):
         lines = [f"By group, {s['label']} paired with {baseline}:", "",
                  "| group | N | baseline | this run | right only here (chrF: higher) | right only in baseline "
                  "(chrF: lower) | p (worse) |", "|---|---|---|---|---|---|---|"]
-        for row in paired_by_group(baseline, Path(s["dir"]), min(s["n"], base_n) if base_n is not None else s["n"]):
+        for row in paired_by_group(baseline, Path(s["dir"]), limit):
             lines.append(f"| {row['group']} | {row['n']} | {shown(row['baseline'])} | {shown(row['run'])} | "
                          f"{row['wins']} | {row['losses']} | {row['p_worse']:.3f} |")
         tables.append("\n".join(lines))

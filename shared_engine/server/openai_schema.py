@@ -79,6 +79,19 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+_NO_PENALTY = ("repetition penalties are not applied by the ensemble (its members tokenize the answer "
+               "differently); omit it or send 0")
+UNSUPPORTED: dict[str, str] = {
+    "functions": "the legacy functions API is not supported; use tools",
+    "logprobs": "log probabilities are not returned by this server",
+    "top_logprobs": "log probabilities are not returned by this server",
+    "frequency_penalty": _NO_PENALTY,
+    "presence_penalty": _NO_PENALTY,
+    "logit_bias": "token ids differ between the members, so a logit bias has no single meaning",
+}
+"""Request fields this server refuses with a 400 rather than silently ignore (any other unknown field is ignored)."""
+
+
 class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
@@ -116,18 +129,8 @@ class ChatCompletionRequest(BaseModel):
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) for a feature this server cannot honour, rather than ignore."""
         extra = self.model_extra or {}
-        if extra.get("functions"):
-            return "functions", "the legacy functions API is not supported; use tools"
-        if extra.get("logprobs") or extra.get("top_logprobs"):
-            param = "logprobs" if extra.get("logprobs") else "top_logprobs"
-            return param, "log probabilities are not returned by this server"
-        for penalty in ("frequency_penalty", "presence_penalty"):
-            if extra.get(penalty):  # 0 (OpenAI's default) is accepted: it changes nothing
-                return penalty, ("repetition penalties are not applied by the ensemble (its members "
-                                 "tokenize the answer differently); omit it or send 0")
-        if extra.get("logit_bias"):
-            return "logit_bias", "token ids differ between the members, so a logit bias has no single meaning"
-        return None
+        # a falsy value (OpenAI's neutral 0, {}, false) changes nothing and is accepted
+        return next(((param, why) for param, why in UNSUPPORTED.items() if extra.get(param)), None)
 
     def generation_params(self) -> dict[str, Any]:
         """The engine's per-request parameters; unset ones fall back to the engine's defaults."""
