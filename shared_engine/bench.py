@@ -122,7 +122,7 @@ def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     for entry, method, method_args in runs:
         engine = engine_from_args(method_args, method, backend)
         engine.generate("Say hi.", max_new_tokens=4)  # warm-up: loads members, builds token tables
-        tokens = elapsed = ensembled = spans = fused_spans = 0.0
+        tokens = elapsed = ensembled = spans = fused_spans = drafting = verifying = 0.0
         forwards: dict[str, int] = {}
         lengths: dict[int, int] = {}
         answers[entry] = []
@@ -135,6 +135,8 @@ def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
             ensembled += stats.ensembled_tokens
             spans += stats.spans
             fused_spans += stats.fused_spans
+            drafting += stats.draft_s
+            verifying += stats.verify_s
             for name, count in stats.forward_passes.items():
                 forwards[name] = forwards.get(name, 0) + count
             for length, rounds in stats.draft_lengths.items():
@@ -142,6 +144,8 @@ def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
         results["methods"][entry] = {
             "tokens": int(tokens), "elapsed_s": round(elapsed, 3),
             "tokens_per_s": round(tokens / elapsed, 3) if elapsed else 0.0,
+            **({"time_split_s": {"draft": round(drafting, 3), "verify": round(verifying, 3),
+                                 "rest": round(elapsed - drafting - verifying, 3)}} if drafting else {}),
             "ensemble_rate": round(ensembled / tokens, 4) if tokens else 0.0,
             "forward_passes": forwards,
             "fusion": engine.options.fusion, "sharpen": engine.options.sharpen,  # each method's own defaults

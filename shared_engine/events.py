@@ -41,7 +41,9 @@ class VerifiedPosition(BaseModel):
     boundary_ok: bool = Field(description="Every member has a token boundary here.")
     consensus: bool | None = Field(None, description="Members agree (None: not checked).")
     probs: dict[str, float] = Field(default_factory=dict,
-                                    description="Each member's probability of its own next token.")
+                                    description="Each member's probability of its own next token (at a "
+                                                "position the drafter's confidence decides, the drafter's "
+                                                "only: the verifiers' rows there are not asked for).")
 
 
 class VerifyEvent(_Event):
@@ -149,6 +151,10 @@ class Stats(BaseModel):
     spans: int = Field(0, description="AdaFuse: spans committed.")
     fused_spans: int = Field(0, description="AdaFuse: spans chosen by the members' vote.")
     forward_passes: dict[str, int] = Field(default_factory=dict)
+    draft_s: float = Field(0.0, description="SAFE's rounds: seconds spent drafting (the drafter's forwards).")
+    verify_s: float = Field(0.0, description="SAFE's rounds: seconds the verifiers' scoring took (run "
+                                             "concurrently; what is left of elapsed_s is fusion, "
+                                             "re-tokenization and bookkeeping).")
     time_to_first_token_s: float | None = None
     elapsed_s: float = 0.0
     tokens_per_s: float = 0.0

@@ -110,6 +110,9 @@ class _BrokenSession:
     def step(self, token: int) -> torch.Tensor:
         return self.sync(self.ids + [token], len(self.ids) + 1)
 
+    def rows_at(self, target: list[int], positions: list[int]) -> dict[int, torch.Tensor]:
+        return {p: row for p, row in zip(positions, self.sync(target, min(positions)))}
+
 
 class _BrokenMember:
     """A toy member whose sessions fail (the rest of the Member interface is the toy's)."""

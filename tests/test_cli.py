@@ -54,6 +54,9 @@ def test_bench_writes_the_documented_keys(tmp_path) -> None:  # noqa: ANN001
     assert data["safe_ensemble_rate"] == 0.0  # identical members never disagree
     assert 0.0 <= data["adafuse_fused_span_rate"] <= 1.0
     assert data["methods"]["adafuse"]["forward_passes_per_token"]
+    safe = data["methods"]["safe"]  # where SAFE's time went, adding up to its elapsed time
+    assert safe["time_split_s"]["draft"] > 0 and safe["time_split_s"]["rest"] >= 0
+    assert sum(safe["time_split_s"].values()) == pytest.approx(safe["elapsed_s"], abs=0.01)
 
 
 @pytest.mark.parametrize("command", ["run", "eval"])

@@ -308,3 +308,79 @@ def test_decoders_never_pick_from_the_spread_mass_of_a_top_k_member() -> None:
     result = EnsembleEngine([member, other], method="safe").generate("Sofia", max_new_tokens=16, temperature=2.0,
                                                                      seed=1)
     assert result.stats.tokens > 0
+
+
+class PerRowTopK(TopKOfHF):
+    """Test double of a server that pays one decode step per row (llama.cpp's multi-prompt scoring):
+    no block scoring, and every row it is asked for is recorded."""
+
+    def __init__(self, hf: HFMember) -> None:
+        super().__init__(hf, hf.table.vocab_size)
+        self.rows_asked: list[list[int]] = []
+
+    def wire_capabilities(self) -> dict[str, bool]:
+        return {"block_scoring": False, "prefix_cache": True, "token_id_prompts": True}
+
+    def score(self, ids: list[int], first_row: int) -> list[TopK]:
+        return self.score_at(ids, list(range(first_row, len(ids) + 1)))
+
+    def score_at(self, ids: list[int], positions: list[int]) -> list[TopK]:
+        self.rows_asked.append(list(positions))
+        block = super().score(ids, positions[0])
+        return [block[p - positions[0]] for p in positions]
+
+
+def test_a_per_row_server_is_asked_only_for_the_rows_wanted() -> None:
+    hf = toy.toy_member("llama-byte", "byte_level", "llama")
+    remote = PerRowTopK(hf)
+    ids = hf.tokenizer("Hello Sofia, how are you today?")["input_ids"]
+    session = remote.new_session()
+    rows = session.rows_at(ids, [4, 7, 9])
+    want = torch.softmax(hf.new_session().sync(ids[:9], 4), -1)
+    assert sorted(rows) == [4, 7, 9]
+    for p in (4, 7, 9):
+        assert torch.allclose(torch.softmax(rows[p], -1), want[p - 4], atol=1e-5)
+    assert remote.rows_asked == [[4, 7, 9]] and session.ids == ids[:9]  # nothing past the last row wanted
+    # the row after the held ids is reused; nothing wanted: nothing asked
+    again = session.rows_at(ids, [9, 11])
+    assert torch.equal(again[9], rows[9]) and remote.rows_asked[-1] == [11]
+    assert session.rows_at(ids, []) == {} and len(remote.rows_asked) == 2
+    # a server that scores blocks is asked for the block, as before
+    block = TopKOfHF(hf, hf.table.vocab_size)
+    block.new_session().rows_at(ids, [4, 7])
+    assert block.requests == [(7, 4)]
+
+
+def test_safe_asks_a_per_row_verifier_only_for_the_positions_the_drafter_is_unsure_of(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """#18: with drafter_confidence only the drafted positions below it can be fused, so a verifier
+    that pays per row is asked for those rows alone: the same answer and fusions, fewer rows."""
+    from shared_engine.decoding import round as round_module
+
+    drafter = toy.toy_member("llama-byte", "byte_level", "llama")
+    verifier_hf = toy.toy_member("gpt2-meta", "metaspace", "gpt2", seed=1)
+    prompt, options = "Tell me about Sofia.", dict(max_new_tokens=32, draft_length=4)
+
+    def run(threshold: float) -> tuple[object, PerRowTopK]:
+        verifier = PerRowTopK(verifier_hf)
+        answer = EnsembleEngine([drafter, verifier], method="safe", drafter_confidence=threshold,
+                                **options).generate(prompt, keep_events=True)
+        return answer, verifier
+
+    probe, _ = run(0.5)
+    sure = sorted(p.probs[probe.stats.drafter] for e in probe.events if e.type == "verify" for p in e.positions
+                  if p.probs)
+    threshold = sure[len(sure) // 2]  # about half the verified positions are decided by the drafter
+    with monkeypatch.context() as patched:  # every row of every verified block, as before
+        patched.setattr(round_module, "_undecided_offsets", lambda *args: None)
+        every, every_verifier = run(threshold)
+    only, only_verifier = run(threshold)
+    assert only.text == every.text
+    assert [(e.position, e.chosen) for e in only.events if e.type == "ensemble"] == \
+        [(e.position, e.chosen) for e in every.events if e.type == "ensemble"]
+    asked, asked_before = (sum(map(len, v.rows_asked)) for v in (only_verifier, every_verifier))
+    assert only.stats.ensembled_tokens > 0 and 0 < asked < asked_before
+    # and the same answer as a verifier that scores whole blocks
+    block = EnsembleEngine([drafter, TopKOfHF(verifier_hf, verifier_hf.table.vocab_size)], method="safe",
+                           drafter_confidence=threshold, **options).generate(prompt)
+    assert block.text == only.text

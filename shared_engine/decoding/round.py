@@ -29,6 +29,7 @@ distribution is not known in closed form), which keeps the answer exact to that 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -59,7 +60,8 @@ class Draft:
 class VerifierView:
     """A verifier's distributions at the token starts of its tokenization, from the round start."""
 
-    rows: dict[int, tuple[torch.Tensor, int | None]]  # byte offset -> (logits, own next token id)
+    rows: dict[int, tuple[torch.Tensor | None, int | None]]
+    """Byte offset of each token start -> (logits, own next token id); logits None where not asked for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,24 +102,26 @@ def _draft(state: RequestState, length: int, sampler: Sampler, stop_below: float
 
 
 async def _verify(state: RequestState, text: bytes, start: int, ends_with_eos: bool,
-                  draft_ids: list[int]) -> list[VerifierView]:
+                  draft_ids: list[int], needed: set[int] | None = None) -> list[VerifierView]:
     """Every verifier reads ``text`` (re-tokenized incrementally, see ``RequestState.reading``),
-    syncs its cache by longest common prefix and scores everything from byte ``start`` on in ONE
-    forward pass; verifiers run concurrently."""
+    syncs its cache by longest common prefix and scores from byte ``start`` on in ONE request;
+    verifiers run concurrently. ``needed``: the byte offsets whose rows can be used (None: every
+    one): a backend that pays a decode step per row (llama.cpp) computes only those."""
     readings = [state.reading(i, text, draft_ids) for i in range(1, len(state.members))]
-    jobs = []
+    jobs, layouts = [], []
     for verifier, tokens in zip(state.verifiers, readings):
         first, prompt = tokens.first_token_from(start), verifier.prompt_ids
-        jobs.append(verifier.member.run(verifier.session.sync, prompt + tokens.ids, len(prompt) + first))
+        offsets = tokens.starts_from(first) + [len(tokens.data)]
+        positions = [len(prompt) + first + r for r, o in enumerate(offsets) if needed is None or o in needed]
+        jobs.append(verifier.member.run(verifier.session.rows_at, prompt + tokens.ids, positions))
+        layouts.append((first, len(prompt) + first, offsets))
     all_rows = await asyncio.gather(*jobs)
     views = []
-    for tokens, rows in zip(readings, all_rows):
-        first = len(tokens.ids) - rows.shape[0] + 1
-        offsets = tokens.starts_from(first) + [len(tokens.data)]
+    for tokens, (first, base, offsets), rows in zip(readings, layouts, all_rows):
         owns: list[int | None] = tokens.ids[first:] + [None]
         if ends_with_eos:
             owns[-1] = next(iter(sorted(tokens.table.eos_ids)), None)
-        views.append(VerifierView({o: (rows[r], owns[r]) for r, o in enumerate(offsets)}))
+        views.append(VerifierView({o: (rows.get(base + r), owns[r]) for r, o in enumerate(offsets)}))
     return views
 
 
@@ -144,8 +148,10 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     drafter = state.drafter
     start = len(state.answer)
     chosen = state.draft_length or policy.draft.start  # what the schedule asks; the answer's end may cut it
+    began = time.perf_counter()
     draft = await drafter.member.run(_draft, state, min(chosen, state.max_new_tokens - state.stats.tokens), sampler,
                                      policy.draft.stop_below)
+    state.stats.draft_s += time.perf_counter() - began
     if not draft.ids:
         return  # the constraint ended the answer
     count_draft(state.stats, len(draft.ids), chosen)
@@ -167,7 +173,10 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     ends_with_eos = draft.ids[-1] in drafter.eos_ids
     draft_bytes = drafter.table.to_bytes([t for t in draft.ids if t not in drafter.eos_ids])
     text = bytes(state.answer) + (draft_bytes if policy.verify_draft else b"")
-    views = await _verify(state, text, start, ends_with_eos and policy.verify_draft, draft.ids)
+    began = time.perf_counter()
+    views = await _verify(state, text, start, ends_with_eos and policy.verify_draft, draft.ids,
+                          _undecided_offsets(state, draft, policy, start))
+    state.stats.verify_s += time.perf_counter() - began
     for sync_event in state.sync_events():
         yield sync_event
 
@@ -176,7 +185,8 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     offset = start
     for j, token in enumerate(draft.ids):
         dists, owns, boundary = _member_views(state, views, text, offset, token, draft.logits[j])
-        fusable = len(dists) == len(state.members) and (boundary or not policy.require_boundary)
+        complete = len(dists) == len(state.members)  # a verifier's row is missing where it was not needed
+        fusable = boundary or not policy.require_boundary
         position = VerifiedPosition(offset=offset, boundary_ok=boundary)
         if fusable and policy.skip_consensus:
             probs, tops = zip(*(_own_prob(d, o) for d, o in zip(dists, owns)))
@@ -187,6 +197,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
                 sampler.greedy and agree(list(probs), list(tops), weights))
             position.probs = {d.name: p for d, p in zip(dists, probs)}
             fusable = not position.consensus
+        fusable = fusable and complete
         checked.append(position)
         if fusable:
             decision = _fuse(dists, weights, fusion, sampler, offset, token, state.stats.tokens + j,
@@ -212,6 +223,20 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     yield VerifyEvent(positions=checked)
     for event in state.commit(draft.ids, "draft"):
         yield event
+
+
+def _undecided_offsets(state: RequestState, draft: Draft, policy: Policy, start: int) -> set[int] | None:
+    """The byte offsets of the drafted positions that the drafter's confidence does not decide: the
+    only ones where the verifiers' distributions can change what is committed (None: without a
+    ``drafter_confidence`` every position's consensus needs them)."""
+    if not policy.skip_consensus or policy.drafter_confidence is None:
+        return None
+    undecided, offset = set(), start
+    for token, prob in zip(draft.ids, _drafter_probs(state, draft)):
+        if prob < policy.drafter_confidence:
+            undecided.add(offset)
+        offset += len(state.drafter.table.pieces[token]) if token not in state.drafter.eos_ids else 0
+    return undecided
 
 
 def _drafter_probs(state: RequestState, draft: Draft) -> Iterator[float]:
@@ -241,6 +266,8 @@ def _member_views(state: RequestState, views: list[VerifierView], text: bytes, o
         row = view.rows.get(offset)
         if row is None:
             boundary = False
+            continue
+        if row[0] is None:  # a position the drafter's confidence decides: this row was not computed
             continue
         member = verifier.member
         dists.append(MemberDist(verifier.label, member.table, row[0], exact_support(member)))

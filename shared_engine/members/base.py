@@ -62,6 +62,10 @@ class Session(Protocol):
     def step(self, token: int) -> torch.Tensor:
         """Append one token; return the logits after it."""
 
+    def rows_at(self, target: list[int], positions: Sequence[int]) -> dict[int, torch.Tensor]:
+        """Hold (a prefix of) ``target``; return the logits after ``target[:p]`` for each ``p`` in
+        ``positions`` only (a backend that pays per row computes no others)."""
+
 
 class Member(Protocol):
     """A model the ensemble can draft with, verify with and fuse."""

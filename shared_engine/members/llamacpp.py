@@ -149,8 +149,8 @@ class LlamaCppSession(RemoteSession):
         self._release = (weakref.finalize(self, member.slots.give_back, self.slot)
                          if self.slot is not None else None)
 
-    def _score(self, ids: list[int], first_row: int) -> list[TopK]:
-        entries = self.member.score(ids, first_row, slot=self.slot, fresh=self.fresh)
+    def _score_at(self, ids: list[int], positions: list[int]) -> list[TopK]:
+        entries = self.member.score_at(ids, positions, slot=self.slot, fresh=self.fresh)
         self.fresh = False
         return entries
 
@@ -222,10 +222,17 @@ class LlamaCppMember(RemoteMember):
         return sorted(results, key=lambda r: int(r.get("index", 0)))
 
     def score(self, ids: list[int], first_row: int, slot: int | None = None, fresh: bool = False) -> list[TopK]:
-        """See ``RemoteMember.score``; ``slot``: the server slot to run in (None: any idle one);
-        ``fresh``: compute the first prompt from position 0, whatever the slot holds (a session's
-        first call, see the module docstring), and only then extend it."""
-        prompts = [ids[:i] for i in range(first_row, len(ids) + 1)]
+        """See ``RemoteMember.score`` and ``score_at``."""
+        return self.score_at(ids, list(range(first_row, len(ids) + 1)), slot=slot, fresh=fresh)
+
+    def score_at(self, ids: list[int], positions: list[int], slot: int | None = None,
+                 fresh: bool = False) -> list[TopK]:
+        """See ``RemoteMember.score_at``: one prompt ``ids[:p]`` per position, so a row costs one
+        task of the server (the tokens between two asked rows are fed as one batch, not one decode
+        step each); ``slot``: the server slot to run in (None: any idle one); ``fresh``: compute the
+        first prompt from position 0, whatever the slot holds (a session's first call, see the
+        module docstring), and only then extend it."""
+        prompts = [ids[:p] for p in positions]
         if fresh:
             results = self._request(prompts[:1], slot, cache_prompt=False)
             results += self._request(prompts[1:], slot) if len(prompts) > 1 else []

@@ -151,6 +151,12 @@ class RemoteMember(ABC):
     def score(self, ids: list[int], first_row: int) -> list[TopK]:
         """Top-K after ``ids[:i]`` for i = first_row .. len(ids): ``len(ids) - first_row + 1`` entries."""
 
+    def score_at(self, ids: list[int], positions: list[int]) -> list[TopK]:
+        """Top-K after ``ids[:p]`` for each ``p`` in ``positions`` (sorted, the last ``len(ids)``).
+        By default the block from the first (``score``); a server that pays per row overrides it."""
+        block = self.score(ids, positions[0])
+        return [block[p - positions[0]] for p in positions]
+
     @abstractmethod
     def server_tokenize(self, text: str) -> list[int]:
         """The server's tokenization of ``text`` without special tokens."""
@@ -204,9 +210,18 @@ class RemoteSession(PrefixSession):
 
     def _compute(self, target: list[int], first_row: int, common: int) -> torch.Tensor:
         """One scoring request; full-vocabulary rows made from the server's top-K."""
+        return self._rows(target, list(range(first_row, len(target) + 1)), common)
+
+    def _compute_at(self, target: list[int], positions: list[int], common: int) -> dict[int, torch.Tensor]:
+        """Only the rows asked for where each row costs the server a decode step (no block scoring)."""
+        if self.member.capabilities.block_scoring:
+            return super()._compute_at(target, positions, common)
+        return dict(zip(positions, self._rows(target, positions, common)))
+
+    def _rows(self, target: list[int], positions: list[int], common: int) -> torch.Tensor:
         self.last_sync = (common, len(self.ids) - common)
-        entries = self._score(target, first_row)
-        expected = len(target) - first_row + 1
+        entries = self._score_at(target, positions)
+        expected = len(positions)
         if len(entries) != expected:
             raise self.member.malformed("number of distributions", f"{len(entries)} instead of {expected}")
         self.num_forwards += 1
@@ -218,9 +233,11 @@ class RemoteSession(PrefixSession):
         self.ids = list(target)
         return rows
 
-    def _score(self, ids: list[int], first_row: int) -> list[TopK]:
-        """The member's ``score``; a backend's session adds what its server needs (a slot)."""
-        return self.member.score(ids, first_row)
+    def _score_at(self, ids: list[int], positions: list[int]) -> list[TopK]:
+        """The member's ``score_at``; a backend's session adds what its server needs (a slot)."""
+        if positions == list(range(positions[0], len(ids) + 1)):
+            return self.member.score(ids, positions[0])
+        return self.member.score_at(ids, positions)
 
 
 def _within(entry: TopK, vocab_size: int) -> TopK:

@@ -9,6 +9,7 @@ session feeds its KV cache (members/hf.py), a remote session asks its server (me
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 import torch
 
@@ -47,6 +48,34 @@ class PrefixSession(ABC):
     def step(self, token: int) -> torch.Tensor:
         """Append one token; return the distribution after it."""
         return self.sync(self.ids + [token], len(self.ids) + 1)[-1]
+
+    def rows_at(self, target: list[int], positions: Sequence[int]) -> dict[int, torch.Tensor]:
+        """The distributions after ``target[:p]`` for each ``p`` in ``positions`` (1..len(target));
+        the session then holds ``target[:max(positions)]``. Where a backend scores a block in one
+        pass the rows between come with it (``sync``); where each row costs a decode step
+        (llama.cpp), ``_compute_at`` computes only these and feeds the tokens between in batches."""
+        wanted = sorted(set(positions))
+        if not wanted:
+            return {}
+        if wanted[0] < 1 or wanted[-1] > len(target):
+            raise ValueError(f"positions {wanted[0]}..{wanted[-1]} outside 1..{len(target)}")
+        prefix = target[:wanted[-1]]
+        lcp = common_prefix_len(self.ids, prefix)
+        known = self.next_logits if lcp == len(self.ids) == wanted[0] else None
+        rows = {wanted[0]: known} if known is not None else {}
+        rest = wanted[1:] if known is not None else wanted
+        if rest:
+            rows.update(self._compute_at(prefix, rest, lcp))
+            self.next_logits = rows[wanted[-1]]
+        else:
+            self.last_sync = (lcp, 0)
+        return rows
+
+    def _compute_at(self, target: list[int], positions: list[int], common: int) -> dict[int, torch.Tensor]:
+        """``rows_at``'s backend part (``positions`` sorted, the last one ``len(target)``): by
+        default one block from the first position, as ``sync`` computes it."""
+        block = self._compute(target, positions[0], common)
+        return {p: block[p - positions[0]] for p in positions}
 
     @abstractmethod
     def _compute(self, target: list[int], first_row: int, common: int) -> torch.Tensor:
