@@ -53,7 +53,7 @@ def _comparable(summary: dict) -> dict:
 
 
 def _without_timing(sample: dict) -> dict:
-    timing = ("elapsed_s", "tokens_per_s", "time_to_first_token_s")
+    timing = ("elapsed_s", "tokens_per_s", "time_to_first_token_s", "draft_s", "verify_s")
     stats = {k: v for k, v in sample["stats"].items() if k not in timing}
     return {**sample, "stats": stats}
 

@@ -7,7 +7,10 @@ shown) are written once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Literal
 
 import torch
 
@@ -43,6 +46,20 @@ def mean_draft_length(lengths: Mapping[int, int] | Mapping[str, int]) -> float:
     summed over answers, or read back from JSON with string keys)."""
     rounds = sum(lengths.values())
     return round(sum(int(length) * n for length, n in lengths.items()) / rounds, 2) if rounds else 0.0
+
+
+@contextmanager
+def timed(stats: Stats, phase: Literal["draft", "verify"]) -> Iterator[None]:
+    """Add the wall time of the block to ``Stats.draft_s`` or ``Stats.verify_s``."""
+    began = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds = time.perf_counter() - began
+        if phase == "draft":
+            stats.draft_s += seconds
+        else:
+            stats.verify_s += seconds
 
 
 def count_unverified_round(stats: Stats) -> None:

@@ -29,7 +29,6 @@ distribution is not known in closed form), which keeps the answer exact to that 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -44,7 +43,7 @@ from ..members.base import exact_support
 from ..policies import Policy, agree
 from ..sampling import Sampler, speculative_choice
 from .decisions import FusionDecision
-from .report import count_draft, count_fusion, count_unverified_round, draft_event, fusion_event
+from .report import count_draft, count_fusion, count_unverified_round, draft_event, fusion_event, timed
 from .state import RequestState
 
 
@@ -148,10 +147,9 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     drafter = state.drafter
     start = len(state.answer)
     chosen = state.draft_length or policy.draft.start  # what the schedule asks; the answer's end may cut it
-    began = time.perf_counter()
-    draft = await drafter.member.run(_draft, state, min(chosen, state.max_new_tokens - state.stats.tokens), sampler,
-                                     policy.draft.stop_below)
-    state.stats.draft_s += time.perf_counter() - began
+    with timed(state.stats, "draft"):
+        draft = await drafter.member.run(_draft, state, min(chosen, state.max_new_tokens - state.stats.tokens),
+                                         sampler, policy.draft.stop_below)
     if not draft.ids:
         return  # the constraint ended the answer
     count_draft(state.stats, len(draft.ids), chosen)
@@ -173,10 +171,9 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     ends_with_eos = draft.ids[-1] in drafter.eos_ids
     draft_bytes = drafter.table.to_bytes([t for t in draft.ids if t not in drafter.eos_ids])
     text = bytes(state.answer) + (draft_bytes if policy.verify_draft else b"")
-    began = time.perf_counter()
-    views = await _verify(state, text, start, ends_with_eos and policy.verify_draft, draft.ids,
-                          _undecided_offsets(state, draft, policy, start))
-    state.stats.verify_s += time.perf_counter() - began
+    with timed(state.stats, "verify"):
+        views = await _verify(state, text, start, ends_with_eos and policy.verify_draft, draft.ids,
+                              _undecided_offsets(state, draft, policy, start))
     for sync_event in state.sync_events():
         yield sync_event
 
