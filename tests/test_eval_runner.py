@@ -290,3 +290,12 @@ def test_run_labels_give_zoo_members_their_short_name_on_any_backend() -> None:
         "every-token (qwen+gemma)"
     assert run_label({"method": "single", "models": ["llamacpp:http://h:8080"], "engine_options": {}}) == \
         "single (h:8080)"
+
+
+def test_long_run_labels_go_on_short_lines_under_their_bars() -> None:
+    from shared_engine.evaluation.compare import BAR_LABEL_WIDTH, _bar_label
+
+    label = "safe (qwen+gemma) drafter=auto dc=0.5"
+    lines = _bar_label(label).split("\n")
+    assert len(lines) > 1 and all(len(line) <= BAR_LABEL_WIDTH for line in lines)
+    assert " ".join(lines) == label and _bar_label("single (qwen)") == "single (qwen)"

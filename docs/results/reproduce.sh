@@ -94,3 +94,12 @@ python scripts/drafter_fit_probe.py --prompts 8
 # Speed at today's defaults (README Speed), on a quiet machine
 safe-ensemble bench --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct --backend transformers,llamacpp \
   --methods single,safe,every-token --prompts 3 --max-new-tokens 128 --json $OUT/p6/bench-defaults.json
+# MMLU-Redux (zero-shot chain of thought, 384 tokens): Qwen, Gemma and the default (README standing; Gemma was run on the first 60)
+B="--bench mmlu-redux --limit 100"
+for r in q g; do ev $B --method single --members $M/$r.yaml --out $OUT/p7/mmlu-single-$r; done
+ev $B --method safe --members $M/qg.yaml --out $OUT/p7/mmlu-safe-qg
+safe-ensemble eval compare $OUT/p7/mmlu-* --baseline $OUT/p7/mmlu-single-q
+# Where SAFE's time goes over llama.cpp members; the verifier asked for every row vs the undecided rows only
+python scripts/verify_cost.py --repeats 2
+safe-ensemble bench --backend llamacpp --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct \
+  --methods single,safe --prompts 6 --json $OUT/p7/bench-rows.json

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from ..members.spec import BACKENDS
 from ..options import METHOD_DEFAULTS
 from .runner import SAMPLES, SUMMARY
 
+BAR_LABEL_WIDTH = 22
+"""Characters per line of a run label under its bar."""
 _SHORT = {"qwen2.5-coder-0.5b-instruct": "qwen", "smollm2-135m-instruct": "smol", "gemma-3-270m": "gemma"}
 
 
@@ -105,7 +108,7 @@ def plot(summaries: list[dict[str, Any]], folder: Path) -> list[Path]:
         runs = [s for s in summaries if s["bench"] == bench and s["n"]]
         if not runs:
             continue
-        labels = [s["label"] for s in runs]
+        labels = [_bar_label(s["label"]) for s in runs]
         chrf = runs[0]["metric"] == "chrf"
         scores = [s["score"] if chrf else 100 * s["score"] for s in runs]
         unit = "chrF" if chrf else "accuracy (%)"
@@ -121,7 +124,7 @@ def plot(summaries: list[dict[str, Any]], folder: Path) -> list[Path]:
         ax.set_ylabel(unit)
         ax.set_title(f"{bench}: {unit} per run\nN={n}{'' if chrf else ', error bars: 95% Wilson interval'}",
                      fontsize=10)
-        ax.tick_params(axis="x", rotation=20)
+        ax.tick_params(axis="x", labelsize=8)
         written.append(_save(fig, folder / f"{bench}-accuracy.png"))
 
         fig, ax = plt.subplots(figsize=(5.5, 4))
@@ -151,9 +154,14 @@ def plot(summaries: list[dict[str, Any]], folder: Path) -> list[Path]:
         ax.set_ylabel("tokens/s (generation incl. prefill)")
         ax.set_title(f"{bench}: speed per run (N={n}; on a shared machine, runs made at\n"
                      "different times compare only roughly)", fontsize=10)
-        ax.tick_params(axis="x", rotation=20)
+        ax.tick_params(axis="x", labelsize=8)
         written.append(_save(fig, folder / f"{bench}-tokens-per-s.png"))
     return written
+
+
+def _bar_label(label: str) -> str:
+    """A run label on a few short lines under its bar (long labels rotated ran into their neighbours)."""
+    return "\n".join(textwrap.wrap(label, BAR_LABEL_WIDTH)) or label
 
 
 def _save(fig: Any, path: Path) -> Path:
