@@ -87,13 +87,18 @@ class Policy:
         return float(torch.softmax(drafter_logits, dim=-1).max()) < self.gate_threshold
 
 
+    @property
+    def confidence_gate(self) -> float | None:
+        """``drafter_confidence`` where it decides positions on its own (SAFE's consensus check), else None."""
+        return self.drafter_confidence if self.skip_consensus else None
+
     def drafter_decides_alone(self, drafter_probs: Iterable[float]) -> bool:
         """True when no drafted position can be fused: SAFE with ``drafter_confidence`` treats a
         position where the drafter's probability of its token is >= it as agreed whatever the
         verifiers say, so a draft that is that sure everywhere is committed without their forward
         (they catch up in the next verified round's one pass). Exact: the same tokens are committed."""
-        threshold = self.drafter_confidence
-        return self.skip_consensus and threshold is not None and all(p >= threshold for p in drafter_probs)
+        threshold = self.confidence_gate
+        return threshold is not None and all(p >= threshold for p in drafter_probs)
 
 
 def agree(own_probs: list[float], argmax_is_own: list[bool], weights: torch.Tensor) -> bool:

@@ -29,7 +29,7 @@ distribution is not known in closed form), which keeps the answer exact to that 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -161,7 +161,8 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
         for event in state.commit(draft.ids, "draft"):
             yield event
         return
-    if policy.drafter_decides_alone(_drafter_probs(state, draft)):
+    drafter_probs = _drafter_probs(state, draft, policy)
+    if policy.drafter_decides_alone(drafter_probs):
         count_unverified_round(state.stats)
         state.draft_length = policy.draft.after(chosen, kept_whole=True)
         for event in state.commit(draft.ids, "draft"):
@@ -173,7 +174,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     text = bytes(state.answer) + (draft_bytes if policy.verify_draft else b"")
     with timed(state.stats, "verify"):
         views = await _verify(state, text, start, ends_with_eos and policy.verify_draft, draft.ids,
-                              _undecided_offsets(state, draft, policy, start))
+                              _undecided_offsets(state, draft, drafter_probs, policy, start))
     for sync_event in state.sync_events():
         yield sync_event
 
@@ -222,26 +223,29 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
         yield event
 
 
-def _undecided_offsets(state: RequestState, draft: Draft, policy: Policy, start: int) -> set[int] | None:
+def _undecided_offsets(state: RequestState, draft: Draft, drafter_probs: list[float], policy: Policy,
+                       start: int) -> set[int] | None:
     """The byte offsets of the drafted positions that the drafter's confidence does not decide: the
-    only ones where the verifiers' distributions can change what is committed (None: without a
-    ``drafter_confidence`` every position's consensus needs them)."""
-    if not policy.skip_consensus or policy.drafter_confidence is None:
+    only ones where the verifiers' distributions can change what is committed (None: without the
+    confidence gate every position's consensus needs them)."""
+    threshold = policy.confidence_gate
+    if threshold is None:
         return None
     undecided, offset = set(), start
-    for token, prob in zip(draft.ids, _drafter_probs(state, draft)):
-        if prob < policy.drafter_confidence:
+    for token, prob in zip(draft.ids, drafter_probs):
+        if prob < threshold:
             undecided.add(offset)
         offset += len(state.drafter.table.pieces[token]) if token not in state.drafter.eos_ids else 0
     return undecided
 
 
-def _drafter_probs(state: RequestState, draft: Draft) -> Iterator[float]:
-    """The drafter's probability of each drafted token, as the consensus check computes it: those the
-    draft's stop already computed, the rest lazily (nothing without a ``drafter_confidence``, and
-    nothing past the first unsure token)."""
-    return (draft.probs[j] if j < len(draft.probs) else _drafter_prob(state, token, logits)
-            for j, (token, logits) in enumerate(zip(draft.ids, draft.logits)))
+def _drafter_probs(state: RequestState, draft: Draft, policy: Policy) -> list[float]:
+    """The drafter's probability of each drafted token, once per round, for the confidence gate (none
+    without it): those the draft's stop already computed, the rest from the draft's rows."""
+    if policy.confidence_gate is None:
+        return []
+    return [draft.probs[j] if j < len(draft.probs) else _drafter_prob(state, token, logits)
+            for j, (token, logits) in enumerate(zip(draft.ids, draft.logits))]
 
 
 def _drafter_prob(state: RequestState, token: int, logits: torch.Tensor) -> float:

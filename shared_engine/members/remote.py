@@ -213,9 +213,8 @@ class RemoteSession(PrefixSession):
         return self._rows(target, list(range(first_row, len(target) + 1)), common)
 
     def _compute_at(self, target: list[int], positions: list[int], common: int) -> dict[int, torch.Tensor]:
-        """Only the rows asked for where each row costs the server a decode step (no block scoring)."""
-        if self.member.capabilities.block_scoring:
-            return super()._compute_at(target, positions, common)
+        """The rows asked for, in one request: the member's ``score_at`` knows whether its server
+        scores a block (and slices it) or pays per row (and asks for these only)."""
         return dict(zip(positions, self._rows(target, positions, common)))
 
     def _rows(self, target: list[int], positions: list[int], common: int) -> torch.Tensor:
@@ -235,8 +234,6 @@ class RemoteSession(PrefixSession):
 
     def _score_at(self, ids: list[int], positions: list[int]) -> list[TopK]:
         """The member's ``score_at``; a backend's session adds what its server needs (a slot)."""
-        if positions == list(range(positions[0], len(ids) + 1)):
-            return self.member.score(ids, positions[0])
         return self.member.score_at(ids, positions)
 
 
