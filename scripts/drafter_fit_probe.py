@@ -22,7 +22,8 @@ from shared_engine.members import load_member
 from shared_engine.members.chat import normalize_messages
 from shared_engine.weighting import content_spans, fit_of, tokens_inside
 
-ZOO = ("qwen2.5-coder-0.5b-instruct", "gemma-3-270m", "smollm2-135m-instruct")
+# transformers members: exact distributions (zoo names alone would run on llama.cpp)
+ZOO = tuple(f"transformers:{name}" for name in ("qwen2.5-coder-0.5b-instruct", "gemma-3-270m", "smollm2-135m-instruct"))
 BENCHMARKS = ("gsm8k", "arc-challenge", "squad", "triviaqa", "nq", "bbh", "flores:en-de", "flores:de-en",
               "flores:en-ro", "mmlu-redux", "math500")
 

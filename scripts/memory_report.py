@@ -139,7 +139,7 @@ def measure(models: list[str], method: str, max_new_tokens: int, prompt: str, dt
     after_answer = rss_mb()
 
     engine.close()
-    second = EnsembleEngine(models, method=method)
+    second = EnsembleEngine(models, method=method, dtype=dtype, device=device)  # same members: shared
     shared = all(a is b for a, b in zip(second.members, members))
     again = second.generate(prompt, max_new_tokens=max_new_tokens)
     gc.collect()

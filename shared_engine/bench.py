@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import sys
 from typing import Any
 
@@ -51,9 +52,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                             "safe:draft-schedule=adaptive, and is then compared with its method (vs_safe, "
                             "same_answers_as_safe)")
     bench.add_argument("--json", help="write the results here")
-    bench.add_argument("--backend", type=_backends, default=["transformers"],
-                       help="how zoo names without a prefix run: transformers, llamacpp, or both "
-                            "(transformers,llamacpp) to measure them in one run")
+    bench.add_argument("--backend", type=_backends,
+                       help="how zoo names without a prefix run: llamacpp, transformers, or both "
+                            "(transformers,llamacpp) to measure them in one run (default: each model's "
+                            "default backend, llamacpp for zoo names)")
     bench.set_defaults(max_new_tokens=128)
 
 
@@ -68,23 +70,38 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
-    """One backend: the results as before. Several (``--backend transformers,llamacpp``): each
-    backend's results under ``backends`` plus ``<method>_<backend>_vs_<first backend>`` ratios."""
-    backends = list(getattr(args, "backend", None) or ["transformers"])
-    if isinstance(backends, str):
-        backends = [backends]
+    """One backend (``--backend``, default: each model's own, ``default_backend``): the results.
+    Several (``--backend transformers,llamacpp``): each backend's results under ``backends``, plus per
+    method ``<method>_<backend>_vs_<first backend>`` (tokens/s ratio) and
+    ``<method>_<backend>_agreement_with_<first backend>`` (how far the greedy answers agree: the same
+    weights run by other kernels can flip a near-tie, after which the texts part)."""
+    chosen = getattr(args, "backend", None) or [None]
+    backends: list[str | None] = [chosen] if isinstance(chosen, str) else list(chosen)
     if len(backends) == 1:
-        return _run_backend(args, backends[0])
-    by_backend = {b: _run_backend(args, b) for b in backends}
+        return _run_backend(args, backends[0])[0]
+    runs = {b: _run_backend(args, b) for b in backends}
+    by_backend = {str(b): results for b, (results, _) in runs.items()}
     results: dict[str, Any] = {"backends": by_backend, "note": "measured in one process, one after the other"}
-    base = backends[0]
-    for other in backends[1:]:
+    base = str(backends[0])
+    for other in map(str, backends[1:]):
         for method, row in by_backend[other]["methods"].items():
+            key = f"{method.replace('-', '_')}_{other}"
             reference = by_backend[base]["methods"].get(method, {}).get("tokens_per_s")
             if reference:
-                key = f"{method.replace('-', '_')}_{other}_vs_{base}"
-                results[key] = round(row["tokens_per_s"] / reference, 3)
+                results[f"{key}_vs_{base}"] = round(row["tokens_per_s"] / reference, 3)
+            base_answers, other_answers = runs[backends[0]][1].get(method), runs[other][1].get(method)
+            if base_answers and other_answers:
+                results[f"{key}_agreement_with_{base}"] = answer_agreement(base_answers, other_answers)
     return results
+
+
+def answer_agreement(first: list[str], second: list[str]) -> dict[str, Any]:
+    """How two runs' answers to the same prompts agree: how many are identical, and the mean share of
+    each answer (in characters of the longer one) that the two have in common before they part."""
+    shared = [1.0 if a == b else len(os.path.commonprefix([a, b])) / max(len(a), len(b))
+              for a, b in zip(first, second, strict=True)]
+    return {"identical": sum(a == b for a, b in zip(first, second, strict=True)), "answers": len(shared),
+            "mean_shared_prefix": round(sum(shared) / len(shared), 3) if shared else 0.0}
 
 
 def parse_method(entry: str, args: argparse.Namespace) -> tuple[str, argparse.Namespace]:
@@ -103,13 +120,14 @@ def parse_method(entry: str, args: argparse.Namespace) -> tuple[str, argparse.Na
     return method.strip(), parser.parse_args(flags, namespace=copy.copy(args))  # unnamed flags keep args'
 
 
-def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
+def _run_backend(args: argparse.Namespace, backend: str | None) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """One backend's results, and each method's answers (for comparing backends)."""
     prompts = gsm8k_questions(args.data, args.prompts)
     if len(prompts) < args.prompts:
         print(f"bench: {gsm8k_file(args.data)} has only {len(prompts)} questions", file=sys.stderr)
     entries = [m.strip() for m in args.methods.split(",") if m.strip()]
     safe = EngineOptions(method="safe", **method_default_flags(args))  # what SAFE runs with: flags, else its defaults
-    results: dict[str, Any] = {"models": args.models, "backend": backend, "prompts": len(prompts),
+    results: dict[str, Any] = {"models": args.models, "backend": backend or "default", "prompts": len(prompts),
                                "data": str(gsm8k_file(args.data)),
                                "max_new_tokens": args.max_new_tokens, "draft_length": args.draft_length,
                                "draft_schedule": args.draft_schedule,
@@ -178,4 +196,4 @@ def _run_backend(args: argparse.Namespace, backend: str) -> dict[str, Any]:
             results["adafuse_vs_single"] = round(
                 by_method["adafuse"]["tokens_per_s"] / by_method["single"]["tokens_per_s"], 3)
     results["forward_passes_per_token"] = {m: r["forward_passes_per_token"] for m, r in by_method.items()}
-    return results
+    return results, answers

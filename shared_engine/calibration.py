@@ -257,6 +257,7 @@ def _models(value: str) -> list[str]:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """``safe-ensemble calibrate``."""
+    from .member_flags import BACKEND_HELP
     from .members import LOCAL_BACKENDS
 
     parser = subparsers.add_parser(
@@ -265,8 +266,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--bench", choices=sorted(CALIBRATION_SPLITS), default="gsm8k")
     parser.add_argument("--models", type=_models, required=True,
                         help="comma-separated members, as for `run` (zoo names, folders, .gguf, specs)")
-    parser.add_argument("--backend", choices=LOCAL_BACKENDS, default="transformers",
-                        help="how zoo names without a backend prefix run")
+    parser.add_argument("--backend", choices=LOCAL_BACKENDS, help=BACKEND_HELP)
     parser.add_argument("--data", help="the labelled split (default: the data folder's "
                                        "gsm8k/train.jsonl or arc_challenge/dev.jsonl); never a test split")
     parser.add_argument("--limit", type=int, default=DEFAULT_QUESTIONS, help="questions to fit on")

@@ -18,6 +18,7 @@ from . import bench, calibration
 from .engine_args import add_engine_args, default_method, engine_from_args
 from .errors import EnsembleError
 from .evaluation import cli as eval_command
+from .member_flags import BACKEND_HELP
 from .members import LOCAL_BACKENDS
 from .options import METHODS
 from .server import command as serve_command
@@ -28,8 +29,7 @@ _HIGHLIGHT, _RESET = "\033[1;33m", "\033[0m"
 def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = sub.add_parser("run", help="stream one answer")
     add_engine_args(run)
-    run.add_argument("--backend", choices=LOCAL_BACKENDS, default="transformers",
-                     help="how zoo names without a backend prefix run (default: transformers)")
+    run.add_argument("--backend", choices=LOCAL_BACKENDS, help=BACKEND_HELP)
     run.add_argument("--method", choices=METHODS, help="default: safe (single with one model)")
     run.add_argument("--temperature", type=float, default=0.0)
     run.add_argument("--top-p", type=float, default=1.0)

@@ -93,10 +93,11 @@ def method_default_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def engine_from_args(args: argparse.Namespace, method: str, backend: str | None = None) -> EnsembleEngine:
-    """An engine from ``add_engine_args``' flags; ``backend`` (default: ``args.backend``, else
-    transformers) runs the model names that carry no backend prefix. Members load on first request."""
-    chosen = backend or getattr(args, "backend", None) or "transformers"
-    backend = chosen if isinstance(chosen, str) else chosen[0]
+    """An engine from ``add_engine_args``' flags; ``backend`` (default: ``args.backend``, else each
+    model's default, ``default_backend``) runs the model names that carry no backend prefix. Members
+    load on first request."""
+    chosen = backend or getattr(args, "backend", None)
+    backend = chosen if isinstance(chosen, str) or chosen is None else chosen[0]
     return EnsembleEngine(member_configs(args, backend), method=method, drafter=args.drafter, weights=args.weights,
                           weights_temperature=args.weights_temperature, profile=args.profile,
                           draft_length=args.draft_length, draft_schedule=args.draft_schedule,

@@ -23,6 +23,9 @@ from .members import MemberConfig, MemberDefaults, member_config, with_backend
 from .members.devices import DTYPES
 from .options import validated
 
+BACKEND_HELP = ("how models without a backend prefix run: llamacpp or transformers (default: llamacpp "
+                "for zoo names, transformers for the rest and for members given --device/--dtype/...)")
+
 
 def _models(value: str) -> list[str]:
     models = [m.strip() for m in value.split(",") if m.strip()]

@@ -205,7 +205,7 @@ def test_entropy_mode_and_option_validation() -> None:
 
 @pytest.mark.zoo
 @pytest.mark.parametrize("models", [
-    ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"],  # exact distributions (transformers)
+    ["transformers:qwen2.5-coder-0.5b-instruct", "transformers:smollm2-135m-instruct"],  # exact distributions
     # top-K members, three tokenizers (Gemma's base model with its plain template among them); three
     # transformers members ensemble in test_real_models.py, the vote is the same for any backend
     ["llamacpp:qwen2.5-coder-0.5b-instruct", "llamacpp:smollm2-135m-instruct", "llamacpp:gemma-3-270m"],

@@ -295,7 +295,7 @@ def test_closing_ends_running_requests_as_cancelled(toys: list[HFMember], sessio
 
 @pytest.mark.zoo
 def test_zoo_cancellations_leave_identical_answers_and_free_sessions(sessions: weakref.WeakSet) -> None:
-    names = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
+    names = ["transformers:qwen2.5-coder-0.5b-instruct", "transformers:smollm2-135m-instruct"]  # KV caches
     prompt, other = "What is 17 + 25? Answer briefly.", "Name a prime number."
     fresh = EnsembleEngine(names, method="safe")
     expected = [asyncio.run(fresh.agenerate(p, max_new_tokens=12)).text for p in (prompt, other)]

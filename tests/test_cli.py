@@ -59,6 +59,15 @@ def test_bench_writes_the_documented_keys(tmp_path) -> None:  # noqa: ANN001
     assert sum(safe["time_split_s"].values()) == pytest.approx(safe["elapsed_s"], abs=0.01)
 
 
+def test_bench_answer_agreement_between_backends() -> None:
+    from shared_engine.bench import answer_agreement
+
+    got = answer_agreement(["The answer is 42.", "abc", ""], ["The answer is 41.", "abc", ""])
+    assert got == {"identical": 2, "answers": 3, "mean_shared_prefix": round((15 / 17 + 1 + 1) / 3, 3)}
+    with pytest.raises(ValueError):
+        answer_agreement(["a"], ["a", "b"])  # not the same prompts
+
+
 @pytest.mark.parametrize("command", ["run", "eval"])
 def test_weights_reach_the_engine_and_label_the_run(command: str) -> None:
     from shared_engine.cli import build_parser

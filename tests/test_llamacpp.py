@@ -13,8 +13,9 @@ import torch
 
 from shared_engine import EnsembleEngine
 from shared_engine.errors import MemberError
-from shared_engine.members import load_member
+from shared_engine.members import HFMember, load_member
 from shared_engine.members.http import HttpSettings
+from shared_engine.members.llamacpp import LlamaCppMember
 from shared_engine.zoo import gguf_path
 from tests.fixture_server import free_port
 
@@ -38,7 +39,7 @@ MAX_PROB_DIFF = 0.15
 
 @pytest.mark.parametrize("name", [SMOL, QWEN])
 def test_llamacpp_topk_agrees_with_transformers(name: str) -> None:
-    hf, ll = load_member(name, progress=False), load_member(f"llamacpp:{name}", progress=False)
+    hf, ll = load_member(f"transformers:{name}", progress=False), load_member(f"llamacpp:{name}", progress=False)
     assert ll.capabilities.distribution == "top_k" and not ll.capabilities.block_scoring
     agree = total = 0
     diffs = []
@@ -59,13 +60,21 @@ def test_llamacpp_topk_agrees_with_transformers(name: str) -> None:
     assert float(diff.mean()) <= MAX_MEAN_PROB_DIFF and float(diff.max()) <= MAX_PROB_DIFF
 
 
+def test_zoo_names_run_on_llamacpp_by_default_and_on_transformers_when_placed() -> None:
+    (member,) = EnsembleEngine([SMOL], method="single").members
+    assert isinstance(member, LlamaCppMember) and member is load_member(f"llamacpp:{SMOL}")
+    (placed,) = EnsembleEngine([SMOL], method="single", dtype="float32").members
+    assert isinstance(placed, HFMember) and placed is load_member(f"transformers:{SMOL}")
+
+
 def test_safe_over_llamacpp_members_writes_valid_text() -> None:
     engine = EnsembleEngine([f"llamacpp:{QWEN}", f"llamacpp:{SMOL}"], method="safe")
     question = "What is 17 + 25? Answer briefly."
     result = engine.generate(question, max_new_tokens=32)
     assert "42" in result.text and result.finish_reason in ("eos", "length")
     # the same kind of answer as the transformers members give
-    assert "42" in EnsembleEngine([QWEN, SMOL], method="safe").generate(question, max_new_tokens=32).text
+    transformers = EnsembleEngine([f"transformers:{QWEN}", f"transformers:{SMOL}"], method="safe")
+    assert "42" in transformers.generate(question, max_new_tokens=32).text
     # emoji and CJK: byte tokens, partial UTF-8 argmaxes, multi-token characters
     result = engine.generate("Write five food emojis and the Japanese word for cat.", max_new_tokens=40)
     assert result.text.strip() and "\ufffd" not in result.text

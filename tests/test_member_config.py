@@ -88,6 +88,29 @@ def test_engine_wide_placement_fills_only_transformers_members_that_set_none() -
     assert (mapped[1].device, mapped[1].device_map) == ("cpu", None)  # device and device_map never mixed
 
 
+def test_zoo_names_default_to_llamacpp_unless_placement_asks_for_transformers() -> None:
+    qwen = "qwen2.5-coder-0.5b-instruct"
+    assert member_config(qwen).spec.backend == "llamacpp"  # its GGUF, served natively
+    assert member_config("./my-finetune").spec.backend == "transformers"  # anything not in the zoo
+    assert member_config(qwen, backend="transformers").spec.backend == "transformers"  # --backend wins
+    assert member_config(f"transformers:{qwen}").spec.backend == "transformers"  # as does a prefix
+    # placement exists only for transformers members: asking for it picks transformers, on the member
+    # or engine-wide (never a dtype silently dropped because the zoo name went to llama.cpp)
+    assert member_config({"model": qwen, "dtype": "bfloat16"}).spec.backend == "transformers"
+    engine = EnsembleEngine([qwen, "llamacpp:smollm2-135m-instruct"], dtype="bfloat16")  # nothing loads
+    assert [(str(s.spec), s.dtype) for s in engine.member_specs] == [
+        (f"transformers:{qwen}", "bfloat16"), ("llamacpp:smollm2-135m-instruct", None)]
+    assert EnsembleEngine([qwen], method="single", slots=2).member_specs[0].spec.backend == "llamacpp"
+    with pytest.raises(InvalidRequestError, match="dtype: only for transformers members"):
+        member_config({"model": qwen, "backend": "llamacpp", "dtype": "bfloat16"})  # said both: refused
+    for command in ("run", "serve", "bench", "eval", "calibrate"):  # the CLI leaves it to the default
+        from shared_engine.cli import build_parser
+
+        extra = {"run": ["hi"], "eval": ["--bench", "gsm8k"]}.get(command, [])
+        assert build_parser().parse_args([command, "--models", f"{qwen},{qwen}", *extra, *(
+            ["--out", "p.json"] if command == "calibrate" else [])]).backend is None
+
+
 def test_registry_keys_tell_dtypes_apart_and_treat_the_defaults_as_plain() -> None:
     assert MemberConfig(model="m", device="cpu", dtype="float32").key == MemberConfig(model="m").key == "transformers:m"
     assert MemberConfig(model="m", dtype="bfloat16").key != MemberConfig(model="m").key

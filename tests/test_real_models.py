@@ -14,7 +14,10 @@ from shared_engine.members import load_member
 
 pytestmark = pytest.mark.zoo
 
-QWEN, SMOL, GEMMA = "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m"
+# transformers members: exact distributions, their KV caches and `model.generate` to compare with
+# (zoo names run on llama.cpp by default; tests/test_llamacpp.py covers that backend).
+QWEN, SMOL, GEMMA = (f"transformers:{name}" for name in
+                     ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m"))
 
 
 def gsm8k_question(index: int = 0) -> str:

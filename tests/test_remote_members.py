@@ -61,7 +61,9 @@ def test_topk_logits_survive_a_top_k_that_sums_past_one() -> None:
 
 # ------------------------------------------------------------------ spec strings
 def test_member_specs() -> None:
-    assert parse_member_spec("smollm2-135m-instruct").backend == "transformers"
+    assert parse_member_spec("smollm2-135m-instruct").backend == "llamacpp"  # a zoo name: its GGUF
+    assert parse_member_spec("smollm2-135m-instruct", "transformers").backend == "transformers"
+    assert parse_member_spec("./folder#x").backend == "transformers"
     spec = parse_member_spec("llamacpp:smollm2-135m-instruct")
     assert (spec.backend, spec.target, spec.tokenizer) == ("llamacpp", "smollm2-135m-instruct", None)
     spec = parse_member_spec("vllm:http://gpu1:8000#qwen2.5-coder-0.5b-instruct")

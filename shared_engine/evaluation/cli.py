@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..engine_args import add_engine_args, default_method, engine_from_args
 from ..errors import InvalidRequestError
-from ..member_flags import member_configs
+from ..member_flags import BACKEND_HELP, member_configs
 from ..members import LOCAL_BACKENDS
 from ..options import METHODS, GenerationParams
 from .benchmarks import BENCHMARKS, FLORES_PAIRS, get_benchmark
@@ -28,8 +28,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         group.required = False                          # checked in run
     parser.set_defaults(max_new_tokens=None)
     parser.add_argument("--bench", choices=BENCHMARKS)
-    parser.add_argument("--backend", choices=LOCAL_BACKENDS, default="transformers",
-                        help="how zoo names without a backend prefix run (default: transformers)")
+    parser.add_argument("--backend", choices=LOCAL_BACKENDS, help=BACKEND_HELP)
     parser.add_argument("--method", choices=METHODS, help="default: safe (single with one model)")
     parser.add_argument("--pair", choices=FLORES_PAIRS, default="en-de", help="flores language pair")
     parser.add_argument("--limit", type=int, help="first N questions (BBH / MMLU-Redux: interleaved over tasks)")

@@ -23,7 +23,7 @@ from ..options import DEFAULT_MAX_ACTIVE, validated
 from . import devices
 from .devices import DType
 from .http import HttpSettings
-from .spec import Backend, MemberSpec, parse_member_spec
+from .spec import BACKENDS, Backend, MemberSpec, parse_member_spec
 
 DeviceMap = str | dict[str, int | str]
 
@@ -101,7 +101,8 @@ class MemberConfig(MemberDefaults):
     """A zoo name, local HF folder, .gguf path, hub id (org/name) or spec string (llamacpp:NAME,
     vllm:URL#TOKENIZER, ...; see the members package)."""
     backend: Backend | None = None
-    """Backend for a model without a prefix (default: transformers)."""
+    """Backend for a model without a prefix (default: llama.cpp for a zoo name, transformers for the
+    rest; transformers for a zoo name given placement options)."""
     name: str | None = Field(None, min_length=1)
     """Display name: how stats, events, the server page and eval summaries call this member, and what
     ``drafter=`` / ``--drafter`` may name (default: the model's name). Unique within an ensemble; it
@@ -124,7 +125,7 @@ class MemberConfig(MemberDefaults):
     @model_validator(mode="after")
     def _options_fit_backend(self) -> MemberConfig:
         try:
-            spec = parse_member_spec(self.model, self.backend)
+            spec = self.spec
         except InvalidRequestError as err:
             raise ValueError(str(err)) from None
         in_process_llamacpp = spec.backend == "llamacpp" and not spec.is_url
@@ -140,7 +141,16 @@ class MemberConfig(MemberDefaults):
 
     @property
     def spec(self) -> MemberSpec:
-        return parse_member_spec(self.model, self.backend)
+        """The parsed model spec. A model without a prefix runs on ``backend``, else on its default
+        (``default_backend``: llama.cpp for a zoo name), except that placement options (device,
+        dtype, ...) exist only for transformers members, so asking for one picks transformers."""
+        return parse_member_spec(self.model, self.backend or ("transformers" if self.placement() else None))
+
+    @property
+    def has_prefix(self) -> bool:
+        """Whether ``model`` names its backend itself (``llamacpp:NAME``, ``vllm:URL``)."""
+        head, sep, _ = self.model.partition(":")
+        return bool(sep) and head in BACKENDS
 
     def backend_options(self) -> dict[str, Any]:
         """Keyword options for the backend's loader (only those that are set)."""
@@ -162,6 +172,9 @@ class MemberConfig(MemberDefaults):
         in-process llama.cpp member. A member that sets its own device or device_map keeps it: the
         two are never mixed."""
         values = self.model_dump(exclude_none=True)
+        if (self.backend is None and backend is None and defaults is not None and defaults.placement()
+                and not self.has_prefix):
+            backend = "transformers"  # engine-wide placement is asked for: a zoo name runs where it applies
         if self.backend is None and backend is not None and parse_member_spec(self.model, backend).backend == backend:
             values["backend"] = backend  # a model with its own prefix (llamacpp:NAME) keeps it, and says so
         config = validated(MemberConfig, **values)

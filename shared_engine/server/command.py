@@ -8,6 +8,7 @@ import os
 import sys
 
 from ..engine_args import add_engine_args, engine_from_args
+from ..member_flags import BACKEND_HELP
 from ..members import LOCAL_BACKENDS
 from ..options import DEFAULT_MAX_ACTIVE, METHODS
 
@@ -16,8 +17,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server with a live page at /")
     add_engine_args(serve)
     serve.add_argument("--method", choices=METHODS, default="safe")
-    serve.add_argument("--backend", choices=LOCAL_BACKENDS, default="transformers",
-                       help="how zoo names without a backend prefix run (default: transformers)")
+    serve.add_argument("--backend", choices=LOCAL_BACKENDS, help=BACKEND_HELP)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", help="the `model` clients send (default: <method>-ensemble)")

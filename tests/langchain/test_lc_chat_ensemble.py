@@ -24,7 +24,8 @@ from langchain_ensemble import ChatEnsemble
 from shared_engine import ContextLengthError, InvalidRequestError
 from shared_engine.events import Candidate, EnsembleEvent, FinishEvent, Stats, TokenEvent, VerifiedPosition, VerifyEvent
 
-MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
+# transformers members here; the standard suite (test_lc_standard.py) runs the default, llama.cpp
+MODELS = ["transformers:qwen2.5-coder-0.5b-instruct", "transformers:smollm2-135m-instruct"]
 ENSEMBLE_NAMES = {"ensemble.verify", "ensemble.ensemble", "ensemble.finish"}
 
 
