@@ -213,7 +213,7 @@ class ChatEnsemble(BaseChatModel):
     """Members with their own options (device, dtype, server settings), instead of ``models``."""
     member_options: dict[str, Any] = Field(default_factory=dict)
     """``MemberDefaults`` for every transformers member that sets none (device, device_map, dtype,
-    attn_implementation); also collected from plain keywords, e.g. ``dtype="bfloat16"``."""
+    attn_implementation, compile); also collected from plain keywords, e.g. ``dtype="bfloat16"``."""
     method: Method = "safe"
     """How the ensemble decodes (see the engine's README)."""
     max_tokens: int = Field(256, ge=1)

@@ -129,7 +129,7 @@ class EnsembleLLM(FunctionCallingLLM):
         None, description="Members with their own options (device, dtype, server settings), instead of models.")
     member_options: dict[str, Any] = Field(
         default_factory=dict, description="MemberDefaults for every transformers member that sets none "
-                                          "(device, device_map, dtype, attn_implementation).")
+                                          "(device, device_map, dtype, attn_implementation, compile).")
     method: str = Field("safe", description="safe | every-token | gac-threshold | single | adafuse")
     max_tokens: int = Field(256, ge=1, description="Default answer length cap (drafter tokens).")
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy.")

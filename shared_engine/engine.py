@@ -79,7 +79,7 @@ class EnsembleEngine:
                  **options: Any) -> None:
         """``members``: names/specs, ``MemberConfig``s or built members. ``options``: any
         ``EngineOptions`` field, plus the ``MemberDefaults`` (``device``, ``device_map``, ``dtype``,
-        ``attn_implementation`` for transformers members, ``slots`` for in-process llama.cpp ones)
+        ``attn_implementation``, ``compile`` for transformers members, ``slots`` for in-process llama.cpp ones)
         applied to every member that does not set its own.
         Bad configs (unknown dtype or key, a device this machine lacks) fail here, loading nothing."""
         if not members:

@@ -321,6 +321,33 @@ async def test_run_serialises_one_members_compute():
     assert len(ticks) == 5
 
 
+def test_members_on_one_device_compute_on_one_thread():
+    # torch's OpenMP team belongs to the calling thread: forwards spread over each event loop's pool
+    # (every sync call is an asyncio.run of its own) or one thread per member left teams that slowed
+    # the next forwards by 17-40% (hf.py docstring)
+    from shared_engine import EnsembleEngine
+
+    first, second = member("llama"), member("gpt2", "metaspace")
+    threads = {asyncio.run(m.run(threading.get_ident)) for m in (first, second, first, second)}
+    assert len(threads) == 1 and threads != {threading.get_ident()}
+
+    seen: set[int] = set()
+    forward = first.model.forward
+
+    def recording(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        seen.add(threading.get_ident())
+        return forward(*args, **kwargs)
+
+    first.model.forward = recording
+    try:
+        engine = EnsembleEngine([first, second], method="every-token")
+        for _ in range(2):
+            engine.generate("Hello", max_new_tokens=4)
+    finally:
+        del first.model.forward
+    assert seen == threads
+
+
 async def test_run_real_compute_matches_direct_call():
     m = member("llama")
     ids = text_ids(m, TEXT)

@@ -45,6 +45,7 @@ def toy_folders(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     ({"model": "m", "dtype": "int3"}, "dtype"),
     ({"model": "m", "colour": "red"}, "colour"),
     ({"model": "llamacpp:m", "dtype": "bfloat16"}, "dtype: only for transformers members"),
+    ({"model": "llamacpp:m", "compile": True}, "compile: only for transformers members"),
     ({"model": "m", "threads": 2}, "threads: only for a GGUF served by llama.cpp"),
     ({"model": "m", "top_k": 5}, "top_k: only for server members"),
     ({"model": "m", "device": "cpu", "device_map": "auto"}, "device or device_map, not both"),
@@ -86,6 +87,19 @@ def test_engine_wide_placement_fills_only_transformers_members_that_set_none() -
     mapped = EnsembleEngine(["a", MemberConfig(model="c", device="cpu")], device_map="auto").member_specs
     assert mapped[0].device_map == "auto"
     assert (mapped[1].device, mapped[1].device_map) == ("cpu", None)  # device and device_map never mixed
+
+
+def test_a_compiled_member_answers_as_the_eager_one_and_is_another_member(toy_folders: list[Path]) -> None:
+    folder = str(toy_folders[0])
+    assert MemberConfig(model=folder, compile=True).key != MemberConfig(model=folder).key
+    assert MemberConfig(model=folder, compile=False).key == MemberConfig(model=folder).key
+    assert member_config({"model": "qwen2.5-coder-0.5b-instruct", "compile": True}).spec.backend == "transformers"
+    # compiled with dynamic shapes: a prefill, then one token at a time, on a growing cache
+    eager, compiled = (EnsembleEngine([folder], method="single", compile=flag) for flag in (False, True))
+    for prompt in ("Hello there", "A longer prompt, so another prefill length."):
+        assert compiled.generate(prompt, max_new_tokens=6).text == eager.generate(prompt, max_new_tokens=6).text
+    (member,) = compiled.members
+    assert member is not eager.members[0] and hasattr(member.model.forward, "_torchdynamo_orig_callable")
 
 
 def test_zoo_names_default_to_llamacpp_unless_placement_asks_for_transformers() -> None:

@@ -2,8 +2,16 @@
 
 ``HFMember`` holds what is shared by every request (weights, tokenizer, token table);
 ``HFSession`` holds one request's KV cache and the ids it was built from. Sessions are per
-request, so concurrent requests never share a cache; forwards of one member are serialised by a
-lock because two forwards on a 2-core CPU only slow each other down.
+request, so concurrent requests never share a cache; forwards of one member are serialised
+because two forwards on a 2-core CPU only slow each other down.
+
+Members on one device compute on **one thread per device** (``HFMember.run``, ``compute_thread``).
+torch's CPU kernels run on an OpenMP team that belongs to the calling thread, and every thread that
+has run one keeps its team: forwards handed to whichever worker of a pool was free
+(``asyncio.to_thread``) built a team per worker, and the teams took the cores from each other.
+SmolLM2 decoded at 17-18 tok/s that way and 30 on one thread; Qwen alone at 11.0 tok/s, and at 9.1
+once another thread had run SmolLM2's forward (README, Speed). Members on different GPUs keep
+threads of their own, so their forwards can overlap.
 """
 
 from __future__ import annotations
@@ -11,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +33,12 @@ from . import devices
 from .base import FULL_LOCAL, Capabilities, R
 from .chat import PLAIN_TEMPLATE_STOPS, Message, render_prompt_ids
 from .session import PrefixSession
+
+
+@cache
+def compute_thread(device: str) -> ThreadPoolExecutor:
+    """The one thread that runs every in-process forward on ``device`` (the module docstring says why)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"compute-{device}")
 
 
 class HFMember:
@@ -45,27 +61,34 @@ class HFMember:
         self.sliding_window = kv.sliding_window(model)
         self.context_window = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
         self.stop_strings: tuple[str, ...] = () if tokenizer.chat_template else PLAIN_TEMPLATE_STOPS
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # for callers that compute on their own thread (calibration)
+        self.devices = "+".join(sorted({str(p.device) for p in model.parameters()}))
+        """The devices holding the weights, e.g. ``cpu`` or ``cuda:0+cuda:1`` (one compute thread each)."""
 
     @classmethod
     def from_pretrained(cls, name: str, path: str | Path, *, device: str | None = None,
                         device_map: str | dict[str, int | str] | None = None, dtype: str | None = None,
-                        attn_implementation: str | None = None) -> HFMember:
+                        attn_implementation: str | None = None, compile: bool = False) -> HFMember:
         """Load a local HF folder in ``dtype`` (default float32) on ``device`` (default cpu) or spread
-        by ``device_map``; logits leave the device only as float32 CPU rows (members/devices.py)."""
+        by ``device_map``; logits leave the device only as float32 CPU rows (members/devices.py).
+        ``compile``: the forward runs through ``torch.compile`` with dynamic shapes, so the engine's
+        varying feeds (prefill, draft blocks, one token) and growing dynamic cache reuse one graph
+        instead of recompiling per length."""
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         extra: dict[str, object] = {"attn_implementation": attn_implementation} if attn_implementation else {}
         if device_map is not None or (device is not None and devices.check_device(device).type != "cpu"):
             extra["device_map"] = device_map if device_map is not None else device  # straight onto it
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=devices.torch_dtype(dtype or "float32"),
                                                      **extra)
-        return cls(name, model, tokenizer)
+        member = cls(name, model, tokenizer)  # reads forward's signature (the cache keyword) unwrapped
+        if compile:
+            model.forward = torch.compile(model.forward, dynamic=True)
+        return member
 
     @property
     def placement(self) -> str:
         """Where the weights live and in which dtype, e.g. ``cuda:0 bfloat16`` (for reports)."""
-        places = sorted({str(p.device) for p in self.model.parameters()})
-        return f"{'+'.join(places)} {str(self.model.dtype).removeprefix('torch.')}"
+        return f"{self.devices} {str(self.model.dtype).removeprefix('torch.')}"
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -78,11 +101,13 @@ class HFMember:
         return HFSession(self)
 
     async def run(self, fn: Callable[..., R], *args: Any) -> R:
-        """Run blocking model compute in a worker thread, one forward of this member at a time."""
+        """Run blocking model compute on this member's own thread, one forward at a time (the
+        module docstring says why one thread, not a pool)."""
         def locked() -> R:
             with self.lock:
                 return fn(*args)
-        return await asyncio.to_thread(locked)
+        return await asyncio.get_running_loop().run_in_executor(compute_thread(self.devices), locked)
+
 
 
 class HFSession(PrefixSession):
