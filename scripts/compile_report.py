@@ -19,10 +19,11 @@ the eager way of the same kind) and whether the greedy output equals the eager w
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
+
+from _report import emit_report  # scripts/_report.py: this folder is on sys.path when run
 
 ZOO = ["transformers:smollm2-135m-instruct", "transformers:qwen2.5-coder-0.5b-instruct"]
 PROMPTS = ["Write a Python function that checks whether a number is prime.",
@@ -108,11 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
               "members": [member_report(m.strip(), args.tokens, args.repeats)
                           for m in args.models.split(",") if m.strip()]}
-    text = json.dumps(report, indent=2)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
-    print(text)
-    return 0
+    return emit_report(report, args.json)
 
 
 if __name__ == "__main__":

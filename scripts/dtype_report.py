@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from _report import emit_report  # scripts/_report.py: this folder is on sys.path when run
+
 ZOO = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m"]
 DTYPES = ["float32", "bfloat16", "float16"]
 PROMPTS = ["Write a Python function that checks whether a number is prime.",
@@ -117,11 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                     "members": member_report(models, args.tokens)}
     if args.gsm8k_tokens:
         report["gsm8k_safe"] = gsm8k_report(models[:2], args.gsm8k_tokens)
-    text = json.dumps(report, indent=2)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
-    print(text)
-    return 0
+    return emit_report(report, args.json)
 
 
 if __name__ == "__main__":

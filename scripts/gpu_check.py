@@ -15,11 +15,12 @@ overhead is visible. Prints one JSON report; exit code 0 unless something failed
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
+
+from _report import emit_report  # scripts/_report.py: this folder is on sys.path when run
 
 ZOO = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
 PROMPT = "What is 17 + 25? Answer with the number."
@@ -117,11 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     except EnsembleError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    text = json.dumps(report, indent=2)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
-    print(text)
-    return 0
+    return emit_report(report, args.json)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ import threading
 import time
 from pathlib import Path
 
+from _report import emit_report  # scripts/_report.py: this folder is on sys.path when run
+
 ZOO = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m"]
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a short docstring."
 
@@ -194,11 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     report = measure(models, args.method, args.max_new_tokens, args.prompt, dtypes[0], args.device)
     if args.dtype != parser.get_default("dtype") or len(dtypes) > 1:
         report["per_member"] = per_member(models, dtypes, args.device)
-    text = json.dumps(report, indent=2)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
-    print(text)
-    return 0
+    return emit_report(report, args.json)
 
 
 if __name__ == "__main__":
