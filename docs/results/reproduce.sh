@@ -103,3 +103,18 @@ safe-ensemble eval compare $OUT/p7/mmlu-* --baseline $OUT/p7/mmlu-single-q
 python scripts/verify_cost.py --repeats 2
 safe-ensemble bench --backend llamacpp --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct \
   --methods single,safe --prompts 6 --json $OUT/p7/bench-rows.json
+# SAFE against every-token on GSM8K at today's defaults (README Results), Qwen + Gemma, and Qwen alone to pair with
+G="--bench gsm8k --limit 100 --max-new-tokens 256"
+ev $G --method single --members $M/q.yaml --out $OUT/p8/gsm8k-single-q
+for m in safe every-token; do ev $G --method $m --members $M/qg.yaml --out $OUT/p8/gsm8k-$m-qg; done
+safe-ensemble eval compare $OUT/p8/gsm8k-* --baseline $OUT/p8/gsm8k-single-q
+safe-ensemble eval compare $OUT/p8/gsm8k-*-qg --baseline $OUT/p8/gsm8k-safe-qg
+# Speed with transformers members on one compute thread per device; three members SAFE vs every-token; torch.compile
+safe-ensemble bench --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct --backend transformers \
+  --methods single,safe,every-token --prompts 3 --max-new-tokens 128 --json $OUT/p8/bench-transformers.json
+safe-ensemble bench --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct,gemma-3-270m --backend transformers,llamacpp \
+  --methods safe,every-token --prompts 3 --max-new-tokens 128 --json $OUT/p8/bench-three.json
+python scripts/compile_report.py --tokens 48 --repeats 2
+# Load on an idle machine (README Load)
+for m in single safe; do python scripts/load_bench.py --backend llamacpp --method $m --levels 1,2,4,8 \
+  --requests-per-client 2 --max-tokens 24 --out docs/load/idle-llamacpp-$m; done
