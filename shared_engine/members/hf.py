@@ -61,7 +61,7 @@ class HFMember:
         self.sliding_window = kv.sliding_window(model)
         self.context_window = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
         self.stop_strings: tuple[str, ...] = () if tokenizer.chat_template else PLAIN_TEMPLATE_STOPS
-        self.lock = threading.Lock()  # for callers that compute on their own thread (calibration)
+        self.lock = threading.Lock()  # held during each forward: whoever must wait for the one in flight
         self.devices = "+".join(sorted({str(p.device) for p in model.parameters()}))
         """The devices holding the weights, e.g. ``cpu`` or ``cuda:0+cuda:1`` (one compute thread each)."""
 
