@@ -348,6 +348,26 @@ def test_members_on_one_device_compute_on_one_thread():
     assert seen == threads
 
 
+def _compute_in_child(m: HFMember, results) -> None:  # noqa: ANN001
+    results.put(asyncio.run(m.run(lambda: 42)))
+
+
+def test_a_forked_child_gets_a_compute_thread_of_its_own():
+    # a forked child inherits the parent's executor but not its thread: it would wait forever
+    import multiprocessing
+
+    m = member("llama")
+    asyncio.run(m.run(threading.get_ident))  # the parent's compute thread exists
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_compute_in_child, args=(m, results))
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0 and results.get(timeout=5) == 42
+
+
 async def test_run_real_compute_matches_direct_call():
     m = member("llama")
     ids = text_ids(m, TEXT)

@@ -17,10 +17,10 @@ threads of their own, so their forwards can overlap.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +34,18 @@ from .base import FULL_LOCAL, Capabilities, R
 from .chat import PLAIN_TEMPLATE_STOPS, Message, render_prompt_ids
 from .session import PrefixSession
 
+_COMPUTE_THREADS: dict[tuple[int, str], ThreadPoolExecutor] = {}
+_COMPUTE_THREADS_LOCK = threading.Lock()
 
-@cache
+
 def compute_thread(device: str) -> ThreadPoolExecutor:
-    """The one thread that runs every in-process forward on ``device`` (the module docstring says why)."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"compute-{device}")
+    """The one thread that runs every in-process forward on ``device`` (the module docstring says why).
+    Per process: a forked child inherits the executor but not its thread, and would wait forever."""
+    key = (os.getpid(), device)
+    with _COMPUTE_THREADS_LOCK:
+        if key not in _COMPUTE_THREADS:
+            _COMPUTE_THREADS[key] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"compute-{device}")
+        return _COMPUTE_THREADS[key]
 
 
 class HFMember:
