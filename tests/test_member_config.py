@@ -94,6 +94,7 @@ def test_a_compiled_member_answers_as_the_eager_one_and_is_another_member(toy_fo
     assert MemberConfig(model=folder, compile=True).key != MemberConfig(model=folder).key
     assert MemberConfig(model=folder, compile=False).key == MemberConfig(model=folder).key
     assert member_config({"model": "qwen2.5-coder-0.5b-instruct", "compile": True}).spec.backend == "transformers"
+    assert member_config({"model": "qwen2.5-coder-0.5b-instruct", "compile": False}).spec.backend == "llamacpp"
     # compiled with dynamic shapes: a prefill, then one token at a time, on a growing cache
     eager, compiled = (EnsembleEngine([folder], method="single", compile=flag) for flag in (False, True))
     for prompt in ("Hello there", "A longer prompt, so another prefill length."):

@@ -23,7 +23,7 @@ from ..options import DEFAULT_MAX_ACTIVE, validated
 from . import devices
 from .devices import DType
 from .http import HttpSettings
-from .spec import BACKENDS, Backend, MemberSpec, parse_member_spec
+from .spec import Backend, MemberSpec, parse_member_spec, split_prefix
 
 DeviceMap = str | dict[str, int | str]
 
@@ -58,7 +58,8 @@ class MemberDefaults(BaseModel):
     compile: bool | None = None
     """transformers: compile the forward with ``torch.compile`` (inductor, dynamic shapes). Exact, and
     1.04-1.07x faster per token on a 2-core CPU once compiled, but the first request waits 25 s to 2 min
-    for the compiler, once per process (README, Members): worth it for a server, not for one answer."""
+    for the compiler, once per process (README, Members): worth it for a server, not for one answer.
+    False is the same as unset (it asks for no placement, so a zoo name stays on llama.cpp)."""
     slots: int | None = Field(None, ge=1)
     """In-process llama.cpp: parallel slots, one per active request, each with its own prefix cache
     (default: ``DEFAULT_MAX_ACTIVE``, the requests the server admits at once)."""
@@ -72,6 +73,11 @@ class MemberDefaults(BaseModel):
             except InvalidRequestError as err:
                 raise ValueError(str(err)) from None
         return value
+
+    @field_validator("compile")
+    @classmethod
+    def _false_is_unset(cls, value: bool | None) -> bool | None:
+        return value or None
 
     @field_validator("device_map")
     @classmethod
@@ -153,8 +159,7 @@ class MemberConfig(MemberDefaults):
     @property
     def has_prefix(self) -> bool:
         """Whether ``model`` names its backend itself (``llamacpp:NAME``, ``vllm:URL``)."""
-        head, sep, _ = self.model.partition(":")
-        return bool(sep) and head in BACKENDS
+        return split_prefix(self.model)[0] is not None
 
     def backend_options(self) -> dict[str, Any]:
         """Keyword options for the backend's loader (only those that are set)."""

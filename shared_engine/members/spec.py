@@ -41,18 +41,22 @@ class MemberSpec(BaseModel):
         return f"{self.backend}:{self.target}" + (f"#{self.tokenizer}" if self.tokenizer else "")
 
 
+def split_prefix(spec: str) -> tuple[str | None, str]:
+    """``llamacpp:NAME`` -> ("llamacpp", "NAME"); a spec without a backend prefix -> (None, spec)."""
+    head, sep, rest = spec.partition(":")
+    return (head, rest) if sep and head in BACKENDS else (None, spec)
+
+
 def parse_member_spec(spec: str, backend: str | None = None) -> MemberSpec:
     """``[BACKEND:]TARGET[#TOKENIZER]`` -> MemberSpec; ``backend`` is the default for bare targets
     (else ``default_backend``)."""
-    head, sep, rest = spec.partition(":")
-    if sep and head in BACKENDS:
-        chosen, target = head, rest
-    else:
-        chosen, target = backend or default_backend(spec.partition("#")[0].strip()), spec
+    prefix, rest = split_prefix(spec)
+    target, _, tokenizer = rest.partition("#")
+    target = target.strip()
+    chosen = prefix or backend or default_backend(target)
     if chosen not in BACKENDS:
         raise InvalidRequestError(f"unknown backend {chosen!r}; use one of {BACKENDS}")
-    target, _, tokenizer = target.partition("#")
-    parsed = MemberSpec(backend=chosen, target=target.strip(), tokenizer=tokenizer.strip() or None)
+    parsed = MemberSpec(backend=chosen, target=target, tokenizer=tokenizer.strip() or None)
     if not parsed.target:
         raise InvalidRequestError(f"member spec {spec!r} names no model or URL")
     if parsed.backend in ("vllm", "sglang") and not parsed.is_url:
