@@ -81,7 +81,15 @@ from shared_engine.tools import forced_tool
 EVENT_TYPES = ("token", "draft", "verify", "ensemble", "adafuse", "cache_sync", "tool_call", "format_retry", "finish")
 """Engine event types that can be forwarded as ``ensemble.<type>`` custom events."""
 
-_ENGINE_OPTION_KEYS = frozenset(EngineOptions.model_fields) - frozenset(GenerationParams.model_fields) - {"method"}
+_OWN_GENERATION_KEYS = frozenset({"max_new_tokens", "temperature", "top_p", "seed", "stop"})
+"""Generation parameters ChatEnsemble has fields of its own for (LangChain's names: max_tokens, ...)."""
+_ENGINE_OPTION_KEYS = frozenset(EngineOptions.model_fields) - _OWN_GENERATION_KEYS - {"method"}
+"""Keywords collected into ``engine_options``: every other engine option or generation default
+(loop_guard, draft_length, ...)."""
+_REMOTE_PROVIDER_KEYS = frozenset({"timeout", "max_retries", "api_key", "base_url"})
+"""LangChain's standard parameters for hosted providers (its standard tests and ``init_chat_model``
+pass them to every chat model): accepted and unused, since the members run in this process or
+behind their own member configs (remote members set their own URL and timeout)."""
 STRUCTURED_OUTPUT_METHODS = ("function_calling", "json_schema", "json_mode")
 PROVIDER = "safe-ensemble"
 
@@ -261,6 +269,13 @@ class ChatEnsemble(BaseChatModel):
         if "max_new_tokens" in values and "max_tokens" not in values:
             values["max_tokens"] = values.pop("max_new_tokens")
         values["engine_options"] = options
+        known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+        for key in _REMOTE_PROVIDER_KEYS & values.keys():
+            values.pop(key)
+        unknown = sorted(set(values) - known)
+        if unknown:  # a misspelt option would otherwise be dropped without a word
+            raise ValueError(f"unknown arguments {unknown}: not a ChatEnsemble field, engine option "
+                             f"or member option")
         return values
 
     @field_validator("custom_events")

@@ -286,7 +286,7 @@ class EnsembleEngine:
         constraint = plan.constraint() if self.options.method != "adafuse" else None
         state = RequestState(
             request_members(members, self.labels, [m.new_session() for m in members], prompt_ids, self._weights()),
-            gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)), constraint=constraint)
+            gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)), constraint=constraint, loop_guard=gen.loop_guard)
         sampler = Sampler(gen.temperature, gen.top_p, gen.seed)
         self._live[id(state)] = state
         try:

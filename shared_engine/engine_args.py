@@ -55,6 +55,9 @@ def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = Tr
     parser.add_argument("--drafter-confidence", type=confidence_arg,
                         help="safe: skip fusion where the drafter's probability is >= this (default 0.5); "
                              "none: the paper's consensus rule alone")
+    parser.add_argument("--loop-guard", type=loop_guard_arg,
+                        help="bytes an exact repetition at the answer's end may reach before no token may "
+                             "repeat it further (e.g. 64), or none: off (the default)")
     parser.add_argument("--uncertainty", choices=["margin", "entropy"], default="margin",
                         help="adafuse: how a member's uncertainty is measured")
     parser.add_argument("--threshold", type=float,
@@ -78,6 +81,16 @@ def confidence_arg(text: str) -> float | str:
         raise argparse.ArgumentTypeError(f"expected a probability or 'none', got {text!r}") from None
 
 
+def loop_guard_arg(text: str) -> int | str:
+    """``--loop-guard``: a length in bytes, or ``none`` for no guard."""
+    if text.strip().lower() in ("none", "off"):
+        return "none"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes or 'none', got {text!r}") from None
+
+
 def default_method(models: list[str]) -> str:
     """The method when ``--method`` is not given: ``single`` for one model, else ``safe``."""
     return "single" if len(models) == 1 else "safe"
@@ -88,8 +101,10 @@ def method_default_flags(args: argparse.Namespace) -> dict[str, Any]:
     each method's own default applies unless a flag says otherwise (``none`` = None)."""
     given = {k: v for k, v in (("fusion", args.fusion), ("sharpen", args.sharpen),
                                ("drafter_confidence", args.drafter_confidence),
-                               ("drafter_weight", args.drafter_weight)) if v is not None}
-    return {k: None if v == "none" and k in ("sharpen", "drafter_confidence") else v for k, v in given.items()}
+                               ("drafter_weight", args.drafter_weight),
+                               ("loop_guard", getattr(args, "loop_guard", None))) if v is not None}
+    return {k: None if v == "none" and k in ("sharpen", "drafter_confidence", "loop_guard") else v
+            for k, v in given.items()}
 
 
 def engine_from_args(args: argparse.Namespace, method: str, backend: str | None = None) -> EnsembleEngine:

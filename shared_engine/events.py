@@ -161,6 +161,9 @@ class Stats(BaseModel):
     member_weights: dict[str, float] = Field(
         default_factory=dict, description="The fusion weight each member had in this request (weights='auto' "
                                           "resolved), summing to 1.")
+    loop_breaks: int = Field(0, description="Positions where the loop guard (repetition.py) kept a token that "
+                                             "would have repeated the answer's end once more from being "
+                                             "drafted or chosen by fusion.")
     constrained: bool = Field(False, description="response_format: the answer was decoded under the JSON "
                                                    "(schema) constraint (json_constraint.py); False: "
                                                    "validated and retried only.")

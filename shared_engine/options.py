@@ -54,6 +54,11 @@ class GenerationParams(BaseModel):
     seed: int | None = Field(None, ge=-(2**63), lt=2**64,  # what torch.Generator.manual_seed accepts
                              description="Seed for sampling; fixed seed = reproducible answer.")
     stop: list[str] = Field(default_factory=list, description="Strings that end the answer.")
+    loop_guard: int | None = Field(
+        None, ge=8, le=4096,
+        description="An exact repetition at the answer's end (two or more copies of a unit of up to 256 "
+                    "bytes) may reach this many bytes; no token that repeats it further is drafted or "
+                    "chosen by fusion (repetition.py). None: off.")
 
     @field_validator("stop", mode="before")
     @classmethod

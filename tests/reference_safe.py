@@ -20,7 +20,12 @@ released SAFE code's (ensembling.md §2.2, §2.5, §2.6) plus this project's doc
   sub-token, each id giving its probability once; ``heur`` sharpening when the fused max < 0.5;
 - when fusion keeps the drafted token the scan goes on (the released code re-drafts);
 - with a temperature, the drafted token is accepted by the speculative-sampling rule against the
-  tempered fused distribution (the released code is greedy only).
+  tempered fused distribution (the released code is greedy only);
+- with ``loop_guard`` (none of the anchors has one): where the answer's end repeats a unit of up to
+  256 bytes over two units and ``loop_guard`` bytes, the drafter masks a token that repeats it once
+  more and chooses again (8 tries at most), and fusion chooses among the candidates that do not
+  repeat it (greedy: the best; sampling: a draw from the tempered scores of those; none: the
+  drafted token).
 
 Randomness comes from the same ``Sampler`` primitives, called in the same order as the engine
 would, so a seeded reference answer can be compared decision by decision.
@@ -92,8 +97,10 @@ class ReferenceSafe:
     """SAFE with UniTE fusion over ``members`` (members[0] drafts), one request at a time."""
 
     def __init__(self, members: Sequence[HFMember], weights: Sequence[float], draft_length: int = 5,
-                 top_k: int = 10, sharpen: str | None = "heur", drafter_confidence: float | None = None) -> None:
+                 top_k: int = 10, sharpen: str | None = "heur", drafter_confidence: float | None = None,
+                 loop_guard: int | None = None) -> None:
         self.members = list(members)
+        self.loop_guard = loop_guard
         total = sum(weights)
         self.weights = [w / total for w in weights]
         self.draft_length, self.top_k, self.sharpen = draft_length, top_k, sharpen
@@ -154,7 +161,13 @@ class ReferenceSafe:
         rows: list[torch.Tensor] = []
         for j in range(length):  # GENERATE: one full forward per drafted token
             logits = _last_logits(drafter, self.prompts[0] + self.drafter_ids + draft)[-1]
-            token = sampler.from_logits(logits)
+            so_far = self.answer_bytes + b"".join(table.pieces[t] for t in draft)
+            masked = logits.clone()
+            for _ in range(8):
+                token = sampler.from_logits(masked)
+                if token in table.eos_ids or not self._repeats(so_far, table.pieces[token]):
+                    break
+                masked[token] = float("-inf")
             draft.append(token)
             rows.append(logits)
             if token in table.eos_ids:
@@ -162,6 +175,7 @@ class ReferenceSafe:
         ends_with_eos = draft[-1] in table.eos_ids
         text = self.answer_bytes + b"".join(table.pieces[t] for t in draft if t not in table.eos_ids)
         views = [self._read(i, text, draft, ends_with_eos) for i in range(1, len(self.members))]
+        self._text = text
 
         offset = len(self.answer_bytes)
         for j, token in enumerate(draft):
@@ -192,6 +206,13 @@ class ReferenceSafe:
             if token not in table.eos_ids:
                 offset += len(table.pieces[token])
         self._commit(draft)
+
+    def _repeats(self, text: bytes, piece: bytes) -> bool:
+        """Whether ``piece`` after ``text`` repeats a loop at its end once more, byte by byte."""
+        if self.loop_guard is None or not piece:
+            return False
+        unit = _loop_unit(text, self.loop_guard)
+        return unit is not None and all(b == unit[i % len(unit)] for i, b in enumerate(piece))
 
     def _read(self, index: int, text: bytes, draft: list[int], ends_with_eos: bool
               ) -> dict[int, tuple[torch.Tensor, int | None]]:
@@ -294,12 +315,20 @@ class ReferenceSafe:
                     scores[i] += sum(fused[j] for j, long in enumerate(keys)
                                      if j != i and long != EOS_KEY and long.startswith(short))
         drafted_key = _key(drafter, drafted)
-        if sampler.greedy:
-            best = max(scores)
-            choice = scores.index(best)
+        so_far = self._text[:offset]
+        allowed = [k == EOS_KEY or not self._repeats(so_far, k) for k in keys]
+        if not all(allowed):  # the loop guard: only candidates that do not repeat the answer's end
+            if sampler.greedy:
+                best = max((sc for sc, ok in zip(scores, allowed) if ok), default=None)
+                key = keys[scores.index(best)] if best is not None and best > 0 else drafted_key
+            else:
+                q = _nucleus(torch.softmax(torch.log(torch.tensor(scores).clamp_min(1e-12)) / sampler.temperature, 0),
+                             sampler.top_p) * torch.tensor(allowed, dtype=torch.float32)
+                key = keys[sampler.pick(q)] if float(q.sum()) > 0 else drafted_key
+        elif sampler.greedy:
+            key = keys[scores.index(max(scores))]
         else:
-            choice = self._speculative(sampler, scores, keys, dists[0], drafted_key)
-        key = keys[choice]
+            key = keys[self._speculative(sampler, scores, keys, dists[0], drafted_key)]
         out.fusions.append(Fusion(
             position=position, offset=offset, fused={show(k): p for k, p in zip(keys, fused)},
             member_probs={show(k): {self.labels[m]: member_probs[m][c] for m in range(len(dists))}
@@ -329,6 +358,19 @@ class ReferenceSafe:
         if float(residual.sum()) <= 0.0:
             return keys.index(drafted_key) if drafted_key in keys else sampler.pick(q)
         return sampler.pick(residual)
+
+
+def _loop_unit(text: bytes, min_bytes: int) -> bytes | None:
+    """The shortest unit of up to 256 bytes that the end of ``text`` repeats, over at least two
+    units and ``min_bytes`` bytes (every byte equal to the byte one unit earlier); None if none."""
+    n = len(text)
+    for unit in range(1, min(256, n // 2) + 1):
+        span = max(2 * unit, min_bytes)
+        if span > n:
+            break
+        if all(text[i] == text[i - unit] for i in range(n - span + unit, n)):
+            return text[n - unit:]
+    return None
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -123,6 +123,7 @@ def test_engine_rejects_bad_parameters(toys: list, params: dict[str, Any]) -> No
     pytest.param({"max_new_tokens": -5}, id="negative-default-max-tokens"),
     pytest.param({"fusion": "sum"}, id="unknown-fusion"),
     pytest.param({"nonsense": True}, id="unknown-option"),
+    pytest.param({"loop_guard": 0}, id="loop-guard-zero"),
 ])
 def test_engine_rejects_bad_options(toys: list, options: dict[str, Any]) -> None:
     """Found at construction (weights, which need the member order, at the latest on the first request)."""
@@ -298,6 +299,8 @@ def test_langchain_surfaces_the_engine_errors(registered: list[str], call: Any, 
     pytest.param({"draft_length": 0}, id="draft-length-zero"),
     pytest.param({"drafter": "nobody"}, id="unknown-drafter"),
     pytest.param({"models": []}, id="no-models"),
+    pytest.param({"loop_guard": 3}, id="loop-guard-below-eight"),
+    pytest.param({"tempreature": 0.5}, id="misspelt-keyword"),  # was dropped without a word
 ])
 def test_langchain_rejects_bad_construction(registered: list[str], options: dict[str, Any]) -> None:
     with pytest.raises(ValueError):  # pydantic's ValidationError or InvalidRequestError: both ValueError

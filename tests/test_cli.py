@@ -87,3 +87,10 @@ def test_weights_reach_the_engine_and_label_the_run(command: str) -> None:
         assert engine_from_args(args, "safe").options.drafter_confidence == confidence
     with pytest.raises(SystemExit):
         build_parser().parse_args([command, "--models", QWEN, "--drafter-confidence", "sure", *extra])
+    for flag, guard in (("none", None), ("64", 64)):  # the loop guard: off by default, a byte limit
+        args = build_parser().parse_args([command, "--models", f"{QWEN},{SMOL}", "--loop-guard", flag, *extra])
+        assert engine_from_args(args, "safe").options.loop_guard == guard
+    summary["engine_options"] = engine_from_args(args, "safe").options.model_dump()
+    assert run_label(summary).endswith(" guard=64")  # a guarded run is told apart from an unguarded one
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--models", QWEN, "--loop-guard", "long", *extra])

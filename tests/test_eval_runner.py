@@ -156,6 +156,14 @@ def test_cli_offers_every_engine_method_and_both_eval_forms() -> None:
     assert (args.eval_command, args.dirs, args.plots) == ("compare", ["x", "y"], "p")
 
 
+def test_compare_draws_its_plots_beside_the_runs_not_in_the_current_folder(tmp_path: Path) -> None:
+    from shared_engine.evaluation.cli import default_plots_dir
+
+    runs = tmp_path / "runs"
+    assert default_plots_dir([runs / "gsm8k-safe", runs / "gsm8k-single"]) == runs.resolve() / "plots"
+    assert default_plots_dir([runs / "a" / "x", runs / "b" / "y"]) == runs.resolve() / "plots"
+
+
 async def test_compare_prints_a_table_and_draws_three_plots(tmp_path: Path) -> None:
     bench = toy_bench(tmp_path, questions=2)
     await evaluate(engine(), bench, config(), tmp_path / "safe", progress=False)

@@ -17,7 +17,8 @@ import pytest
 from shared_engine import EnsembleEngine
 from tests.reference_safe import Answer, ReferenceSafe
 from tests.test_engine import trained_member
-from tests.toy import toy_member
+from tests.test_loop_guard import LOOPY
+from tests.toy import fitted_member, toy_member
 
 PROMPTS = ["Tom wrote about numbers 12 and 7", "Sofia visited Berlin", "def add(a, b):",
            "Hello Maria. So many apples", "Greet her twice."]
@@ -33,6 +34,7 @@ class Case:
     drafter_confidence: float | None = None
     draft_length: int = 5
     trained_drafter: bool = False
+    loop_guard: int | None = None  # with it, the members are toys fitted to answer in a loop (test_loop_guard.py)
 
 
 CASES = [
@@ -52,10 +54,17 @@ CASES = [
          (0.6, 0.4), trained_drafter=True),
     Case("memorised drafter, sampling", (("t", "metaspace", "llama", 0), ("b", "byte_level", "gpt2", 2)),
          (0.6, 0.4), temperature=0.7, trained_drafter=True),
+    Case("loop guard, members that loop", (("loopy-bpe", "byte_level", "", 0), ("loopy-sp", "metaspace", "", 0)),
+         (0.6, 0.4), loop_guard=24),
+    Case("loop guard, metaspace drafts, sampling", (("loopy-sp", "metaspace", "", 0),
+                                                    ("loopy-bpe", "byte_level", "", 0)),
+         (0.5, 0.5), temperature=0.6, loop_guard=24),
 ]
 
 
 def _members(case: Case) -> list:
+    if case.loop_guard is not None:
+        return [fitted_member(name, kind, LOOPY) for name, kind, _, _ in case.members]
     members = [toy_member(name, kind, arch, seed) for name, kind, arch, seed in case.members]
     if case.trained_drafter:
         members[0] = trained_member(case.members[0][1])
@@ -94,11 +103,12 @@ def _compare(engine_result, reference: Answer, where: str) -> None:  # noqa: ANN
 def test_engine_decisions_equal_the_reference(case: Case) -> None:
     members = _members(case)
     engine = EnsembleEngine(members, method="safe", weights=list(case.weights), draft_length=case.draft_length,
-                            drafter_confidence=case.drafter_confidence)
+                            drafter_confidence=case.drafter_confidence, loop_guard=case.loop_guard)
     reference = ReferenceSafe(members, case.weights, draft_length=case.draft_length,
-                              drafter_confidence=case.drafter_confidence)
-    rounds = fusions = skips = 0
-    for i, prompt in enumerate(PROMPTS):
+                              drafter_confidence=case.drafter_confidence, loop_guard=case.loop_guard)
+    rounds = fusions = skips = breaks = 0
+    prompts = [LOOPY[0]["content"], *PROMPTS] if case.loop_guard else PROMPTS
+    for i, prompt in enumerate(prompts):
         messages = [{"role": "user", "content": prompt}]
         seed = 1000 + i if case.temperature else None
         params = dict(max_new_tokens=48, temperature=case.temperature, top_p=case.top_p, seed=seed)
@@ -108,6 +118,9 @@ def test_engine_decisions_equal_the_reference(case: Case) -> None:
         rounds += expected.rounds
         fusions += len(expected.fusions)
         skips += sum(bool(p.consensus) for p in expected.positions)
+        breaks += result.stats.loop_breaks
     assert rounds >= 15 and fusions >= 5, (rounds, fusions)  # the case exercised the round
+    if case.loop_guard:
+        assert breaks > 0  # ... and the guard
     if case.trained_drafter and not case.temperature:
         assert skips >= 5  # ... and the consensus skip

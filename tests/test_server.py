@@ -108,6 +108,14 @@ def test_text_parts_and_the_developer_role_are_read_like_plain_messages(base_url
     assert neutral.status_code == 200 and neutral.json()["choices"] == plain.json()["choices"]
 
 
+def test_the_loop_guard_extension_is_a_per_request_parameter(base_url: str) -> None:
+    plain = post(base_url, {"model": MODEL, "messages": USER, "max_tokens": 8}).json()
+    off = post(base_url, {"model": MODEL, "messages": USER, "max_tokens": 8, "loop_guard": 0}).json()
+    guarded = post(base_url, {"model": MODEL, "messages": USER, "max_tokens": 8, "loop_guard": 16})
+    assert off["choices"] == plain["choices"] and guarded.status_code == 200
+    assert "loop_breaks" in guarded.json()["ensemble"]["stats"]
+
+
 def test_ensemble_events_can_be_turned_off(base_url: str) -> None:
     whole = post(base_url, {"model": MODEL, "messages": USER, "max_tokens": 4, "ensemble_events": False}).json()
     assert whole["ensemble"]["decisions"] == [] and whole["ensemble"]["stats"]["tokens"] == 4
@@ -242,6 +250,8 @@ GOOD = {"model": MODEL, "messages": USER}
     ({**GOOD, "frequency_penalty": 0.5}, "frequency_penalty", "unsupported_parameter"),
     ({**GOOD, "presence_penalty": -1}, "presence_penalty", "unsupported_parameter"),
     ({**GOOD, "logit_bias": {"42": 5}}, "logit_bias", "unsupported_parameter"),
+    ({**GOOD, "loop_guard": -1}, "loop_guard", "invalid_value"),
+    ({**GOOD, "loop_guard": 4}, None, None),  # the engine's own minimum, 8 bytes
     ({**GOOD, "top_logprobs": 2}, "top_logprobs", "unsupported_parameter"),
     ({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "g"}, None, None),
     ({**GOOD, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 3}}}},

@@ -40,6 +40,7 @@ from ..alignment import EOS_KEY, TokenTable, valid_prefix_length
 from ..events import Event
 from ..members import Session
 from ..members.base import exact_support
+from ..repetition import continues_loop
 from ..sampling import Sampler
 from ..words import SharedEnds, complete_word_ends, span_end, word_ends
 from .decisions import ScoredSpan, SpanDecision
@@ -53,6 +54,8 @@ DEFAULT_THRESHOLD: dict[str, float] = {"margin": 0.7, "entropy": 0.6}
 TOKENS_PER_WORD = 8
 """Generation cap per word wanted (plus one word of lookahead), so a round always ends."""
 UNSPELLABLE_NLL = 50.0
+LOOP_FREE_TOP = 64
+"""The drafter's top tokens searched for one that breaks a loop every member proposed to go on with."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,10 +260,11 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
     voted = settings.vote == "always" or not settings.is_sure(outlook.measures[outlook.leader])
     if voted:
         proposals = await _propose_spans(state, outlook, settings, sampler)
-        keys = _candidate_keys(state, outlook, proposals)
+        keys, ruled_out = _candidate_keys(state, outlook, proposals)
         nlls = await _score_candidates(state, outlook, proposals, keys)
         chosen, candidates = _vote(state, keys, proposals, nlls, sampler)
-    else:  # vote="uncertain" and the leader is sure: it writes alone
+    else:  # vote="uncertain" and the leader is sure: it writes alone (the loop guard does not reach it)
+        ruled_out = 0
         proposals = await _leader_writes(state, outlook, settings, sampler)
         chosen, candidates = _leader_span(state, outlook.leader, proposals)
     labels = [m.label for m in state.members]
@@ -269,7 +273,7 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
         member_uncertainty=dict(zip(labels, outlook.measures)), leader=labels[outlook.leader], voted=voted,
         candidates=candidates, chosen=chosen,
         words=next((sp.words for props in proposals for sp in props if sp.key == chosen), 1),
-        drafter_proposal=proposals[0][0].key if proposals[0] else None)
+        drafter_proposal=proposals[0][0].key if proposals[0] else None, loop_ruled_out=ruled_out)
     yield span_event(decision)
     if chosen == EOS_KEY:
         state.finish_reason = "eos"
@@ -300,12 +304,29 @@ async def _propose_spans(state: RequestState, outlook: _Outlook, settings: AdaFu
         for i, m in enumerate(state.members))))
 
 
-def _candidate_keys(state: RequestState, outlook: _Outlook, proposals: Proposals) -> list[bytes]:
-    """The distinct proposed spans, in proposal order."""
+def _candidate_keys(state: RequestState, outlook: _Outlook, proposals: Proposals) -> tuple[list[bytes], int]:
+    """The distinct proposed spans, in proposal order, and how many of them the loop guard ruled
+    out: a span after which the answer would end in a loop (repetition.py), unless every span would."""
     keys = list(dict.fromkeys(sp.key for props in proposals for sp in props if sp.key))
     if not keys:  # nothing spellable came out (cannot happen with real text): take one token
         keys = [state.drafter.table.pieces[int(torch.argmax(outlook.firsts[0]))]]
-    return keys
+    if state.loop_guard is None:
+        return keys, 0
+    answer = bytes(state.answer)
+    free = [k for k in keys if k == EOS_KEY or state.loop_at(state.loop_tail(answer + k)) is None]
+    return (free or [_loop_free_token(state, outlook.firsts[0])]), len(keys) - len(free)
+
+
+def _loop_free_token(state: RequestState, logits: torch.Tensor) -> bytes:
+    """Every member proposed the loop: the drafter's most likely token that does not repeat it
+    (EOS counts as one), as the round's only candidate."""
+    table, eos, unit = state.drafter.table, state.drafter.eos_ids, state.loop_at(state.loop_tail())
+    for token in torch.topk(logits, min(LOOP_FREE_TOP, logits.shape[-1])).indices.tolist():
+        if token in eos:
+            return EOS_KEY
+        if table.pieces[token] and not continues_loop(unit, table.pieces[token]):
+            return table.pieces[token]
+    return EOS_KEY  # the drafter's whole top is the loop: the answer ends here
 
 
 async def _score_candidates(state: RequestState, outlook: _Outlook, proposals: Proposals,

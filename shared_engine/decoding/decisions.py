@@ -23,6 +23,7 @@ class FusionDecision:
     sharpened: bool
     chosen: bytes  # the candidate fusion picked (EOS_KEY: end the answer)
     drafted: bytes | None  # the candidate the drafter had drafted here (None: a special token)
+    loop_blocked: bool = False  # the loop guard ruled out the fused favourite (it repeated the answer's end)
 
     @property
     def changed(self) -> bool:
@@ -54,3 +55,4 @@ class SpanDecision:
     chosen: bytes
     words: int  # words in the chosen span
     drafter_proposal: bytes | None  # the drafter's own first (greedy) proposal, if it made one
+    loop_ruled_out: int = 0  # candidate spans the loop guard removed (the answer would end in a loop)

@@ -33,10 +33,12 @@ def show(key: bytes) -> str:
 
 # -- SAFE's round and the per-token baselines ----------------------------------------------------
 
-def count_draft(stats: Stats, drafted: int, chosen: int) -> None:
+def count_draft(stats: Stats, drafted: int, chosen: int, loop_breaks: int = 0) -> None:
     """A round began with a draft of ``drafted`` tokens; the draft schedule had chosen ``chosen``
-    (more than ``drafted`` where the draft reached EOS or the answer's length cap)."""
+    (more than ``drafted`` where the draft reached EOS or the answer's length cap); the loop guard
+    turned the drafter off its first choice at ``loop_breaks`` of them."""
     stats.rounds += 1
+    stats.loop_breaks += loop_breaks
     stats.drafted_tokens += drafted
     stats.draft_lengths[chosen] = stats.draft_lengths.get(chosen, 0) + 1
 
@@ -75,6 +77,7 @@ def count_fusion(stats: Stats, decision: FusionDecision) -> None:
     """Fusion ran at one position (and may have changed the drafted token)."""
     stats.ensembled_tokens += 1
     stats.changed_tokens += int(decision.changed)
+    stats.loop_breaks += int(decision.loop_blocked)
 
 
 def fusion_event(decision: FusionDecision) -> EnsembleEvent:
@@ -100,6 +103,7 @@ def count_span_round(stats: Stats) -> None:
 def count_span(stats: Stats, decision: SpanDecision, committed: int) -> None:
     """The chosen span was committed as ``committed`` drafter tokens. A voted span counts as fused
     (all its tokens ensembled); as changed where the drafter's own first proposal was another span."""
+    stats.loop_breaks += int(decision.loop_ruled_out > 0)
     if not decision.voted:
         return
     stats.fused_spans += 1

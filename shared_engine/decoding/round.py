@@ -41,10 +41,15 @@ from ..fusion import HEUR_DRAFTER_TOP, Fuser, MemberDist, SharpenMode, candidate
 from ..json_constraint import JsonPrefix, constrained_token
 from ..members.base import exact_support
 from ..policies import Policy, agree
+from ..repetition import continues_loop
 from ..sampling import Sampler, speculative_choice
 from .decisions import FusionDecision
 from .report import count_draft, count_fusion, count_unverified_round, draft_event, fusion_event, timed
 from .state import RequestState
+
+_LOOP_TRIES = 8
+"""Tokens masked at one position before the loop guard gives up there (each try is an argmax or a
+draw; a model deep in a loop puts its next few choices on the loop too)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +58,7 @@ class Draft:
     logits: list[torch.Tensor]  # logits[j] predicted ids[j]
     constraints: list[JsonPrefix] = field(default_factory=list)  # with a JSON constraint: the state before ids[j]
     probs: list[float] = field(default_factory=list)  # the drafter's p(ids[j]) where the draft's stop computed it
+    loop_breaks: int = 0  # positions where the loop guard turned the drafter off its first choice
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,16 +84,18 @@ def _draft(state: RequestState, length: int, sampler: Sampler, stop_below: float
     target = state.drafter_target()
     logits = session.sync(target, len(target))[-1]
     ids, rows, constraint, constraints, probs = [], [], state.constraint, [], []
+    tail, loop_breaks = state.loop_tail(), 0
     for j in range(length):
-        if constraint is None:
-            token = sampler.from_logits(logits, support)
-        else:
-            chosen = constrained_token(sampler, logits, support, state.drafter.table, constraint)
-            if chosen is None:  # no token of the drafter's can continue the JSON: the answer ends
-                state.finish_reason = "stop"
-                break
+        chosen, broke = _guarded_token(state, sampler, logits, support, constraint, state.loop_at(tail))
+        loop_breaks += broke
+        if chosen is None:  # no token of the drafter's can continue the JSON: the answer ends
+            state.finish_reason = "stop"
+            break
+        if constraint is not None:
             constraints.append(constraint)
-            token, constraint = chosen
+        token, constraint = chosen
+        if tail is not None and token not in eos:
+            tail = state.loop_tail(tail + state.drafter.table.pieces[token])
         ids.append(token)
         rows.append(logits)
         if stop_below is not None:
@@ -97,7 +105,28 @@ def _draft(state: RequestState, length: int, sampler: Sampler, stop_below: float
         if token in eos or j == length - 1 or unsure or finished:
             break
         logits = session.step(token)
-    return Draft(ids, rows, constraints, probs)
+    return Draft(ids, rows, constraints, probs, loop_breaks)
+
+
+def _guarded_token(state: RequestState, sampler: Sampler, logits: torch.Tensor, support: int | None,
+                   constraint: JsonPrefix | None,
+                   loop: bytes | None) -> tuple[tuple[int, JsonPrefix | None] | None, bool]:
+    """The drafter's next token (under the JSON constraint, if any) that does not continue a loop at
+    the answer's end (``loop``: the unit it repeats, see repetition.py; None: no loop). A token that
+    would is masked and the choice made again, so a sampled token is drawn from the drafter's
+    distribution without the loop's tokens; if every try continues the loop, the last one stands.
+    Also says whether the guard turned the drafter off its first choice."""
+    table, eos = state.drafter.table, state.drafter.eos_ids
+    for tries in range(_LOOP_TRIES):
+        if constraint is None:
+            chosen: tuple[int, JsonPrefix | None] | None = (sampler.from_logits(logits, support), None)
+        else:
+            chosen = constrained_token(sampler, logits, support, table, constraint)
+        if chosen is None or chosen[0] in eos or not continues_loop(loop, table.pieces[chosen[0]]):
+            return chosen, tries > 0
+        logits = logits.clone()
+        logits[chosen[0]] = float("-inf")
+    return chosen, True
 
 
 async def _verify(state: RequestState, text: bytes, start: int, ends_with_eos: bool,
@@ -152,7 +181,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
                                          sampler, policy.draft.stop_below)
     if not draft.ids:
         return  # the constraint ended the answer
-    count_draft(state.stats, len(draft.ids), chosen)
+    count_draft(state.stats, len(draft.ids), chosen, draft.loop_breaks)
     if len(draft.ids) > 1:
         yield draft_event(drafter.label, [drafter.table.pieces[t] for t in draft.ids], draft.ids)
 
@@ -199,7 +228,8 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
         checked.append(position)
         if fusable:
             decision = _fuse(dists, weights, fusion, sampler, offset, token, state.stats.tokens + j,
-                             draft.constraints[j] if draft.constraints else None)
+                             draft.constraints[j] if draft.constraints else None,
+                             state.loop_at(state.loop_tail(text[:offset])))
             count_fusion(state.stats, decision)
             yield fusion_event(decision)
             if decision.changed:  # the draft diverges here
@@ -278,20 +308,26 @@ def _member_views(state: RequestState, views: list[VerifierView], text: bytes, o
 
 
 def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings, sampler: Sampler,
-          offset: int, drafted: int, position: int, constraint: JsonPrefix | None = None) -> FusionDecision:
+          offset: int, drafted: int, position: int, constraint: JsonPrefix | None = None,
+          loop: bytes | None = None) -> FusionDecision:
     """Fuse the members' distributions at one position and pick the token (greedy: the fused
     argmax; sampling: the speculative rule against the fused distribution). With a JSON
-    ``constraint`` only candidates that keep the answer valid can be chosen."""
+    ``constraint`` only candidates that keep the answer valid can be chosen; with a ``loop`` (the
+    unit the answer's end repeats, repetition.py) none that repeats it once more."""
     fused = fusion.fuse(dists, weights)
     drafter_top = set(top_keys(dists[0], HEUR_DRAFTER_TOP))
     scores, sharpened = sharpen(fused, weights, fusion.sharpen, drafter_top)
     drafted_key = candidate_key(dists[0].table, drafted)
     valid = None if constraint is None else torch.tensor([_keeps_valid(constraint, k) for k in fused.keys])
+    repeats = [k != EOS_KEY and continues_loop(loop, k) for k in fused.keys]
+    if any(repeats):
+        allowed = torch.tensor([not r for r in repeats])
+        valid = allowed if valid is None else valid & allowed
     if valid is not None:
         index = _valid_choice(scores, valid, sampler)
         if index is not None:
             key = fused.keys[index]
-        else:  # no valid candidate (or none left in the nucleus): the drafted token, valid by construction
+        else:  # no allowed candidate (or none left in the nucleus): the drafted token, valid by construction
             assert drafted_key is not None, "a constrained draft is never a special token other than EOS"
             key = drafted_key
     elif sampler.greedy:
@@ -301,7 +337,8 @@ def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings
         index = fused.keys.index(drafted_key) if drafted_key in fused.keys else None
         key = fused.keys[speculative_choice(sampler, sampler.tempered(scores), proposal, index)]
     return FusionDecision(position=position, offset=offset, members=tuple(d.name for d in dists), fused=fused,
-                          sharpened=sharpened, chosen=key, drafted=drafted_key)
+                          sharpened=sharpened, chosen=key, drafted=drafted_key,
+                          loop_blocked=repeats[int(torch.argmax(scores))])
 
 
 def _draft_mass(drafter: MemberDist, sampler: Sampler, keys: list[bytes]) -> torch.Tensor:

@@ -20,6 +20,7 @@ from ..alignment import TokenizedText, TokenTable
 from ..events import CacheSyncEvent, Stats, TokenEvent
 from ..json_constraint import JsonPrefix
 from ..members import Member, Session
+from ..repetition import MAX_PERIOD, loop_unit
 
 
 def spell_bytes(table: TokenTable, piece: bytes, member: str = "member") -> list[int]:
@@ -77,6 +78,7 @@ class RequestState:
     max_new_tokens: int
     stop: tuple[str, ...] = ()
     constraint: JsonPrefix | None = None  # response_format: the JSON parser state of the answer so far
+    loop_guard: int | None = None  # bytes an exact repetition at the answer's end may reach (repetition.py)
     answer: bytearray = field(default_factory=bytearray)
     drafter_ids: list[int] = field(default_factory=list)
     text: str = ""  # decoded answer (complete characters only)
@@ -94,6 +96,18 @@ class RequestState:
         self.stats.member_weights = self.weight_stats()
         self.stats.drafter = self.members[0].label
         self.stats.constrained = self.constraint is not None
+
+    def loop_tail(self, text: bytes | None = None) -> bytes | None:
+        """The last bytes of ``text`` (default: the answer) that the loop guard looks at; None when
+        the guard is off."""
+        if self.loop_guard is None:
+            return None
+        keep = 2 * MAX_PERIOD + self.loop_guard
+        return bytes(self.answer[-keep:]) if text is None else text[-keep:]
+
+    def loop_at(self, tail: bytes | None) -> bytes | None:
+        """The unit that ``tail`` (from ``loop_tail``) ends repeating, if it is a loop the guard stops."""
+        return None if tail is None or self.loop_guard is None else loop_unit(tail, self.loop_guard)
 
     @property
     def drafter(self) -> RequestMember:

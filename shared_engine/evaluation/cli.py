@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from pathlib import Path
 
 from ..engine_args import add_engine_args, default_method, engine_from_args
@@ -39,7 +40,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     commands = parser.add_subparsers(dest="eval_command")
     compare = commands.add_parser("compare", help="table and PNG plots of several eval folders")
     compare.add_argument("dirs", nargs="+", help="folders holding summary.json")
-    compare.add_argument("--plots", default="eval-plots", help="folder for the PNG plots")
+    compare.add_argument("--plots", help="folder for the PNG plots (default: plots/ beside the runs, in the "
+                                         "folder that holds them all)")
     compare.add_argument("--json", help="also write the rows as JSON here")
     compare.add_argument("--baseline", help="one of the folders: count per question where each run wins / loses")
     compare.add_argument("--by-group", action="store_true",
@@ -61,11 +63,20 @@ def _drafter(args: argparse.Namespace, drafter: str | int | None) -> str:
     return named.get(drafter, drafter)
 
 
+def default_plots_dir(dirs: list[Path]) -> Path:
+    """``plots/`` in the folder that holds every compared run (not the current folder: run from a
+    checkout, that left an untracked ``eval-plots/`` there)."""
+    parents = [d.resolve().parent for d in dirs]
+    common = Path(os.path.commonpath(parents)) if parents else Path.cwd()
+    return common / "plots"
+
+
 def run(args: argparse.Namespace) -> int:
     if args.eval_command == "compare":
         from .compare import compare_runs
 
-        print(compare_runs([Path(d) for d in args.dirs], Path(args.plots), args.json,
+        dirs = [Path(d) for d in args.dirs]
+        print(compare_runs(dirs, Path(args.plots) if args.plots else default_plots_dir(dirs), args.json,
                            Path(args.baseline) if args.baseline else None, args.by_group))
         return 0
     if not args.bench or not args.models:
@@ -74,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     bench = get_benchmark(args.bench, args.data, args.pair)
     args.max_new_tokens = args.max_new_tokens or bench.max_new_tokens
     engine = engine_from_args(args, method)
-    options = engine.options.model_dump(exclude=set(GenerationParams.model_fields) | {"method"})  # any method's
+    # the run's options (the loop guard too: it changes answers, the other generation parameters are the config's)
+    options = engine.options.model_dump(exclude=set(GenerationParams.model_fields) - {"loop_guard"} | {"method"})
     # `single` runs the drafter alone
     models = [_drafter(args, engine.options.drafter)] if method == "single" else args.models
     # a bf16 run is another run; a display name (MemberConfig.name) keys the stats and labels the run

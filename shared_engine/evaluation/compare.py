@@ -36,7 +36,8 @@ def run_label(summary: dict[str, Any]) -> str:
             + (f" w={_weights_label(weights)}" if weights and summary["method"] != "single" else "")
             + (f" dw={drafter_weight:g}" if not weights and drafter_weight is not None
                and drafter_weight != METHOD_DEFAULTS.get(summary["method"], {}).get("drafter_weight", 1.0)
-               and summary["method"] != "single" else ""))
+               and summary["method"] != "single" else "")
+            + (f" guard={options['loop_guard']}" if options.get("loop_guard") else ""))
 
 
 def _drafter_label(summary: dict[str, Any], drafter: str | int) -> str:

@@ -2,7 +2,9 @@
 
 A member is named by a **spec string**, ``[BACKEND:]TARGET[#TOKENIZER]``:
 
-- ``qwen2.5-coder-0.5b-instruct`` / ``./my-hf-folder`` / ``model.gguf``: transformers (the default);
+- ``qwen2.5-coder-0.5b-instruct`` (a zoo name): its GGUF on in-process llama.cpp by default, on
+  transformers with ``transformers:`` or any placement option (``spec.default_backend``);
+- ``./my-hf-folder`` / ``org/name`` / ``model.gguf``: transformers;
 - ``llamacpp:qwen2.5-coder-0.5b-instruct`` or ``llamacpp:model.gguf``: the GGUF served in-process
   by llama.cpp (xllamacpp); ``llamacpp:http://host:8080``: a running ``llama-server``;
 - ``vllm:http://host:8000`` and ``sglang:http://host:30000``: a running vLLM / SGLang server.

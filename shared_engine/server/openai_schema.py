@@ -80,7 +80,8 @@ class StreamOptions(BaseModel):
 
 
 _NO_PENALTY = ("repetition penalties are not applied by the ensemble (its members tokenize the answer "
-               "differently); omit it or send 0")
+               "differently); omit it or send 0, and use the loop_guard extension (a byte limit on exact "
+               "repetition at the answer's end) to stop loops")
 UNSUPPORTED: dict[str, str] = {
     "functions": "the legacy functions API is not supported; use tools",
     "logprobs": "log probabilities are not returned by this server",
@@ -114,6 +115,11 @@ class ChatCompletionRequest(BaseModel):
         None, min_length=1,
         description="Extension: with tools offered and a conversation that ends with tool results, a user "
                     "turn added after them asking for a plain-text answer (shared_engine.tools.OutputOptions).")
+    loop_guard: int | None = Field(
+        None, ge=0, le=4096,
+        description="Extension: an exact repetition at the answer's end may reach this many bytes, then no "
+                    "token repeats it further (shared_engine/repetition.py); 0: off for this request; "
+                    "unset: the server's default.")
     ensemble_events: bool | Literal["all"] = Field(
         True, description="Extension: send ensemble decisions along; 'all' adds AdaFuse's confident "
                           "(not voted) spans.")
@@ -137,7 +143,10 @@ class ChatCompletionRequest(BaseModel):
         params: dict[str, Any] = {
             "max_new_tokens": self.max_completion_tokens or self.max_tokens,
             "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed, "stop": self.stop}
-        return {k: v for k, v in params.items() if v is not None}
+        params = {k: v for k, v in params.items() if v is not None}
+        if self.loop_guard is not None:
+            params["loop_guard"] = self.loop_guard or None
+        return params
 
     def output_options(self) -> dict[str, Any]:
         """The engine's tool and format options (``shared_engine.tools.OutputOptions``)."""
