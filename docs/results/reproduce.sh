@@ -118,3 +118,13 @@ python scripts/compile_report.py --tokens 48 --repeats 2
 # Load on an idle machine (README Load)
 for m in single safe; do python scripts/load_bench.py --backend llamacpp --method $m --levels 1,2,4,8 \
   --requests-per-client 2 --max-tokens 24 --out docs/load/idle-llamacpp-$m; done
+# The loop guard (README Results): MMLU-Redux at today's defaults without it, then what it changes in those
+# runs and in the GSM8K runs above (only the answers with an exact loop at 64 bytes are answered again,
+# plus controls without one)
+B="--bench mmlu-redux --limit 100"
+ev $B --method single --members $M/q.yaml --out $OUT/p9/mmlu-single-q
+ev $B --method safe --members $M/qg.yaml --out $OUT/p9/mmlu-safe-qg
+safe-ensemble eval compare $OUT/p9/mmlu-* --baseline $OUT/p9/mmlu-single-q
+for run in $OUT/p9/mmlu-single-q $OUT/p9/mmlu-safe-qg $OUT/p8/gsm8k-safe-qg $OUT/p8/gsm8k-every-token-qg; do
+  python scripts/loop_guard_effect.py $run --loop-guard 64 --check 3 --json $run-loop-guard.json
+done
