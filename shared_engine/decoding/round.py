@@ -24,6 +24,10 @@ that keep the answer a valid JSON prefix, and fusion chooses only among candidat
 none does, the drafted token stands. A sampled fusion there draws straight from the fused
 distribution restricted to valid candidates (no speculative acceptance: the drafter's restricted
 distribution is not known in closed form), which keeps the answer exact to that distribution.
+
+With a loop guard (``state.loop_guard``, see repetition.py) the same two places leave out what would
+repeat an exact loop at the answer's end once more: the drafter chooses again without that token,
+fusion chooses among the candidates that do not repeat it.
 """
 
 from __future__ import annotations
@@ -327,9 +331,10 @@ def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings
         index = _valid_choice(scores, valid, sampler)
         if index is not None:
             key = fused.keys[index]
-        else:  # no allowed candidate (or none left in the nucleus): the drafted token, valid by construction
-            assert drafted_key is not None, "a constrained draft is never a special token other than EOS"
-            key = drafted_key
+        else:  # no allowed candidate (or none left in the nucleus): the drafted token, valid by
+            # construction (a constrained draft is never a special token other than EOS); a special
+            # token the guard alone left without a candidate: the fused best after all
+            key = drafted_key if drafted_key is not None else fused.keys[int(torch.argmax(scores))]
     elif sampler.greedy:
         key = fused.keys[int(torch.argmax(scores))]
     else:  # speculative sampling against the fused distribution: the answer follows it exactly
