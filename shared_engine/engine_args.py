@@ -8,6 +8,7 @@ imports another and nothing imports ``cli.py``. A new engine flag goes into ``ad
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from .engine import EnsembleEngine
@@ -71,24 +72,23 @@ def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = Tr
                         help="adafuse: vote every round (the released code) or only where every member is unsure")
 
 
-def confidence_arg(text: str) -> float | str:
-    """``--drafter-confidence``: a probability, or ``none`` for the paper's consensus rule alone."""
-    if text.strip().lower() in ("none", "off"):
-        return "none"
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a probability or 'none', got {text!r}") from None
+def _number_or_none(cast: type[float] | type[int], what: str) -> Callable[[str], float | int | str]:
+    """An argparse type: a number (``cast``), or ``none`` / ``off`` (kept as ``"none"``: the flag was
+    given, and means None, unlike a flag left out)."""
+    def parse(text: str) -> float | int | str:
+        if text.strip().lower() in ("none", "off"):
+            return "none"
+        try:
+            return cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} or 'none', got {text!r}") from None
+    return parse
 
 
-def loop_guard_arg(text: str) -> int | str:
-    """``--loop-guard``: a length in bytes, or ``none`` for no guard."""
-    if text.strip().lower() in ("none", "off"):
-        return "none"
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of bytes or 'none', got {text!r}") from None
+confidence_arg = _number_or_none(float, "a probability")
+"""``--drafter-confidence``: a probability, or ``none`` for the paper's consensus rule alone."""
+loop_guard_arg = _number_or_none(int, "a number of bytes")
+"""``--loop-guard``: a length in bytes, or ``none`` for no guard."""
 
 
 def default_method(models: list[str]) -> str:

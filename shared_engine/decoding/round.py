@@ -233,7 +233,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
         if fusable:
             decision = _fuse(dists, weights, fusion, sampler, offset, token, state.stats.tokens + j,
                              draft.constraints[j] if draft.constraints else None,
-                             state.loop_at(state.loop_tail(text[:offset])))
+                             state.loop_at(state.loop_tail(text[:offset])) if state.loop_guard else None)
             count_fusion(state.stats, decision)
             yield fusion_event(decision)
             if decision.changed:  # the draft diverges here
