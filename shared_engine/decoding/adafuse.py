@@ -312,8 +312,8 @@ def _candidate_keys(state: RequestState, outlook: _Outlook, proposals: Proposals
         keys = [state.drafter.table.pieces[int(torch.argmax(outlook.firsts[0]))]]
     if state.loop_guard is None:
         return keys, 0
-    answer = bytes(state.answer)
-    free = [k for k in keys if k == EOS_KEY or state.loop_at(state.loop_tail(answer + k)) is None]
+    tail = state.loop_tail() or b""  # the answer's end is all a loop check reads, not a copy of the whole answer
+    free = [k for k in keys if k == EOS_KEY or state.loop_at(state.loop_tail(tail + k)) is None]
     return (free or [_loop_free_token(state, outlook.firsts[0])]), len(keys) - len(free)
 
 

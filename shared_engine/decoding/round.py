@@ -323,7 +323,7 @@ def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings
     scores, sharpened = sharpen(fused, weights, fusion.sharpen, drafter_top)
     drafted_key = candidate_key(dists[0].table, drafted)
     valid = None if constraint is None else torch.tensor([_keeps_valid(constraint, k) for k in fused.keys])
-    repeats = [k != EOS_KEY and continues_loop(loop, k) for k in fused.keys]
+    repeats = [k != EOS_KEY and continues_loop(loop, k) for k in fused.keys] if loop is not None else []
     if any(repeats):
         allowed = torch.tensor([not r for r in repeats])
         valid = allowed if valid is None else valid & allowed
@@ -343,7 +343,7 @@ def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings
         key = fused.keys[speculative_choice(sampler, sampler.tempered(scores), proposal, index)]
     return FusionDecision(position=position, offset=offset, members=tuple(d.name for d in dists), fused=fused,
                           sharpened=sharpened, chosen=key, drafted=drafted_key,
-                          loop_blocked=repeats[int(torch.argmax(scores))])
+                          loop_blocked=bool(repeats) and repeats[int(torch.argmax(scores))])
 
 
 def _draft_mass(drafter: MemberDist, sampler: Sampler, keys: list[bytes]) -> torch.Tensor:
