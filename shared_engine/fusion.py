@@ -11,12 +11,13 @@ same candidate. 'End of answer' is one shared candidate, ``EOS_KEY``, whatever e
   vocabularies by exact string match (built once per set of tokenizers); weighted sum.
 - Sharpening (SAFE, arXiv 2510.15346 §2.6) when the fused max is < 0.5: ``heur`` pools the mass of
   candidates that extend a shorter candidate onto it (" So" gets " Sofia"'s mass), limited to the
-  drafter's top-10; ``geom`` takes the weighted geometric mean instead of the arithmetic one.
+  drafter's top-10 and to extensions the drafter itself writes starting with that shorter token
+  (``drafter_extends``: " and" is not pooled onto " a"); ``geom`` takes the weighted geometric mean instead of the arithmetic one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, Protocol
@@ -203,11 +204,17 @@ def make_fuser(name: str, top_k: int = 10) -> Fuser:
         return GacFusion()
     raise ValueError(f"unknown fusion {name!r}")
 SharpenMode = Literal["heur", "geom"] | None
+PrefixRule = Callable[[bytes, bytes], bool]
 
 
-def sharpen(fused: Fused, weights: torch.Tensor, mode: SharpenMode,
-            drafter_top: set[bytes]) -> tuple[torch.Tensor, bool]:
-    """Scores to pick from, and whether sharpening fired (only when the fused max is < 0.5)."""
+def sharpen(fused: Fused, weights: torch.Tensor, mode: SharpenMode, drafter_top: set[bytes],
+            extends: PrefixRule | None = None) -> tuple[torch.Tensor, bool]:
+    """Scores to pick from, and whether sharpening fired (only when the fused max is < 0.5).
+
+    ``heur`` pools the mass of a longer candidate onto a shorter one it starts with. ``extends``
+    (longer, shorter) says whether that longer candidate really continues the shorter one for the
+    drafter (the engine passes ``drafter_extends``); None pools every byte extension, as the
+    released code does."""
     scores = fused.fused
     if mode is None or float(scores.max()) >= SHARPEN_BELOW:
         return scores, False
@@ -220,6 +227,30 @@ def sharpen(fused: Fused, weights: torch.Tensor, mode: SharpenMode,
                 or short == EOS_KEY:
             continue
         for j, longer in enumerate(fused.keys):
-            if j != i and longer != EOS_KEY and longer.startswith(short):
+            if j != i and longer != EOS_KEY and longer.startswith(short) \
+                    and (extends is None or extends(longer, short)):
                 pooled[i] += scores[j]
     return pooled, True
+
+
+def drafter_extends(drafter: TokenTable) -> PrefixRule:
+    """Whether the drafter would write ``longer`` starting with the token ``shorter``: its own
+    tokenization of ``longer`` begins with it. Pooling exists for a word the vocabularies split
+    differently (" Sofia" in one, " So" + "fia" in the other): committing " So" lets the drafter
+    go on to "fia". A word the drafter writes otherwise is another word: " and" does not continue
+    " a" (after " a" the drafter writes " cat", never "nd"), so its mass must not make " a" win,
+    and committing " So" where the drafter has " Sofia" as one token is the very split SAFE avoids.
+    A candidate that is not whole UTF-8 cannot be tokenized alone and pools as released."""
+    return lambda longer, shorter: _first_piece(drafter, longer) in (shorter, None)
+
+
+@lru_cache(maxsize=65536)
+def _first_piece(table: TokenTable, text: bytes) -> bytes | None:
+    """The bytes of the first token of ``table``'s own tokenization of ``text`` (None: unknown)."""
+    if table.token_id(text) is not None:
+        return text
+    try:
+        ids = table.encode_fragment(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return table.pieces[ids[0]] if ids else None

@@ -17,7 +17,10 @@ released SAFE code's (ensembling.md §2.2, §2.5, §2.6) plus this project's doc
 - a verifier sharing the drafter's vocabulary reads the drafter's own ids;
 - UniTE: union of each member's top-k byte strings (EOS one shared candidate), only what the
   drafter can spell; a missing string scored through the member's exact token, else its first
-  sub-token, each id giving its probability once; ``heur`` sharpening when the fused max < 0.5;
+  sub-token, each id giving its probability once; ``heur`` sharpening when the fused max < 0.5,
+  pooling a longer candidate onto a shorter one only where the drafter's own tokenization of the
+  longer one starts with the shorter (the released code pools every byte extension: " and" onto
+  " a"); a candidate that is not whole UTF-8 pools as released;
 - when fusion keeps the drafted token the scan goes on (the released code re-drafts);
 - with a temperature, the drafted token is accepted by the speculative-sampling rule against the
   tempered fused distribution (the released code is greedy only);
@@ -257,6 +260,17 @@ class ReferenceSafe:
 
     # ------------------------------------------------------------------ UniTE + heur, spelled out
 
+    def _drafter_starts(self, text: bytes) -> bytes | None:
+        """The first token the drafter writes ``text`` with (None: not whole UTF-8)."""
+        table = self.members[0].table
+        if table.token_id(text) is not None:
+            return text
+        try:
+            ids = table.encode_fragment(text.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return None
+        return table.pieces[ids[0]] if ids else None
+
     def _top(self, m: int, logits: torch.Tensor) -> dict[bytes, float]:
         table, top = self.members[m].table, {}
         for token in torch.argsort(logits, descending=True).tolist():
@@ -313,7 +327,8 @@ class ReferenceSafe:
             for i, short in enumerate(keys):
                 if fused[i] > HEUR_MIN and short in tops[0] and short.strip() and short != EOS_KEY:
                     scores[i] += sum(fused[j] for j, long in enumerate(keys)
-                                     if j != i and long != EOS_KEY and long.startswith(short))
+                                     if j != i and long != EOS_KEY and long.startswith(short)
+                                     and self._drafter_starts(long) in (short, None))
         drafted_key = _key(drafter, drafted)
         so_far = self._text[:offset]
         allowed = [k == EOS_KEY or not self._repeats(so_far, k) for k in keys]

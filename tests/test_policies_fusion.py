@@ -9,10 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared_engine.alignment import EOS_KEY
-from shared_engine.fusion import Fused, sharpen
+from shared_engine.alignment import EOS_KEY, TokenTable
+from shared_engine.fusion import Fused, drafter_extends, sharpen
 from shared_engine.policies import DraftSchedule, agree, make_policy
 from shared_engine.sampling import Sampler
+from tests.toy import byte_level_tokenizer, metaspace_tokenizer
 
 
 @st.composite
@@ -82,6 +83,26 @@ def test_heur_sharpening_pools_extensions_onto_drafter_prefix() -> None:
     assert keys[int(torch.argmax(scores))] == b" So"
     assert torch.isclose(scores[1], fused.fused[1] + fused.fused[0])
     assert torch.isclose(scores[3], fused.fused[3])
+
+
+def test_heur_pools_only_extensions_the_drafter_writes_after_the_shorter_token() -> None:
+    """" and" is not " a" continued: the released rule pooled its mass onto " a" (the answer then
+    read " a" and the drafter went on with " cat"; measured in a JSON string, "A cat is a cat, a
+    cat is ..." to the cap). Only a longer candidate that the drafter's own tokenizer starts with
+    the shorter token is pooled onto it."""
+    byte_level, metaspace = TokenTable(byte_level_tokenizer()), TokenTable(metaspace_tokenizer())
+    assert byte_level.token_id(b" and") is not None and byte_level.token_id(b" a") is not None
+    assert not drafter_extends(byte_level)(b" and", b" a")  # the drafter writes " and" in one token
+    assert drafter_extends(byte_level)(b" then", b" the")  # " the" + "n" in this vocabulary
+    assert drafter_extends(metaspace)(b" Sofia", b" So")  # " So" + "fia"
+    assert not drafter_extends(metaspace)(b" Some", b" So")  # its own token " Some"
+    assert drafter_extends(metaspace)(b" \xe2\x82", b" ")  # not whole UTF-8: pooled as released
+    keys = [b" and", b" but", b" a"]
+    fused, w = _fused(keys, [[0.26, 0.31, 0.10], [0.34, 0.06, 0.38]], [2 / 3, 1 / 3])
+    released, fired = sharpen(fused, w, "heur", drafter_top=set(keys))
+    assert fired and keys[int(torch.argmax(released))] == b" a"  # 0.19 + 0.29 pooled
+    scores, fired = sharpen(fused, w, "heur", drafter_top=set(keys), extends=drafter_extends(byte_level))
+    assert fired and keys[int(torch.argmax(scores))] == b" and" and torch.equal(scores, fused.fused)
 
 
 def test_geom_sharpening_and_no_sharpening_when_confident() -> None:
