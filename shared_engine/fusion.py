@@ -12,7 +12,8 @@ same candidate. 'End of answer' is one shared candidate, ``EOS_KEY``, whatever e
 - Sharpening (SAFE, arXiv 2510.15346 §2.6) when the fused max is < 0.5: ``heur`` pools the mass of
   candidates that extend a shorter candidate onto it (" So" gets " Sofia"'s mass), limited to the
   drafter's top-10 and to extensions the drafter itself writes starting with that shorter token
-  (``drafter_extends``: " and" is not pooled onto " a"); ``geom`` takes the weighted geometric mean instead of the arithmetic one.
+  (``drafter_extends``: " and" is not pooled onto " a"); ``geom`` takes the weighted geometric mean
+  instead of the arithmetic one.
 """
 
 from __future__ import annotations
