@@ -247,7 +247,9 @@ def drafter_extends(drafter: TokenTable) -> PrefixRule:
 
 @lru_cache(maxsize=65536)
 def _first_piece(table: TokenTable, text: bytes) -> bytes | None:
-    """The bytes of the first token of ``table``'s own tokenization of ``text`` (None: unknown)."""
+    """The bytes of the first token of ``table``'s own tokenization of ``text`` (None: unknown). A
+    text that is one of its tokens counts as written in that token, without asking the tokenizer
+    (for a llama.cpp member every encode is a request to its server)."""
     if table.token_id(text) is not None:
         return text
     try:
