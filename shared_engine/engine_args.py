@@ -51,7 +51,8 @@ def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = Tr
                              "token the drafter gives less than --drafter-confidence (0.4 without one)")
     parser.add_argument("--max-draft-length", type=int, default=16, help="adaptive: the longest draft (default 16)")
     parser.add_argument("--fusion", choices=["unite", "gac"], help="default: gac for gac-threshold, else unite")
-    parser.add_argument("--sharpen", choices=["heur", "geom", "none"], help="default: heur for safe, else none")
+    parser.add_argument("--sharpen", choices=["heur", "heur-bytes", "geom", "none"],
+                        help="default: heur for safe, else none; heur-bytes: the released code's pooling")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--drafter-confidence", type=confidence_arg,
                         help="safe: skip fusion where the drafter's probability is >= this (default 0.5); "

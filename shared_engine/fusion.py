@@ -204,7 +204,7 @@ def make_fuser(name: str, top_k: int = 10) -> Fuser:
     if name == "gac":
         return GacFusion()
     raise ValueError(f"unknown fusion {name!r}")
-SharpenMode = Literal["heur", "geom"] | None
+SharpenMode = Literal["heur", "heur-bytes", "geom"] | None
 PrefixRule = Callable[[bytes, bytes], bool]
 
 
@@ -214,14 +214,16 @@ def sharpen(fused: Fused, weights: torch.Tensor, mode: SharpenMode, drafter_top:
 
     ``heur`` pools the mass of a longer candidate onto a shorter one it starts with. ``extends``
     (longer, shorter) says whether that longer candidate really continues the shorter one for the
-    drafter (the engine passes ``drafter_extends``); None pools every byte extension, as the
-    released code does."""
+    drafter (the engine passes ``drafter_extends``); None, or ``heur-bytes``, pools every byte
+    extension, as the released code does."""
     scores = fused.fused
     if mode is None or float(scores.max()) >= SHARPEN_BELOW:
         return scores, False
     if mode == "geom":
         logp = torch.log(fused.member_probs.clamp_min(1e-12))
         return torch.exp((weights.unsqueeze(1) * logp).sum(0) / weights.sum()), True
+    if mode == "heur-bytes":
+        extends = None
     pooled = scores.clone()
     for i, short in enumerate(fused.keys):
         if scores[i] <= HEUR_MIN_PROB or short not in drafter_top or not short.strip() \

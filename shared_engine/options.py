@@ -94,9 +94,11 @@ class EngineOptions(GenerationParams):
     fusion: Literal["unite", "gac"] = Field(
         "unite", description="Cross-vocabulary fusion (default per method: gac for gac-threshold, "
                              "else unite).")
-    sharpen: Literal["heur", "geom"] | None = Field(
+    sharpen: Literal["heur", "heur-bytes", "geom"] | None = Field(
         "heur", description="Sharpening when fused max < 0.5 (default per method: heur for safe, "
-                            "else None).")
+                            "else None). heur pools a longer candidate onto a shorter one where the "
+                            "drafter writes it starting with that token; heur-bytes pools every byte "
+                            "extension, as the released SAFE code.")
     weights: list[float] | Literal["auto"] | None = Field(
         None, description="Member weights in member order (default: drafter_weight for the drafter, 1 for the "
                           "others), or 'auto': per request, "

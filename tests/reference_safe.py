@@ -322,13 +322,14 @@ class ReferenceSafe:
         member_probs = [self._member_probs(m, d, top, keys) for m, (d, top) in enumerate(zip(dists, tops))]
         fused = [sum(w * row[c] for w, row in zip(self.weights, member_probs)) for c in range(len(keys))]
         scores, sharpened = list(fused), False
-        if self.sharpen == "heur" and max(fused) < SHARPEN_BELOW:
+        if self.sharpen in ("heur", "heur-bytes") and max(fused) < SHARPEN_BELOW:
             sharpened = True
             for i, short in enumerate(keys):
                 if fused[i] > HEUR_MIN and short in tops[0] and short.strip() and short != EOS_KEY:
                     scores[i] += sum(fused[j] for j, long in enumerate(keys)
                                      if j != i and long != EOS_KEY and long.startswith(short)
-                                     and self._drafter_starts(long) in (short, None))
+                                     and (self.sharpen == "heur-bytes"
+                                          or self._drafter_starts(long) in (short, None)))
         drafted_key = _key(drafter, drafted)
         so_far = self._text[:offset]
         allowed = [k == EOS_KEY or not self._repeats(so_far, k) for k in keys]

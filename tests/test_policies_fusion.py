@@ -103,6 +103,8 @@ def test_heur_pools_only_extensions_the_drafter_writes_after_the_shorter_token()
     assert fired and keys[int(torch.argmax(released))] == b" a"  # 0.19 + 0.29 pooled
     scores, fired = sharpen(fused, w, "heur", drafter_top=set(keys), extends=drafter_extends(byte_level))
     assert fired and keys[int(torch.argmax(scores))] == b" and" and torch.equal(scores, fused.fused)
+    as_released, _ = sharpen(fused, w, "heur-bytes", drafter_top=set(keys), extends=drafter_extends(byte_level))
+    assert torch.equal(as_released, released)  # the option that keeps the released code's pooling
 
 
 def test_geom_sharpening_and_no_sharpening_when_confident() -> None:

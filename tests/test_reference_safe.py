@@ -34,6 +34,7 @@ class Case:
     drafter_confidence: float | None = None
     draft_length: int = 5
     trained_drafter: bool = False
+    sharpen: str = "heur"
     loop_guard: int | None = None  # with it, the members are toys fitted to answer in a loop (test_loop_guard.py)
 
 
@@ -41,6 +42,8 @@ CASES = [
     Case("byte-level drafts, greedy", (("a", "byte_level", "llama", 1), ("b", "metaspace", "gpt2", 2)), (0.3, 0.7)),
     Case("metaspace drafts, greedy", (("c", "metaspace", "llama", 3), ("d", "byte_level", "gpt2", 4)), (0.7, 0.3),
          draft_length=4),
+    Case("metaspace drafts, the released pooling", (("c", "metaspace", "llama", 3), ("d", "byte_level", "gpt2", 4)),
+         (0.7, 0.3), draft_length=4, sharpen="heur-bytes"),
     Case("three members, one sharing the drafter's vocabulary",
          (("a", "byte_level", "llama", 1), ("b", "metaspace", "gpt2", 2), ("e", "byte_level", "gpt2", 5)),
          (0.5, 0.3, 0.2)),
@@ -103,8 +106,9 @@ def _compare(engine_result, reference: Answer, where: str) -> None:  # noqa: ANN
 def test_engine_decisions_equal_the_reference(case: Case) -> None:
     members = _members(case)
     engine = EnsembleEngine(members, method="safe", weights=list(case.weights), draft_length=case.draft_length,
-                            drafter_confidence=case.drafter_confidence, loop_guard=case.loop_guard)
-    reference = ReferenceSafe(members, case.weights, draft_length=case.draft_length,
+                            drafter_confidence=case.drafter_confidence, loop_guard=case.loop_guard,
+                            sharpen=case.sharpen)
+    reference = ReferenceSafe(members, case.weights, draft_length=case.draft_length, sharpen=case.sharpen,
                               drafter_confidence=case.drafter_confidence, loop_guard=case.loop_guard)
     rounds = fusions = skips = breaks = 0
     prompts = [LOOPY[0]["content"], *PROMPTS] if case.loop_guard else PROMPTS

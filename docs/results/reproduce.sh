@@ -129,13 +129,14 @@ for run in $OUT/p9/mmlu-single-q $OUT/p9/mmlu-safe-qg $OUT/p8/gsm8k-safe-qg $OUT
   python scripts/loop_guard_effect.py $run --loop-guard 64 --check 3 --json $run-loop-guard.json
 done
 # heur pooling limited to what the drafter writes (31e1577): GSM8K and the three FLORES pairs at the default,
-# paired with Qwen alone; the released pooling on de-en needs the engine before it (git worktree add
-# ../released 989d358 and PYTHONPATH=../released), run into $OUT/p10/flores-de-en-safe-qg-released
+# paired with Qwen alone, and the released pooling on de-en (run then with 989d358's engine; the same rule)
 ev $G --method safe --members $M/qg.yaml --out $OUT/p10/gsm8k-safe-qg
 for pair in de-en en-de en-ro; do F="--bench flores --pair $pair --limit 100 --max-new-tokens 128"
   ev $F --method single --members $M/q.yaml --out $OUT/p10/flores-$pair-single-q
   ev $F --method safe --members $M/qg.yaml --out $OUT/p10/flores-$pair-safe-qg
   safe-ensemble eval compare $OUT/p10/flores-$pair-* --baseline $OUT/p10/flores-$pair-single-q; done
+ev --bench flores --pair de-en --limit 100 --max-new-tokens 128 --method safe --members $M/qg.yaml \
+  --sharpen heur-bytes --out $OUT/p10/flores-de-en-safe-qg-released
 # MATH-500 (1,024 tokens): SAFE, every-token and Qwen alone, in tiers of 10 so all three cover the same questions
 for n in 10 20 30; do for spec in "safe qg" "every-token qg" "single q"; do set -- $spec
   ev --bench math500 --limit $n --method $1 --members $M/$2.yaml --out $OUT/p10/math-$1-$2; done; done
