@@ -261,15 +261,13 @@ class ReferenceSafe:
     # ------------------------------------------------------------------ UniTE + heur, spelled out
 
     def _drafter_starts(self, text: bytes) -> bytes | None:
-        """The first token the drafter writes ``text`` with (None: not whole UTF-8)."""
-        table = self.members[0].table
-        if table.token_id(text) is not None:
-            return text
+        """The first token of the drafter's tokenization of ``text`` (None: not whole UTF-8). Always
+        asks the tokenizer (the engine takes a whole token as itself without asking)."""
         try:
-            ids = table.encode_fragment(text.decode("utf-8"))
+            first = self.members[0].table.encode_fragment(text.decode("utf-8"))[:1]
         except (UnicodeDecodeError, ValueError):
             return None
-        return table.pieces[ids[0]] if ids else None
+        return self.members[0].table.to_bytes(first) if first else None
 
     def _top(self, m: int, logits: torch.Tensor) -> dict[bytes, float]:
         table, top = self.members[m].table, {}
