@@ -18,6 +18,7 @@ from shared_engine.evaluation.prompts import bbh_prompt
 from shared_engine.evaluation.scoring import (
     corpus_translation,
     extract_choice,
+    extract_translation,
     score_bbh,
     score_choice,
     score_number,
@@ -200,6 +201,19 @@ def test_bbh_and_qa_scoring() -> None:
     assert result.correct and result.f1 == 1.0
     partial = score_qa("Henry Campbell", ["Sir Henry Campbell-Bannerman"])
     assert not partial.correct and 0 < partial.f1 < 1
+
+
+def test_a_translation_is_read_without_its_wrapper() -> None:
+    """Seen in FLORES de-en answers: a code fence or a lead-in before the translation, whose first
+    paragraph the first-paragraph rule took for the answer."""
+    assert extract_translation("```plaintext\n\nThe cat sat.\n```") == "The cat sat."
+    assert extract_translation("The sentence was translated into English as follows:\n\nThe cat sat.\n\nNote: x") \
+        == "The cat sat."
+    assert extract_translation("Here it is:\nTranslation: The cat sat.") == "The cat sat."
+    assert extract_translation("Translation: The cat sat.\n\nNote: literal.") == "The cat sat."
+    assert extract_translation("The cat sat:") == "The cat sat:"            # a colon with nothing after it stays
+    assert extract_translation("The cat sat.\nThe dog too.\n\nNotes") == "The cat sat.\nThe dog too."
+    assert extract_translation("```plaintext") == ""
 
 
 @needs_data

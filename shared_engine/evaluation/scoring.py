@@ -143,9 +143,22 @@ def score_qa(output: str, golds: list[str]) -> Score:
 
 # --- translation (FLORES) --------------------------------------------------------------------------
 
+_LABEL = re.compile(r"^\s*(?:translation|übersetzung|traducere)\s*:\s*", re.IGNORECASE)
+_FENCE = re.compile(r"^\s*```[\w+-]*\s*$")
+
+
 def extract_translation(output: str) -> str:
-    """The first paragraph of the output, without a 'Translation:' prefix (models tend to add notes)."""
-    text = re.sub(r"^\s*(?:translation|übersetzung|traducere)\s*:\s*", "", output.strip(), flags=re.IGNORECASE)
+    """The translation in the output: its first paragraph, without a 'Translation:' label (models tend to
+    add notes after it). Markdown code fences, and a lead-in line ending in ':' with the text after it
+    ("The sentence translates as follows:"), are not the translation either: every run is read this way,
+    so a member or an ensemble that wraps its answer is not scored on the wrapper."""
+    lines = [line for line in output.strip().splitlines() if not _FENCE.match(line)]
+    text = _LABEL.sub("", "\n".join(lines).strip())
+    while True:
+        first, _, rest = text.partition("\n")
+        if not (first.rstrip().endswith(":") and rest.strip()):
+            break
+        text = _LABEL.sub("", rest.strip())
     return text.split("\n\n", 1)[0].strip()
 
 
