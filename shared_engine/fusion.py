@@ -11,13 +11,14 @@ same candidate. 'End of answer' is one shared candidate, ``EOS_KEY``, whatever e
   vocabularies by exact string match (built once per set of tokenizers); weighted sum.
 - Sharpening (SAFE, arXiv 2510.15346 §2.6) when the fused max is < 0.5: ``heur`` pools the mass of
   candidates that extend a shorter candidate onto it (" So" gets " Sofia"'s mass), limited to the
-  drafter's top-10 and to extensions the drafter itself writes starting with that shorter token
-  (``drafter_extends``: " and" is not pooled onto " a"); ``geom`` takes the weighted geometric mean
-  instead of the arithmetic one.
+  drafter's top-10 and, where the shorter one ends inside a word, to extensions the drafter itself
+  writes starting with that shorter token (``drafter_extends``: " and" is not pooled onto " a",
+  '"The' is onto '"'); ``geom`` takes the weighted geometric mean instead of the arithmetic one.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -237,14 +238,41 @@ def sharpen(fused: Fused, weights: torch.Tensor, mode: SharpenMode, drafter_top:
 
 
 def drafter_extends(drafter: TokenTable) -> PrefixRule:
-    """Whether the drafter would write ``longer`` starting with the token ``shorter``: its own
-    tokenization of ``longer`` begins with it. Pooling exists for a word the vocabularies split
-    differently (" Sofia" in one, " So" + "fia" in the other): committing " So" lets the drafter
-    go on to "fia". A word the drafter writes otherwise is another word: " and" does not continue
-    " a" (after " a" the drafter writes " cat", never "nd"), so its mass must not make " a" win,
-    and committing " So" where the drafter has " Sofia" as one token is the very split SAFE avoids.
-    A candidate that is not whole UTF-8 cannot be tokenized alone and pools as released."""
-    return lambda longer, shorter: _first_piece(drafter, longer) in (shorter, None)
+    """Whether ``longer`` continues the shorter candidate for the drafter. Pooling exists for a word
+    the vocabularies split differently (" Sofia" in one, " So" + "fia" in the other): committing " So"
+    lets the drafter go on to "fia". Where the shorter one ends inside a word of the longer one, that
+    holds only if the drafter's own tokenization of the longer one begins with it: " and" does not
+    continue " a" (after " a" the drafter writes " cat", never "nd"), so its mass must not make " a"
+    win, and committing " So" where the drafter has " Sofia" as one token is the very split SAFE
+    avoids. Where it ends at a word's edge ('"' of '"The', " Paris" of " Paris,") the rest is a word
+    of its own, which the drafter writes next whatever its vocabulary merges: pooled, as released
+    (measured: without it '"The' and '"' split the drafter's mass, and a base verifier's "User" won
+    the first word of two FLORES answers). Text that is not whole UTF-8 pools as released too."""
+    def extends(longer: bytes, shorter: bytes) -> bool:
+        cut = cuts_a_word(longer, shorter)
+        return cut is not True or _first_piece(drafter, longer) in (shorter, None)
+    return extends
+
+
+def cuts_a_word(longer: bytes, shorter: bytes) -> bool | None:
+    """Whether ``longer`` (which starts with ``shorter``) runs on across the end of ``shorter`` within
+    one word: word characters on both sides (letters, digits, "_", a combining mark after), whitespace
+    on both sides, or one symbol repeated ("`" of "```"). None where either is not whole UTF-8."""
+    try:
+        head, rest = shorter.decode("utf-8"), longer[len(shorter):].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if not head or not rest:
+        return False
+    before, after = head[-1], rest[0]
+    if unicodedata.category(after).startswith("M"):
+        return True
+    return (_is_word_char(before) and _is_word_char(after)) or (before.isspace() and after.isspace()) \
+        or before == after
+
+
+def _is_word_char(char: str) -> bool:
+    return char.isalnum() or char == "_"
 
 
 @lru_cache(maxsize=65536)

@@ -96,8 +96,9 @@ class EngineOptions(GenerationParams):
                              "else unite).")
     sharpen: Literal["heur", "heur-bytes", "geom"] | None = Field(
         "heur", description="Sharpening when fused max < 0.5 (default per method: heur for safe, "
-                            "else None). heur pools a longer candidate onto a shorter one where the "
-                            "drafter writes it starting with that token; heur-bytes pools every byte "
+                            "else None). heur pools a longer candidate onto a shorter one it starts with, "
+                            "except where the shorter one ends inside a word the drafter writes "
+                            "otherwise (' and' is not pooled onto ' a'); heur-bytes pools every byte "
                             "extension, as the released SAFE code.")
     weights: list[float] | Literal["auto"] | None = Field(
         None, description="Member weights in member order (default: drafter_weight for the drafter, 1 for the "

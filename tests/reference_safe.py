@@ -18,9 +18,11 @@ released SAFE code's (ensembling.md §2.2, §2.5, §2.6) plus this project's doc
 - UniTE: union of each member's top-k byte strings (EOS one shared candidate), only what the
   drafter can spell; a missing string scored through the member's exact token, else its first
   sub-token, each id giving its probability once; ``heur`` sharpening when the fused max < 0.5,
-  pooling a longer candidate onto a shorter one only where the drafter's own tokenization of the
-  longer one starts with the shorter (the released code pools every byte extension: " and" onto
-  " a"); a candidate that is not whole UTF-8 pools as released;
+  pooling a longer candidate onto a shorter one that ends inside one of its words (letters or
+  digits, whitespace or one symbol on both sides of the cut) only where the drafter's own
+  tokenization of the longer one starts with the shorter (the released code pools every byte
+  extension: " and" onto " a"); at a word's edge ('"' of '"The'), or where either is not whole
+  UTF-8, it pools as released;
 - when fusion keeps the drafted token the scan goes on (the released code re-drafts);
 - with a temperature, the drafted token is accepted by the speculative-sampling rule against the
   tempered fused distribution (the released code is greedy only);
@@ -37,6 +39,8 @@ would, so a seeded reference answer can be compared decision by decision.
 from __future__ import annotations
 
 import codecs
+import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -326,7 +330,7 @@ class ReferenceSafe:
                 if fused[i] > HEUR_MIN and short in tops[0] and short.strip() and short != EOS_KEY:
                     scores[i] += sum(fused[j] for j, long in enumerate(keys)
                                      if j != i and long != EOS_KEY and long.startswith(short)
-                                     and (self.sharpen == "heur-bytes"
+                                     and (self.sharpen == "heur-bytes" or not _inside_a_word(long, short)
                                           or self._drafter_starts(long) in (short, None)))
         drafted_key = _key(drafter, drafted)
         so_far = self._text[:offset]
@@ -393,3 +397,17 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
         keep = torch.cumsum(ordered, 0) - ordered <= top_p
         probs = torch.zeros_like(probs).scatter_(0, order, ordered * keep)
     return probs / probs.sum()
+
+
+def _inside_a_word(longer: bytes, shorter: bytes) -> bool:
+    """Whether the cut after ``shorter`` falls inside a word of ``longer``: the two characters around
+    it are both word characters, both whitespace, the same symbol, or the second is a combining mark.
+    False where either is not whole UTF-8 (pooled as released)."""
+    try:
+        pair = shorter.decode("utf-8")[-1:] + longer[len(shorter):].decode("utf-8")[:1]
+    except UnicodeDecodeError:
+        return False
+    if len(pair) < 2:
+        return False
+    return bool(re.fullmatch(r"[^\W]{2}|\s{2}", pair)) or pair[0] == pair[1] \
+        or unicodedata.category(pair[1]).startswith("M")

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared_engine.alignment import EOS_KEY, TokenTable
-from shared_engine.fusion import Fused, drafter_extends, sharpen
+from shared_engine.fusion import Fused, cuts_a_word, drafter_extends, sharpen
 from shared_engine.policies import DraftSchedule, agree, make_policy
 from shared_engine.sampling import Sampler
 from tests.toy import byte_level_tokenizer, metaspace_tokenizer
@@ -97,6 +97,11 @@ def test_heur_pools_only_extensions_the_drafter_writes_after_the_shorter_token()
     assert drafter_extends(metaspace)(b" Sofia", b" So")  # " So" + "fia"
     assert not drafter_extends(metaspace)(b" Some", b" So")  # its own token " Some"
     assert drafter_extends(metaspace)(b" \xe2\x82", b" ")  # not whole UTF-8: pooled as released
+    assert metaspace.token_id(b" Paris,") is not None
+    assert drafter_extends(metaspace)(b" Paris,", b" Paris")  # cut at a word's edge: pooled, one token or not
+    assert cuts_a_word(b"```", b"`") and cuts_a_word(b" 10", b" 1") and cuts_a_word(b"\n\n", b"\n")
+    assert cuts_a_word(b"e\xcc\x81", b"e") and cuts_a_word(b" \xe2\x82", b" ") is None  # a mark; not UTF-8
+    assert not cuts_a_word(b'"The', b'"') and not cuts_a_word(b".\n", b".")
     keys = [b" and", b" but", b" a"]
     fused, w = _fused(keys, [[0.26, 0.31, 0.10], [0.34, 0.06, 0.38]], [2 / 3, 1 / 3])
     released, fired = sharpen(fused, w, "heur", drafter_top=set(keys))
@@ -105,6 +110,20 @@ def test_heur_pools_only_extensions_the_drafter_writes_after_the_shorter_token()
     assert fired and keys[int(torch.argmax(scores))] == b" and" and torch.equal(scores, fused.fused)
     as_released, _ = sharpen(fused, w, "heur-bytes", drafter_top=set(keys), extends=drafter_extends(byte_level))
     assert torch.equal(as_released, released)  # the option that keeps the released code's pooling
+
+
+def test_heur_pools_a_word_after_punctuation_onto_the_punctuation() -> None:
+    """Measured on FLORES de-en (Qwen drafts, Gemma-3-270m base verifies): at the translation's first
+    word Qwen split its mass between '"' and '"The' (one token in its vocabulary), and Gemma's "User"
+    (a base model going on with the dialogue) won and ended the answer. '"The' is '"' and then a word
+    of its own, so it pools onto '"' whatever the drafter's vocabulary merges."""
+    byte_level = TokenTable(byte_level_tokenizer())
+    keys = [b'"', b'"The', b"User"]
+    fused, w = _fused(keys, [[0.261, 0.228, 0.0], [0.0, 0.0, 0.584]], [2 / 3, 1 / 3])
+    assert keys[int(torch.argmax(fused.fused))] == b"User"
+    scores, fired = sharpen(fused, w, "heur", drafter_top={b'"', b'"The'}, extends=drafter_extends(byte_level))
+    assert fired and keys[int(torch.argmax(scores))] == b'"'
+    assert torch.isclose(scores[0], fused.fused[0] + fused.fused[1])
 
 
 def test_geom_sharpening_and_no_sharpening_when_confident() -> None:
