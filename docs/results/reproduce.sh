@@ -141,3 +141,17 @@ ev --bench flores --pair de-en --limit 100 --max-new-tokens 128 --method safe --
 for n in 10 20 30; do for spec in "safe qg" "every-token qg" "single q"; do set -- $spec
   ev --bench math500 --limit $n --method $1 --members $M/$2.yaml --out $OUT/p10/math-$1-$2; done; done
 safe-ensemble eval compare $OUT/p10/math-* --baseline $OUT/p10/math-single-q
+# The FLORES extractor (no code fence or lead-in line) and heur pooling at a word's edge (18387f8): the
+# standing table's ★ rows, SAFE at the default beside the best member, and the step before (31e1577's rule,
+# run with that commit's engine) on de-en, GSM8K, SQuAD and ARC
+for spec in "flores --pair de-en --max-new-tokens 128" "gsm8k --max-new-tokens 256" "squad --max-new-tokens 32" \
+    "arc-challenge --max-new-tokens 64" "flores --pair en-de --max-new-tokens 128" "flores --pair en-ro --max-new-tokens 128"; do
+  set -- $spec; n=$1; [ "$2" = "--pair" ] && n=$1-$3
+  ev --bench $spec --limit 100 --method single --members $M/q.yaml --out $OUT/p11/$n-single-q
+  ev --bench $spec --limit 100 --method safe --members $M/qg.yaml --out $OUT/p11/$n-safe-qg-b; done
+for b in triviaqa nq; do ev --bench $b --limit 100 --method single --members $M/g.yaml --out $OUT/p11/$b-single-g
+  ev --bench $b --limit 100 --method safe --members $M/qg.yaml --out $OUT/p11/$b-safe-qg-b; done
+B="--bench bbh --limit 50 --max-new-tokens 256"
+ev $B --method single --members $M/q.yaml --out $OUT/p11/bbh-single-q
+ev $B --method safe --members $M/qg.yaml --out $OUT/p11/bbh-safe-qg-b
+safe-ensemble eval compare $OUT/p11/gsm8k-* --baseline $OUT/p11/gsm8k-single-q   # and so on per benchmark
