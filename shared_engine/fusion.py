@@ -18,7 +18,6 @@ same candidate. 'End of answer' is one shared candidate, ``EOS_KEY``, whatever e
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -27,6 +26,7 @@ from typing import Literal, Protocol
 import torch
 
 from .alignment import EOS_KEY, TokenTable
+from .words import is_mark
 
 SHARPEN_BELOW = 0.5
 HEUR_MIN_PROB = 0.1
@@ -247,7 +247,7 @@ def drafter_extends(drafter: TokenTable) -> PrefixRule:
     avoids. Where it ends at a word's edge ('"' of '"The', " Paris" of " Paris,") the rest is a word
     of its own, which the drafter writes next whatever its vocabulary merges: pooled, as released
     (measured: without it '"The' and '"' split the drafter's mass, and a base verifier's "User" won
-    the first word of two FLORES answers). Text that is not whole UTF-8 pools as released too."""
+    the first word of a FLORES answer). Text that is not whole UTF-8 pools as released too."""
     def extends(longer: bytes, shorter: bytes) -> bool:
         cut = cuts_a_word(longer, shorter)
         return cut is not True or _first_piece(drafter, longer) in (shorter, None)
@@ -256,7 +256,7 @@ def drafter_extends(drafter: TokenTable) -> PrefixRule:
 
 def cuts_a_word(longer: bytes, shorter: bytes) -> bool | None:
     """Whether ``longer`` (which starts with ``shorter``) runs on across the end of ``shorter`` within
-    one word: word characters on both sides (letters, digits, "_", a combining mark after), whitespace
+    one word: word characters on both sides (letters, digits, "_"; or a mark after, ``words.is_mark``), whitespace
     on both sides, or one symbol repeated ("`" of "```"). None where either is not whole UTF-8."""
     try:
         head, rest = shorter.decode("utf-8"), longer[len(shorter):].decode("utf-8")
@@ -265,7 +265,7 @@ def cuts_a_word(longer: bytes, shorter: bytes) -> bool | None:
     if not head or not rest:
         return False
     before, after = head[-1], rest[0]
-    if unicodedata.category(after).startswith("M"):
+    if is_mark(after):
         return True
     return (_is_word_char(before) and _is_word_char(after)) or (before.isspace() and after.isspace()) \
         or before == after

@@ -32,7 +32,9 @@ def _is_cjk(char: str) -> bool:
     return any(lo <= code <= hi for lo, hi in _CJK_RANGES)
 
 
-def _is_mark(char: str) -> bool:
+def is_mark(char: str) -> bool:
+    """A character that belongs to the one before it: a combining mark, a joiner, a variation selector
+    or a skin-tone modifier."""
     return unicodedata.category(char).startswith("M") or char in (_ZWJ, _VS16) or 0x1F3FB <= ord(char) <= 0x1F3FF
 
 
@@ -52,7 +54,7 @@ def word_ends(text: str) -> list[int]:
             break
         if _is_cjk_letter(text[i]):
             i += 1
-            while i < n and (_is_mark(text[i]) or unicodedata.category(text[i])[0] in "PS"):
+            while i < n and (is_mark(text[i]) or unicodedata.category(text[i])[0] in "PS"):
                 i += 1  # its marks, and the punctuation after it
         else:  # a whitespace-split word, up to the next CJK character
             while i < n and not text[i].isspace() and not _is_cjk_letter(text[i]):
