@@ -401,7 +401,8 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def _inside_a_word(longer: bytes, shorter: bytes) -> bool:
     """Whether the cut after ``shorter`` falls inside a word of ``longer``: the two characters around
-    it are both word characters, both whitespace, the same symbol, or the second is a combining mark.
+    it are both word characters, both whitespace, the same symbol, or the second attaches to the first
+    (what ``words.is_mark`` counts, spelled out here).
     False where either is not whole UTF-8 (pooled as released)."""
     try:
         pair = shorter.decode("utf-8")[-1:] + longer[len(shorter):].decode("utf-8")[:1]
@@ -409,5 +410,6 @@ def _inside_a_word(longer: bytes, shorter: bytes) -> bool:
         return False
     if len(pair) < 2:
         return False
-    return bool(re.fullmatch(r"[^\W]{2}|\s{2}", pair)) or pair[0] == pair[1] \
-        or unicodedata.category(pair[1]).startswith("M")
+    attaches = unicodedata.category(pair[1]).startswith("M") or pair[1] in "\u200d\ufe0f" \
+        or 0x1F3FB <= ord(pair[1]) <= 0x1F3FF  # a mark, a joiner, a variation selector, a skin tone
+    return bool(re.fullmatch(r"[^\W]{2}|\s{2}", pair)) or pair[0] == pair[1] or attaches
