@@ -164,6 +164,10 @@ class Stats(BaseModel):
     loop_breaks: int = Field(0, description="Positions where the loop guard (repetition.py) kept a token that "
                                              "would have repeated the answer's end once more from being "
                                              "drafted or chosen by fusion.")
+    turn_markers: int = Field(0, description="Positions where a plain-format member's turn marker (\"User\" of "
+                                             "its stop string \"\\nUser:\" at a line start) held at least 1% "
+                                             "of its mass and was read as its end of turn, or dropped at the "
+                                             "answer's start (turn_markers.py).")
     constrained: bool = Field(False, description="response_format: the answer was decoded under the JSON "
                                                    "(schema) constraint (json_constraint.py); False: "
                                                    "validated and retried only.")

@@ -50,6 +50,11 @@ def mean_draft_length(lengths: Mapping[int, int] | Mapping[str, int]) -> float:
     return round(sum(int(length) * n for length, n in lengths.items()) / rounds, 2) if rounds else 0.0
 
 
+def count_turn_markers(stats: Stats, positions: int) -> None:
+    """At ``positions`` a member's turn marker (turn_markers.py) held mass and was moved."""
+    stats.turn_markers += positions
+
+
 @contextmanager
 def timed(stats: Stats, phase: Literal["draft", "verify"]) -> Iterator[None]:
     """Add the wall time of the block to ``Stats.draft_s`` or ``Stats.verify_s``."""

@@ -47,9 +47,21 @@ from ..members.base import exact_support
 from ..policies import Policy, agree
 from ..repetition import continues_loop
 from ..sampling import Sampler, speculative_choice
+from ..turn_markers import at_answer_start, read_turn_markers
 from .decisions import FusionDecision
-from .report import count_draft, count_fusion, count_unverified_round, draft_event, fusion_event, timed
+from .report import (
+    count_draft,
+    count_fusion,
+    count_turn_markers,
+    count_unverified_round,
+    draft_event,
+    fusion_event,
+    timed,
+)
 from .state import RequestState
+
+MARKER_COUNTED = 0.01
+"""A turn marker counts in ``Stats.turn_markers`` where it held at least this share of a member's mass."""
 
 _LOOP_TRIES = 8
 """Tokens masked at one position before the loop guard gives up there (each try is an argmax or a
@@ -63,6 +75,7 @@ class Draft:
     constraints: list[JsonPrefix] = field(default_factory=list)  # with a JSON constraint: the state before ids[j]
     probs: list[float] = field(default_factory=list)  # the drafter's p(ids[j]) where the draft's stop computed it
     loop_breaks: int = 0  # positions where the loop guard turned the drafter off its first choice
+    turn_markers: int = 0  # positions where the drafter's turn marker (turn_markers.py) was dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +100,14 @@ def _draft(state: RequestState, length: int, sampler: Sampler, stop_below: float
     support = exact_support(state.drafter.member)
     target = state.drafter_target()
     logits = session.sync(target, len(target))[-1]
-    ids, rows, constraint, constraints, probs = [], [], state.constraint, [], []
-    tail, loop_breaks = state.loop_tail(), 0
+    ids: list[int] = []
+    rows, constraint, constraints, probs = [], state.constraint, [], []
+    tail, loop_breaks, markers = state.loop_tail(), 0, 0
+    stops = state.drafter.member.stop_strings
     for j in range(length):
+        if stops and at_answer_start(so_far := bytes(state.answer) + _drafted_bytes(state, ids)):
+            logits, mass = read_turn_markers(logits, state.drafter.table, stops, so_far)
+            markers += mass >= MARKER_COUNTED
         chosen, broke = _guarded_token(state, sampler, logits, support, constraint, state.loop_at(tail))
         loop_breaks += broke
         if chosen is None:  # no token of the drafter's can continue the JSON: the answer ends
@@ -109,7 +127,11 @@ def _draft(state: RequestState, length: int, sampler: Sampler, stop_below: float
         if token in eos or j == length - 1 or unsure or finished:
             break
         logits = session.step(token)
-    return Draft(ids, rows, constraints, probs, loop_breaks)
+    return Draft(ids, rows, constraints, probs, loop_breaks, markers)
+
+
+def _drafted_bytes(state: RequestState, ids: list[int]) -> bytes:
+    return state.drafter.table.to_bytes([t for t in ids if t not in state.drafter.eos_ids])
 
 
 def _guarded_token(state: RequestState, sampler: Sampler, logits: torch.Tensor, support: int | None,
@@ -186,6 +208,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     if not draft.ids:
         return  # the constraint ended the answer
     count_draft(state.stats, len(draft.ids), chosen, draft.loop_breaks)
+    count_turn_markers(state.stats, draft.turn_markers)
     if len(draft.ids) > 1:
         yield draft_event(drafter.label, [drafter.table.pieces[t] for t in draft.ids], draft.ids)
 
@@ -215,7 +238,8 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     checked: list[VerifiedPosition] = []
     offset = start
     for j, token in enumerate(draft.ids):
-        dists, owns, boundary = _member_views(state, views, text, offset, token, draft.logits[j])
+        dists, owns, boundary, markers = _member_views(state, views, text, offset, token, draft.logits[j])
+        count_turn_markers(state.stats, markers)
         complete = len(dists) == len(state.members)  # a verifier's row is missing where it was not needed
         fusable = boundary or not policy.require_boundary
         position = VerifiedPosition(offset=offset, boundary_ok=boundary)
@@ -288,13 +312,17 @@ def _drafter_prob(state: RequestState, token: int, logits: torch.Tensor) -> floa
 
 
 def _member_views(state: RequestState, views: list[VerifierView], text: bytes, offset: int, token: int,
-                  drafter_logits: torch.Tensor) -> tuple[list[MemberDist], list[tuple[int, ...]], bool]:
+                  drafter_logits: torch.Tensor) -> tuple[list[MemberDist], list[tuple[int, ...]], bool, int]:
     """Every member's distribution at byte ``offset`` (verifiers only where one of their tokens
-    starts there), the ids that would continue the draft for each, and whether the offset is a
-    boundary for all members (SAFE's OOV-like check)."""
+    starts there), the ids that would continue the draft for each, whether the offset is a
+    boundary for all members (SAFE's OOV-like check), and how many members' turn markers held mass
+    there. Each distribution is read with the member's turn marker moved (turn_markers.py)."""
     drafter = state.drafter
     piece = drafter.table.pieces[token]
-    dists = [MemberDist(drafter.label, drafter.table, drafter_logits, exact_support(drafter.member))]
+    before = text[:offset]
+    logits, mass = read_turn_markers(drafter_logits, drafter.table, drafter.member.stop_strings, before)
+    markers = int(mass >= MARKER_COUNTED)
+    dists = [MemberDist(drafter.label, drafter.table, logits, exact_support(drafter.member))]
     owns: list[tuple[int, ...]] = [(token,)]
     boundary = offset <= len(text) and is_char_boundary(text, offset)
     for verifier, view in zip(state.verifiers, views):
@@ -305,10 +333,12 @@ def _member_views(state: RequestState, views: list[VerifierView], text: bytes, o
         if row[0] is None:  # a position the drafter's confidence decides: this row was not computed
             continue
         member = verifier.member
-        dists.append(MemberDist(verifier.label, member.table, row[0], exact_support(member)))
+        logits, mass = read_turn_markers(row[0], member.table, member.stop_strings, before)
+        markers += mass >= MARKER_COUNTED
+        dists.append(MemberDist(verifier.label, member.table, logits, exact_support(member)))
         same = member.table.token_id(piece) if token not in drafter.eos_ids else None
         owns.append(tuple(t for t in (row[1], same) if t is not None))
-    return dists, owns, boundary
+    return dists, owns, boundary, markers
 
 
 def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings, sampler: Sampler,

@@ -1,0 +1,97 @@
+"""A plain-format member's turn marker, read as what it is: the end of its turn, never a word.
+
+A base model without a chat template reads the conversation in the plain ``User:/Assistant:``
+format (members/chat.py) and ends its turn by writing the next one, ``"\\nUser:"``: that is its
+stop string. Its answer starts on a new line (the prompt ends ``"Assistant:\\n"``), so where a line
+starts it often gives the role word ``"User"`` most of its mass. As a fusion candidate that mass
+is not a vote for the word "User": measured on FLORES en-de (Qwen + Gemma-3-270m), Gemma gave
+"User" 0.58-0.62 where the translation's first word starts, it won where Qwen's first word was
+flat, and 5 of 100 answers began "User:" and then copied the English source.
+
+So a member's distribution is read with its turn marker (a token that writes the role word of one
+of its stop strings at a line start, with or without what follows it in the stop string) moved:
+
+- at the answer's start (nothing but whitespace written yet) it is **dropped**: an empty answer is
+  never the answer, so ending there is not one of the member's options, and the rest of its mass
+  is renormalised (the member votes with what it would write instead);
+- after that, in the distributions fusion reads, its mass is the member's **end of turn** (EOS):
+  the ``"\\n"`` before it was already written, and ``"\\nUser:"`` would have ended the answer.
+
+The drafter's own sampling reads the marker as dropped at the answer's start only: later its stop
+string ends the answer where it writes the marker (trimmed, as ever). Members with a chat template
+have no such stop string and are never changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+import torch
+
+from .alignment import TokenTable
+from .members.chat import ASSISTANT_TURN
+
+PROMPT_END = ASSISTANT_TURN.encode()
+"""What a plain-format member reads just before the answer (its prompt's last line)."""
+
+
+@lru_cache(maxsize=64)
+def _marker_ids(table: TokenTable, stop: bytes) -> tuple[frozenset[int], ...]:
+    """Per m: the ids whose piece writes the role word of ``stop`` once the text before them ends
+    with its first m bytes. The role word is the stop string up to its last letter ("\\nUser" of
+    "\\nUser:"); what a piece writes after it must agree with the rest (":"), so "Users" is a word.
+    Built once per (tokenizer, stop string): one pass over the vocabulary."""
+    core = stop.rstrip(b":;,.!?-> \t")  # "\nUser" of "\nUser:"
+    rest = stop[len(core):]
+    per_m = []
+    for m in range(len(core)):
+        needed = core[m:]
+        per_m.append(frozenset(
+            i for i, piece in enumerate(table.pieces)
+            if piece.startswith(needed) and _agrees(piece[len(needed):], rest)))
+    return tuple(per_m)
+
+
+def _agrees(after: bytes, rest: bytes) -> bool:
+    return rest.startswith(after) or after.startswith(rest)
+
+
+def marker_ids(table: TokenTable, stops: Sequence[str], before: bytes) -> frozenset[int]:
+    """The ids of ``table`` that would write one of the turn markers of ``stops`` after ``before``
+    (the member's text up to here: for a plain-format member ``PROMPT_END`` + the answer so far)."""
+    ids: frozenset[int] = frozenset()
+    for stop in stops:
+        encoded = stop.encode()
+        for m, found in enumerate(_marker_ids(table, encoded)):
+            if found and before.endswith(encoded[:m]):
+                ids |= found
+    return ids
+
+
+def at_answer_start(answer: bytes) -> bool:
+    """Nothing but whitespace written yet: ending here would leave the answer empty."""
+    return not answer.strip()
+
+
+def read_turn_markers(logits: torch.Tensor, table: TokenTable, stops: Sequence[str], answer: bytes,
+                      as_end_of_turn: bool = True) -> tuple[torch.Tensor, float]:
+    """``logits`` with the member's turn markers after ``answer`` dropped (at the answer's start, or
+    everywhere with ``as_end_of_turn=False``) or added to its EOS (the best EOS id's logit takes their
+    mass); the input itself where nothing applies. Also the probability the markers held, so the
+    caller can count where the rule mattered."""
+    if not stops:
+        return logits, 0.0
+    ids = [i for i in marker_ids(table, stops, PROMPT_END + answer) if i < logits.shape[-1]]
+    if not ids:
+        return logits, 0.0
+    index = torch.tensor(ids)
+    marker_logits = logits[index].float()
+    mass = float((torch.logsumexp(marker_logits, 0) - torch.logsumexp(logits.float(), 0)).exp())
+    out = logits.clone()
+    out[index] = float("-inf")
+    eos = [i for i in table.eos_ids if i < logits.shape[-1]]
+    if as_end_of_turn and eos and not at_answer_start(answer):
+        best = max(eos, key=lambda i: float(logits[i]))
+        out[best] = torch.logsumexp(torch.cat([logits[best:best + 1].float(), marker_logits]), 0).to(out.dtype)
+    return out, mass

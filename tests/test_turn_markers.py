@@ -1,0 +1,72 @@
+"""A plain-format member's turn marker ("User" of its stop string "\\nUser:") read as its end of turn."""
+
+from __future__ import annotations
+
+import torch
+
+from shared_engine.alignment import TokenTable
+from shared_engine.members.chat import PLAIN_TEMPLATE_STOPS
+from shared_engine.turn_markers import PROMPT_END, marker_ids, read_turn_markers
+
+PIECES = [b"User", b"User:", b"Users", b"\n", b"U", b"ser", b"er", b"The", b" User", b"\nUser", b"Hallo", b"",
+          b"User:\n"]
+EOS = 11
+
+
+def _table() -> TokenTable:
+    ids = {p: i for i, p in enumerate(PIECES)}
+    return TokenTable.from_bytes(PIECES, special_ids={EOS}, eos_ids={EOS},
+                                 encode=lambda text: [ids.get(text.encode(), 0)], name="toy")
+
+
+def _names(ids: frozenset[int]) -> set[bytes]:
+    return {PIECES[i] for i in ids}
+
+
+def test_the_role_word_at_a_line_start_is_the_marker() -> None:
+    table = _table()
+    at_start = _names(marker_ids(table, PLAIN_TEMPLATE_STOPS, PROMPT_END))
+    assert at_start == {b"User", b"User:", b"\nUser", b"User:\n"}  # "User:\n" ends the turn within itself
+    # completing the role word begun earlier on the line
+    assert _names(marker_ids(table, PLAIN_TEMPLATE_STOPS, PROMPT_END + b"Hallo\nUs")) == {b"er", b"\nUser"}
+    assert _names(marker_ids(table, PLAIN_TEMPLATE_STOPS, PROMPT_END + b"Hallo\nU")) == {b"ser", b"\nUser"}
+    # inside a line only a piece that brings its own new line is one
+    assert _names(marker_ids(table, PLAIN_TEMPLATE_STOPS, PROMPT_END + b"Hallo")) == {b"\nUser"}
+    assert marker_ids(table, (), PROMPT_END) == frozenset()
+
+
+def test_at_the_answer_start_the_marker_is_dropped_and_the_rest_renormalised() -> None:
+    table = _table()
+    logits = torch.log(torch.tensor([0.5, 0.1, 0.02, 0.02, 0.02, 0.02, 0.02, 0.2, 0.02, 0.02, 0.02, 0.02, 0.02]))
+    out, mass = read_turn_markers(logits, table, PLAIN_TEMPLATE_STOPS, b"")
+    probs = torch.softmax(out, 0)
+    assert abs(mass - (0.5 + 0.1 + 0.02 + 0.02)) < 1e-5
+    for marker in (b"User", b"User:", b"\nUser", b"User:\n"):
+        assert float(probs[PIECES.index(marker)]) == 0.0
+    # EOS is not where the marker's mass goes here: an empty answer is never the answer
+    assert abs(float(probs[EOS]) - 0.02 / 0.36) < 1e-5
+    assert abs(float(probs[PIECES.index(b"The")]) - 0.2 / 0.36) < 1e-5
+    # whitespace alone is still the answer's start
+    again, _ = read_turn_markers(logits, table, PLAIN_TEMPLATE_STOPS, b" \n")
+    assert float(torch.softmax(again, 0)[EOS]) < 0.1
+
+
+def test_after_a_line_break_the_marker_is_the_members_end_of_turn() -> None:
+    table = _table()
+    logits = torch.log(torch.tensor([0.5, 0.1, 0.02, 0.02, 0.02, 0.02, 0.02, 0.2, 0.02, 0.02, 0.02, 0.02, 0.02]))
+    out, mass = read_turn_markers(logits, table, PLAIN_TEMPLATE_STOPS, b"Hallo\n")
+    probs = torch.softmax(out, 0)
+    assert abs(mass - 0.64) < 1e-5
+    assert abs(float(probs[EOS]) - (0.02 + 0.64)) < 1e-5  # the distribution still sums to 1
+    assert abs(float(probs.sum()) - 1.0) < 1e-5
+    assert float(probs[PIECES.index(b"User")]) == 0.0
+    assert abs(float(probs[PIECES.index(b"Users")]) - 0.02) < 1e-6  # a word, not the marker
+
+
+def test_a_member_without_the_plain_format_is_read_as_it_is() -> None:
+    table = _table()
+    logits = torch.randn(len(PIECES))
+    out, mass = read_turn_markers(logits, table, (), b"")
+    assert out is logits and mass == 0.0
+    mid_line, mass = read_turn_markers(logits, table, PLAIN_TEMPLATE_STOPS, b"Hallo ")
+    assert torch.equal(torch.softmax(mid_line, 0)[:9], torch.softmax(logits, 0)[:9])  # only "\nUser" moved
