@@ -34,6 +34,8 @@ from .members.chat import ASSISTANT_TURN
 
 PROMPT_END = ASSISTANT_TURN.encode()
 """What a plain-format member reads just before the answer (its prompt's last line)."""
+MARKER_COUNTED = 0.01
+"""A turn marker counts in ``Stats.turn_markers`` where it held at least this share of a member's mass."""
 
 
 @lru_cache(maxsize=64)

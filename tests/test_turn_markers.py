@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from shared_engine.alignment import TokenTable
@@ -70,3 +71,29 @@ def test_a_member_without_the_plain_format_is_read_as_it_is() -> None:
     assert out is logits and mass == 0.0
     mid_line, mass = read_turn_markers(logits, table, PLAIN_TEMPLATE_STOPS, b"Hallo ")
     assert torch.equal(torch.softmax(mid_line, 0)[:9], torch.softmax(logits, 0)[:9])  # only "\nUser" moved
+
+
+# One FLORES-200 devtest sentence (CC BY-SA 4.0, as used by AdaFuse; shared/data/README.md) with the
+# benchmark's zero-shot prompt: SAFE (Qwen + Gemma-3-270m, llama.cpp) began its answer "User: Several
+# large television screens ..." (the source copied) before this rule.
+FLORES_EN_DE = [
+    {"role": "system", "content": (
+        "Translate the following English sentences into German.\n\nPlease translate **only** the content of "
+        "each sentence without adding any explanations, annotations, or comments. Your translation should be "
+        "faithful to the original meaning and written in natural, fluent German.\n\nNow, translate the "
+        "following sentences into German:")},
+    {"role": "user", "content": ("Several large television screens were installed in various places in Rome to "
+                                 "let the people watch the ceremony.")},
+]
+
+
+@pytest.mark.zoo
+def test_a_base_member_no_longer_opens_an_answer_with_its_turn_marker() -> None:
+    from shared_engine import EnsembleEngine
+
+    gemma = EnsembleEngine(["llamacpp:gemma-3-270m"], method="single")
+    alone = gemma.generate(FLORES_EN_DE, max_new_tokens=6)
+    assert not alone.text.lstrip().startswith("User") and alone.stats.turn_markers >= 1
+    pair = EnsembleEngine(["llamacpp:qwen2.5-coder-0.5b-instruct", "llamacpp:gemma-3-270m"], method="safe")
+    fused = pair.generate(FLORES_EN_DE, max_new_tokens=6)
+    assert not fused.text.lstrip().startswith("User") and fused.stats.turn_markers >= 1

@@ -42,9 +42,10 @@ from ..members import Session
 from ..members.base import exact_support
 from ..repetition import continues_loop
 from ..sampling import Sampler
+from ..turn_markers import MARKER_COUNTED, read_turn_markers
 from ..words import SharedEnds, complete_word_ends, span_end, word_ends
 from .decisions import ScoredSpan, SpanDecision
-from .report import count_span, count_span_round, span_event
+from .report import count_span, count_span_round, count_turn_markers, span_event
 from .state import RequestState, spell_bytes
 
 Uncertainty = Literal["margin", "entropy"]
@@ -245,6 +246,7 @@ class _Outlook:
     measures: list[float]  # each member's uncertainty there
     leader: int  # the most confident member
     shared: SharedEnds  # where every member has a token boundary
+    turn_markers: int = 0  # members whose turn marker held mass here (turn_markers.py)
 
 
 Proposals = list[list[Span]]
@@ -257,6 +259,7 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
     start, position = len(state.answer), state.stats.tokens
     outlook = await _look(state, settings)
     count_span_round(state.stats)
+    count_turn_markers(state.stats, outlook.turn_markers)
     voted = settings.vote == "always" or not settings.is_sure(outlook.measures[outlook.leader])
     if voted:
         proposals = await _propose_spans(state, outlook, settings, sampler)
@@ -288,10 +291,13 @@ async def _look(state: RequestState, settings: AdaFuseSettings) -> _Outlook:
     """Every member's next-token distribution after the answer, its uncertainty, and the leader."""
     contexts = [state.member_context(i) for i in range(len(state.members))]
     shared = SharedEnds(bytes(state.answer), state.canonical_texts())
-    firsts = await asyncio.gather(*(m.member.run(_next_logits, m.session, c) for m, c in zip(state.members, contexts)))
+    raw = await asyncio.gather(*(m.member.run(_next_logits, m.session, c) for m, c in zip(state.members, contexts)))
+    answer = bytes(state.answer)  # a plain-format member's turn marker is its end of turn, never a word
+    read = [read_turn_markers(f, m.table, m.member.stop_strings, answer) for f, m in zip(raw, state.members)]
+    firsts = [logits for logits, _ in read]
     measures = [settings.measure(f) for f in firsts]
     leader = max(range(len(measures)), key=lambda i: (settings.sureness(measures[i]), -i))
-    return _Outlook(contexts, list(firsts), measures, leader, shared)
+    return _Outlook(contexts, firsts, measures, leader, shared, sum(mass >= MARKER_COUNTED for _, mass in read))
 
 
 async def _propose_spans(state: RequestState, outlook: _Outlook, settings: AdaFuseSettings,

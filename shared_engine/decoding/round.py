@@ -47,7 +47,7 @@ from ..members.base import exact_support
 from ..policies import Policy, agree
 from ..repetition import continues_loop
 from ..sampling import Sampler, speculative_choice
-from ..turn_markers import at_answer_start, read_turn_markers
+from ..turn_markers import MARKER_COUNTED, at_answer_start, read_turn_markers
 from .decisions import FusionDecision
 from .report import (
     count_draft,
@@ -59,9 +59,6 @@ from .report import (
     timed,
 )
 from .state import RequestState
-
-MARKER_COUNTED = 0.01
-"""A turn marker counts in ``Stats.turn_markers`` where it held at least this share of a member's mass."""
 
 _LOOP_TRIES = 8
 """Tokens masked at one position before the loop guard gives up there (each try is an argmax or a
