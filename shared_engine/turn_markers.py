@@ -9,17 +9,18 @@ is not a vote for the word "User": measured on FLORES en-de (Qwen + Gemma-3-270m
 flat, and 5 of 100 answers began "User:" and then copied the English source.
 
 So a member's distribution is read with its turn marker (a token that writes the role word of one
-of its stop strings at a line start, with or without what follows it in the stop string) moved:
+of its stop strings at a line start, with or without what follows it in the stop string) as its
+**end of turn**: the marker's mass is added to its EOS (the ``"\\n"`` before it was already written,
+and ``"\\nUser:"`` would have ended the answer). Fusion never chooses to end at the answer's start
+(nothing but whitespace written: an empty answer is never the answer), so there that mass is a vote
+for nothing: the member abstains with it. Renormalising the rest instead (the member's next choice
+given that it does not end) was measured worse: on FLORES en-de Gemma's second choice is the English
+source's first word, and doubling its share turned two German answers English.
 
-- at the answer's start (nothing but whitespace written yet) it is **dropped**: an empty answer is
-  never the answer, so ending there is not one of the member's options, and the rest of its mass
-  is renormalised (the member votes with what it would write instead);
-- after that, in the distributions fusion reads, its mass is the member's **end of turn** (EOS):
-  the ``"\\n"`` before it was already written, and ``"\\nUser:"`` would have ended the answer.
-
-The drafter's own sampling reads the marker as dropped at the answer's start only: later its stop
-string ends the answer where it writes the marker (trimmed, as ever). Members with a chat template
-have no such stop string and are never changed.
+Where the member itself writes (it drafts, or proposes an AdaFuse span), the answer's start is the
+exception: there the marker is dropped and the rest renormalised, since the member must write
+something; later its stop string ends the answer where it writes the marker (trimmed, as ever).
+Members with a chat template have no such stop string and are never changed.
 """
 
 from __future__ import annotations
@@ -77,11 +78,11 @@ def at_answer_start(answer: bytes) -> bool:
 
 
 def read_turn_markers(logits: torch.Tensor, table: TokenTable, stops: Sequence[str], answer: bytes,
-                      as_end_of_turn: bool = True) -> tuple[torch.Tensor, float]:
-    """``logits`` with the member's turn markers after ``answer`` dropped (at the answer's start, or
-    everywhere with ``as_end_of_turn=False``) or added to its EOS (the best EOS id's logit takes their
-    mass); the input itself where nothing applies. Also the probability the markers held, so the
-    caller can count where the rule mattered."""
+                      writing: bool = False) -> tuple[torch.Tensor, float]:
+    """``logits`` with the member's turn markers after ``answer`` added to its EOS (the best EOS id's
+    logit takes their mass), or dropped where the member ``writing`` its own next token stands at the
+    answer's start; the input itself where nothing applies. Also the probability the markers held,
+    so the caller can count where the rule mattered."""
     if not stops:
         return logits, 0.0
     ids = [i for i in marker_ids(table, stops, PROMPT_END + answer) if i < logits.shape[-1]]
@@ -93,7 +94,7 @@ def read_turn_markers(logits: torch.Tensor, table: TokenTable, stops: Sequence[s
     out = logits.clone()
     out[index] = float("-inf")
     eos = [i for i in table.eos_ids if i < logits.shape[-1]]
-    if as_end_of_turn and eos and not at_answer_start(answer):
+    if eos and not (writing and at_answer_start(answer)):
         best = max(eos, key=lambda i: float(logits[i]))
         out[best] = torch.logsumexp(torch.cat([logits[best:best + 1].float(), marker_logits]), 0).to(out.dtype)
     return out, mass

@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shared_engine.alignment import TokenTable
+from shared_engine.alignment import EOS_KEY, TokenTable
+from shared_engine.decoding.round import FusionSettings, _fuse
+from shared_engine.fusion import MemberDist, make_fuser
 from shared_engine.members.chat import PLAIN_TEMPLATE_STOPS
+from shared_engine.sampling import Sampler
 from shared_engine.turn_markers import PROMPT_END, marker_ids, read_turn_markers
 
 PIECES = [b"User", b"User:", b"Users", b"\n", b"U", b"ser", b"er", b"The", b" User", b"\nUser", b"Hallo", b"",
@@ -36,20 +39,39 @@ def test_the_role_word_at_a_line_start_is_the_marker() -> None:
     assert marker_ids(table, (), PROMPT_END) == frozenset()
 
 
-def test_at_the_answer_start_the_marker_is_dropped_and_the_rest_renormalised() -> None:
+def test_a_member_writing_the_answers_start_drops_the_marker_and_renormalises() -> None:
     table = _table()
     logits = torch.log(torch.tensor([0.5, 0.1, 0.02, 0.02, 0.02, 0.02, 0.02, 0.2, 0.02, 0.02, 0.02, 0.02, 0.02]))
-    out, mass = read_turn_markers(logits, table, PLAIN_TEMPLATE_STOPS, b"")
+    out, mass = read_turn_markers(logits, table, PLAIN_TEMPLATE_STOPS, b"", writing=True)
     probs = torch.softmax(out, 0)
     assert abs(mass - (0.5 + 0.1 + 0.02 + 0.02)) < 1e-5
     for marker in (b"User", b"User:", b"\nUser", b"User:\n"):
         assert float(probs[PIECES.index(marker)]) == 0.0
-    # EOS is not where the marker's mass goes here: an empty answer is never the answer
+    # EOS is not where the marker's mass goes here: the member must write the answer's first word
     assert abs(float(probs[EOS]) - 0.02 / 0.36) < 1e-5
     assert abs(float(probs[PIECES.index(b"The")]) - 0.2 / 0.36) < 1e-5
     # whitespace alone is still the answer's start
-    again, _ = read_turn_markers(logits, table, PLAIN_TEMPLATE_STOPS, b" \n")
+    again, _ = read_turn_markers(logits, table, PLAIN_TEMPLATE_STOPS, b" \n", writing=True)
     assert float(torch.softmax(again, 0)[EOS]) < 0.1
+
+
+def test_a_vote_at_the_answers_start_abstains_with_the_markers_mass() -> None:
+    """Fusion reads the marker as the member's EOS, and never chooses to end at the answer's start:
+    the verifier's 0.9 on "User" neither writes "User" nor ends the answer, nor inflates its second
+    choice (renormalising it would give "Hallo" 0.5 of this member's vote and let it win)."""
+    table = _table()
+    # pieces: User, User:, Users, \n, U, ser, er, The, " User", \nUser, Hallo, EOS, User:\n
+    drafter = torch.log(torch.tensor([1e-4, 1e-4, 0.4, 1e-4, 1e-4, 1e-4, 1e-4, 0.3, 1e-4, 1e-4, 0.25, 0.04, 1e-4]))
+    verifier = torch.log(torch.tensor([0.9, 1e-4, 1e-4, 1e-4, 1e-4, 1e-4, 1e-4, 1e-4, 1e-4, 1e-4, 0.09, 0.01, 1e-4]))
+    voted, mass = read_turn_markers(verifier, table, PLAIN_TEMPLATE_STOPS, b"")
+    assert mass > 0.89
+    dists = [MemberDist("drafter", table, drafter), MemberDist("base", table, voted)]
+    settings = FusionSettings(make_fuser("unite"), "heur")
+    weights = torch.tensor([2 / 3, 1 / 3])
+    at_start = _fuse(dists, weights, settings, Sampler(), 0, PIECES.index(b"Users"), 0, may_end=False)
+    assert at_start.chosen == b"Users"
+    later = _fuse(dists, weights, settings, Sampler(), 0, PIECES.index(b"Users"), 0)
+    assert later.chosen == EOS_KEY  # after the first word the same vote ends the answer
 
 
 def test_after_a_line_break_the_marker_is_the_members_end_of_turn() -> None:
@@ -70,7 +92,7 @@ def test_a_member_without_the_plain_format_is_read_as_it_is() -> None:
     out, mass = read_turn_markers(logits, table, (), b"")
     assert out is logits and mass == 0.0
     mid_line, mass = read_turn_markers(logits, table, PLAIN_TEMPLATE_STOPS, b"Hallo ")
-    assert torch.equal(torch.softmax(mid_line, 0)[:9], torch.softmax(logits, 0)[:9])  # only "\nUser" moved
+    assert torch.allclose(torch.softmax(mid_line, 0)[:9], torch.softmax(logits, 0)[:9])  # only "\nUser" moved
 
 
 # One FLORES-200 devtest sentence (CC BY-SA 4.0, as used by AdaFuse; shared/data/README.md) with the

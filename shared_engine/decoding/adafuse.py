@@ -293,7 +293,8 @@ async def _look(state: RequestState, settings: AdaFuseSettings) -> _Outlook:
     shared = SharedEnds(bytes(state.answer), state.canonical_texts())
     raw = await asyncio.gather(*(m.member.run(_next_logits, m.session, c) for m, c in zip(state.members, contexts)))
     answer = bytes(state.answer)  # a plain-format member's turn marker is its end of turn, never a word
-    read = [read_turn_markers(f, m.table, m.member.stop_strings, answer) for f, m in zip(raw, state.members)]
+    read = [read_turn_markers(f, m.table, m.member.stop_strings, answer, writing=True)
+            for f, m in zip(raw, state.members)]
     firsts = [logits for logits, _ in read]
     measures = [settings.measure(f) for f in firsts]
     leader = max(range(len(measures)), key=lambda i: (settings.sureness(measures[i]), -i))

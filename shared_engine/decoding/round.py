@@ -103,7 +103,7 @@ def _draft(state: RequestState, length: int, sampler: Sampler, stop_below: float
     stops = state.drafter.member.stop_strings
     for j in range(length):
         if stops and at_answer_start(so_far := bytes(state.answer) + _drafted_bytes(state, ids)):
-            logits, mass = read_turn_markers(logits, state.drafter.table, stops, so_far)
+            logits, mass = read_turn_markers(logits, state.drafter.table, stops, so_far, writing=True)
             markers += mass >= MARKER_COUNTED
         chosen, broke = _guarded_token(state, sampler, logits, support, constraint, state.loop_at(tail))
         loop_breaks += broke
@@ -254,7 +254,8 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
         if fusable:
             decision = _fuse(dists, weights, fusion, sampler, offset, token, state.stats.tokens + j,
                              draft.constraints[j] if draft.constraints else None,
-                             state.loop_at(state.loop_tail(text[:offset])) if state.loop_guard else None)
+                             state.loop_at(state.loop_tail(text[:offset])) if state.loop_guard else None,
+                             may_end=not at_answer_start(text[:offset]))
             count_fusion(state.stats, decision)
             yield fusion_event(decision)
             if decision.changed:  # the draft diverges here
@@ -340,11 +341,13 @@ def _member_views(state: RequestState, views: list[VerifierView], text: bytes, o
 
 def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings, sampler: Sampler,
           offset: int, drafted: int, position: int, constraint: JsonPrefix | None = None,
-          loop: bytes | None = None) -> FusionDecision:
+          loop: bytes | None = None, may_end: bool = True) -> FusionDecision:
     """Fuse the members' distributions at one position and pick the token (greedy: the fused
     argmax; sampling: the speculative rule against the fused distribution). With a JSON
     ``constraint`` only candidates that keep the answer valid can be chosen; with a ``loop`` (the
-    unit the answer's end repeats, repetition.py) none that repeats it once more."""
+    unit the answer's end repeats, repetition.py) none that repeats it once more; without
+    ``may_end`` (the answer's start: an empty answer is never the answer) not EOS, so a member's vote
+    to end there counts for nothing (turn_markers.py)."""
     fused = fusion.fuse(dists, weights)
     drafter_top = set(top_keys(dists[0], HEUR_DRAFTER_TOP))
     scores, sharpened = sharpen(fused, weights, fusion.sharpen, drafter_top, drafter_extends(dists[0].table))
@@ -353,6 +356,9 @@ def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings
     repeats = [k != EOS_KEY and continues_loop(loop, k) for k in fused.keys] if loop is not None else []
     if any(repeats):
         allowed = torch.tensor([not r for r in repeats])
+        valid = allowed if valid is None else valid & allowed
+    if not may_end and EOS_KEY in fused.keys:
+        allowed = torch.tensor([k != EOS_KEY for k in fused.keys])
         valid = allowed if valid is None else valid & allowed
     if valid is not None:
         index = _valid_choice(scores, valid, sampler)
