@@ -26,6 +26,10 @@ released SAFE code's (ensembling.md §2.2, §2.5, §2.6) plus this project's doc
 - when fusion keeps the drafted token the scan goes on (the released code re-drafts);
 - with a temperature, the drafted token is accepted by the speculative-sampling rule against the
   tempered fused distribution (the released code is greedy only);
+- fusion never chooses EOS where the answer holds nothing but whitespace (an empty answer is never
+  the answer); it chooses among the other candidates as the loop guard below does. (A plain-format
+  member's turn marker, read as its EOS, is tested in ``test_turn_markers.py``: the reference's toy
+  members all have a chat template, so they have none.)
 - with ``loop_guard`` (none of the anchors has one): where the answer's end repeats a unit of up to
   256 bytes over two units and ``loop_guard`` bytes, the drafter masks a token that repeats it once
   more and chooses again (8 tries at most), and fusion chooses among the candidates that do not
@@ -334,8 +338,8 @@ class ReferenceSafe:
                                           or self._drafter_starts(long) in (short, None)))
         drafted_key = _key(drafter, drafted)
         so_far = self._text[:offset]
-        allowed = [k == EOS_KEY or not self._repeats(so_far, k) for k in keys]
-        if not all(allowed):  # the loop guard: only candidates that do not repeat the answer's end
+        allowed = [bool(so_far.strip()) if k == EOS_KEY else not self._repeats(so_far, k) for k in keys]
+        if not all(allowed):  # the loop guard, and no EOS before the answer has begun
             if sampler.greedy:
                 best = max((sc for sc, ok in zip(scores, allowed) if ok), default=None)
                 key = keys[scores.index(best)] if best is not None and best > 0 else drafted_key

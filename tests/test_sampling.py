@@ -68,7 +68,8 @@ def test_greedy_rule_is_the_argmax_whatever_was_drafted() -> None:
 
 def _first_position_target(drafter, verifier, weights: torch.Tensor, temperature: float) -> dict[str, float]:  # noqa: ANN001
     """The exact distribution SAFE must sample the answer's first position from: UniTE fusion of
-    both members' next-token distributions after the prompt, SAFE's sharpening, the temperature."""
+    both members' next-token distributions after the prompt, SAFE's sharpening, the temperature,
+    without EOS (fusion never ends an answer before it has begun, turn_markers.py)."""
     dists = []
     for member in (drafter, verifier):
         ids = member.prompt_ids(QUESTION)
@@ -78,9 +79,13 @@ def _first_position_target(drafter, verifier, weights: torch.Tensor, temperature
     fused = UniteFusion(10)(dists, weights)
     scores, _ = sharpen(fused, weights, "heur", set(top_keys(dists[0], 10)))
     q = scores.clamp_min(1e-12) ** (1.0 / temperature)
+    q[[k == EOS_KEY for k in fused.keys]] = 0.0
     q = q / q.sum()
-    return {("<eos>" if k == EOS_KEY else k.decode("utf-8", "replace")): float(p)
-            for k, p in zip(fused.keys, q.tolist())}
+    target: dict[str, float] = {}
+    for key, p in zip(fused.keys, q.tolist()):  # candidates that are not whole UTF-8 all show as U+FFFD
+        shown = "<eos>" if key == EOS_KEY else key.decode("utf-8", "replace")
+        target[shown] = target.get(shown, 0.0) + p
+    return target
 
 
 async def _first_choices(engine: EnsembleEngine, seeds: range, temperature: float) -> dict[int | str, int]:
