@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -187,6 +188,10 @@ async def test_compare_prints_a_table_and_draws_three_plots(tmp_path: Path) -> N
     assert "note: the runs used different prompt versions: " in mixed and "eval-prompts-v2: single (a+b)" in mixed
     with pytest.raises(InvalidRequestError, match="summary.json"):
         compare_runs([tmp_path / "nowhere"], tmp_path / "plots")
+    # the same settings run twice (another commit): each row says which folder it is
+    shutil.copytree(tmp_path / "safe", tmp_path / "safe-again")
+    twice = compare_runs([tmp_path / "safe", tmp_path / "safe-again"], tmp_path / "plots", baseline=tmp_path / "safe")
+    assert "| toy | safe (a+b) [safe] | 2 |" in twice and "| safe (a+b) [safe-again] | 2 | " in twice
 
 
 async def test_compare_by_group_pairs_each_run_within_each_task(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import textwrap
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,10 @@ def load_summaries(dirs: list[Path]) -> list[dict[str, Any]]:
         summary["label"] = run_label(summary)
         summary["dir"] = str(folder)
         summaries.append(summary)
+    labels = Counter(s["label"] for s in summaries)
+    for summary in summaries:  # the same settings run twice (another commit, another day): say which folder
+        if labels[summary["label"]] > 1:
+            summary["label"] += f" [{Path(summary['dir']).name}]"
     return summaries
 
 
