@@ -352,7 +352,12 @@ def test_a_bfloat16_zoo_ensemble_answers_the_gsm8k_smoke_question_as_float32() -
     half_engine = EnsembleEngine([QWEN, SMOL], dtype="bfloat16", **paper)
     half = half_engine.generate(question)
     assert [m.model.dtype for m in half_engine.members] == [torch.bfloat16, torch.bfloat16]
-    assert half.text == full.text and half.stats.tokens == full.stats.tokens == 48
+    assert half.stats.tokens == full.stats.tokens == 48
+    # bfloat16 flips near-ties, and which ones depends on the CPU's kernels: without AVX-512 BF16 the
+    # texts were equal; with it (AMD EPYC, avx512_bf16) they part at character 194 of 228 ("2. Calculate
+    # the number of eggs" / "2. Determine how many eggs"). A broken half-precision path parts at once.
+    shared = next((i for i, (a, b) in enumerate(zip(full.text, half.text)) if a != b), len(full.text))
+    assert shared >= 0.75 * len(full.text), (full.text, half.text)
 
 
 # -- scripts ---------------------------------------------------------------------------------
