@@ -155,3 +155,25 @@ B="--bench bbh --limit 50 --max-new-tokens 256"
 ev $B --method single --members $M/q.yaml --out $OUT/p11/bbh-single-q
 ev $B --method safe --members $M/qg.yaml --out $OUT/p11/bbh-safe-qg-b
 safe-ensemble eval compare $OUT/p11/gsm8k-* --baseline $OUT/p11/gsm8k-single-q   # and so on per benchmark
+# A base member's turn marker read as its end of turn (30889d5): the three FLORES pairs, TriviaQA, GSM8K and BBH
+# at the default, SAFE at the rule's parent (fc2414c: check it out into OLD and put it first on PYTHONPATH) to pair
+# with, and the best member again (Qwen; Gemma on TriviaQA)
+OLD=${OLD:-../old}
+for pair in en-de en-ro de-en; do F="--bench flores --pair $pair --limit 100 --max-new-tokens 128"
+  ev $F --method single --members $M/q.yaml --out $OUT/p12/flores-$pair-single-q
+  PYTHONPATH=$OLD ev $F --method safe --members $M/qg.yaml --out $OUT/p12/flores-$pair-safe-qg-old
+  ev $F --method safe --members $M/qg.yaml --out $OUT/p12/flores-$pair-safe-qg-new
+  safe-ensemble eval compare $OUT/p12/flores-$pair-* --baseline $OUT/p12/flores-$pair-single-q; done
+T="--bench triviaqa --limit 100"
+for v in old new; do [ $v = old ] && P=$OLD || P=
+  PYTHONPATH=$P ev $T --method single --members $M/g.yaml --out $OUT/p12/triviaqa-single-g-$v
+  PYTHONPATH=$P ev $T --method safe --members $M/qg.yaml --out $OUT/p12/triviaqa-safe-qg-$v; done
+G="--bench gsm8k --limit 100 --max-new-tokens 256"
+ev $G --method single --members $M/q.yaml --out $OUT/p12/gsm8k-single-q
+PYTHONPATH=$OLD ev $G --method safe --members $M/qg.yaml --out $OUT/p12/gsm8k-safe-qg-old
+ev $G --method safe --members $M/qg.yaml --out $OUT/p12/gsm8k-safe-qg-new
+safe-ensemble eval compare $OUT/p12/gsm8k-* --baseline $OUT/p12/gsm8k-single-q
+B="--bench bbh --limit 50 --max-new-tokens 256"
+ev $B --method single --members $M/q.yaml --out $OUT/p12/bbh-single-q
+ev $B --method safe --members $M/qg.yaml --out $OUT/p12/bbh-safe-qg-new
+safe-ensemble eval compare $OUT/p12/bbh-* --baseline $OUT/p12/bbh-single-q --by-group
