@@ -177,3 +177,7 @@ B="--bench bbh --limit 50 --max-new-tokens 256"
 ev $B --method single --members $M/q.yaml --out $OUT/p12/bbh-single-q
 ev $B --method safe --members $M/qg.yaml --out $OUT/p12/bbh-safe-qg-new
 safe-ensemble eval compare $OUT/p12/bbh-* --baseline $OUT/p12/bbh-single-q --by-group
+for spec in "squad --max-new-tokens 32" "arc-challenge --max-new-tokens 64"; do set -- $spec
+  ev --bench $spec --limit 100 --method single --members $M/q.yaml --out $OUT/p12/$1-single-q
+  ev --bench $spec --limit 100 --method safe --members $M/qg.yaml --out $OUT/p12/$1-safe-qg-new
+  safe-ensemble eval compare $OUT/p12/$1-* --baseline $OUT/p12/$1-single-q; done
