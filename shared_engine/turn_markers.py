@@ -25,6 +25,7 @@ Members with a chat template have no such stop string and are never changed.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -60,32 +61,41 @@ def _agrees(after: bytes, rest: bytes) -> bool:
     return rest.startswith(after) or after.startswith(rest)
 
 
-def marker_ids(table: TokenTable, stops: Sequence[str], before: bytes) -> frozenset[int]:
-    """The ids of ``table`` that would write one of the turn markers of ``stops`` after ``before``
-    (the member's text up to here: for a plain-format member ``PROMPT_END`` + the answer so far)."""
+_LOOKBACK = 64
+"""Bytes of the answer's end that marker matching reads (longer than any role-marker stop string)."""
+_NOT_SPACE = re.compile(rb"\S")
+
+
+def marker_ids(table: TokenTable, stops: Sequence[str], before: bytes, end: int | None = None) -> frozenset[int]:
+    """The ids of ``table`` that would write one of the turn markers of ``stops`` after the answer
+    ``before[:end]`` (a plain-format member reads ``PROMPT_END`` just before it). Reads only the
+    answer's last bytes, without copying the answer."""
+    end = len(before) if end is None else end
+    tail = PROMPT_END + before[max(0, end - _LOOKBACK):end]
     ids: frozenset[int] = frozenset()
     for stop in stops:
         encoded = stop.encode()
         for m, found in enumerate(_marker_ids(table, encoded)):
-            if found and before.endswith(encoded[:m]):
+            if found and tail.endswith(encoded[:m]):
                 ids |= found
     return ids
 
 
-def at_answer_start(answer: bytes) -> bool:
-    """Nothing but whitespace written yet: ending here would leave the answer empty."""
-    return not answer.strip()
+def at_answer_start(answer: bytes | bytearray, end: int | None = None) -> bool:
+    """Nothing but whitespace in ``answer[:end]``: ending here would leave the answer empty. Stops at
+    the first other byte, so on a long answer it reads one byte."""
+    return _NOT_SPACE.search(answer, 0, len(answer) if end is None else end) is None
 
 
 def read_turn_markers(logits: torch.Tensor, table: TokenTable, stops: Sequence[str], answer: bytes,
-                      writing: bool = False) -> tuple[torch.Tensor, float]:
-    """``logits`` with the member's turn markers after ``answer`` added to its EOS (the best EOS id's
-    logit takes their mass), or dropped where the member ``writing`` its own next token stands at the
-    answer's start; the input itself where nothing applies. Also the probability the markers held,
-    so the caller can count where the rule mattered."""
+                      writing: bool = False, end: int | None = None) -> tuple[torch.Tensor, float]:
+    """``logits`` with the member's turn markers after ``answer[:end]`` added to its EOS (the best EOS
+    id's logit takes their mass), or dropped where the member ``writing`` its own next token stands
+    at the answer's start; the input itself where nothing applies (at once for a member without stop
+    strings). Also the probability the markers held, so the caller can count where the rule mattered."""
     if not stops:
         return logits, 0.0
-    ids = [i for i in marker_ids(table, stops, PROMPT_END + answer) if i < logits.shape[-1]]
+    ids = [i for i in marker_ids(table, stops, answer, end) if i < logits.shape[-1]]
     if not ids:
         return logits, 0.0
     index = torch.tensor(ids)
@@ -94,7 +104,7 @@ def read_turn_markers(logits: torch.Tensor, table: TokenTable, stops: Sequence[s
     out = logits.clone()
     out[index] = float("-inf")
     eos = [i for i in table.eos_ids if i < logits.shape[-1]]
-    if eos and not (writing and at_answer_start(answer)):
+    if eos and not (writing and at_answer_start(answer, end)):
         best = max(eos, key=lambda i: float(logits[i]))
         out[best] = torch.logsumexp(torch.cat([logits[best:best + 1].float(), marker_logits]), 0).to(out.dtype)
     return out, mass

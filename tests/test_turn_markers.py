@@ -10,7 +10,7 @@ from shared_engine.decoding.round import FusionSettings, _fuse
 from shared_engine.fusion import MemberDist, make_fuser
 from shared_engine.members.chat import PLAIN_TEMPLATE_STOPS
 from shared_engine.sampling import Sampler
-from shared_engine.turn_markers import PROMPT_END, marker_ids, read_turn_markers
+from shared_engine.turn_markers import PROMPT_END, at_answer_start, marker_ids, read_turn_markers
 
 PIECES = [b"User", b"User:", b"Users", b"\n", b"U", b"ser", b"er", b"The", b" User", b"\nUser", b"Hallo", b"",
           b"User:\n"]
@@ -37,6 +37,11 @@ def test_the_role_word_at_a_line_start_is_the_marker() -> None:
     # inside a line only a piece that brings its own new line is one
     assert _names(marker_ids(table, PLAIN_TEMPLATE_STOPS, PROMPT_END + b"Hallo")) == {b"\nUser"}
     assert marker_ids(table, (), PROMPT_END) == frozenset()
+    # the answer up to ``end`` only, read without copying it
+    assert _names(marker_ids(table, PLAIN_TEMPLATE_STOPS, b"Hallo\nUs and more", 8)) == {b"er", b"\nUser"}
+    assert _names(marker_ids(table, PLAIN_TEMPLATE_STOPS, b" \nThe", 2)) == _names(
+        marker_ids(table, PLAIN_TEMPLATE_STOPS, PROMPT_END))  # "\n" ends the answer so far, as the prompt does
+    assert at_answer_start(b" \n\tThe", 3) and not at_answer_start(b" \n\tThe") and at_answer_start(bytearray())
 
 
 def test_a_member_writing_the_answers_start_drops_the_marker_and_renormalises() -> None:
@@ -95,9 +100,10 @@ def test_a_member_without_the_plain_format_is_read_as_it_is() -> None:
     assert torch.allclose(torch.softmax(mid_line, 0)[:9], torch.softmax(logits, 0)[:9])  # only "\nUser" moved
 
 
-# One FLORES-200 devtest sentence (CC BY-SA 4.0, as used by AdaFuse; shared/data/README.md) with the
-# benchmark's zero-shot prompt: SAFE (Qwen + Gemma-3-270m, llama.cpp) began its answer "User: Several
-# large television screens ..." (the source copied) before this rule.
+# One FLORES-200 devtest sentence (CC BY-SA 4.0, the FLORES data AdaFuse evaluates on), written out here
+# so the test needs no data folder, with the benchmark's zero-shot prompt: SAFE (Qwen + Gemma-3-270m,
+# llama.cpp) began its answer "User: Several large television screens ..." (the source copied) before
+# this rule.
 FLORES_EN_DE = [
     {"role": "system", "content": (
         "Translate the following English sentences into German.\n\nPlease translate **only** the content of "

@@ -42,7 +42,6 @@ from ..members import Session
 from ..members.base import exact_support
 from ..repetition import continues_loop
 from ..sampling import Sampler
-from ..turn_markers import MARKER_COUNTED, read_turn_markers
 from ..words import SharedEnds, complete_word_ends, span_end, word_ends
 from .decisions import ScoredSpan, SpanDecision
 from .report import count_span, count_span_round, count_turn_markers, span_event
@@ -290,15 +289,15 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
 async def _look(state: RequestState, settings: AdaFuseSettings) -> _Outlook:
     """Every member's next-token distribution after the answer, its uncertainty, and the leader."""
     contexts = [state.member_context(i) for i in range(len(state.members))]
-    shared = SharedEnds(bytes(state.answer), state.canonical_texts())
+    answer = bytes(state.answer)
+    shared = SharedEnds(answer, state.canonical_texts())
     raw = await asyncio.gather(*(m.member.run(_next_logits, m.session, c) for m, c in zip(state.members, contexts)))
-    answer = bytes(state.answer)  # a plain-format member's turn marker is its end of turn, never a word
-    read = [read_turn_markers(f, m.table, m.member.stop_strings, answer, writing=True)
-            for f, m in zip(raw, state.members)]
+    # a plain-format member's turn marker is its end of turn, never a word (turn_markers.py)
+    read = [m.read(logits, answer, len(answer), writing=True) for m, logits in zip(state.members, raw)]
     firsts = [logits for logits, _ in read]
     measures = [settings.measure(f) for f in firsts]
     leader = max(range(len(measures)), key=lambda i: (settings.sureness(measures[i]), -i))
-    return _Outlook(contexts, firsts, measures, leader, shared, sum(mass >= MARKER_COUNTED for _, mass in read))
+    return _Outlook(contexts, firsts, measures, leader, shared, sum(counted for _, counted in read))
 
 
 async def _propose_spans(state: RequestState, outlook: _Outlook, settings: AdaFuseSettings,

@@ -47,7 +47,7 @@ from ..members.base import exact_support
 from ..policies import Policy, agree
 from ..repetition import continues_loop
 from ..sampling import Sampler, speculative_choice
-from ..turn_markers import MARKER_COUNTED, at_answer_start, read_turn_markers
+from ..turn_markers import at_answer_start
 from .decisions import FusionDecision
 from .report import (
     count_draft,
@@ -97,14 +97,14 @@ def _draft(state: RequestState, length: int, sampler: Sampler, stop_below: float
     support = exact_support(state.drafter.member)
     target = state.drafter_target()
     logits = session.sync(target, len(target))[-1]
-    ids: list[int] = []
-    rows, constraint, constraints, probs = [], state.constraint, [], []
+    ids, rows, constraint, constraints, probs = [], [], state.constraint, [], []
     tail, loop_breaks, markers = state.loop_tail(), 0, 0
-    stops = state.drafter.member.stop_strings
+    # the drafter writes the answer's first word: only whitespace so far (then a few bytes at most)
+    opening = bytes(state.answer) if state.drafter.member.stop_strings and at_answer_start(state.answer) else None
     for j in range(length):
-        if stops and at_answer_start(so_far := bytes(state.answer) + _drafted_bytes(state, ids)):
-            logits, mass = read_turn_markers(logits, state.drafter.table, stops, so_far, writing=True)
-            markers += mass >= MARKER_COUNTED
+        if opening is not None:
+            logits, counted = state.drafter.read(logits, opening, len(opening), writing=True)
+            markers += counted
         chosen, broke = _guarded_token(state, sampler, logits, support, constraint, state.loop_at(tail))
         loop_breaks += broke
         if chosen is None:  # no token of the drafter's can continue the JSON: the answer ends
@@ -115,6 +115,9 @@ def _draft(state: RequestState, length: int, sampler: Sampler, stop_below: float
         token, constraint = chosen
         if tail is not None and token not in eos:
             tail = state.loop_tail(tail + state.drafter.table.pieces[token])
+        if opening is not None:
+            opening += state.drafter.table.pieces[token]
+            opening = opening if at_answer_start(opening) else None
         ids.append(token)
         rows.append(logits)
         if stop_below is not None:
@@ -125,10 +128,6 @@ def _draft(state: RequestState, length: int, sampler: Sampler, stop_below: float
             break
         logits = session.step(token)
     return Draft(ids, rows, constraints, probs, loop_breaks, markers)
-
-
-def _drafted_bytes(state: RequestState, ids: list[int]) -> bytes:
-    return state.drafter.table.to_bytes([t for t in ids if t not in state.drafter.eos_ids])
 
 
 def _guarded_token(state: RequestState, sampler: Sampler, logits: torch.Tensor, support: int | None,
@@ -255,7 +254,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
             decision = _fuse(dists, weights, fusion, sampler, offset, token, state.stats.tokens + j,
                              draft.constraints[j] if draft.constraints else None,
                              state.loop_at(state.loop_tail(text[:offset])) if state.loop_guard else None,
-                             may_end=not at_answer_start(text[:offset]))
+                             may_end=not at_answer_start(text, offset))
             count_fusion(state.stats, decision)
             yield fusion_event(decision)
             if decision.changed:  # the draft diverges here
@@ -317,9 +316,8 @@ def _member_views(state: RequestState, views: list[VerifierView], text: bytes, o
     there. Each distribution is read with the member's turn marker moved (turn_markers.py)."""
     drafter = state.drafter
     piece = drafter.table.pieces[token]
-    before = text[:offset]
-    logits, mass = read_turn_markers(drafter_logits, drafter.table, drafter.member.stop_strings, before)
-    markers = int(mass >= MARKER_COUNTED)
+    logits, counted = drafter.read(drafter_logits, text, offset)
+    markers = int(counted)
     dists = [MemberDist(drafter.label, drafter.table, logits, exact_support(drafter.member))]
     owns: list[tuple[int, ...]] = [(token,)]
     boundary = offset <= len(text) and is_char_boundary(text, offset)
@@ -331,8 +329,8 @@ def _member_views(state: RequestState, views: list[VerifierView], text: bytes, o
         if row[0] is None:  # a position the drafter's confidence decides: this row was not computed
             continue
         member = verifier.member
-        logits, mass = read_turn_markers(row[0], member.table, member.stop_strings, before)
-        markers += mass >= MARKER_COUNTED
+        logits, counted = verifier.read(row[0], text, offset)
+        markers += counted
         dists.append(MemberDist(verifier.label, member.table, logits, exact_support(member)))
         same = member.table.token_id(piece) if token not in drafter.eos_ids else None
         owns.append(tuple(t for t in (row[1], same) if t is not None))
@@ -355,11 +353,9 @@ def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings
     valid = None if constraint is None else torch.tensor([_keeps_valid(constraint, k) for k in fused.keys])
     repeats = [k != EOS_KEY and continues_loop(loop, k) for k in fused.keys] if loop is not None else []
     if any(repeats):
-        allowed = torch.tensor([not r for r in repeats])
-        valid = allowed if valid is None else valid & allowed
+        valid = _also(valid, [not r for r in repeats])
     if not may_end and EOS_KEY in fused.keys:
-        allowed = torch.tensor([k != EOS_KEY for k in fused.keys])
-        valid = allowed if valid is None else valid & allowed
+        valid = _also(valid, [k != EOS_KEY for k in fused.keys])
     if valid is not None:
         index = _valid_choice(scores, valid, sampler)
         if index is not None:
@@ -377,6 +373,12 @@ def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings
     return FusionDecision(position=position, offset=offset, members=tuple(d.name for d in dists), fused=fused,
                           sharpened=sharpened, chosen=key, drafted=drafted_key,
                           loop_blocked=bool(repeats) and repeats[int(torch.argmax(scores))])
+
+
+def _also(valid: torch.Tensor | None, allowed: list[bool]) -> torch.Tensor:
+    """The candidates ``valid`` allows (None: all) that ``allowed`` allows too."""
+    mask = torch.tensor(allowed)
+    return mask if valid is None else valid & mask
 
 
 def _draft_mass(drafter: MemberDist, sampler: Sampler, keys: list[bytes]) -> torch.Tensor:

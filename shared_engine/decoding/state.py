@@ -21,6 +21,7 @@ from ..events import CacheSyncEvent, Stats, TokenEvent
 from ..json_constraint import JsonPrefix
 from ..members import Member, Session
 from ..repetition import MAX_PERIOD, loop_unit
+from ..turn_markers import MARKER_COUNTED, read_turn_markers
 
 
 def spell_bytes(table: TokenTable, piece: bytes, member: str = "member") -> list[int]:
@@ -61,6 +62,13 @@ class RequestMember:
     @property
     def eos_ids(self) -> frozenset[int]:
         return self.member.eos_ids
+
+    def read(self, logits: torch.Tensor, text: bytes, end: int, writing: bool = False) -> tuple[torch.Tensor, bool]:
+        """The member's next-token logits after the answer ``text[:end]`` as the decoders use them: a
+        plain-format member's turn marker read as its end of turn (turn_markers.py; ``writing``: the
+        member writes this token itself). Also whether the marker held enough mass to be counted."""
+        out, mass = read_turn_markers(logits, self.table, self.member.stop_strings, text, writing, end)
+        return out, mass >= MARKER_COUNTED
 
 
 def request_members(members: Sequence[Member], labels: Sequence[str], sessions: Sequence[Session],
