@@ -140,7 +140,7 @@ def _run_backend(args: argparse.Namespace, backend: str | None) -> tuple[dict[st
     for entry, method, method_args in runs:
         engine = engine_from_args(method_args, method, backend)
         engine.generate("Say hi.", max_new_tokens=4)  # warm-up: loads members, builds token tables
-        tokens = elapsed = ensembled = spans = fused_spans = drafting = verifying = 0.0
+        tokens = elapsed = ensembled = spans = fused_spans = drafting = verifying = ahead = ahead_used = 0.0
         forwards: dict[str, int] = {}
         lengths: dict[int, int] = {}
         answers[entry] = []
@@ -155,6 +155,8 @@ def _run_backend(args: argparse.Namespace, backend: str | None) -> tuple[dict[st
             fused_spans += stats.fused_spans
             drafting += stats.draft_s
             verifying += stats.verify_s
+            ahead += stats.ahead_drafts
+            ahead_used += stats.ahead_drafts_used
             for name, count in stats.forward_passes.items():
                 forwards[name] = forwards.get(name, 0) + count
             for length, rounds in stats.draft_lengths.items():
@@ -171,12 +173,16 @@ def _run_backend(args: argparse.Namespace, backend: str | None) -> tuple[dict[st
             "forward_passes_per_token": {k: round(v / tokens, 3) for k, v in forwards.items()} if tokens else {},
             **({"mean_draft_length": mean_draft_length(lengths), "draft_lengths": dict(sorted(lengths.items()))}
                if lengths else {}),
+            **({"ahead_drafts": int(ahead), "ahead_drafts_used": int(ahead_used)} if ahead else {}),
         }
     for entry, method, _ in runs:  # a variant against its method with the run's flags
         if entry != method and method in answers:
             row, reference = results["methods"][entry], results["methods"][method]["tokens_per_s"]
             row[f"vs_{method}"] = round(row["tokens_per_s"] / reference, 3) if reference else None
             row[f"same_answers_as_{method}"] = answers[entry] == answers[method]
+            single = results["methods"].get("single", {}).get("tokens_per_s")
+            if single and method != "single":
+                row["vs_single"] = round(row["tokens_per_s"] / single, 3)
     by_method = results["methods"]
     for method, key in (("single", "single"), ("safe", "safe"), ("every-token", "every_token"),
                         ("adafuse", "adafuse")):

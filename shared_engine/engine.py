@@ -372,7 +372,7 @@ class EnsembleEngine:
             return lambda state, sampler: adafuse_round(state, settings, sampler)
         draft = (DraftSchedule.adaptive(opts.draft_length, opts.max_draft_length, opts.drafter_confidence)
                  if opts.draft_schedule == "adaptive" else DraftSchedule.fixed(opts.draft_length))
-        policy = make_policy(opts.method, draft, opts.gate_threshold, opts.drafter_confidence)
+        policy = make_policy(opts.method, draft, opts.gate_threshold, opts.drafter_confidence, opts.overlap)
         fusion = FusionSettings(self.fuser, opts.sharpen)
         return lambda state, sampler: decode_round(state, policy, fusion, sampler)
 

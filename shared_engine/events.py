@@ -148,6 +148,10 @@ class Stats(BaseModel):
     unverified_rounds: int = Field(0, description="Rounds committed without the verifiers' forward: every "
                                                   "drafted token was at or above drafter_confidence, so "
                                                   "nothing there could be fused.")
+    ahead_drafts: int = Field(0, description="overlap: drafts written for the next round while the verifiers "
+                                             "scored this one.")
+    ahead_drafts_used: int = Field(0, description="overlap: those the next round took (its round committed "
+                                                  "whole); the others were stopped and thrown away.")
     spans: int = Field(0, description="AdaFuse: spans committed.")
     fused_spans: int = Field(0, description="AdaFuse: spans chosen by the members' vote.")
     forward_passes: dict[str, int] = Field(default_factory=dict)

@@ -78,6 +78,9 @@ class Policy:
     drafter_confidence: float | None = None
     """SAFE's GaC variant: also treat a position as agreed when the drafter's own probability of
     its token is >= this (the released code uses 0.5). Fewer fusions with a weak verifier."""
+    overlap: bool = False
+    """While the verifiers score a draft, the drafter drafts the next round as if it stands
+    (round.py); the answer is the same, only the timing changes."""
 
     def needs_verification(self, drafter_logits: torch.Tensor) -> bool:
         if not self.uses_verifiers:
@@ -114,12 +117,12 @@ def agree(own_probs: list[float], argmax_is_own: list[bool], weights: torch.Tens
 
 
 def make_policy(method: str, draft: DraftSchedule, gate_threshold: float,
-                drafter_confidence: float | None = None) -> Policy:
+                drafter_confidence: float | None = None, overlap: bool = False) -> Policy:
     """The policy of ``method``; ``draft`` is SAFE's schedule (``single`` drafts its first length,
     fixed: with nobody to check the draft there is nothing to adapt to)."""
     if method == "safe":
         return Policy("safe", draft, verify_draft=True, require_boundary=True, skip_consensus=True,
-                      drafter_confidence=drafter_confidence)
+                      drafter_confidence=drafter_confidence, overlap=overlap)
     if method == "every-token":
         return Policy("every-token", DraftSchedule.fixed(1), verify_draft=False, require_boundary=False,
                       skip_consensus=False)

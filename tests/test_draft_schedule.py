@@ -13,7 +13,7 @@ from shared_engine import EnsembleEngine, InvalidRequestError, policies
 from shared_engine.bench import parse_method, run_bench
 from shared_engine.cli import build_parser
 from shared_engine.decoding import RequestState, request_members
-from shared_engine.decoding.round import _draft, _drafter_prob
+from shared_engine.decoding.round import DraftBase, _draft, _drafter_prob
 from shared_engine.evaluation import RunConfig, evaluate
 from shared_engine.options import EngineOptions, validated
 from shared_engine.policies import ADAPTIVE_STOP_BELOW, DraftSchedule
@@ -95,14 +95,14 @@ def test_an_adaptive_draft_ends_after_the_first_token_the_drafter_is_unsure_of()
                             max_new_tokens=100)
 
     probe = fresh()
-    full = _draft(probe, 12, Sampler(0.0), stop_below=None)
+    full = _draft(probe, DraftBase.of(probe), 12, Sampler(0.0), stop_below=None)
     probs = [_drafter_prob(probe, token, row) for token, row in zip(full.ids, full.logits)]
     bar = (probs[0] + max(p for p in probs if p < probs[0])) / 2  # the first token clears it, some do not
     first_unsure = next(i for i, p in enumerate(probs) if p < bar)
     assert 1 <= first_unsure < len(full.ids) - 1
-    stopped = _draft(fresh(), 12, Sampler(0.0), stop_below=bar)
+    stopped = _draft(state := fresh(), DraftBase.of(state), 12, Sampler(0.0), stop_below=bar)
     assert stopped.ids == full.ids[:first_unsure + 1]  # up to and with the unsure token, nothing past it
-    assert _draft(fresh(), 12, Sampler(0.0), stop_below=0.0).ids == full.ids
+    assert _draft(state := fresh(), DraftBase.of(state), 12, Sampler(0.0), stop_below=0.0).ids == full.ids
 
 
 def test_draft_schedule_options_are_validated_with_a_clear_error() -> None:

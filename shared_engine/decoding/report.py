@@ -69,6 +69,13 @@ def timed(stats: Stats, phase: Literal["draft", "verify"]) -> Iterator[None]:
             stats.verify_s += seconds
 
 
+def count_ahead_draft(stats: Stats, used: bool) -> None:
+    """The drafter drafted the next round while the verifiers scored this one (overlap); ``used``:
+    this round committed its draft whole, so the next round takes that draft."""
+    stats.ahead_drafts += 1
+    stats.ahead_drafts_used += int(used)
+
+
 def count_unverified_round(stats: Stats) -> None:
     """The drafter's confidence alone decided the whole draft: no verifier forward this round."""
     stats.unverified_rounds += 1

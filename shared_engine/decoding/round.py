@@ -28,13 +28,21 @@ distribution is not known in closed form), which keeps the answer exact to that 
 With a loop guard (``state.loop_guard``, see repetition.py) the same two places leave out what would
 repeat an exact loop at the answer's end once more: the drafter chooses again without that token,
 fusion chooses among the candidates that do not repeat it.
+
+Overlap (``policy.overlap``): while the verifiers score round k, the drafter drafts round k+1 from
+the answer as it stands if round k is committed whole (``DraftBase.after``). Where the round does
+commit it whole, the next round takes that draft instead of drafting; where fusion changes a token,
+the early draft is stopped and thrown away (the drafter's cache syncs back by longest common
+prefix, as after any divergence). The next draft is the one the drafter would have written anyway
+(the same ids, the same cache state), so greedy answers do not change; only when the work happens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -49,7 +57,9 @@ from ..repetition import continues_loop
 from ..sampling import Sampler, speculative_choice
 from ..turn_markers import at_answer_start
 from .decisions import FusionDecision
+from .drafts import AheadDraft, Draft
 from .report import (
+    count_ahead_draft,
     count_draft,
     count_fusion,
     count_turn_markers,
@@ -66,13 +76,31 @@ draw; a model deep in a loop puts its next few choices on the loop too)."""
 
 
 @dataclass(frozen=True, slots=True)
-class Draft:
-    ids: list[int]
-    logits: list[torch.Tensor]  # logits[j] predicted ids[j]
-    constraints: list[JsonPrefix] = field(default_factory=list)  # with a JSON constraint: the state before ids[j]
-    probs: list[float] = field(default_factory=list)  # the drafter's p(ids[j]) where the draft's stop computed it
-    loop_breaks: int = 0  # positions where the loop guard turned the drafter off its first choice
-    turn_markers: int = 0  # positions where the drafter's turn marker (turn_markers.py) was dropped
+class DraftBase:
+    """What a draft continues, taken from the request before the draft runs off the event loop (the
+    round commits to the request meanwhile when the draft is an overlapped one)."""
+
+    target: list[int]  # the drafter's prompt + answer ids
+    opening: bytes | None  # the answer, while it is only whitespace and the drafter has a turn marker
+    tail: bytes | None  # the answer's last bytes the loop guard reads (None: guard off)
+    constraint: JsonPrefix | None
+
+    @classmethod
+    def of(cls, state: RequestState) -> DraftBase:
+        """The committed answer."""
+        opening = bytes(state.answer) if state.drafter.member.stop_strings and at_answer_start(state.answer) else None
+        return cls(state.drafter_target(), opening, state.loop_tail(), state.constraint)
+
+    @classmethod
+    def after(cls, state: RequestState, draft: Draft) -> DraftBase:
+        """The committed answer followed by ``draft`` whole (no JSON constraint: its state after the
+        draft is the commit's to compute)."""
+        pieces = state.drafter.table.to_bytes([t for t in draft.ids if t not in state.drafter.eos_ids])
+        opening = None
+        if state.drafter.member.stop_strings and at_answer_start(state.answer) and at_answer_start(pieces):
+            opening = bytes(state.answer) + pieces
+        tail = None if state.loop_guard is None else state.loop_tail((state.loop_tail() or b"") + pieces)
+        return cls(state.drafter_target() + draft.ids, opening, tail, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,18 +117,19 @@ class FusionSettings:
     sharpen: SharpenMode
 
 
-def _draft(state: RequestState, length: int, sampler: Sampler, stop_below: float | None) -> Draft:
-    """Blocking: the drafter syncs its cache to the answer and drafts up to ``length`` tokens, fewer
-    at EOS or (``stop_below``) after a token it gives less than that probability: fusion may change
-    that token, and every token drafted past it would then be thrown away."""
+def _draft(state: RequestState, base: DraftBase, length: int, sampler: Sampler, stop_below: float | None,
+           stop: threading.Event | None = None) -> Draft:
+    """Blocking: the drafter syncs its cache to ``base`` and drafts up to ``length`` tokens, fewer at
+    EOS or (``stop_below``) after a token it gives less than that probability: fusion may change
+    that token, and every token drafted past it would then be thrown away. ``stop``: an overlapped
+    draft whose round diverged ends at its next token. Reads nothing of the request but the
+    drafter's record and the loop guard's setting: the round may commit meanwhile."""
     session, eos = state.drafter.session, state.drafter.eos_ids
     support = exact_support(state.drafter.member)
-    target = state.drafter_target()
-    logits = session.sync(target, len(target))[-1]
-    ids, rows, constraint, constraints, probs = [], [], state.constraint, [], []
-    tail, loop_breaks, markers = state.loop_tail(), 0, 0
-    # the drafter writes the answer's first word: only whitespace so far (then a few bytes at most)
-    opening = bytes(state.answer) if state.drafter.member.stop_strings and at_answer_start(state.answer) else None
+    logits = session.sync(base.target, len(base.target))[-1]
+    ids, rows, constraint, constraints, probs = [], [], base.constraint, [], []
+    tail, loop_breaks, markers, ended = base.tail, 0, 0, False
+    opening = base.opening  # the drafter writes the answer's first word: only whitespace so far
     for j in range(length):
         if opening is not None:
             logits, counted = state.drafter.read(logits, opening, len(opening), writing=True)
@@ -108,7 +137,7 @@ def _draft(state: RequestState, length: int, sampler: Sampler, stop_below: float
         chosen, broke = _guarded_token(state, sampler, logits, support, constraint, state.loop_at(tail))
         loop_breaks += broke
         if chosen is None:  # no token of the drafter's can continue the JSON: the answer ends
-            state.finish_reason = "stop"
+            ended = True
             break
         if constraint is not None:
             constraints.append(constraint)
@@ -124,10 +153,11 @@ def _draft(state: RequestState, length: int, sampler: Sampler, stop_below: float
             probs.append(_drafter_prob(state, token, logits))
         unsure = stop_below is not None and probs[-1] < stop_below
         finished = constraint is not None and constraint.finished
-        if token in eos or j == length - 1 or unsure or finished:
+        stopped = stop is not None and stop.is_set()
+        if token in eos or j == length - 1 or unsure or finished or stopped:
             break
         logits = session.step(token)
-    return Draft(ids, rows, constraints, probs, loop_breaks, markers)
+    return Draft(ids, rows, constraints, probs, loop_breaks, markers, ended)
 
 
 def _guarded_token(state: RequestState, sampler: Sampler, logits: torch.Tensor, support: int | None,
@@ -199,8 +229,13 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     start = len(state.answer)
     chosen = state.draft_length or policy.draft.start  # what the schedule asks; the answer's end may cut it
     with timed(state.stats, "draft"):
-        draft = await drafter.member.run(_draft, state, min(chosen, state.max_new_tokens - state.stats.tokens),
-                                         sampler, policy.draft.stop_below)
+        draft = _ahead_draft(state)
+        if draft is None:
+            draft = await drafter.member.run(_draft, state, DraftBase.of(state),
+                                             min(chosen, state.max_new_tokens - state.stats.tokens),
+                                             sampler, policy.draft.stop_below)
+    if draft.ended:
+        state.finish_reason = "stop"
     if not draft.ids:
         return  # the constraint ended the answer
     count_draft(state.stats, len(draft.ids), chosen, draft.loop_breaks)
@@ -224,58 +259,123 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     ends_with_eos = draft.ids[-1] in drafter.eos_ids
     draft_bytes = drafter.table.to_bytes([t for t in draft.ids if t not in drafter.eos_ids])
     text = bytes(state.answer) + (draft_bytes if policy.verify_draft else b"")
-    with timed(state.stats, "verify"):
-        views = await _verify(state, text, start, ends_with_eos and policy.verify_draft, draft.ids,
-                              _undecided_offsets(state, draft, drafter_probs, policy, start))
-    for sync_event in state.sync_events():
-        yield sync_event
+    ahead = _draft_ahead(state, policy, sampler, draft, chosen)
+    try:
+        with timed(state.stats, "verify"):
+            views = await _verify(state, text, start, ends_with_eos and policy.verify_draft, draft.ids,
+                                  _undecided_offsets(state, draft, drafter_probs, policy, start))
+            if ahead is not None and not sampler.greedy:
+                await ahead.wait()  # fusion samples below: the early draft's draws come first
+        for sync_event in state.sync_events():
+            yield sync_event
 
-    weights = state.weights
-    checked: list[VerifiedPosition] = []
-    offset = start
-    for j, token in enumerate(draft.ids):
-        dists, owns, boundary, markers = _member_views(state, views, text, offset, token, draft.logits[j])
-        count_turn_markers(state.stats, markers)
-        complete = len(dists) == len(state.members)  # a verifier's row is missing where it was not needed
-        fusable = boundary or not policy.require_boundary
-        position = VerifiedPosition(offset=offset, boundary_ok=boundary)
-        if fusable and policy.skip_consensus:
-            probs, tops = zip(*(_own_prob(d, o) for d, o in zip(dists, owns)))
-            confident = policy.drafter_confidence is not None and probs[0] >= policy.drafter_confidence
-            # Consensus proves the drafted token is the fused *argmax*; a sampled answer must follow
-            # the fused distribution, so there only the drafter-confidence gate skips fusion.
-            position.consensus = confident or (
-                sampler.greedy and agree(list(probs), list(tops), weights))
-            position.probs = {d.name: p for d, p in zip(dists, probs)}
-            fusable = not position.consensus
-        fusable = fusable and complete
-        checked.append(position)
-        if fusable:
-            decision = _fuse(dists, weights, fusion, sampler, offset, token, state.stats.tokens + j,
-                             draft.constraints[j] if draft.constraints else None,
-                             state.loop_at(state.loop_tail(text[:offset])) if state.loop_guard else None,
-                             may_end=not at_answer_start(text, offset))
-            count_fusion(state.stats, decision)
-            yield fusion_event(decision)
-            if decision.changed:  # the draft diverges here
-                state.draft_length = policy.draft.after(chosen, kept_whole=False)
-                yield VerifyEvent(positions=checked)
-                for event in state.commit(draft.ids[:j], "draft"):
-                    yield event
-                if state.finish_reason:
+        weights = state.weights
+        checked: list[VerifiedPosition] = []
+        offset = start
+        for j, token in enumerate(draft.ids):
+            dists, owns, boundary, markers = _member_views(state, views, text, offset, token, draft.logits[j])
+            count_turn_markers(state.stats, markers)
+            complete = len(dists) == len(state.members)  # a verifier's row is missing where it was not needed
+            fusable = boundary or not policy.require_boundary
+            position = VerifiedPosition(offset=offset, boundary_ok=boundary)
+            if fusable and policy.skip_consensus:
+                probs, tops = zip(*(_own_prob(d, o) for d, o in zip(dists, owns)))
+                confident = policy.drafter_confidence is not None and probs[0] >= policy.drafter_confidence
+                # Consensus proves the drafted token is the fused *argmax*; a sampled answer must follow
+                # the fused distribution, so there only the drafter-confidence gate skips fusion.
+                position.consensus = confident or (
+                    sampler.greedy and agree(list(probs), list(tops), weights))
+                position.probs = {d.name: p for d, p in zip(dists, probs)}
+                fusable = not position.consensus
+            fusable = fusable and complete
+            checked.append(position)
+            if fusable:
+                decision = _fuse(dists, weights, fusion, sampler, offset, token, state.stats.tokens + j,
+                                 draft.constraints[j] if draft.constraints else None,
+                                 state.loop_at(state.loop_tail(text[:offset])) if state.loop_guard else None,
+                                 may_end=not at_answer_start(text, offset))
+                count_fusion(state.stats, decision)
+                yield fusion_event(decision)
+                if decision.changed:  # the draft diverges here
+                    state.draft_length = policy.draft.after(chosen, kept_whole=False)
+                    yield VerifyEvent(positions=checked)
+                    for event in state.commit(draft.ids[:j], "draft"):
+                        yield event
+                    if state.finish_reason:
+                        return
+                    if decision.chosen == EOS_KEY:
+                        state.finish_reason = "eos"
+                        return
+                    for event in state.commit(state.ids_for_piece(decision.chosen), "ensemble"):
+                        yield event
                     return
-                if decision.chosen == EOS_KEY:
-                    state.finish_reason = "eos"
-                    return
-                for event in state.commit(state.ids_for_piece(decision.chosen), "ensemble"):
-                    yield event
-                return
-            # fusion kept the drafted token: every member's context is unchanged, scan on
-        offset += len(drafter.table.pieces[token]) if token not in drafter.eos_ids else 0
-    state.draft_length = policy.draft.after(chosen, kept_whole=True)
-    yield VerifyEvent(positions=checked)
-    for event in state.commit(draft.ids, "draft"):
-        yield event
+                # fusion kept the drafted token: every member's context is unchanged, scan on
+            offset += len(drafter.table.pieces[token]) if token not in drafter.eos_ids else 0
+        state.draft_length = policy.draft.after(chosen, kept_whole=True)
+        yield VerifyEvent(positions=checked)
+        for event in state.commit(draft.ids, "draft"):
+            yield event
+        if ahead is not None and not state.finish_reason:
+            await ahead.settle(keep=True)
+    finally:
+        if ahead is not None:
+            await ahead.settle(keep=False)  # diverged, finished or failed: stop it, throw it away
+
+
+class _Ahead:
+    """An overlapped draft in flight (see the module docstring): settled exactly once, and awaited
+    before the drafter is used again, so its session never serves two drafts at a time."""
+
+    def __init__(self, state: RequestState, job: asyncio.Future[Draft], stop: threading.Event,
+                 answer_ids: int) -> None:
+        self.state, self.job, self.stop, self.answer_ids = state, job, stop, answer_ids
+        self.draft: Draft | None = None
+        self.done = self.settled = False
+
+    async def wait(self) -> None:
+        """Until the draft is written (a failure leaves it None: it surfaces on the next real draft)."""
+        if not self.done:
+            try:
+                self.draft = await self.job
+            except Exception:  # noqa: BLE001
+                self.draft = None
+            self.done = True
+
+    async def settle(self, keep: bool) -> None:
+        """Keep the draft for the next round (this round committed its own draft whole) or stop it
+        and throw it away."""
+        if self.settled:
+            return
+        self.settled = True
+        if not keep:
+            self.stop.set()
+        await self.wait()
+        keep = keep and self.draft is not None and len(self.state.drafter_ids) == self.answer_ids
+        count_ahead_draft(self.state.stats, used=keep)
+        if keep and self.draft is not None:
+            self.state.ahead = AheadDraft(self.state.drafter.label, self.answer_ids, self.draft)
+
+
+def _draft_ahead(state: RequestState, policy: Policy, sampler: Sampler, draft: Draft, chosen: int) -> _Ahead | None:
+    """With ``policy.overlap``: start drafting the next round off the event loop, as if this round's
+    draft stands whole (None where no next round could follow it, or under a JSON constraint)."""
+    left = state.max_new_tokens - state.stats.tokens - len(draft.ids)
+    if (not policy.overlap or not policy.verify_draft or state.constraint is not None or left <= 0
+            or draft.ids[-1] in state.drafter.eos_ids):
+        return None
+    length = min(policy.draft.after(chosen, kept_whole=True), left)
+    stop = threading.Event()
+    job = asyncio.ensure_future(state.drafter.member.run(
+        _draft, state, DraftBase.after(state, draft), length, sampler, policy.draft.stop_below, stop))
+    return _Ahead(state, job, stop, len(state.drafter_ids) + len(draft.ids))
+
+
+def _ahead_draft(state: RequestState) -> Draft | None:
+    """The draft the last round wrote ahead, if this round starts where it was based."""
+    ahead, state.ahead = state.ahead, None
+    if ahead is None or ahead.drafter != state.drafter.label or ahead.answer_ids != len(state.drafter_ids):
+        return None
+    return ahead.draft
 
 
 def _undecided_offsets(state: RequestState, draft: Draft, drafter_probs: list[float], policy: Policy,

@@ -22,6 +22,7 @@ from ..json_constraint import JsonPrefix
 from ..members import Member, Session
 from ..repetition import MAX_PERIOD, loop_unit
 from ..turn_markers import MARKER_COUNTED, read_turn_markers
+from .drafts import AheadDraft
 
 
 def spell_bytes(table: TokenTable, piece: bytes, member: str = "member") -> list[int]:
@@ -95,6 +96,7 @@ class RequestState:
     failed_members: dict[str, str] = field(default_factory=dict)
     stats: Stats = field(default_factory=Stats)
     draft_length: int | None = None  # the next SAFE round's, as the policy's schedule set it (None: its start)
+    ahead: AheadDraft | None = None  # the next round's draft, written during this round's verification (overlap)
     started: float = field(default_factory=time.perf_counter)
     _decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
