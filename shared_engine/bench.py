@@ -2,7 +2,9 @@
 
 Speed is reported as ratios measured in one run (the machine is shared and noisy). Every method
 uses the same members, the same cache machinery and the same prompts; a warm-up request runs
-first so one-time costs (token tables, the first forward) are not counted.
+first so one-time costs (token tables, the first forward) are not counted. The methods take turns
+prompt by prompt (each first in turn), so a drift in the machine's speed falls on all of them, and a
+variant's ratio to its method is also given per prompt (``per_prompt_vs_<method>``).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -41,6 +44,13 @@ def _backends(value: str) -> list[str]:
     return backends
 
 
+def _at_least_one(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return number
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = sub.add_parser("bench", help="drafter alone vs SAFE vs every-token vs AdaFuse on the same prompts")
     add_engine_args(bench)
@@ -51,6 +61,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                        help="comma-separated; an entry may change engine flags for itself, e.g. "
                             "safe:draft-schedule=adaptive, and is then compared with its method (vs_safe, "
                             "same_answers_as_safe)")
+    bench.add_argument("--repeats", type=_at_least_one, default=1,
+                       help="answer every prompt this many times per method (ratios steadier on a noisy machine)")
     bench.add_argument("--json", help="write the results here")
     bench.add_argument("--backend", type=_backends,
                        help="how zoo names without a prefix run: llamacpp, transformers, or both "
@@ -104,6 +116,62 @@ def answer_agreement(first: list[str], second: list[str]) -> dict[str, Any]:
             "mean_shared_prefix": round(sum(shared) / len(shared), 3) if shared else 0.0}
 
 
+class _Totals:
+    """One method's counters summed over the bench's answers."""
+
+    def __init__(self) -> None:
+        self.tokens = self.elapsed = self.ensembled = self.spans = self.fused_spans = 0.0
+        self.drafting = self.verifying = self.ahead = self.ahead_used = 0.0
+        self.forwards: dict[str, int] = {}
+        self.lengths: dict[int, int] = {}
+
+    def add(self, stats: Any) -> None:
+        self.tokens += stats.tokens
+        self.elapsed += stats.elapsed_s
+        self.ensembled += stats.ensembled_tokens
+        self.spans += stats.spans
+        self.fused_spans += stats.fused_spans
+        self.drafting += stats.draft_s
+        self.verifying += stats.verify_s
+        self.ahead += stats.ahead_drafts
+        self.ahead_used += stats.ahead_drafts_used
+        for name, count in stats.forward_passes.items():
+            self.forwards[name] = self.forwards.get(name, 0) + count
+        for length, rounds in stats.draft_lengths.items():
+            self.lengths[length] = self.lengths.get(length, 0) + rounds
+
+    def row(self, options: EngineOptions) -> dict[str, Any]:
+        tokens, elapsed = self.tokens, self.elapsed
+        return {
+            "tokens": int(tokens), "elapsed_s": round(elapsed, 3),
+            "tokens_per_s": round(tokens / elapsed, 3) if elapsed else 0.0,
+            **({"time_split_s": {"draft": round(self.drafting, 3), "verify": round(self.verifying, 3),
+                                 "rest": round(elapsed - self.drafting - self.verifying, 3)}}
+               if self.drafting else {}),
+            "ensemble_rate": round(self.ensembled / tokens, 4) if tokens else 0.0,
+            "forward_passes": self.forwards,
+            "fusion": options.fusion, "sharpen": options.sharpen,  # each method's own defaults
+            **({"fused_span_rate": round(self.fused_spans / self.spans, 4)} if self.spans else {}),
+            "forward_passes_per_token": {k: round(v / tokens, 3) for k, v in self.forwards.items()} if tokens else {},
+            **({"mean_draft_length": mean_draft_length(self.lengths),
+                "draft_lengths": dict(sorted(self.lengths.items()))} if self.lengths else {}),
+            **({"ahead_drafts": int(self.ahead), "ahead_drafts_used": int(self.ahead_used)} if self.ahead else {}),
+        }
+
+
+def paired_ratios(variant: list[float], base: list[float]) -> dict[str, Any]:
+    """Per prompt, the variant's tokens/s over its method's (both answered it back to back): the
+    geometric mean, the median and the range, and on how many prompts the variant was faster."""
+    ratios = sorted(v / b for v, b in zip(variant, base, strict=True) if v and b)
+    if not ratios:
+        return {}
+    middle = len(ratios) // 2
+    median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+    return {"geometric_mean": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),
+            "median": round(median, 3), "min": round(ratios[0], 3), "max": round(ratios[-1], 3),
+            "faster_on": sum(r > 1 for r in ratios), "prompts": len(ratios)}
+
+
 def parse_method(entry: str, args: argparse.Namespace) -> tuple[str, argparse.Namespace]:
     """A ``--methods`` entry: ``safe``, or a variant with engine flags changed, e.g.
     ``safe:draft-schedule=adaptive`` or ``safe:draft-schedule=adaptive:drafter-confidence=0.5`` (the
@@ -136,50 +204,40 @@ def _run_backend(args: argparse.Namespace, backend: str | None) -> tuple[dict[st
                                "drafter_weight": safe.drafter_weight_for(len(args.models)),
                                "methods": {}}
     runs = [(entry, *parse_method(entry, args)) for entry in entries]  # a bad entry fails before any run
-    answers: dict[str, list[str]] = {}
-    for entry, method, method_args in runs:
-        engine = engine_from_args(method_args, method, backend)
-        engine.generate("Say hi.", max_new_tokens=4)  # warm-up: loads members, builds token tables
-        tokens = elapsed = ensembled = spans = fused_spans = drafting = verifying = ahead = ahead_used = 0.0
-        forwards: dict[str, int] = {}
-        lengths: dict[int, int] = {}
-        answers[entry] = []
-        for prompt in tqdm(prompts, desc=entry, file=sys.stderr):
-            answer = engine.generate(prompt)
-            stats = answer.stats
-            answers[entry].append(answer.text)
-            tokens += stats.tokens
-            elapsed += stats.elapsed_s
-            ensembled += stats.ensembled_tokens
-            spans += stats.spans
-            fused_spans += stats.fused_spans
-            drafting += stats.draft_s
-            verifying += stats.verify_s
-            ahead += stats.ahead_drafts
-            ahead_used += stats.ahead_drafts_used
-            for name, count in stats.forward_passes.items():
-                forwards[name] = forwards.get(name, 0) + count
-            for length, rounds in stats.draft_lengths.items():
-                lengths[length] = lengths.get(length, 0) + rounds
-        results["methods"][entry] = {
-            "tokens": int(tokens), "elapsed_s": round(elapsed, 3),
-            "tokens_per_s": round(tokens / elapsed, 3) if elapsed else 0.0,
-            **({"time_split_s": {"draft": round(drafting, 3), "verify": round(verifying, 3),
-                                 "rest": round(elapsed - drafting - verifying, 3)}} if drafting else {}),
-            "ensemble_rate": round(ensembled / tokens, 4) if tokens else 0.0,
-            "forward_passes": forwards,
-            "fusion": engine.options.fusion, "sharpen": engine.options.sharpen,  # each method's own defaults
-            **({"fused_span_rate": round(fused_spans / spans, 4)} if spans else {}),
-            "forward_passes_per_token": {k: round(v / tokens, 3) for k, v in forwards.items()} if tokens else {},
-            **({"mean_draft_length": mean_draft_length(lengths), "draft_lengths": dict(sorted(lengths.items()))}
-               if lengths else {}),
-            **({"ahead_drafts": int(ahead), "ahead_drafts_used": int(ahead_used)} if ahead else {}),
-        }
+    engines = {}
+    for entry, method, method_args in runs:  # engines that ask for the same members share them
+        engines[entry] = engine_from_args(method_args, method, backend)
+        engines[entry].generate("Say hi.", max_new_tokens=4)  # warm-up: loads members, builds token tables
+    totals = {entry: _Totals() for entry in engines}
+    answers: dict[str, list[str]] = {entry: [] for entry in engines}
+    rates: dict[str, list[float]] = {entry: [] for entry in engines}  # tokens/s per prompt, for paired ratios
+    order, repeats = list(engines), max(1, getattr(args, "repeats", 1))
+    with tqdm(total=len(prompts) * len(order) * repeats, desc="bench", file=sys.stderr) as bar:
+        for i, prompt in enumerate(prompts):
+            tokens_s: dict[str, list[float]] = {}
+            for repeat in range(repeats):
+                # every method answers this prompt before the next one, each first in turn: a drift of
+                # the machine's speed falls on all methods alike instead of on whichever ran last
+                shift = (i * repeats + repeat) % len(order)
+                for entry in order[shift:] + order[:shift]:
+                    answer = engines[entry].generate(prompt)
+                    totals[entry].add(answer.stats)
+                    if repeat == 0:
+                        answers[entry].append(answer.text)
+                    tokens_s.setdefault(entry, []).append(
+                        answer.stats.tokens / answer.stats.elapsed_s if answer.stats.elapsed_s else 0.0)
+                    bar.update()
+            for entry, values in tokens_s.items():
+                rates[entry].append(sum(values) / len(values))
+    for entry in engines:
+        results["methods"][entry] = totals[entry].row(engines[entry].options)
+    results["repeats"] = repeats
     for entry, method, _ in runs:  # a variant against its method with the run's flags
         if entry != method and method in answers:
             row, reference = results["methods"][entry], results["methods"][method]["tokens_per_s"]
             row[f"vs_{method}"] = round(row["tokens_per_s"] / reference, 3) if reference else None
             row[f"same_answers_as_{method}"] = answers[entry] == answers[method]
+            row[f"per_prompt_vs_{method}"] = paired_ratios(rates[entry], rates[method])
             single = results["methods"].get("single", {}).get("tokens_per_s")
             if single and method != "single":
                 row["vs_single"] = round(row["tokens_per_s"] / single, 3)

@@ -50,9 +50,10 @@ def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = Tr
                              "a fusion changed a token, within [1, --max-draft-length], and a draft ends after a "
                              "token the drafter gives less than --drafter-confidence (0.4 without one)")
     parser.add_argument("--max-draft-length", type=int, default=16, help="adaptive: the longest draft (default 16)")
-    parser.add_argument("--overlap", choices=["on", "off"], default="off",
+    parser.add_argument("--overlap", choices=["auto", "on", "off"], default="auto",
                         help="safe: the drafter drafts the next round while the verifiers score this one "
-                             "(the same answers; default off: see README Speed)")
+                             "(the same answers); auto (default): on where a member runs in a server of its "
+                             "own (llama.cpp, vLLM, SGLang), off where all share this process (README Speed)")
     parser.add_argument("--fusion", choices=["unite", "gac"], help="default: gac for gac-threshold, else unite")
     parser.add_argument("--sharpen", choices=["heur", "heur-bytes", "geom", "none"],
                         help="default: heur for safe, else none; heur-bytes: the released code's pooling")
@@ -120,7 +121,7 @@ def engine_from_args(args: argparse.Namespace, method: str, backend: str | None 
     return EnsembleEngine(member_configs(args, backend), method=method, drafter=args.drafter, weights=args.weights,
                           weights_temperature=args.weights_temperature, profile=args.profile,
                           draft_length=args.draft_length, draft_schedule=args.draft_schedule,
-                          max_draft_length=args.max_draft_length, overlap=args.overlap == "on",
+                          max_draft_length=args.max_draft_length, overlap=args.overlap,
                           **method_default_flags(args),
                           max_new_tokens=args.max_new_tokens,
                           uncertainty=args.uncertainty, threshold=args.threshold, max_words=args.max_words,

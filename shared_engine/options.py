@@ -91,11 +91,19 @@ class EngineOptions(GenerationParams):
                              "gives less than drafter_confidence (0.4 without one): dynamic speculation "
                              "lookahead, as Hugging Face's heuristic schedule with DISCO's confidence stop.")
     max_draft_length: int = Field(16, ge=1, le=64, description="draft_schedule='adaptive': the longest draft.")
-    overlap: bool = Field(
-        False, description="safe: while the verifiers score a draft, the drafter drafts the next round as if "
-                           "the draft stands; kept where it does, stopped and thrown away where fusion changes "
-                           "a token. The same answers; faster only where drafter and verifiers do not share "
-                           "the cores (README Speed).")
+    overlap: Literal["auto", "on", "off"] = Field(
+        "auto", description="safe: while the verifiers score a draft, the drafter drafts the next round as if "
+                            "the draft stands; kept where it does, stopped and thrown away where fusion changes "
+                            "a token. The same answers, only the timing changes. 'auto': on where a member "
+                            "computes apart (a llama.cpp, vLLM or SGLang server), off where every member "
+                            "shares this process's compute thread and nothing could run at the same time "
+                            "(README Speed). True / False read as 'on' / 'off'.")
+
+    @field_validator("overlap", mode="before")
+    @classmethod
+    def _overlap_switch(cls, value: object) -> object:
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
     fusion: Literal["unite", "gac"] = Field(
         "unite", description="Cross-vocabulary fusion (default per method: gac for gac-threshold, "
                              "else unite).")

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import torch
+
+if TYPE_CHECKING:
+    from .members.base import Member
 
 ADAPTIVE_GROW = 2
 """Tokens the adaptive schedule adds after a round whose draft was committed whole."""
@@ -78,9 +82,16 @@ class Policy:
     drafter_confidence: float | None = None
     """SAFE's GaC variant: also treat a position as agreed when the drafter's own probability of
     its token is >= this (the released code uses 0.5). Fewer fusions with a weak verifier."""
-    overlap: bool = False
+    overlap: Literal["auto", "on", "off"] = "off"
     """While the verifiers score a draft, the drafter drafts the next round as if it stands
-    (round.py); the answer is the same, only the timing changes."""
+    (round.py); the answer is the same, only the timing changes. ``auto``: where a member computes
+    apart (``Capabilities.computes_apart``), i.e. where the two can run at the same time."""
+
+    def overlaps(self, members: Iterable[Member]) -> bool:
+        """Whether this request drafts ahead, given its members."""
+        if self.overlap == "auto":
+            return any(m.capabilities.computes_apart for m in members)
+        return self.overlap == "on"
 
     def needs_verification(self, drafter_logits: torch.Tensor) -> bool:
         if not self.uses_verifiers:
@@ -117,7 +128,8 @@ def agree(own_probs: list[float], argmax_is_own: list[bool], weights: torch.Tens
 
 
 def make_policy(method: str, draft: DraftSchedule, gate_threshold: float,
-                drafter_confidence: float | None = None, overlap: bool = False) -> Policy:
+                drafter_confidence: float | None = None,
+                overlap: Literal["auto", "on", "off"] = "off") -> Policy:
     """The policy of ``method``; ``draft`` is SAFE's schedule (``single`` drafts its first length,
     fixed: with nobody to check the draft there is nothing to adapt to)."""
     if method == "safe":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -218,3 +219,32 @@ async def test_the_eval_summary_has_the_mean_draft_length(tmp_path: Path) -> Non
     config = RunConfig(bench="toy", models=["drafts", "checks"], method="safe", max_new_tokens=24)
     summary = await evaluate(engine, toy_bench(tmp_path, questions=2), config, tmp_path, progress=False)
     assert 1 <= summary["mean_draft_length"] <= 16 and summary["mean_draft_length"] != 5
+
+
+def test_bench_methods_take_turns_prompt_by_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every method answers a prompt before the next prompt, each first in turn (a drift of the
+    machine's speed falls on all alike), and a variant gets its per-prompt ratio to its method."""
+    from shared_engine import EnsembleEngine as Engine
+
+    calls: list[tuple[str, str]] = []
+    generate = Engine.generate
+
+    def recording(self: Any, prompt: Any, **params: Any) -> Any:
+        if prompt != "Say hi.":  # not the warm-up
+            calls.append((f"{self.options.method}/{self.options.draft_schedule}", prompt[:20]))
+        return generate(self, prompt, **params)
+
+    monkeypatch.setattr(Engine, "generate", recording)
+    with registered_members(disagreeing()):
+        results = run_bench(bench_args("--prompts", "2", "--repeats", "2", "--max-new-tokens", "12",
+                                       "--methods", "single,safe:draft-schedule=adaptive,safe"))
+    methods = ["single/fixed", "safe/adaptive", "safe/fixed"]
+    assert len(calls) == 2 * 2 * 3
+    rounds = [calls[i:i + 3] for i in range(0, len(calls), 3)]
+    assert [[m for m, _ in r] for r in rounds] == [methods[k:] + methods[:k] for k in (0, 1, 2, 0)]
+    assert all(len({p for _, p in r}) == 1 for r in rounds) and rounds[0][0][1] != rounds[2][0][1]
+    paired = results["methods"]["safe:draft-schedule=adaptive"]["per_prompt_vs_safe"]
+    assert paired["prompts"] == 2 and paired["min"] <= paired["median"] <= paired["max"]
+    assert results["repeats"] == 2 and results["methods"]["safe"]["tokens"] > 0
+    with pytest.raises(SystemExit):
+        bench_args("--repeats", "0")

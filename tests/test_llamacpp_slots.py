@@ -11,6 +11,7 @@ import gc
 import inspect
 from collections.abc import Iterator
 from contextlib import aclosing, contextmanager
+from typing import Any
 
 import pytest
 import torch
@@ -251,3 +252,25 @@ def test_in_process_llamacpp_slots_default_to_the_requests_the_server_admits() -
     assert EnsembleEngine(["llamacpp:a", "b"], slots=3).member_specs[0].slots == 3  # type: ignore[union-attr]
     explicit = EnsembleEngine([MemberConfig(model="llamacpp:a", slots=2)], method="single", slots=5)
     assert explicit.member_specs[0].slots == 2  # type: ignore[union-attr]
+
+
+def test_poll_reaches_the_servers_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``poll`` (how long llama.cpp's threads busy-wait after a job) is set on both thread pools of
+    the server this process starts; unset, llama.cpp keeps its own default."""
+    import xllamacpp
+
+    started: list[Any] = []
+
+    class Recorded:
+        listening_address = "127.0.0.1:1"
+
+        def __init__(self, params: Any) -> None:
+            started.append(params)
+
+    monkeypatch.setattr(xllamacpp, "Server", Recorded)
+    LocalLlamaServer("x.gguf", n_ctx=64, threads=1, poll=0)
+    LocalLlamaServer("x.gguf", n_ctx=64, threads=1)
+    (quiet, default) = started
+    assert quiet.cpuparams.poll == quiet.cpuparams_batch.poll == 0
+    assert default.cpuparams.poll == xllamacpp.CommonParams().cpuparams.poll == 50
+    assert MemberConfig(model="llamacpp:a", poll=0).backend_options()["poll"] == 0

@@ -47,6 +47,8 @@ def toy_folders(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     ({"model": "llamacpp:m", "dtype": "bfloat16"}, "dtype: only for transformers members"),
     ({"model": "llamacpp:m", "compile": True}, "compile: only for transformers members"),
     ({"model": "m", "threads": 2}, "threads: only for a GGUF served by llama.cpp"),
+    ({"model": "llamacpp:http://h:1", "poll": 0}, "poll: only for a GGUF served by llama.cpp"),
+    ({"model": "llamacpp:m", "poll": 101}, "poll"),
     ({"model": "m", "top_k": 5}, "top_k: only for server members"),
     ({"model": "m", "device": "cpu", "device_map": "auto"}, "device or device_map, not both"),
     ({"model": "m", "device": "tpu:0"}, "unknown device 'tpu:0'"),

@@ -60,10 +60,12 @@ class _TrackedSession:
 class ThreadedMember:
     """A toy member whose compute runs in a worker thread of its own, as a remote or llama.cpp
     member's HTTP calls do (a transformers member queues every member's forwards on one thread, so
-    nothing could overlap there). ``delay_s``: each call also waits this long (a slow server)."""
+    nothing could overlap there). ``delay_s``: each call also waits this long (a slow server).
+    It says it computes apart, as those do, unless ``computes_apart`` is False."""
 
-    def __init__(self, inner: HFMember, delay_s: float = 0.0) -> None:
+    def __init__(self, inner: HFMember, delay_s: float = 0.0, computes_apart: bool = True) -> None:
         self._inner, self.delay_s = inner, delay_s
+        self.capabilities = inner.capabilities.model_copy(update={"computes_apart": computes_apart})
         self.guard = threading.Lock()
         self.active = self.most_active = 0
 
@@ -128,6 +130,37 @@ def test_the_drafter_really_drafts_while_the_verifier_scores(monkeypatch: pytest
     result = engine.generate(PROMPT)
     assert result.stats.ahead_drafts > 0
     assert seen["overlapping"] > 0
+
+
+def test_by_default_it_overlaps_only_where_a_member_computes_apart() -> None:
+    """``overlap="auto"`` (the default): on where a member says it computes apart (a server of its
+    own), off where every member shares this process's compute thread (transformers members), where
+    an early draft could only queue behind the verifiers."""
+    def ahead_drafts(members: list[Any], **options: Any) -> int:
+        engine = EnsembleEngine(members, method="safe", drafter_confidence=None, max_new_tokens=32,
+                                draft_length=4, **options)
+        assert engine.options.overlap == options.get("overlap", "auto")
+        return engine.generate(PROMPT).stats.ahead_drafts
+
+    local = [toy_member("drafts", "metaspace", seed=3), toy_member("checks", "byte_level", seed=4)]
+    assert not any(m.capabilities.computes_apart for m in local)
+    assert ahead_drafts(local) == 0
+    assert ahead_drafts(local, overlap="on") > 0
+    assert ahead_drafts(list(_pair())) > 0
+    assert ahead_drafts(list(_pair()), overlap="off") == 0
+    mixed = [ThreadedMember(local[0], computes_apart=False), ThreadedMember(local[1])]
+    assert ahead_drafts(mixed) > 0  # the verifier's server computes while this process drafts
+    apart_nowhere = [ThreadedMember(m, computes_apart=False) for m in local]
+    assert ahead_drafts(apart_nowhere) == 0
+
+
+def test_overlap_reads_true_and_false_as_on_and_off() -> None:
+    from shared_engine.options import EngineOptions
+
+    assert EngineOptions(overlap=True).overlap == "on" and EngineOptions(overlap=False).overlap == "off"
+    assert EngineOptions().overlap == "auto"
+    with pytest.raises(ValueError):
+        EngineOptions(overlap="sometimes")
 
 
 def test_a_seeded_sampled_answer_is_reproducible_with_overlap() -> None:

@@ -29,12 +29,13 @@ With a loop guard (``state.loop_guard``, see repetition.py) the same two places 
 repeat an exact loop at the answer's end once more: the drafter chooses again without that token,
 fusion chooses among the candidates that do not repeat it.
 
-Overlap (``policy.overlap``): while the verifiers score round k, the drafter drafts round k+1 from
-the answer as it stands if round k is committed whole (``DraftBase.after``). Where the round does
-commit it whole, the next round takes that draft instead of drafting; where fusion changes a token,
-the early draft is stopped and thrown away (the drafter's cache syncs back by longest common
-prefix, as after any divergence). The next draft is the one the drafter would have written anyway
-(the same ids, the same cache state), so greedy answers do not change; only when the work happens.
+Overlap (``policy.overlaps``: by default where a member computes in a server of its own): while the
+verifiers score round k, the drafter drafts round k+1 from the answer as it stands if round k is
+committed whole (``DraftBase.after``). Where the round does commit it whole, the next round takes
+that draft instead of drafting; where fusion changes a token, the early draft is stopped and thrown
+away (the drafter's cache syncs back by longest common prefix, as after any divergence). The next
+draft is the one the drafter would have written anyway (the same ids, the same cache state), so
+greedy answers do not change; only when the work happens.
 """
 
 from __future__ import annotations
@@ -357,11 +358,11 @@ class _Ahead:
 
 
 def _draft_ahead(state: RequestState, policy: Policy, sampler: Sampler, draft: Draft, chosen: int) -> _Ahead | None:
-    """With ``policy.overlap``: start drafting the next round off the event loop, as if this round's
+    """Where the policy overlaps: start drafting the next round off the event loop, as if this round's
     draft stands whole (None where no next round could follow it, or under a JSON constraint)."""
     left = state.max_new_tokens - state.stats.tokens - len(draft.ids)
-    if (not policy.overlap or not policy.verify_draft or state.constraint is not None or left <= 0
-            or draft.ids[-1] in state.drafter.eos_ids):
+    if (not policy.verify_draft or state.constraint is not None or left <= 0
+            or draft.ids[-1] in state.drafter.eos_ids or not policy.overlaps(m.member for m in state.members)):
         return None
     length = min(policy.draft.after(chosen, kept_whole=True), left)
     stop = threading.Event()

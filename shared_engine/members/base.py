@@ -26,6 +26,8 @@ class Capabilities(BaseModel):
     ``block_scoring``: a draft block is scored in one forward pass (False: one decode step per
     position, as llama.cpp's multi-prompt trick does). ``prefix_cache``: a growing sequence only
     pays for its new tokens. ``token_id_prompts``: prompts go in as token ids, never re-tokenized.
+    ``computes_apart``: the forwards run outside this process (a server), so they proceed while
+    another member computes; in-process members share one compute thread per device (members/hf.py).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -35,6 +37,7 @@ class Capabilities(BaseModel):
     block_scoring: bool = True
     prefix_cache: bool = True
     token_id_prompts: bool = True
+    computes_apart: bool = False
 
     @model_validator(mode="after")
     def _k_matches(self) -> Capabilities:

@@ -31,7 +31,7 @@ PLACEMENT_FIELDS = ("device", "device_map", "dtype", "attn_implementation", "com
 """Options of in-process transformers members."""
 SERVER_FIELDS = ("top_k", "http")
 """Options of members that talk to a llama.cpp, vLLM or SGLang server."""
-LLAMACPP_FIELDS = ("threads", "slots", "n_ctx")
+LLAMACPP_FIELDS = ("threads", "slots", "n_ctx", "poll")
 """Options of a llama.cpp server this process starts for a GGUF."""
 LLAMACPP_CLIENT_FIELDS = ("reuse_prompt_cache",)
 """Options of any llama.cpp member, in this process or at a URL."""
@@ -103,7 +103,7 @@ class MemberConfig(MemberDefaults):
 
     Unknown keys are an error naming the key. Placement fields (device, device_map, dtype,
     attn_implementation) apply to transformers members only; top_k and http to server members
-    (llama.cpp, vLLM, SGLang); threads, slots and n_ctx to a GGUF this process serves with llama.cpp;
+    (llama.cpp, vLLM, SGLang); threads, slots, n_ctx and poll to a GGUF this process serves with llama.cpp;
     reuse_prompt_cache to any llama.cpp member.
     """
 
@@ -125,6 +125,10 @@ class MemberConfig(MemberDefaults):
     """In-process llama.cpp: CPU threads (default: all cores)."""
     n_ctx: int | None = Field(None, ge=16)
     """In-process llama.cpp: context length per slot."""
+    poll: int | None = Field(None, ge=0, le=100)
+    """In-process llama.cpp: how long its threads busy-wait for the next job after one (0: they
+    sleep at once; 100: they spin; llama.cpp's own default 50). Spinning threads take cores from
+    another member computing in the meantime (README Speed)."""
     reuse_prompt_cache: bool | None = None
     """llama.cpp: a request's first call reuses the prefix its slot still holds from the previous
     request (a shared system or few-shot prompt is not computed again). Faster, but the prompt is then

@@ -76,7 +76,7 @@ class LocalLlamaServer:
     """
 
     def __init__(self, gguf: str | Path, n_ctx: int = 4096, threads: int | None = None,
-                 slots: int = DEFAULT_MAX_ACTIVE) -> None:
+                 slots: int = DEFAULT_MAX_ACTIVE, poll: int | None = None) -> None:
         try:
             import xllamacpp as xlc
         except ImportError as exc:  # pragma: no cover - xllamacpp is a dependency
@@ -89,6 +89,8 @@ class LocalLlamaServer:
         threads = threads or max(1, os.cpu_count() or 1)
         params.cpuparams.n_threads = threads
         params.cpuparams_batch.n_threads = threads
+        if poll is not None:  # busy-waiting after a job (llama.cpp's default 50)
+            params.cpuparams.poll = params.cpuparams_batch.poll = poll
         params.warmup = False
         params.verbosity = -1
         params.cache_ram_mib = HOST_PROMPT_CACHE_MIB
@@ -181,12 +183,13 @@ class LlamaCppMember(RemoteMember):
     @classmethod
     def from_gguf(cls, name: str, gguf: str | Path, tokenizer: LocalTokenizer, *, n_ctx: int = 4096,
                   threads: int | None = None, slots: int = DEFAULT_MAX_ACTIVE, top_k: int = DEFAULT_TOP_K,
-                  http: HttpSettings | None = None, reuse_prompt_cache: bool = False) -> LlamaCppMember:
+                  http: HttpSettings | None = None, reuse_prompt_cache: bool = False,
+                  poll: int | None = None) -> LlamaCppMember:
         """Serve ``gguf`` in this process and connect to it, with one slot per request the HTTP
         server admits at once by default (each slot gets ``n_ctx`` and keeps its own prefix cache;
         the server batches the active slots in one decode)."""
         window = min(n_ctx, tokenizer.context_window or n_ctx)
-        server = LocalLlamaServer(gguf, n_ctx=window, threads=threads, slots=slots)
+        server = LocalLlamaServer(gguf, n_ctx=window, threads=threads, slots=slots, poll=poll)
         return cls(name, server.url, tokenizer, top_k=top_k, context_window=window, http=http, server=server,
                    reuse_prompt_cache=reuse_prompt_cache)
 

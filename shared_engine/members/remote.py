@@ -138,7 +138,8 @@ class RemoteMember(ABC):
         self.table = tokenizer.token_table()
         self.context_window = int(context_window or tokenizer.context_window or 2048)
         self.stop_strings: tuple[str, ...] = () if tokenizer.has_chat_template else PLAIN_TEMPLATE_STOPS
-        self.capabilities = Capabilities(distribution="top_k", k=top_k, **self.wire_capabilities())
+        self.capabilities = Capabilities(distribution="top_k", k=top_k, computes_apart=True,
+                                         **self.wire_capabilities())
         if check_tokenizer and not tokenizer.from_server:
             self.check_tokenizer()
 
