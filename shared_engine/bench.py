@@ -241,6 +241,10 @@ def _run_backend(args: argparse.Namespace, backend: str | None) -> tuple[dict[st
             single = results["methods"].get("single", {}).get("tokens_per_s")
             if single and method != "single":
                 row["vs_single"] = round(row["tokens_per_s"] / single, 3)
+    if "single" in rates:  # every ensemble method against the drafter alone, prompt by prompt
+        for entry, method, _ in runs:
+            if method != "single":
+                results["methods"][entry]["per_prompt_vs_single"] = paired_ratios(rates[entry], rates["single"])
     by_method = results["methods"]
     for method, key in (("single", "single"), ("safe", "safe"), ("every-token", "every_token"),
                         ("adafuse", "adafuse")):

@@ -246,5 +246,7 @@ def test_bench_methods_take_turns_prompt_by_prompt(monkeypatch: pytest.MonkeyPat
     paired = results["methods"]["safe:draft-schedule=adaptive"]["per_prompt_vs_safe"]
     assert paired["prompts"] == 2 and paired["min"] <= paired["median"] <= paired["max"]
     assert results["repeats"] == 2 and results["methods"]["safe"]["tokens"] > 0
+    assert results["methods"]["safe"]["per_prompt_vs_single"]["prompts"] == 2
+    assert "per_prompt_vs_single" not in results["methods"]["single"]
     with pytest.raises(SystemExit):
         bench_args("--repeats", "0")
