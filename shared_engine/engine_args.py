@@ -52,8 +52,8 @@ def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = Tr
     parser.add_argument("--max-draft-length", type=int, default=16, help="adaptive: the longest draft (default 16)")
     parser.add_argument("--overlap", choices=["auto", "on", "off"], default="auto",
                         help="safe: the drafter drafts the next round while the verifiers score this one "
-                             "(the same answers); auto (default): on where a member runs in a server of its "
-                             "own (llama.cpp, vLLM, SGLang), off where all share this process (README Speed)")
+                             "(the same answers); auto (default): on where a member is a server at a URL (vLLM, "
+                             "SGLang, llama.cpp), off where all run in this process on its cores (README Speed)")
     parser.add_argument("--fusion", choices=["unite", "gac"], help="default: gac for gac-threshold, else unite")
     parser.add_argument("--sharpen", choices=["heur", "heur-bytes", "geom", "none"],
                         help="default: heur for safe, else none; heur-bytes: the released code's pooling")

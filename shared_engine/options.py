@@ -95,9 +95,9 @@ class EngineOptions(GenerationParams):
         "auto", description="safe: while the verifiers score a draft, the drafter drafts the next round as if "
                             "the draft stands; kept where it does, stopped and thrown away where fusion changes "
                             "a token. The same answers, only the timing changes. 'auto': on where a member "
-                            "computes apart (a llama.cpp, vLLM or SGLang server), off where every member "
-                            "shares this process's compute thread and nothing could run at the same time "
-                            "(README Speed). True / False read as 'on' / 'off'.")
+                            "computes apart (a server reached at a URL: vLLM, SGLang, llama.cpp), off where "
+                            "every member runs in this process and shares its cores: measured level or "
+                            "slower there (README Speed). True / False read as 'on' / 'off'.")
 
     @field_validator("overlap", mode="before")
     @classmethod

@@ -85,7 +85,8 @@ class Policy:
     overlap: Literal["auto", "on", "off"] = "off"
     """While the verifiers score a draft, the drafter drafts the next round as if it stands
     (round.py); the answer is the same, only the timing changes. ``auto``: where a member computes
-    apart (``Capabilities.computes_apart``), i.e. where the two can run at the same time."""
+    apart (``Capabilities.computes_apart``: a server at a URL), i.e. where the two can run at the
+    same time without taking each other's cores."""
 
     def overlaps(self, members: Iterable[Member]) -> bool:
         """Whether this request drafts ahead, given its members."""

@@ -41,6 +41,7 @@ MAX_PROB_DIFF = 0.15
 def test_llamacpp_topk_agrees_with_transformers(name: str) -> None:
     hf, ll = load_member(f"transformers:{name}", progress=False), load_member(f"llamacpp:{name}", progress=False)
     assert ll.capabilities.distribution == "top_k" and not ll.capabilities.block_scoring
+    assert not ll.capabilities.computes_apart  # served in this process, on its cores: overlap auto stays off
     agree = total = 0
     diffs = []
     for question in PROMPTS:

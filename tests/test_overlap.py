@@ -133,9 +133,9 @@ def test_the_drafter_really_drafts_while_the_verifier_scores(monkeypatch: pytest
 
 
 def test_by_default_it_overlaps_only_where_a_member_computes_apart() -> None:
-    """``overlap="auto"`` (the default): on where a member says it computes apart (a server of its
-    own), off where every member shares this process's compute thread (transformers members), where
-    an early draft could only queue behind the verifiers."""
+    """``overlap="auto"`` (the default): on where a member says it computes apart (a server at a
+    URL), off where every member runs in this process (transformers members: one compute thread, so
+    an early draft could only queue behind the verifiers; in-process llama.cpp: the same cores)."""
     def ahead_drafts(members: list[Any], **options: Any) -> int:
         engine = EnsembleEngine(members, method="safe", drafter_confidence=None, max_new_tokens=32,
                                 draft_length=4, **options)

@@ -282,6 +282,7 @@ def test_connecting_by_spec_finds_the_model_and_checks_the_tokenizer(tmp_path) -
         vllm = load_member(f"vllm:{url}#{tmp_path}")
         assert isinstance(vllm, VLLMMember) and vllm.model == "tiny" and vllm.context_window == 512
         assert not vllm.capabilities.prefix_cache and vllm.capabilities.k == 20
+        assert vllm.capabilities.computes_apart  # served elsewhere: overlap auto is on
         sglang = load_member(f"sglang:{url}#{tmp_path}")
         assert isinstance(sglang, SGLangMember) and sglang.capabilities.prefix_cache
         # without '#TOKENIZER' the model root /v1/models reports (/models/tiny) is not on this machine

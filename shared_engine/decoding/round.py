@@ -29,7 +29,7 @@ With a loop guard (``state.loop_guard``, see repetition.py) the same two places 
 repeat an exact loop at the answer's end once more: the drafter chooses again without that token,
 fusion chooses among the candidates that do not repeat it.
 
-Overlap (``policy.overlaps``: by default where a member computes in a server of its own): while the
+Overlap (``policy.overlaps``: by default where a member is a server at a URL): while the
 verifiers score round k, the drafter drafts round k+1 from the answer as it stands if round k is
 committed whole (``DraftBase.after``). Where the round does commit it whole, the next round takes
 that draft instead of drafting; where fusion changes a token, the early draft is stopped and thrown

@@ -26,8 +26,10 @@ class Capabilities(BaseModel):
     ``block_scoring``: a draft block is scored in one forward pass (False: one decode step per
     position, as llama.cpp's multi-prompt trick does). ``prefix_cache``: a growing sequence only
     pays for its new tokens. ``token_id_prompts``: prompts go in as token ids, never re-tokenized.
-    ``computes_apart``: the forwards run outside this process (a server), so they proceed while
-    another member computes; in-process members share one compute thread per device (members/hf.py).
+    ``computes_apart``: the forwards run on compute this process does not use (a server reached at
+    a URL), so they proceed at full speed while another member computes. In-process members share
+    this machine's cores: transformers members one compute thread per device (members/hf.py), an
+    in-process llama.cpp server threads of its own on the same cores.
     """
 
     model_config = ConfigDict(frozen=True)

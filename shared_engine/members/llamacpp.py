@@ -179,6 +179,8 @@ class LlamaCppMember(RemoteMember):
         if context_window is None:
             self.context_window = _server_context(props, default=self.context_window)
         self.slots = SlotPool(server.slots if server is not None else _server_slots(props))
+        if server is not None:  # its threads take the same cores as the other members (Capabilities)
+            self.capabilities = self.capabilities.model_copy(update={"computes_apart": False})
 
     @classmethod
     def from_gguf(cls, name: str, gguf: str | Path, tokenizer: LocalTokenizer, *, n_ctx: int = 4096,
