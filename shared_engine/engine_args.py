@@ -45,7 +45,7 @@ def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = Tr
                                           "drafter confidence fill those not given here")
     parser.add_argument("--draft-length", type=int, default=5,
                         help="tokens drafted per round (SAFE's gamma; default 5); adaptive: the first round's")
-    parser.add_argument("--draft-schedule", choices=["fixed", "adaptive"], default="fixed",
+    parser.add_argument("--draft-schedule", choices=["fixed", "adaptive"], default="adaptive",
                         help="safe: fixed draft length, or adaptive: +2 after a round committed whole, -1 after "
                              "a fusion changed a token, within [1, --max-draft-length], and a draft ends after a "
                              "token the drafter gives less than --drafter-confidence (0.4 without one)")

@@ -85,7 +85,7 @@ class EngineOptions(GenerationParams):
     draft_length: int = Field(5, ge=1, le=64, description="Tokens drafted per round (SAFE's gamma); with "
                                                            "draft_schedule='adaptive', the first round's.")
     draft_schedule: Literal["fixed", "adaptive"] = Field(
-        "fixed", description="safe: 'fixed' drafts draft_length tokens every round; 'adaptive' grows the draft "
+        "adaptive", description="safe: 'fixed' drafts draft_length tokens every round; 'adaptive' grows the draft "
                              "by 2 after a round committed whole and shrinks it by 1 after a fusion changed a "
                              "token, within [1, max_draft_length], and ends a draft after a token the drafter "
                              "gives less than drafter_confidence (0.4 without one): dynamic speculation "
@@ -170,7 +170,8 @@ class EngineOptions(GenerationParams):
     def _first_draft_within_bounds(self) -> EngineOptions:
         if self.draft_schedule == "adaptive" and self.draft_length > self.max_draft_length:
             raise ValueError(f"draft_length ({self.draft_length}) exceeds max_draft_length "
-                             f"({self.max_draft_length}) of the adaptive draft schedule")
+                             f"({self.max_draft_length}) of the adaptive draft schedule (the default): raise "
+                             f"max_draft_length, or draft a fixed length with draft_schedule='fixed'")
         return self
 
     @model_validator(mode="after")

@@ -51,9 +51,11 @@ def test_auto_weights_repeat_no_prefill_and_change_only_weights() -> None:
     fixed = EnsembleEngine(members).generate(PROMPT, max_new_tokens=6)
     assert fixed.stats.member_weights == pytest.approx({"a": 2 / 3, "b": 1 / 3}, abs=1e-4)  # SAFE's drafter_weight 2
     assert fixed.stats.prompt_nll_per_byte == {}
-    auto = EnsembleEngine(members, weights="auto", weights_temperature=20.0).generate(PROMPT, max_new_tokens=6)
+    schedule = "fixed"  # every round drafts 5 and is verified: the first block carries the verifier's prompt
+    auto = EnsembleEngine(members, weights="auto", weights_temperature=20.0,
+                          draft_schedule=schedule).generate(PROMPT, max_new_tokens=6)
     given = [auto.stats.member_weights["a"], auto.stats.member_weights["b"]]
-    same = EnsembleEngine(members, weights=given).generate(PROMPT, max_new_tokens=6)
+    same = EnsembleEngine(members, weights=given, draft_schedule=schedule).generate(PROMPT, max_new_tokens=6)
     assert same.text == auto.text
     # The scored prefill IS the prefill: the drafter runs no extra forward; a verifier reads its
     # prompt in a forward of its own instead of together with the first draft block (same tokens).

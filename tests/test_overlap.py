@@ -126,7 +126,7 @@ def test_the_drafter_really_drafts_while_the_verifier_scores(monkeypatch: pytest
 
     monkeypatch.setattr(_TrackedSession, "step", step)
     engine = EnsembleEngine([drafter, verifier], method="safe", drafter_confidence=None, overlap=True,
-                            max_new_tokens=32, draft_length=4)
+                            max_new_tokens=32, draft_length=4, draft_schedule="fixed")  # 4 steps to see
     result = engine.generate(PROMPT)
     assert result.stats.ahead_drafts > 0
     assert seen["overlapping"] > 0

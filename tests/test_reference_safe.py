@@ -105,9 +105,10 @@ def _compare(engine_result, reference: Answer, where: str) -> None:  # noqa: ANN
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_engine_decisions_equal_the_reference(case: Case) -> None:
     members = _members(case)
+    # the reference drafts SAFE's fixed gamma every round (the adaptive schedule: test_draft_schedule.py)
     engine = EnsembleEngine(members, method="safe", weights=list(case.weights), draft_length=case.draft_length,
-                            drafter_confidence=case.drafter_confidence, loop_guard=case.loop_guard,
-                            sharpen=case.sharpen)
+                            draft_schedule="fixed", drafter_confidence=case.drafter_confidence,
+                            loop_guard=case.loop_guard, sharpen=case.sharpen)
     reference = ReferenceSafe(members, case.weights, draft_length=case.draft_length, sharpen=case.sharpen,
                               drafter_confidence=case.drafter_confidence, loop_guard=case.loop_guard)
     rounds = fusions = skips = breaks = 0

@@ -64,7 +64,9 @@ async def test_context_length_error_surfaces_from_every_path(toy_llm: EnsembleLL
 
 
 def test_step_events_are_opt_in(toy_members: list, collector) -> None:
-    llm = EnsembleLLM(models=toy_members, method="safe", max_tokens=4, step_events=True)
+    # fixed drafts of 5: the adaptive schedule ends a random toy's drafts at its first unsure token,
+    # and a one-token draft sends no draft event
+    llm = EnsembleLLM(models=toy_members, method="safe", max_tokens=4, step_events=True, draft_schedule="fixed")
     llm.complete("Tell me about Sofia.")
     steps = collector.named("EnsembleStepEvent")
     assert steps and {e.name for e in steps} <= {"draft", "verify", "cache_sync"}
