@@ -10,8 +10,8 @@ drafted, the rest of the draft stays valid (every member's context is unchanged)
 on instead of throwing the draft away. Greedy output is identical; drafter work is saved (the
 project's findings measured ~half of all fusions choosing the drafted token).
 
-How long a draft is comes from the policy's ``DraftSchedule``: SAFE's fixed gamma, or adaptive
-(longer after a round whose draft stood whole, shorter after a fusion changed a token); each round
+How long a draft is comes from the policy's ``DraftSchedule``: adaptive by default (longer after a
+round whose draft stood whole, shorter after a fusion changed a token), or SAFE's fixed gamma; each round
 tells it which, and the request carries the length on to the next round.
 
 With a temperature (the released code is greedy only), every position where fusion may run (a
