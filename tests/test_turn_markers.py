@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 
 from shared_engine.alignment import EOS_KEY, TokenTable
 from shared_engine.decoding.round import FusionSettings, _fuse
+from shared_engine.decoding.state import RequestState, request_members
 from shared_engine.fusion import MemberDist, make_fuser
 from shared_engine.members.chat import PLAIN_TEMPLATE_STOPS
 from shared_engine.sampling import Sampler
@@ -98,6 +101,43 @@ def test_a_member_without_the_plain_format_is_read_as_it_is() -> None:
     assert out is logits and mass == 0.0
     mid_line, mass = read_turn_markers(logits, table, PLAIN_TEMPLATE_STOPS, b"Hallo ")
     assert torch.allclose(torch.softmax(mid_line, 0)[:9], torch.softmax(logits, 0)[:9])  # only "\nUser" moved
+
+
+@dataclass
+class _Writer:
+    """What ``RequestState`` reads of a member when committing: its table, EOS ids and stop strings."""
+
+    name: str
+    table: TokenTable
+    stop_strings: tuple[str, ...]
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self.table.eos_ids
+
+
+def _answer_then_eos(*stops: tuple[str, ...], user_stop: tuple[str, ...] = ()) -> tuple[str, str, str | None]:
+    """ "Hallo", a line break, then EOS, committed by the first of members with these stop strings:
+    (the streamed text, the final text, the finish reason)."""
+    table = _table()
+    members = [_Writer(f"m{i}", table, s) for i, s in enumerate(stops)]
+    state = RequestState(request_members(members, [m.name for m in members], [object()] * len(members),
+                                         [[] for _ in members]), max_new_tokens=10,
+                         stop=user_stop + tuple(s for m in members for s in m.stop_strings))
+    ids = [PIECES.index(b"Hallo"), PIECES.index(b"\n"), EOS]
+    streamed = "".join(e.text for e in state.commit(ids, "draft") + state.flush())
+    return streamed, state.text, state.finish_reason
+
+
+def test_an_answer_ended_at_a_turn_markers_line_break_drops_that_line_break() -> None:
+    """Fusion ends an answer at a plain-format member's turn marker by choosing EOS after the "\\n" that
+    began it; the member's stop string "\\nUser:" would have trimmed that "\\n" with the rest, so the
+    answer does not end in it (it used to: "```plaintext\\n" where the stop string gave "```plaintext")."""
+    assert _answer_then_eos((), PLAIN_TEMPLATE_STOPS) == ("Hallo", "Hallo", "eos")
+    assert _answer_then_eos(PLAIN_TEMPLATE_STOPS) == ("Hallo", "Hallo", "eos")
+    # members without the plain format keep what they wrote, and so does a user's own stop string
+    assert _answer_then_eos((), ()) == ("Hallo\n", "Hallo\n", "eos")
+    assert _answer_then_eos((), (), user_stop=("\n\n",)) == ("Hallo\n", "Hallo\n", "eos")
 
 
 # One FLORES-200 devtest sentence (CC BY-SA 4.0, the FLORES data AdaFuse evaluates on), written out here

@@ -262,8 +262,15 @@ class RequestState:
         return delta
 
     def flush(self) -> list[TokenEvent]:
-        """At the end: release held-back text (a dangling partial character is dropped)."""
+        """At the end: release held-back text (a dangling partial character is dropped). After an EOS,
+        text held back as the start of a member's turn marker (the "\\n" of "\\nUser:") is dropped with
+        it: fusion ended there with that marker's mass (turn_markers.py), so the member's stop string
+        is what ended the answer, and a stop string is trimmed whole."""
         # Incomplete trailing bytes stay inside the decoder and are dropped: never a U+FFFD.
+        held = self.text[self.emitted:]
+        if held and self.finish_reason == "eos" and any(
+                stop.startswith(held) for record in self.members for stop in record.member.stop_strings):
+            self.text = self.text[:self.emitted]
         delta = self.text[self.emitted:]
         self.emitted = len(self.text)
         return [TokenEvent(text=delta, source="draft", position=self.stats.tokens)] if delta else []
