@@ -181,3 +181,13 @@ for spec in "squad --max-new-tokens 32" "arc-challenge --max-new-tokens 64"; do 
   ev --bench $spec --limit 100 --method single --members $M/q.yaml --out $OUT/p12/$1-single-q
   ev --bench $spec --limit 100 --method safe --members $M/qg.yaml --out $OUT/p12/$1-safe-qg-new
   safe-ensemble eval compare $OUT/p12/$1-* --baseline $OUT/p12/$1-single-q; done
+# FLORES de-en and en-de extended to the first 200 sentences at 5b1efc8 (Qwen alone and the default SAFE, one session),
+# and MATH-500 re-run at the same commit (tiers of 10, the two runs interleaved)
+for pair in de-en en-de; do for N in 100 200; do F="--bench flores --pair $pair --limit $N --max-new-tokens 128"
+  ev $F --method single --members $M/q.yaml --out $OUT/p15/flores-$pair-single-q
+  ev $F --method safe --members $M/qg.yaml --out $OUT/p15/flores-$pair-safe-qg; done
+  safe-ensemble eval compare $OUT/p15/flores-$pair-* --baseline $OUT/p15/flores-$pair-single-q; done
+for N in 10 20 30; do X="--bench math500 --limit $N --max-new-tokens 1024"
+  ev $X --method single --members $M/q.yaml --out $OUT/p15/math-single-q
+  ev $X --method safe --members $M/qg.yaml --out $OUT/p15/math-safe-qg; done
+safe-ensemble eval compare $OUT/p15/math-* --baseline $OUT/p15/math-single-q
