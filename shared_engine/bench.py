@@ -22,10 +22,14 @@ from tqdm import tqdm
 from .data_paths import gsm8k_file
 from .decoding.report import mean_draft_length
 from .engine_args import add_engine_args, engine_from_args, method_default_flags
+from .errors import InvalidRequestError
+from .evaluation.benchmarks import get_benchmark
 from .members import LOCAL_BACKENDS
 from .options import EngineOptions
 
 COT_INSTRUCTION = "Solve the problem step by step, then give the final number after '####'."
+GSM8K_COT = "gsm8k-cot"
+Prompt = str | list[dict[str, str]]
 
 
 def gsm8k_questions(path: str | None, limit: int) -> list[str]:
@@ -34,6 +38,26 @@ def gsm8k_questions(path: str | None, limit: int) -> list[str]:
     with file.open() as f:
         rows = [json.loads(line) for _, line in zip(range(limit), f)]
     return [f"{row['question']}\n{COT_INSTRUCTION}" for row in rows]
+
+
+def bench_prompts(args: argparse.Namespace) -> tuple[list[Prompt], list[str], str]:
+    """The prompts the bench answers, the stop strings they are answered with, and where they came from.
+
+    The default (``gsm8k-cot``) is GSM8K questions with a step-by-step instruction; ``--prompts-from
+    NAME[:PAIR]`` takes an eval benchmark's first prompts exactly as ``safe-ensemble eval`` asks them
+    (few-shot turns, system prompt and stop strings included), because speed depends on the workload:
+    a translation is fused at ~20-25% of its positions, a GSM8K answer at ~5%."""
+    source = getattr(args, "prompts_from", None) or GSM8K_COT
+    if source == GSM8K_COT:
+        return list(gsm8k_questions(args.data, args.prompts)), [], str(gsm8k_file(args.data))
+    name, _, pair = source.partition(":")
+    try:
+        benchmark = get_benchmark(name, data=args.data, pair=pair or "en-de")
+        records = benchmark.dataset().records[:args.prompts]
+        prompts: list[Prompt] = [benchmark.messages(record) for record in records]
+    except InvalidRequestError as error:
+        raise SystemExit(f"bench: --prompts-from {source}: {error}") from None
+    return prompts, list(benchmark.stop), str(benchmark.path)
 
 
 def _backends(value: str) -> list[str]:
@@ -54,9 +78,13 @@ def _at_least_one(value: str) -> int:
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = sub.add_parser("bench", help="drafter alone vs SAFE vs every-token vs AdaFuse on the same prompts")
     add_engine_args(bench)
-    bench.add_argument("--prompts", type=int, default=4, help="number of GSM8K questions")
-    bench.add_argument("--data", help="a GSM8K-format JSONL file (default: the data folder's gsm8k/test.jsonl, "
-                            "else the GSM8K sample shipped in the package)")
+    bench.add_argument("--prompts", type=int, default=4, help="number of prompts (the first of the data)")
+    bench.add_argument("--prompts-from", default=GSM8K_COT, metavar="NAME[:PAIR]",
+                       help="gsm8k-cot (default: GSM8K questions with a step-by-step instruction), or an "
+                            "eval benchmark's prompts as eval asks them, e.g. flores:de-en, triviaqa, bbh")
+    bench.add_argument("--data", help="for gsm8k-cot a GSM8K-format JSONL file (default: the data folder's "
+                            "gsm8k/test.jsonl, else the GSM8K sample shipped in the package); for a benchmark, "
+                            "its file or the data folder (as eval's --data)")
     bench.add_argument("--methods", default="single,safe,every-token,adafuse",
                        help="comma-separated; an entry may change engine flags for itself, e.g. "
                             "safe:draft-schedule=adaptive, and is then compared with its method (vs_safe, "
@@ -190,13 +218,14 @@ def parse_method(entry: str, args: argparse.Namespace) -> tuple[str, argparse.Na
 
 def _run_backend(args: argparse.Namespace, backend: str | None) -> tuple[dict[str, Any], dict[str, list[str]]]:
     """One backend's results, and each method's answers (for comparing backends)."""
-    prompts = gsm8k_questions(args.data, args.prompts)
+    prompts, stop, source = bench_prompts(args)
     if len(prompts) < args.prompts:
-        print(f"bench: {gsm8k_file(args.data)} has only {len(prompts)} questions", file=sys.stderr)
+        print(f"bench: {source} has only {len(prompts)} prompts", file=sys.stderr)
     entries = [m.strip() for m in args.methods.split(",") if m.strip()]
     safe = EngineOptions(method="safe", **method_default_flags(args))  # what SAFE runs with: flags, else its defaults
     results: dict[str, Any] = {"models": args.models, "backend": backend or "default", "prompts": len(prompts),
-                               "data": str(gsm8k_file(args.data)),
+                               "prompts_from": getattr(args, "prompts_from", None) or GSM8K_COT,
+                               "data": source, "stop": stop,
                                "max_new_tokens": args.max_new_tokens, "draft_length": args.draft_length,
                                "draft_schedule": args.draft_schedule,
                                "fusion": args.fusion, "sharpen": args.sharpen,
@@ -220,7 +249,7 @@ def _run_backend(args: argparse.Namespace, backend: str | None) -> tuple[dict[st
                 # the machine's speed falls on all methods alike instead of on whichever ran last
                 shift = (i * repeats + repeat) % len(order)
                 for entry in order[shift:] + order[:shift]:
-                    answer = engines[entry].generate(prompt)
+                    answer = engines[entry].generate(prompt, stop=stop)
                     totals[entry].add(answer.stats)
                     if repeat == 0:
                         answers[entry].append(answer.text)

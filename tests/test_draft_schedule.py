@@ -254,3 +254,65 @@ def test_bench_methods_take_turns_prompt_by_prompt(monkeypatch: pytest.MonkeyPat
     assert "per_prompt_vs_single" not in results["methods"]["single"]
     with pytest.raises(SystemExit):
         bench_args("--repeats", "0")
+
+
+def test_bench_answers_an_eval_benchmarks_prompts_as_eval_asks_them(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
+    """``--prompts-from flores:de-en``: speed on a translation workload (fused far more often than a
+    GSM8K answer), with the benchmark's own system prompt, its first records in order and its stops."""
+    import json
+
+    from shared_engine import EnsembleEngine as Engine
+
+    (tmp_path / "flores").mkdir()
+    (tmp_path / "prompts" / "adafuse").mkdir(parents=True)
+    (tmp_path / "prompts" / "adafuse" / "flores_deu2en_prompt.txt").write_text(
+        "Translate the following German sentences into English.\n\nNow, translate the following sentences:")
+    sentences = ["Guten Morgen.", "Wie geht es dir?", "Das Haus ist rot."]
+    (tmp_path / "flores" / "de-en.jsonl").write_text("".join(
+        json.dumps({"id": i, "question": q, "answer": "x"}) + "\n" for i, q in enumerate(sentences)))
+    asked: list[tuple[Any, Any]] = []
+    generate = Engine.generate
+
+    def recording(self: Any, prompt: Any, **params: Any) -> Any:
+        if prompt != "Say hi.":
+            asked.append((prompt, params.get("stop")))
+        return generate(self, prompt, **params)
+
+    monkeypatch.setattr(Engine, "generate", recording)
+    with registered_members(disagreeing()):
+        results = run_bench(bench_args("--prompts", "2", "--max-new-tokens", "8", "--methods", "single",
+                                       "--prompts-from", "flores:de-en", "--data", str(tmp_path)))
+    assert results["prompts_from"] == "flores:de-en" and results["prompts"] == 2
+    assert results["data"] == str(tmp_path / "flores" / "de-en.jsonl")
+    assert [p[-1]["content"] for p, _ in asked] == sentences[:2]
+    assert all(p[0]["role"] == "system" and p[0]["content"].startswith("Translate the following German")
+               for p, _ in asked)
+    with pytest.raises(SystemExit, match="unknown FLORES pair"):
+        run_bench(bench_args("--prompts-from", "flores:de-xx", "--data", str(tmp_path)))
+    with pytest.raises(SystemExit, match="unknown benchmark 'poetry'"):
+        run_bench(bench_args("--prompts-from", "poetry"))
+
+
+def test_bench_passes_a_benchmarks_stop_strings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A few-shot benchmark's answers stop where its next exemplar question would start, as in eval."""
+    import json
+
+    from shared_engine import EnsembleEngine as Engine
+
+    data = tmp_path / "triviaqa.jsonl"
+    data.write_text(json.dumps({"question": "Which planet is red?", "answer": ["Mars"]}) + "\n")
+    prompt_file = tmp_path / "triviaqa_prompt.txt"
+    prompt_file.write_text("Answer the question.\n\nExamples:\nQuestion: Sky colour?\nAnswer: Blue\n")
+    monkeypatch.setattr("shared_engine.evaluation.benchmarks._aux", lambda main, beside, default: prompt_file)
+    stops: list[Any] = []
+    generate = Engine.generate
+    monkeypatch.setattr(Engine, "generate", lambda self, prompt, **params: (
+        stops.append(params.get("stop")), generate(self, prompt, **params))[1])
+    with registered_members(disagreeing()):
+        results = run_bench(bench_args("--prompts", "1", "--max-new-tokens", "6", "--methods", "single",
+                                       "--prompts-from", "triviaqa", "--data", str(data)))
+    assert results["stop"] == ["\nQuestion:"] and stops[-1] == ["\nQuestion:"]
+    with registered_members(disagreeing()):
+        default = run_bench(bench_args("--prompts", "1", "--max-new-tokens", "6", "--methods", "single"))
+    assert default["prompts_from"] == "gsm8k-cot" and default["stop"] == []
