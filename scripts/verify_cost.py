@@ -4,11 +4,13 @@ the drafter alone, SAFE asking for every row of each verified block (as before),
 
     python scripts/verify_cost.py                    # Qwen drafts, SmolLM2 verifies; 3 questions x 128 tokens
     python scripts/verify_cost.py --prompts 6 --repeats 2
+    python scripts/verify_cost.py --models qwen2.5-coder-0.5b-instruct,gemma-3-270m --prompts-from flores:de-en
 
 Per run it prints one JSON line: tokens/s, the split of the time (drafting, verifying, the rest) and
 every scoring request the members' servers answered, grouped by how many rows it asked for: count,
-seconds in all and milliseconds each. llama.cpp has no prompt log-probabilities, so each row costs
-the server one task; the default asks only for the rows at positions below ``drafter_confidence``.
+seconds in all and milliseconds each, and each member's rows per answer token and milliseconds per
+row (a session's first request includes its prompt). llama.cpp has no prompt log-probabilities, so each
+row costs the server one task; the default asks only for the rows at positions below ``drafter_confidence``.
 The machine is shared and noisy: compare runs within one invocation only.
 """
 
@@ -21,9 +23,9 @@ import time
 from typing import Any
 
 from shared_engine import EnsembleEngine
-from shared_engine.bench import gsm8k_questions
+from shared_engine.bench import GSM8K_COT, bench_prompts
 from shared_engine.decoding import round as round_module
-from shared_engine.members import llamacpp
+from shared_engine.members import MemberConfig, llamacpp
 
 RUNS = ("single", "safe:every-row", "safe")
 
@@ -34,8 +36,13 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=1, help="run the three in turn this many times")
+    parser.add_argument("--prompts-from", default=GSM8K_COT, help="as bench's: gsm8k-cot, or e.g. flores:de-en")
+    parser.add_argument("--data", help="as bench's --data")
+    parser.add_argument("--reuse-prompt-cache", action="store_true",
+                        help="members extend a prompt their slot holds (a shared system prompt computed once)")
     args = parser.parse_args()
-    members = [f"llamacpp:{m.strip()}" for m in args.models.split(",")]
+    members = [MemberConfig(model=f"llamacpp:{m.strip()}", reuse_prompt_cache=args.reuse_prompt_cache)
+               for m in args.models.split(",")]
     requests: dict[str, list[tuple[int, float]]] = collections.defaultdict(list)
     send = llamacpp.LlamaCppMember._request
 
@@ -48,7 +55,7 @@ def main() -> None:
 
     llamacpp.LlamaCppMember._request = timed  # type: ignore[method-assign]
     undecided = round_module._undecided_offsets
-    prompts = gsm8k_questions(None, args.prompts)
+    prompts, stop, _ = bench_prompts(args)
     answers: dict[str, list[str]] = {}
     for _ in range(args.repeats):
         for run in RUNS:
@@ -60,7 +67,7 @@ def main() -> None:
             tokens = elapsed = drafting = verifying = 0.0
             texts = []
             for prompt in prompts:
-                stats = (result := engine.generate(prompt, max_new_tokens=args.max_new_tokens)).stats
+                stats = (result := engine.generate(prompt, max_new_tokens=args.max_new_tokens, stop=stop)).stats
                 texts.append(result.text)
                 tokens, elapsed = tokens + stats.tokens, elapsed + stats.elapsed_s
                 drafting, verifying = drafting + stats.draft_s, verifying + stats.verify_s
@@ -76,6 +83,9 @@ def main() -> None:
                     by_rows[rows].append(seconds)
                 row[name] = {f"{rows} rows": [len(s), round(sum(s), 2), round(1000 * sum(s) / len(s), 1)]
                              for rows, s in sorted(by_rows.items())}
+                rows_sent = sum(rows for rows, _ in sent)
+                row[name]["rows_per_token"] = round(rows_sent / tokens, 3) if tokens else 0.0
+                row[name]["ms_per_row"] = round(1000 * sum(s for _, s in sent) / rows_sent, 1) if rows_sent else 0.0
             print(json.dumps(row), flush=True)
 
 

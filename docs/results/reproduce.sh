@@ -191,3 +191,9 @@ for N in 10 20 30; do X="--bench math500 --limit $N --max-new-tokens 1024"
   ev $X --method single --members $M/q.yaml --out $OUT/p15/math-single-q
   ev $X --method safe --members $M/qg.yaml --out $OUT/p15/math-safe-qg; done
 safe-ensemble eval compare $OUT/p15/math-* --baseline $OUT/p15/math-single-q
+# Speed on translation prompts (README Speed, "On translation prompts"), 2026-12-04, nothing else on the cores
+for pair in de-en en-de; do
+  safe-ensemble bench --members $M/qg.yaml --prompts-from flores:$pair --prompts 12 --repeats 2 --max-new-tokens 128 \
+    --methods single,safe,safe:draft-schedule=fixed --json $OUT/p15/speed-flores-$pair.json; done
+python scripts/verify_cost.py --models qwen2.5-coder-0.5b-instruct,gemma-3-270m --prompts-from flores:de-en --prompts 12 --reuse-prompt-cache
+python scripts/row_cost.py
