@@ -49,20 +49,25 @@ def engine_for(config: RunConfig, loop_guard: int | None) -> EnsembleEngine:
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     run = Path(args.run)
     config = RunConfig.model_validate_json((run / CONFIG).read_text())
-    bench = get_benchmark(config.bench, args.data, args.pair)
+    name, pair = config.bench, args.pair
+    if name.startswith("flores-"):  # a FLORES run is stored as flores-<pair>: its pair, not --pair's
+        name, pair = "flores", name.removeprefix("flores-")
+    bench = get_benchmark(name, args.data, pair)
     records = {r.id: r for r in bench.dataset().records}
     samples = read_samples(run / SAMPLES)
     looped = [s for s in samples if has_guarded_loop(s.output, args.loop_guard)]
     controls = [s for s in samples if s not in looped and s.error is None][:args.check]
     engine = engine_for(config, args.loop_guard)
     rows, after = [], {s.id: s.correct for s in samples}
+    values = {s.id: s.value for s in samples}  # chrF per sentence on FLORES (the score, not correct)
     try:
         for kind, sample in [("loop", s) for s in looped] + [("control", s) for s in controls]:
             new = await _answer(engine, bench, config, records[sample.id])
             if kind == "loop":
-                after[sample.id] = new.correct
+                after[sample.id], values[sample.id] = new.correct, new.value
             rows.append({"id": sample.id, "kind": kind, "correct_before": sample.correct,
-                         "correct_after": new.correct, "same_text": new.output == sample.output,
+                         "correct_after": new.correct, "value_before": sample.value, "value_after": new.value,
+                         "same_text": new.output == sample.output,
                          "finish_before": sample.finish_reason, "finish_after": new.finish_reason,
                          "loop_breaks": (new.stats or {}).get("loop_breaks", 0),
                          "tokens_before": (sample.stats or {}).get("tokens"),
@@ -76,6 +81,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return {"run": str(run), "bench": config.bench, "method": config.method, "models": config.models,
             "loop_guard": args.loop_guard, "n": n, "answers_with_a_loop": len(looped),
             "accuracy_without": sum(s.correct for s in samples) / n, "accuracy_with": sum(after.values()) / n,
+            "mean_value_without": sum(s.value for s in samples) / n, "mean_value_with": sum(values.values()) / n,
             "won": won, "lost": lost,
             "controls_identical": sum(r["same_text"] for r in rows if r["kind"] == "control"),
             "controls": len(controls), "questions": rows}
@@ -87,7 +93,7 @@ def main() -> int:
     parser.add_argument("--loop-guard", type=int, default=64, help="the guard's limit in bytes (default 64)")
     parser.add_argument("--check", type=int, default=2, help="answers without a loop to answer again as a control")
     parser.add_argument("--data", help="the benchmark's data file (default: as the eval finds it)")
-    parser.add_argument("--pair", default="en-de", help="FLORES: the language pair")
+    parser.add_argument("--pair", default="en-de", help="FLORES: the language pair (a run's own pair wins)")
     parser.add_argument("--json", help="also write the report here")
     args = parser.parse_args()
     return emit_report(asyncio.run(main_async(args)), args.json)

@@ -197,3 +197,9 @@ for pair in de-en en-de; do
     --methods single,safe,safe:draft-schedule=fixed --json $OUT/p15/speed-flores-$pair.json; done
 python scripts/verify_cost.py --models qwen2.5-coder-0.5b-instruct,gemma-3-270m --prompts-from flores:de-en --prompts 12 --reuse-prompt-cache
 python scripts/row_cost.py
+# FLORES en-ro on 200 sentences (tiers of 50, interleaved) and the loop guard's effect on both runs
+for N in 50 100 150 200; do F="--bench flores --pair en-ro --limit $N --max-new-tokens 128"
+  ev $F --method single --members $M/q.yaml --out $OUT/p15/flores-en-ro-single-q
+  ev $F --method safe --members $M/qg.yaml --out $OUT/p15/flores-en-ro-safe-qg; done
+safe-ensemble eval compare $OUT/p15/flores-en-ro-* --baseline $OUT/p15/flores-en-ro-single-q
+for run in single-q safe-qg; do python scripts/loop_guard_effect.py $OUT/p15/flores-en-ro-$run --loop-guard 64 --check 3; done
