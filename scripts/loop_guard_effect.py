@@ -46,12 +46,18 @@ def engine_for(config: RunConfig, loop_guard: int | None) -> EnsembleEngine:
     return EnsembleEngine(members, method=config.method, **{**config.engine_options, "loop_guard": loop_guard})
 
 
+def benchmark_of_run(stored: str, pair: str) -> tuple[str, str]:
+    """The benchmark name and FLORES pair of a stored run: a FLORES run is stored as ``flores-<pair>``,
+    so its own pair wins over ``--pair``."""
+    if stored.startswith("flores-"):
+        return "flores", stored.removeprefix("flores-")
+    return stored, pair
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     run = Path(args.run)
     config = RunConfig.model_validate_json((run / CONFIG).read_text())
-    name, pair = config.bench, args.pair
-    if name.startswith("flores-"):  # a FLORES run is stored as flores-<pair>: its pair, not --pair's
-        name, pair = "flores", name.removeprefix("flores-")
+    name, pair = benchmark_of_run(config.bench, args.pair)
     bench = get_benchmark(name, args.data, pair)
     records = {r.id: r for r in bench.dataset().records}
     samples = read_samples(run / SAMPLES)

@@ -161,6 +161,8 @@ def test_the_effect_script_finds_the_answers_the_guard_can_change() -> None:
     assert module.has_guarded_loop("So x = 5.\n" + "x = 5 + 5 + 5.\n" * 6 + "The answer is 15.", 64)
     assert not module.has_guarded_loop("x = 5 + 5 + 5.\n" * 3 + "The answer is 15.", 64)  # 3 copies: 45 bytes
     assert not module.has_guarded_loop("Natalia sold 48/2 = 24 clips in May. The answer is 72.", 64)
+    assert module.benchmark_of_run("flores-en-ro", "en-de") == ("flores", "en-ro")  # the run's own pair
+    assert module.benchmark_of_run("gsm8k", "en-de") == ("gsm8k", "en-de")
     done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, check=False)
     assert done.returncode == 0 and "--loop-guard" in done.stdout
 
