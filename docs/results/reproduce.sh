@@ -203,3 +203,6 @@ for N in 50 100 150 200; do F="--bench flores --pair en-ro --limit $N --max-new-
   ev $F --method safe --members $M/qg.yaml --out $OUT/p15/flores-en-ro-safe-qg; done
 safe-ensemble eval compare $OUT/p15/flores-en-ro-* --baseline $OUT/p15/flores-en-ro-single-q
 for run in single-q safe-qg; do python scripts/loop_guard_effect.py $OUT/p15/flores-en-ro-$run --loop-guard 64 --check 3; done
+# the same FLORES de-en speed run with SmolLM2 verifying (qs: Qwen + SmolLM2)
+safe-ensemble bench --members $M/qs.yaml --prompts-from flores:de-en --prompts 12 --repeats 2 --max-new-tokens 128 \
+  --methods single,safe --json $OUT/p15/speed-flores-de-en-qs.json
