@@ -150,6 +150,7 @@ class _Totals:
     def __init__(self) -> None:
         self.tokens = self.elapsed = self.ensembled = self.spans = self.fused_spans = 0.0
         self.drafting = self.verifying = self.ahead = self.ahead_used = 0.0
+        self.first_token: list[float] = []  # seconds to each answer's first token
         self.forwards: dict[str, int] = {}
         self.lengths: dict[int, int] = {}
 
@@ -163,6 +164,8 @@ class _Totals:
         self.verifying += stats.verify_s
         self.ahead += stats.ahead_drafts
         self.ahead_used += stats.ahead_drafts_used
+        if stats.time_to_first_token_s is not None:
+            self.first_token.append(stats.time_to_first_token_s)
         for name, count in stats.forward_passes.items():
             self.forwards[name] = self.forwards.get(name, 0) + count
         for length, rounds in stats.draft_lengths.items():
@@ -173,6 +176,8 @@ class _Totals:
         return {
             "tokens": int(tokens), "elapsed_s": round(elapsed, 3),
             "tokens_per_s": round(tokens / elapsed, 3) if elapsed else 0.0,
+            **({"mean_time_to_first_token_s": round(sum(self.first_token) / len(self.first_token), 3)}
+               if self.first_token else {}),
             **({"time_split_s": {"draft": round(self.drafting, 3), "verify": round(self.verifying, 3),
                                  "rest": round(elapsed - self.drafting - self.verifying, 3)}}
                if self.drafting else {}),

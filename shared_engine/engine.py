@@ -114,6 +114,8 @@ class EnsembleEngine:
         if drafter == "auto" and self.options.method == "single":
             raise InvalidRequestError("drafter='auto' chooses among members; method 'single' runs one member "
                                       "(name it with drafter=)")
+        if isinstance(drafter, str) and drafter.isdigit() and drafter not in names and drafter not in self._names:
+            drafter = int(drafter)  # "--drafter 1" or a config file's "1": an index, as eval's run labels read it
         if drafter is None or drafter == "auto":
             index = 0
         elif isinstance(drafter, int):

@@ -28,9 +28,10 @@ def weights_arg(value: str) -> list[float] | str:
 def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = True) -> None:
     """The flags that configure an ``EnsembleEngine`` (read back by ``engine_from_args``)."""
     add_member_args(parser, members_required)  # --models or --members FILE, --device, --dtype, ...
-    parser.add_argument("--drafter", help="member that drafts, or auto: per request, the member that best predicts "
-                                          "the prompt's example answers (its few-shot turns; none: the first "
-                                          "member). Default: auto for safe, the first member for the others")
+    parser.add_argument("--drafter", help="member that drafts (its name or index), or auto: per request, the "
+                                          "member that best predicts the prompt's example answers (its few-shot "
+                                          "turns; none: the first member). Default: auto for safe, the first "
+                                          "member for the others")
     parser.add_argument("--weights", type=weights_arg,
                         help="fusion weight of each model, in --models order, e.g. 2,1 (default: see "
                              "--drafter-weight), or auto: per request, from how well each model fits the "

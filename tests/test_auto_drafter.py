@@ -17,7 +17,7 @@ from shared_engine.auto_weights import (
 from shared_engine.errors import InvalidRequestError
 from shared_engine.members import HFMember
 from shared_engine.members.chat import normalize_messages
-from tests.toy import fitted_member, toy_member
+from tests.toy import fitted_member, registered_members, toy_member
 
 FEW_SHOT = [
     {"role": "user", "content": "What did Sofia count?"},
@@ -164,3 +164,19 @@ def test_safe_chooses_its_drafter_by_default_and_the_baselines_draft_with_the_fi
     assert EnsembleEngine([plain, good]).generate(FEW_SHOT, max_new_tokens=2).stats.drafter == "fits"
     assert EnsembleEngine([plain, good], method="every-token").generate(FEW_SHOT, max_new_tokens=2).stats.drafter \
         == "random"
+
+
+def test_a_drafter_given_as_a_number_on_the_command_line_is_an_index() -> None:
+    """``--drafter 1`` arrives as the string "1": the member at that index, as eval's run labels read it
+    (it was refused as "not a member"); a member really named "1" keeps its name."""
+    from shared_engine.cli import build_parser
+    from shared_engine.engine_args import engine_from_args
+
+    good, plain = answers_member("fits", "byte_level"), _random("metaspace")
+    with registered_members([plain, good]) as names:
+        args = build_parser().parse_args(["run", "--models", ",".join(names), "--drafter", "1", "hi"])
+        engine = engine_from_args(args, "safe")
+        assert engine.generate(FEW_SHOT, max_new_tokens=2).stats.drafter == "fits"
+    assert EnsembleEngine([plain, good], drafter="0").generate(FEW_SHOT, max_new_tokens=2).stats.drafter == "random"
+    with pytest.raises(InvalidRequestError, match="out of range"):
+        EnsembleEngine([plain, good], drafter="2")

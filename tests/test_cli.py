@@ -57,6 +57,8 @@ def test_bench_writes_the_documented_keys(tmp_path) -> None:  # noqa: ANN001
     safe = data["methods"]["safe"]  # where SAFE's time went, adding up to its elapsed time
     assert safe["time_split_s"]["draft"] > 0 and safe["time_split_s"]["rest"] >= 0
     assert sum(safe["time_split_s"].values()) == pytest.approx(safe["elapsed_s"], abs=0.01)
+    for row in data["methods"].values():  # a wait before the first token (drafter='auto' scoring) shows here
+        assert 0 < row["mean_time_to_first_token_s"] <= row["elapsed_s"]
 
 
 def test_bench_answer_agreement_between_backends() -> None:

@@ -206,3 +206,14 @@ for run in single-q safe-qg; do python scripts/loop_guard_effect.py $OUT/p15/flo
 # the same FLORES de-en speed run with SmolLM2 verifying (qs: Qwen + SmolLM2)
 safe-ensemble bench --members $M/qs.yaml --prompts-from flores:de-en --prompts 12 --repeats 2 --max-new-tokens 128 \
   --methods single,safe --json $OUT/p15/speed-flores-de-en-qs.json
+# BBH on the first 100 at 00fa233 (tiers of 25, interleaved), paired by task
+for N in 25 50 75 100; do B="--bench bbh --limit $N --max-new-tokens 256"
+  ev $B --method single --members $M/q.yaml --out $OUT/p15/bbh-single-q
+  ev $B --method safe --members $M/qg.yaml --out $OUT/p15/bbh-safe-qg; done
+safe-ensemble eval compare $OUT/p15/bbh-single-q $OUT/p15/bbh-safe-qg --baseline $OUT/p15/bbh-single-q --by-group
+# the price of drafter='auto' on llama.cpp with a new few-shot block per prompt (README Speed, "On few-shot prompts")
+safe-ensemble bench --members $M/qg.yaml --prompts-from bbh --prompts 6 --max-new-tokens 64 \
+  --methods single,safe,safe:drafter=0 --json $OUT/p15/ttft-bbh.json
+# why drafter='auto' reads every answer token: the choice from every k-th one (transformers members, exact)
+python scripts/drafter_fit_probe.py --benchmarks gsm8k,arc-challenge,squad,triviaqa,nq --prompts 1 --strides 1,4,8,16
+python scripts/drafter_fit_probe.py --benchmarks bbh --prompts 80 --strides 1,4,8,16
