@@ -217,3 +217,16 @@ safe-ensemble bench --members $M/qg.yaml --prompts-from bbh --prompts 6 --max-ne
 # why drafter='auto' reads every answer token: the choice from every k-th one (transformers members, exact)
 python scripts/drafter_fit_probe.py --benchmarks gsm8k,arc-challenge,squad,triviaqa,nq --prompts 1 --strides 1,4,8,16
 python scripts/drafter_fit_probe.py --benchmarks bbh --prompts 80 --strides 1,4,8,16
+# three members (Qwen drafts with 2/3 of the weight; SmolLM2 and Gemma verify) at 0548690: FLORES de-en, en-de, GSM8K
+for N in 100 200; do for pair in de-en en-de; do F="--bench flores --pair $pair --limit $N --max-new-tokens 128"
+  ev $F --method safe --members $M/qsg.yaml --out $OUT/p15/flores-$pair-safe-qsg; done; done
+for pair in de-en en-de; do safe-ensemble eval compare $OUT/p15/flores-$pair-single-q $OUT/p15/flores-$pair-safe-qg \
+  $OUT/p15/flores-$pair-safe-qsg --baseline $OUT/p15/flores-$pair-single-q; done
+for N in 25 50 75 100; do G="--bench gsm8k --limit $N --max-new-tokens 256"
+  ev $G --method single --members $M/q.yaml --out $OUT/p15/gsm8k-single-q
+  ev $G --method safe --members $M/qsg.yaml --out $OUT/p15/gsm8k-safe-qsg; done
+safe-ensemble eval compare $OUT/p15/gsm8k-single-q $OUT/p15/gsm8k-safe-qsg --baseline $OUT/p15/gsm8k-single-q
+# Qwen alone against itself: the same 100 GSM8K questions in one process (the tiered run is above)
+ev --bench gsm8k --limit 100 --max-new-tokens 256 --method single --members $M/q.yaml --out $OUT/p15/gsm8k-single-q-again
+safe-ensemble eval compare $OUT/p15/gsm8k-single-q $OUT/p15/gsm8k-single-q-again $OUT/p15/gsm8k-safe-qsg \
+  --baseline $OUT/p15/gsm8k-single-q-again
