@@ -9,13 +9,13 @@ The README ("Which member drafts") compares these with the best single member me
 benchmark: only the example answers' NLL picked it everywhere. Zero-shot benchmarks have no example
 answers (their ``answers`` is null). Reads the benchmark data (``SAFE_ENSEMBLE_DATA`` or ../shared).
 
-``--strides 1,8`` also reports, per benchmark, how often ``drafter="auto"`` picks the member it picks
-reading every answer token when it reads every k-th one (``ANSWER_STRIDE``, what it does where a member
-pays per row, i.e. llama.cpp), over every phase of the sample (token 0, 1, .., k-1 first) and for every
-set of two or more of the members (``same_choice``: agreeing / decisions; ``worst_regret``: where they
-differ, how much higher the NLL per byte of every answer token is for the member the sample picked).
-Prompts that share a few-shot block share the decision, so with ``--strides`` each block is read once
-(``blocks``).
+``--strides 4,8`` also reports, per benchmark, how often ``drafter="auto"`` would pick the member it picks
+reading every answer token if it read every k-th one (a way to save rows where a member pays per row,
+i.e. llama.cpp; measured, not used: README Speed, "On few-shot prompts"), over every phase of the sample
+(token 0, 1, .., k-1 first) and for every set of two or more of the members (``same_choice``: agreeing /
+decisions; ``worst_regret``: where they differ, how much higher the NLL per byte of every answer token is
+for the member the sample picked). Prompts that share a few-shot block share the decision, so with
+``--strides`` each block is read once (``blocks``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 
 from shared_engine.auto_weights import answer_tokens, example_answers, prefill_nlls
@@ -59,7 +60,8 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(ZOO))
     parser.add_argument("--prompts", type=int, default=8, help="prompts per benchmark (the first of the data)")
     parser.add_argument("--benchmarks", default=",".join(BENCHMARKS), help="names; flores:PAIR for a FLORES pair")
-    parser.add_argument("--strides", default="", help="e.g. 1,8: drafter='auto''s choice per prompt at each stride")
+    parser.add_argument("--strides", default="", help="e.g. 4,8: drafter='auto''s choice reading every k-th "
+                                                     "answer token, against reading every one")
     args = parser.parse_args()
     strides = [int(s) for s in args.strides.split(",") if s.strip() and int(s) > 1]
     names = args.models.split(",")
@@ -83,7 +85,7 @@ def main() -> None:
                 lengths = [len(member.table.pieces[t]) for t in ids]
                 rendered = member.table.to_bytes(ids)
                 nlls = prefill_nlls(member.new_session(), ids)
-                every = answer_tokens(member, ids, example_answers(messages))
+                every = answer_tokens(member, ids, list(block))
                 for key in [(1, 0)] + [(k, phase) for k in strides for phase in range(k)]:
                     samples.setdefault(key, {})[name_] = fit_of(nlls, lengths, every[key[1]::key[0]]).nll_per_byte
                 for part, chosen in parts.items():
@@ -91,7 +93,7 @@ def main() -> None:
                     fit = fit_of(nlls, lengths, tokens_inside(lengths, spans))
                     if fit.num_bytes:
                         fits[name_][part].append(fit.nll_per_byte)
-            if strides and all(v == v for v in samples[(1, 0)].values()):  # every member saw the answers
+            if strides and all(math.isfinite(v) for v in samples[(1, 0)].values()):  # every member saw them
                 seen.add(block)
                 count_agreement(samples, names, agree)
         row = {n: {part: round(statistics.mean(v), 4) if v else None for part, v in parts_.items()}

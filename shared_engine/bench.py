@@ -150,7 +150,7 @@ class _Totals:
     def __init__(self) -> None:
         self.tokens = self.elapsed = self.ensembled = self.spans = self.fused_spans = 0.0
         self.drafting = self.verifying = self.ahead = self.ahead_used = 0.0
-        self.first_token: list[float] = []  # seconds to each answer's first token
+        self.first_token_s, self.first_tokens = 0.0, 0  # seconds to the answers' first tokens, and how many
         self.forwards: dict[str, int] = {}
         self.lengths: dict[int, int] = {}
 
@@ -165,7 +165,8 @@ class _Totals:
         self.ahead += stats.ahead_drafts
         self.ahead_used += stats.ahead_drafts_used
         if stats.time_to_first_token_s is not None:
-            self.first_token.append(stats.time_to_first_token_s)
+            self.first_token_s += stats.time_to_first_token_s
+            self.first_tokens += 1
         for name, count in stats.forward_passes.items():
             self.forwards[name] = self.forwards.get(name, 0) + count
         for length, rounds in stats.draft_lengths.items():
@@ -176,8 +177,8 @@ class _Totals:
         return {
             "tokens": int(tokens), "elapsed_s": round(elapsed, 3),
             "tokens_per_s": round(tokens / elapsed, 3) if elapsed else 0.0,
-            **({"mean_time_to_first_token_s": round(sum(self.first_token) / len(self.first_token), 3)}
-               if self.first_token else {}),
+            **({"mean_time_to_first_token_s": round(self.first_token_s / self.first_tokens, 3)}
+               if self.first_tokens else {}),
             **({"time_split_s": {"draft": round(self.drafting, 3), "verify": round(self.verifying, 3),
                                  "rest": round(elapsed - self.drafting - self.verifying, 3)}}
                if self.drafting else {}),

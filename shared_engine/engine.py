@@ -114,8 +114,6 @@ class EnsembleEngine:
         if drafter == "auto" and self.options.method == "single":
             raise InvalidRequestError("drafter='auto' chooses among members; method 'single' runs one member "
                                       "(name it with drafter=)")
-        if isinstance(drafter, str) and drafter.isdigit() and drafter not in names and drafter not in self._names:
-            drafter = int(drafter)  # "--drafter 1" or a config file's "1": an index, as eval's run labels read it
         if drafter is None or drafter == "auto":
             index = 0
         elif isinstance(drafter, int):
@@ -512,13 +510,18 @@ def iterate_sync(agen: AsyncIterator[T]) -> Generator[T, None, None]:
 
 def _member_index(name: str, names: list[str]) -> int:
     """Which member ``name`` means: the member spec as given, or the model it names without its
-    backend prefix (``--drafter qwen2.5-coder-0.5b-instruct`` for ``llamacpp:qwen2.5-coder-0.5b-instruct``)."""
+    backend prefix (``--drafter qwen2.5-coder-0.5b-instruct`` for ``llamacpp:qwen2.5-coder-0.5b-instruct``),
+    or, naming none, digits: an index (``--drafter 1`` arrives as a string; eval's run labels read it so)."""
     if name in names:
         return names.index(name)
     targets = [_spec_target(n) for n in names]
     matching = sorted({names[i] for i, t in enumerate(targets) if t == _spec_target(name)})
     if len(matching) > 1:
         raise InvalidRequestError(f"drafter {name!r} could be any of {matching}: give the member spec as listed")
+    if not matching and name.isdigit():
+        if int(name) >= len(names):
+            raise InvalidRequestError(f"drafter index {name} out of range")
+        return int(name)
     if not matching:
         raise InvalidRequestError(f"drafter {name!r} is not a member; members: {names}")
     return names.index(matching[0])
