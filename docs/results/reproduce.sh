@@ -235,3 +235,22 @@ for pair in en-de de-en; do
   ev --bench flores --pair $pair --limit 200 --max-new-tokens 128 --method single --members $M/q.yaml --out $OUT/p15/flores-$pair-single-q-again
   safe-ensemble eval compare $OUT/p15/flores-$pair-single-q $OUT/p15/flores-$pair-single-q-again $OUT/p15/flores-$pair-safe-qg \
     --baseline $OUT/p15/flores-$pair-single-q-again; done
+
+# 2026-12-04 (at 7d196ff; members files as above plus s, g and gs = Gemma first, SmolLM2 second):
+# weights="auto" on FLORES en-de, and the comparable pair SmolLM2 + Gemma on de-en in both orders
+mk s $S; mk g $G; mk gs $G $S
+F="--bench flores --pair en-de --limit 200 --max-new-tokens 128"
+ev $F --method single --members $M/q.yaml --out $OUT/p16/flores-en-de-single-q
+ev $F --method safe --members $M/qg.yaml --out $OUT/p16/flores-en-de-safe-qg
+ev $F --method safe --members $M/qg.yaml --weights auto --out $OUT/p16/flores-en-de-safe-qg-wauto
+F="--bench flores --pair de-en --limit 200 --max-new-tokens 128"
+for spec in "single s" "single g" "safe sg" "safe gs" "single q" "safe qg"; do set -- $spec
+  ev $F --method $1 --members $M/$2.yaml --out $OUT/p16/flores-de-en-$1-$2; done
+ev $F --method safe --members $M/qg.yaml --weights auto --out $OUT/p16/flores-de-en-safe-qg-wauto
+safe-ensemble eval compare $OUT/p16/flores-de-en-single-g $OUT/p16/flores-de-en-single-s $OUT/p16/flores-de-en-safe-gs \
+  $OUT/p16/flores-de-en-safe-sg --baseline $OUT/p16/flores-de-en-single-g
+# speed: what batching buys here, and rows in one pass (quiet machine)
+python scripts/decode_batch_cost.py --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct --levels 1,2,4
+python scripts/one_pass_rows.py
+for m in single safe; do python scripts/load_bench.py --backend llamacpp --method $m --levels 1,2,4 \
+  --requests-per-client 8 --max-tokens 128 --out docs/load/llamacpp-128-$m; done
