@@ -2,9 +2,10 @@
 "On few-shot prompts"). llama-server has no prompt log-probabilities, so the engine asks one decode step
 per row; its ``/embeddings`` endpoint with pooling ``none`` returns every prompt token's final-norm
 hidden state from one batched pass, and the GGUF's own output layer (dequantized here to float32) turns
-them into every row at once. This script serves the member itself with embeddings on and prints, per
-member, one JSON line: time for the rows both ways (each twice), the output layer's dequantization time,
-and how the rows agree (top-1, |Δp| on the top 5, per-token NLL).
+them into every row at once. This script serves each member with embeddings on and prints one JSON line
+per member: the time for the rows both ways, each twice (the decode steps through the engine's own
+``LlamaCppMember.score_at``), the output layer's dequantization time, and how the rows agree (top-1,
+|Δp| on the top 5, per-token NLL).
 
     python scripts/one_pass_rows.py
     python scripts/one_pass_rows.py --models gemma-3-270m --tokens 700 --first 300
@@ -19,25 +20,13 @@ import argparse
 import json
 import time
 
-import httpx
 import torch
-import xllamacpp as xlc
 
 from shared_engine.data_paths import data_dir
+from shared_engine.members.llamacpp import LlamaCppMember, LocalLlamaServer
+from shared_engine.members.remote import load_tokenizer
 from shared_engine.members.topk import TopK, topk_rows
 from shared_engine.zoo import gguf_path
-
-
-def serve(gguf: str, n_ctx: int) -> tuple[object, str]:
-    params = xlc.CommonParams()
-    params.model.path, params.n_ctx, params.n_parallel, params.port = gguf, n_ctx, 1, 0
-    params.warmup, params.verbosity, params.cache_ram_mib = False, -1, 0
-    params.embedding = True
-    params.pooling_type = xlc.llama_pooling_type.LLAMA_POOLING_TYPE_NONE
-    params.n_batch = params.n_ubatch = n_ctx  # an embeddings prompt must fit one physical batch
-    server = xlc.Server(params)
-    address = str(server.listening_address)
-    return server, address if address.startswith("http") else f"http://{address}"
 
 
 def output_weight(gguf: str) -> torch.Tensor:
@@ -50,19 +39,9 @@ def output_weight(gguf: str) -> torch.Tensor:
     return torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).reshape(vocab, hidden).astype("float32"))
 
 
-def decode_rows(client: httpx.Client, ids: list[int], first: int, k: int) -> list[TopK]:
-    """How the engine asks today: one prompt per row, each extending the slot by one token."""
-    client.post("/completion", json={"prompt": ids[:first], "n_predict": 1, "cache_prompt": False, "id_slot": 0})
-    answer = client.post("/completion", json={"prompt": [ids[:p] for p in range(first, len(ids))], "n_predict": 1,
-                                             "n_probs": k, "temperature": 0, "id_slot": 0}).json()
-    answer = sorted(answer, key=lambda r: r["index"])
-    return [TopK([t["id"] for t in r["completion_probabilities"][0]["top_logprobs"]],
-                 [t["logprob"] for t in r["completion_probabilities"][0]["top_logprobs"]]) for r in answer]
-
-
-def one_pass_rows(client: httpx.Client, weight: torch.Tensor, ids: list[int], first: int, k: int) -> list[TopK]:
+def one_pass_rows(member: LlamaCppMember, weight: torch.Tensor, ids: list[int], first: int, k: int) -> list[TopK]:
     """One embeddings pass, then the output layer here; each row keeps the next token's exact probability."""
-    hidden = torch.tensor(client.post("/embeddings", json={"content": ids, "id_slot": 0}).json()[0]["embedding"])
+    hidden = torch.tensor(member.client.post("/embeddings", {"content": ids, "id_slot": 0})[0]["embedding"])
     entries = []
     for start in range(first - 1, len(ids) - 1, 64):
         logp = torch.log_softmax(hidden[start:min(start + 64, len(ids) - 1)] @ weight.T, dim=-1)
@@ -85,20 +64,21 @@ def main() -> None:
     args = parser.parse_args()
     text = (data_dir() / "bbh" / "cot-prompts" / "date_understanding.txt").read_text()
     for name in args.models.split(","):
-        gguf = str(gguf_path(name.strip(), progress=False))
-        server, url = serve(gguf, 4096)
-        client = httpx.Client(base_url=url, timeout=900)
-        ids = client.post("/tokenize", json={"content": text}).json()["tokens"][:args.tokens]
+        name = name.strip()
+        server = LocalLlamaServer(gguf_path(name, progress=False), n_ctx=4096, slots=1, embeddings=True)
+        member = LlamaCppMember(name, server.url, load_tokenizer(name), server=server, context_window=4096)
+        ids = member.server_tokenize(text)[:args.tokens]
         began = time.perf_counter()
-        weight = output_weight(gguf)
+        weight = output_weight(str(server.gguf))
         dequantize_s = time.perf_counter() - began
         times: dict[str, list[float]] = {"decode_steps": [], "one_pass": []}
         rows: dict[str, list[TopK]] = {}
         for _ in range(2):
             for how in times:
                 began = time.perf_counter()
-                rows[how] = (decode_rows(client, ids, args.first, args.top_k) if how == "decode_steps"
-                             else one_pass_rows(client, weight, ids, args.first, args.top_k))
+                # decode steps: the engine's own scoring (its session's first call reads ids[:first] from 0)
+                rows[how] = (member.score_at(ids, list(range(args.first, len(ids))), slot=0, fresh=True)
+                             if how == "decode_steps" else one_pass_rows(member, weight, ids, args.first, args.top_k))
                 times[how].append(round(time.perf_counter() - began, 2))
         vocab = weight.shape[0]
         decoded, batched = (torch.softmax(topk_rows(rows[h], vocab), -1) for h in ("decode_steps", "one_pass"))
@@ -113,8 +93,7 @@ def main() -> None:
                           "top5_abs_dp_mean": round(float(diff.mean()), 4),
                           "top5_abs_dp_max": round(float(diff.max()), 3),
                           "nll_sum": {h: round(float(v.sum()), 1) for h, v in nll.items()}}), flush=True)
-        client.close()
-        del server
+        member.close()
 
 
 if __name__ == "__main__":

@@ -224,3 +224,23 @@ def test_two_concurrent_requests_each_keep_their_own_slot_and_prefix_cache() -> 
         assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:]))  # calls overlapped
     finally:
         member.close()
+
+
+def test_a_server_with_embeddings_returns_every_prompt_tokens_hidden_state_and_still_completes() -> None:
+    """``LocalLlamaServer(embeddings=True)``, as scripts/one_pass_rows.py uses it: ``/embeddings`` gives one
+    hidden state per prompt token (a whole few-shot block in one batch), and completions keep their
+    probabilities, so a member on that server scores as before."""
+    from shared_engine.members.llamacpp import LocalLlamaServer
+    from shared_engine.members.remote import load_tokenizer
+
+    server = LocalLlamaServer(gguf_path(SMOL, progress=False), n_ctx=1024, threads=2, slots=1, embeddings=True)
+    member = LlamaCppMember(SMOL, server.url, load_tokenizer(SMOL), server=server, context_window=1024)
+    try:
+        ids = member.server_tokenize(PROMPTS[1] * 16)
+        assert len(ids) > 512  # more than llama.cpp's default physical batch
+        hidden = member.client.post("/embeddings", {"content": ids, "id_slot": 0})[0]["embedding"]
+        assert len(hidden) == len(ids) and {len(row) for row in hidden} == {576}  # SmolLM2-135M's width
+        (row,) = member.score_at(ids[:40], [40], slot=0)
+        assert len(row.ids) == member.top_k
+    finally:
+        member.close()

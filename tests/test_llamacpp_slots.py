@@ -274,3 +274,28 @@ def test_poll_reaches_the_servers_threads(monkeypatch: pytest.MonkeyPatch) -> No
     assert quiet.cpuparams.poll == quiet.cpuparams_batch.poll == 0
     assert default.cpuparams.poll == xllamacpp.CommonParams().cpuparams.poll == 50
     assert MemberConfig(model="llamacpp:a", poll=0).backend_options()["poll"] == 0
+
+
+def test_embeddings_sets_per_token_hidden_states_and_leaves_the_default_server_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``embeddings=True`` (scripts/one_pass_rows.py) turns on per-token hidden states, pooling none, with
+    a physical batch spanning a slot's window (llama.cpp refuses an embeddings prompt longer than it);
+    the default server is left as it was."""
+    import xllamacpp
+
+    started: list[Any] = []
+
+    class Recorded:
+        listening_address = "127.0.0.1:1"
+
+        def __init__(self, params: Any) -> None:
+            started.append(params)
+
+    monkeypatch.setattr(xllamacpp, "Server", Recorded)
+    LocalLlamaServer("x.gguf", n_ctx=640, threads=1, slots=2, embeddings=True)
+    LocalLlamaServer("x.gguf", n_ctx=640, threads=1, slots=2)
+    (hidden, plain) = started
+    assert hidden.embedding and hidden.pooling_type == xllamacpp.llama_pooling_type.LLAMA_POOLING_TYPE_NONE
+    assert hidden.n_batch == hidden.n_ubatch == 640 and hidden.n_ctx == 1280
+    defaults = xllamacpp.CommonParams()
+    assert not plain.embedding and (plain.n_batch, plain.n_ubatch) == (defaults.n_batch, defaults.n_ubatch)

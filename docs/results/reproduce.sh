@@ -236,9 +236,9 @@ for pair in en-de de-en; do
   safe-ensemble eval compare $OUT/p15/flores-$pair-single-q $OUT/p15/flores-$pair-single-q-again $OUT/p15/flores-$pair-safe-qg \
     --baseline $OUT/p15/flores-$pair-single-q-again; done
 
-# 2026-12-04 (at 7d196ff; members files as above plus s, g and gs = Gemma first, SmolLM2 second):
-# weights="auto" on FLORES en-de, and the comparable pair SmolLM2 + Gemma on de-en in both orders
-mk s $S; mk g $G; mk gs $G $S
+# 2026-12-04 (at 7d196ff; the members files above plus gs = Gemma first, SmolLM2 second):
+# weights="auto" on FLORES en-de and de-en, and the comparable pair SmolLM2 + Gemma on de-en in both orders
+mk gs $G $S
 F="--bench flores --pair en-de --limit 200 --max-new-tokens 128"
 ev $F --method single --members $M/q.yaml --out $OUT/p16/flores-en-de-single-q
 ev $F --method safe --members $M/qg.yaml --out $OUT/p16/flores-en-de-safe-qg
