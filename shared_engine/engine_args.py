@@ -62,6 +62,9 @@ def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = Tr
     parser.add_argument("--drafter-confidence", type=confidence_arg,
                         help="safe: skip fusion where the drafter's probability is >= this (default 0.5); "
                              "none: the paper's consensus rule alone")
+    parser.add_argument("--plausibility", type=confidence_arg,
+                        help="fusion commits only a candidate the drafter gives at least this fraction of its "
+                             "most likely candidate's probability (e.g. 0.1); none: off")
     parser.add_argument("--loop-guard", type=loop_guard_arg,
                         help="bytes an exact repetition at the answer's end may reach before no token may "
                              "repeat it further (e.g. 64), or none: off (the default)")
@@ -108,8 +111,9 @@ def method_default_flags(args: argparse.Namespace) -> dict[str, Any]:
     given = {k: v for k, v in (("fusion", args.fusion), ("sharpen", args.sharpen),
                                ("drafter_confidence", args.drafter_confidence),
                                ("drafter_weight", args.drafter_weight),
+                               ("plausibility", getattr(args, "plausibility", None)),
                                ("loop_guard", getattr(args, "loop_guard", None))) if v is not None}
-    return {k: None if v == "none" and k in ("sharpen", "drafter_confidence", "loop_guard") else v
+    return {k: None if v == "none" and k in ("sharpen", "drafter_confidence", "loop_guard", "plausibility") else v
             for k, v in given.items()}
 
 

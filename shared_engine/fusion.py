@@ -198,6 +198,17 @@ class GacFusion:
         return Fused([union.keys[i] for i in top.tolist()], full[:, top], fused_full[top])
 
 
+def plausible(fused: Fused, alpha: float) -> torch.Tensor:
+    """1.0 for each candidate the drafter (row 0) gives at least ``alpha`` times the probability of its
+    own most likely candidate, else 0.0: Contrastive Decoding's adaptive plausibility constraint (Li et
+    al., ACL 2023, arXiv 2210.15097), with the drafter as the expert. Where the members' top choices are
+    disjoint, the weighted mean hands the position to the sharper member however little the drafter
+    thinks of its token ('.' after "Edgar Veguilla" at Qwen 0.00, Gemma 0.59); under the constraint a
+    verifier reranks only what the drafter finds plausible. The drafter's own best is always kept."""
+    drafter = fused.member_probs[0]
+    return (drafter >= alpha * drafter.max()).to(fused.fused.dtype)
+
+
 def make_fuser(name: str, top_k: int = 10) -> Fuser:
     """The fuser for an ``EngineOptions.fusion`` value."""
     if name == "unite":

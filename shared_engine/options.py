@@ -134,6 +134,12 @@ class EngineOptions(GenerationParams):
         None, gt=0.0, le=1.0,
         description="safe: skip fusion where the drafter's probability of its token is >= this "
                     "(default for safe: 0.5, as SAFE's GaC variant); None = the paper's consensus rule alone.")
+    plausibility: float | None = Field(
+        None, gt=0.0, le=1.0, allow_inf_nan=False,
+        description="safe, every-token, gac-threshold: fusion commits only a candidate the drafter gives at least "
+                    "this fraction of its own most likely candidate's probability (Contrastive Decoding's "
+                    "adaptive plausibility constraint, alpha; e.g. 0.1): the verifiers rerank what the drafter "
+                    "finds plausible, and cannot write a token it does not. None: off (UniTE's union).")
     top_k: int = Field(10, ge=1, le=100, description="UniTE's top-k per member.")
     on_member_failure: Literal["fail", "degrade"] = Field(
         "fail", description="A member's server fails mid-answer (MemberError): 'fail' ends the request "

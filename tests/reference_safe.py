@@ -23,6 +23,8 @@ released SAFE code's (ensembling.md §2.2, §2.5, §2.6) plus this project's doc
   tokenization of the longer one starts with the shorter (the released code pools every byte
   extension: " and" onto " a"); at a word's edge ('"' of '"The'), or where either is not whole
   UTF-8, it pools as released;
+- with ``plausibility`` (alpha), a candidate the drafter gives less than alpha times its best
+  candidate's probability (UniTE's per-member softmax over the union) scores 0 after sharpening;
 - when fusion keeps the drafted token the scan goes on (the released code re-drafts);
 - with a temperature, the drafted token is accepted by the speculative-sampling rule against the
   tempered fused distribution (the released code is greedy only);
@@ -109,8 +111,9 @@ class ReferenceSafe:
 
     def __init__(self, members: Sequence[HFMember], weights: Sequence[float], draft_length: int = 5,
                  top_k: int = 10, sharpen: str | None = "heur", drafter_confidence: float | None = None,
-                 loop_guard: int | None = None) -> None:
+                 loop_guard: int | None = None, plausibility: float | None = None) -> None:
         self.members = list(members)
+        self.plausibility = plausibility
         self.loop_guard = loop_guard
         total = sum(weights)
         self.weights = [w / total for w in weights]
@@ -336,6 +339,9 @@ class ReferenceSafe:
                                      if j != i and long != EOS_KEY and long.startswith(short)
                                      and (self.sharpen == "heur-bytes" or not _inside_a_word(long, short)
                                           or self._drafter_starts(long) in (short, None)))
+        if self.plausibility is not None:  # only what the drafter finds plausible can be chosen
+            bar = self.plausibility * max(member_probs[0])
+            scores = [sc if member_probs[0][c] >= bar else 0.0 for c, sc in enumerate(scores)]
         drafted_key = _key(drafter, drafted)
         so_far = self._text[:offset]
         allowed = [bool(so_far.strip()) if k == EOS_KEY else not self._repeats(so_far, k) for k in keys]

@@ -96,3 +96,6 @@ def test_weights_reach_the_engine_and_label_the_run(command: str) -> None:
     assert run_label(summary).endswith(" guard=64")  # a guarded run is told apart from an unguarded one
     with pytest.raises(SystemExit):
         build_parser().parse_args([command, "--models", QWEN, "--loop-guard", "long", *extra])
+    args = build_parser().parse_args([command, "--models", f"{QWEN},{SMOL}", "--plausibility", "0.1", *extra])
+    summary["engine_options"] = engine_from_args(args, "safe").options.model_dump()
+    assert run_label(summary).endswith(" plaus=0.1")  # the plausibility constraint is told apart too

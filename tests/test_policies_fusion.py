@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared_engine.alignment import EOS_KEY, TokenTable
-from shared_engine.fusion import Fused, cuts_a_word, drafter_extends, sharpen
+from shared_engine.fusion import Fused, cuts_a_word, drafter_extends, plausible, sharpen
 from shared_engine.policies import DraftSchedule, agree, make_policy
 from shared_engine.sampling import Sampler
 from tests.toy import byte_level_tokenizer, metaspace_tokenizer
@@ -262,3 +262,22 @@ def test_cli_leaves_fusion_and_sharpening_to_the_method_unless_given() -> None:
     assert options().sharpen == "heur"
     assert options("--method", "every-token", "--sharpen", "geom").sharpen == "geom"
     assert options("--sharpen", "none").sharpen is None
+    assert options("--plausibility", "0.1").plausibility == 0.1
+    assert options("--plausibility", "none").plausibility is None
+
+
+def test_plausibility_keeps_a_sure_verifier_from_writing_a_token_the_drafter_rules_out() -> None:
+    """FLORES en-ro, "Edgar Veguilla" (Qwen drafts with 2/3 of the weight, Gemma verifies): Qwen spreads
+    its mass over Romanian words, Gemma is sure of '.', which Qwen gives nothing; the weighted mean and
+    sharpening choose '.' and the answer became "Edgar Veguilla a. r. a. w. d. r. s. r. r. r. ...". Under
+    the constraint Gemma reranks only what Qwen finds plausible."""
+    keys = [b".", b" fost", b" primit", b" suferit", b" ob"]
+    fused, w = _fused(keys, [[0.001, 0.30, 0.28, 0.26, 0.159], [0.8, 0.0, 0.0, 0.1, 0.1]], [2 / 3, 1 / 3])
+    scores, _ = sharpen(fused, w, "heur", drafter_top={b" fost", b" primit", b" suferit", b" ob"})
+    assert keys[int(torch.argmax(scores))] == b"."
+    mask = plausible(fused, 0.1)
+    assert mask.tolist() == [0.0, 1.0, 1.0, 1.0, 1.0]
+    # the verifier still reranks within the plausible set: " suferit" (0.26 and 0.1) beats " fost" (0.30 and 0)
+    assert keys[int(torch.argmax(scores * mask))] == b" suferit"
+    # alpha = 1 leaves only the drafter's own best; the drafter's best always stays
+    assert plausible(fused, 1.0).tolist() == [0.0, 1.0, 0.0, 0.0, 0.0]

@@ -35,6 +35,7 @@ class Case:
     draft_length: int = 5
     trained_drafter: bool = False
     sharpen: str = "heur"
+    plausibility: float | None = None
     loop_guard: int | None = None  # with it, the members are toys fitted to answer in a loop (test_loop_guard.py)
 
 
@@ -57,6 +58,10 @@ CASES = [
          (0.6, 0.4), trained_drafter=True),
     Case("memorised drafter, sampling", (("t", "metaspace", "llama", 0), ("b", "byte_level", "gpt2", 2)),
          (0.6, 0.4), temperature=0.7, trained_drafter=True),
+    Case("plausibility constraint", (("a", "byte_level", "llama", 1), ("b", "metaspace", "gpt2", 2)), (0.3, 0.7),
+         plausibility=0.3),
+    Case("plausibility constraint, sampling", (("c", "metaspace", "llama", 3), ("d", "byte_level", "gpt2", 4)),
+         (0.4, 0.6), temperature=0.9, plausibility=0.3),
     Case("loop guard, members that loop", (("loopy-bpe", "byte_level", "", 0), ("loopy-sp", "metaspace", "", 0)),
          (0.6, 0.4), loop_guard=24),
     Case("loop guard, metaspace drafts, sampling", (("loopy-sp", "metaspace", "", 0),
@@ -108,10 +113,13 @@ def test_engine_decisions_equal_the_reference(case: Case) -> None:
     # the reference drafts SAFE's fixed gamma every round (the adaptive schedule: test_draft_schedule.py)
     engine = EnsembleEngine(members, method="safe", weights=list(case.weights), draft_length=case.draft_length,
                             draft_schedule="fixed", drafter_confidence=case.drafter_confidence,
-                            loop_guard=case.loop_guard, sharpen=case.sharpen)
+                            loop_guard=case.loop_guard, sharpen=case.sharpen, plausibility=case.plausibility)
     reference = ReferenceSafe(members, case.weights, draft_length=case.draft_length, sharpen=case.sharpen,
-                              drafter_confidence=case.drafter_confidence, loop_guard=case.loop_guard)
-    rounds = fusions = skips = breaks = 0
+                              drafter_confidence=case.drafter_confidence, loop_guard=case.loop_guard,
+                              plausibility=case.plausibility)
+    unconstrained = ReferenceSafe(members, case.weights, draft_length=case.draft_length, sharpen=case.sharpen,
+                                  drafter_confidence=case.drafter_confidence) if case.plausibility else None
+    rounds = fusions = skips = breaks = constrained = 0
     prompts = [LOOPY[0]["content"], *PROMPTS] if case.loop_guard else PROMPTS
     for i, prompt in enumerate(prompts):
         messages = [{"role": "user", "content": prompt}]
@@ -124,8 +132,12 @@ def test_engine_decisions_equal_the_reference(case: Case) -> None:
         fusions += len(expected.fusions)
         skips += sum(bool(p.consensus) for p in expected.positions)
         breaks += result.stats.loop_breaks
+        if unconstrained is not None:
+            constrained += unconstrained.answer(messages, **params).text != expected.text
     assert rounds >= 15 and fusions >= 5, (rounds, fusions)  # the case exercised the round
     if case.loop_guard:
         assert breaks > 0  # ... and the guard
+    if case.plausibility:
+        assert constrained > 0  # ... and the constraint changed an answer
     if case.trained_drafter and not case.temperature:
         assert skips >= 5  # ... and the consensus skip

@@ -50,7 +50,17 @@ import torch
 
 from ..alignment import EOS_KEY, TokenTable, is_char_boundary
 from ..events import Event, VerifiedPosition, VerifyEvent
-from ..fusion import HEUR_DRAFTER_TOP, Fuser, MemberDist, SharpenMode, candidate_key, drafter_extends, sharpen, top_keys
+from ..fusion import (
+    HEUR_DRAFTER_TOP,
+    Fuser,
+    MemberDist,
+    SharpenMode,
+    candidate_key,
+    drafter_extends,
+    plausible,
+    sharpen,
+    top_keys,
+)
 from ..json_constraint import JsonPrefix, constrained_token
 from ..members.base import exact_support
 from ..policies import Policy, agree
@@ -116,6 +126,9 @@ class VerifierView:
 class FusionSettings:
     fuse: Fuser
     sharpen: SharpenMode
+    plausibility: float | None = None
+    """Only candidates the drafter gives >= this fraction of its top candidate's probability can be
+    chosen (``plausible``); None: any."""
 
 
 def _draft(state: RequestState, base: DraftBase, length: int, sampler: Sampler, stop_below: float | None,
@@ -450,6 +463,8 @@ def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings
     fused = fusion.fuse(dists, weights)
     drafter_top = set(top_keys(dists[0], HEUR_DRAFTER_TOP))
     scores, sharpened = sharpen(fused, weights, fusion.sharpen, drafter_top, drafter_extends(dists[0].table))
+    if fusion.plausibility is not None:
+        scores = scores * plausible(fused, fusion.plausibility)
     drafted_key = candidate_key(dists[0].table, drafted)
     valid = None if constraint is None else torch.tensor([_keeps_valid(constraint, k) for k in fused.keys])
     repeats = [k != EOS_KEY and continues_loop(loop, k) for k in fused.keys] if loop is not None else []

@@ -38,6 +38,7 @@ def run_label(summary: dict[str, Any]) -> str:
             + (f" dw={drafter_weight:g}" if not weights and drafter_weight is not None
                and drafter_weight != METHOD_DEFAULTS.get(summary["method"], {}).get("drafter_weight", 1.0)
                and summary["method"] != "single" else "")
+            + (f" plaus={options['plausibility']:g}" if options.get("plausibility") else "")
             + (f" guard={options['loop_guard']}" if options.get("loop_guard") else ""))
 
 
