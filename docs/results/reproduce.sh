@@ -254,3 +254,16 @@ python scripts/decode_batch_cost.py --models qwen2.5-coder-0.5b-instruct,smollm2
 python scripts/one_pass_rows.py
 for m in single safe; do python scripts/load_bench.py --backend llamacpp --method $m --levels 1,2,4 \
   --requests-per-client 8 --max-tokens 128 --out docs/load/llamacpp-128-$m; done
+
+# 2026-12-04 (at 79cb922): the plausibility constraint (plausibility=0.1) against SAFE's default and the best
+# member; FLORES de-en / en-de default and Qwen-alone runs are p16's above (same code where they apply)
+for pair in en-ro en-de de-en; do F="--bench flores --pair $pair --limit 200 --max-new-tokens 128"
+  [ $pair = en-ro ] && { ev $F --method single --members $M/q.yaml --out $OUT/p17/flores-en-ro-single-q
+                         ev $F --method safe --members $M/qg.yaml --out $OUT/p17/flores-en-ro-safe-qg; }
+  ev $F --method safe --members $M/qg.yaml --plausibility 0.1 --out $OUT/p17/flores-$pair-safe-qg-p10; done
+for spec in "squad q --max-new-tokens 32" "triviaqa g" "arc-challenge q --max-new-tokens 64" \
+            "gsm8k q --max-new-tokens 256"; do set -- $spec; b=$1 best=$2; shift 2
+  ev --bench $b --limit 100 "$@" --method single --members $M/$best.yaml --out $OUT/p17/$b-single-$best
+  ev --bench $b --limit 100 "$@" --method safe --members $M/qg.yaml --out $OUT/p17/$b-safe-qg
+  ev --bench $b --limit 100 "$@" --method safe --members $M/qg.yaml --plausibility 0.1 --out $OUT/p17/$b-safe-qg-p10
+  safe-ensemble eval compare $OUT/p17/$b-* --baseline $OUT/p17/$b-single-$best; done
