@@ -267,3 +267,6 @@ for spec in "squad q --max-new-tokens 32" "triviaqa g" "arc-challenge q --max-ne
   ev --bench $b --limit 100 "$@" --method safe --members $M/qg.yaml --out $OUT/p17/$b-safe-qg
   ev --bench $b --limit 100 "$@" --method safe --members $M/qg.yaml --plausibility 0.1 --out $OUT/p17/$b-safe-qg-p10
   safe-ensemble eval compare $OUT/p17/$b-* --baseline $OUT/p17/$b-single-$best; done
+# ... and with comparable members (Gemma drafts, SmolLM2 verifies), against p16's runs of the same pair
+ev --bench flores --pair de-en --limit 200 --max-new-tokens 128 --method safe --members $M/gs.yaml --plausibility 0.1 \
+  --out $OUT/p17/flores-de-en-safe-gs-p10
