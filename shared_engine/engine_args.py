@@ -108,13 +108,8 @@ def default_method(models: list[str]) -> str:
 def method_default_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The flags whose default depends on the method (options.METHOD_DEFAULTS), only those given:
     each method's own default applies unless a flag says otherwise (``none`` = None)."""
-    given = {k: v for k, v in (("fusion", args.fusion), ("sharpen", args.sharpen),
-                               ("drafter_confidence", args.drafter_confidence),
-                               ("drafter_weight", args.drafter_weight),
-                               ("plausibility", getattr(args, "plausibility", None)),
-                               ("loop_guard", getattr(args, "loop_guard", None))) if v is not None}
-    return {k: None if v == "none" and k in ("sharpen", "drafter_confidence", "loop_guard", "plausibility") else v
-            for k, v in given.items()}
+    flags = ("fusion", "sharpen", "drafter_confidence", "drafter_weight", "plausibility", "loop_guard")
+    return {k: None if v == "none" else v for k in flags if (v := getattr(args, k)) is not None}
 
 
 def engine_from_args(args: argparse.Namespace, method: str, backend: str | None = None) -> EnsembleEngine:

@@ -254,20 +254,28 @@ def test_in_process_llamacpp_slots_default_to_the_requests_the_server_admits() -
     assert explicit.member_specs[0].slots == 2  # type: ignore[union-attr]
 
 
-def test_poll_reaches_the_servers_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``poll`` (how long llama.cpp's threads busy-wait after a job) is set on both thread pools of
-    the server this process starts; unset, llama.cpp keeps its own default."""
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The params of every llama.cpp server this test starts in-process (none really starts)."""
     import xllamacpp
 
-    started: list[Any] = []
+    params: list[Any] = []
 
     class Recorded:
         listening_address = "127.0.0.1:1"
 
-        def __init__(self, params: Any) -> None:
-            started.append(params)
+        def __init__(self, server_params: Any) -> None:
+            params.append(server_params)
 
     monkeypatch.setattr(xllamacpp, "Server", Recorded)
+    return params
+
+
+def test_poll_reaches_the_servers_threads(started: list[Any]) -> None:
+    """``poll`` (how long llama.cpp's threads busy-wait after a job) is set on both thread pools of
+    the server this process starts; unset, llama.cpp keeps its own default."""
+    import xllamacpp
+
     LocalLlamaServer("x.gguf", n_ctx=64, threads=1, poll=0)
     LocalLlamaServer("x.gguf", n_ctx=64, threads=1)
     (quiet, default) = started
@@ -276,22 +284,12 @@ def test_poll_reaches_the_servers_threads(monkeypatch: pytest.MonkeyPatch) -> No
     assert MemberConfig(model="llamacpp:a", poll=0).backend_options()["poll"] == 0
 
 
-def test_embeddings_sets_per_token_hidden_states_and_leaves_the_default_server_alone(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_embeddings_sets_per_token_hidden_states_and_leaves_the_default_server_alone(started: list[Any]) -> None:
     """``embeddings=True`` (scripts/one_pass_rows.py) turns on per-token hidden states, pooling none, with
     a physical batch spanning a slot's window (llama.cpp refuses an embeddings prompt longer than it);
     the default server is left as it was."""
     import xllamacpp
 
-    started: list[Any] = []
-
-    class Recorded:
-        listening_address = "127.0.0.1:1"
-
-        def __init__(self, params: Any) -> None:
-            started.append(params)
-
-    monkeypatch.setattr(xllamacpp, "Server", Recorded)
     LocalLlamaServer("x.gguf", n_ctx=640, threads=1, slots=2, embeddings=True)
     LocalLlamaServer("x.gguf", n_ctx=640, threads=1, slots=2)
     (hidden, plain) = started
