@@ -24,6 +24,7 @@ by every engine that names them (``load_member``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 import time
@@ -35,7 +36,7 @@ import torch
 from pydantic import BaseModel
 from typing_extensions import TypeIs
 
-from .auto_weights import FitCache, auto_weights, choose_drafter
+from .auto_weights import ANSWER_TOKENS, FitCache, auto_weights, choose_drafter
 from .decoding import AdaFuseSettings, FusionSettings, RequestState, adafuse_round, decode_round, request_members
 from .decoding.adafuse import DEFAULT_THRESHOLD
 from .errors import ContextLengthError, EngineClosedError, InvalidRequestError, MemberError
@@ -59,6 +60,11 @@ from .sampling import Sampler
 from .tools import OutputOptions, OutputPlan
 
 T = TypeVar("T")
+
+SLOW_DRAFTER_CHOICE_S = 5.0
+"""drafter='auto': a choice that kept the first token waiting this long is worth a warning (how to skip it)."""
+
+log = logging.getLogger(__name__)
 RoundFunction = Callable[[RequestState, Sampler], AsyncGenerator[Event, None]]
 """A method's decoding round bound to its settings: advances the request, yields its events."""
 
@@ -103,6 +109,7 @@ class EnsembleEngine:
             raise InvalidRequestError(f"{len(self.options.weights)} weights for {len(self._specs)} members")
         self._order = self._drafter_first(self.options.drafter)
         self._answer_fits = FitCache()  # drafter='auto': example-answer fits, per member and prompt prefix
+        self._warned_slow_choice = False  # drafter='auto': the slow-choice warning is given once
         self.fuser = make_fuser(self.options.fusion, self.options.top_k)
         self._live: dict[int, RequestState] = {}  # requests that hold sessions, by id()
         self._closed = False
@@ -328,9 +335,20 @@ class EnsembleEngine:
         if self.options.drafter != "auto" or len(state.members) < 2:
             return
         records = state.members
+        began = time.perf_counter()
         choice = await choose_drafter([m.member for m in records], [m.session for m in records],
                                       [m.prompt_ids for m in records], messages, self._answer_fits)
+        state.stats.drafter_choice_s = round(time.perf_counter() - began, 3)
         state.stats.answer_nll_per_byte = {m.label: round(v, 5) for m, v in zip(records, choice.nll_per_byte)}
+        if state.stats.drafter_choice_s >= SLOW_DRAFTER_CHOICE_S and not self._warned_slow_choice:
+            self._warned_slow_choice = True  # once per engine: the block is cached now, the advice stands
+            log.warning(
+                "drafter='auto' took %.1f s before the first token to choose the drafter: each member scored "
+                "the prompt's example answers (up to %d tokens; a llama.cpp member pays one decode step per "
+                "token, llama-server returns no prompt log-probabilities). The fits are cached per few-shot "
+                "block, so a block is scored once per engine; to skip the choice, name the drafter "
+                "(drafter=NAME or an index) or pass a calibrated profile.",
+                state.stats.drafter_choice_s, ANSWER_TOKENS)
         if not choice.index:
             return
         state.make_drafter(choice.index)

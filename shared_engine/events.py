@@ -179,6 +179,9 @@ class Stats(BaseModel):
     answer_nll_per_byte: dict[str, float] = Field(
         default_factory=dict, description="drafter='auto': each member's NLL of the prompt's example answers, "
                                           "nats per byte (the lowest drafts).")
+    drafter_choice_s: float = Field(0.0, description="drafter='auto': seconds spent choosing the drafter (the "
+                                                     "members scoring the example answers; near 0 where "
+                                                     "every fit was cached), part of time_to_first_token_s.")
     prompt_nll_per_byte: dict[str, float] = Field(
         default_factory=dict, description="weights='auto': each member's NLL of the prompt's content, "
                                           "nats per byte (lower = fits better).")

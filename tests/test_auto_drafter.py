@@ -89,6 +89,27 @@ def test_a_fixed_few_shot_block_is_scored_once() -> None:
     assert second.drafter == "fits" and second.answer_nll_per_byte == first.answer_nll_per_byte
 
 
+def test_a_slow_choice_is_timed_and_explained_once_per_engine(monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """The seconds the choice kept the first token waiting are in the stats (0 with the drafter named), and
+    a choice slower than SLOW_DRAFTER_CHOICE_S is explained once per engine: why, and how to skip it."""
+    import shared_engine.engine as engine_module
+
+    good, plain = answers_member("fits", "byte_level"), _random("metaspace")
+    named = EnsembleEngine([plain, good], drafter="fits").generate(FEW_SHOT, max_new_tokens=2).stats
+    assert named.drafter_choice_s == 0
+    with caplog.at_level("WARNING", logger="shared_engine.engine"):
+        quick = EnsembleEngine([plain, good], drafter="auto").generate(FEW_SHOT, max_new_tokens=2).stats
+        assert quick.drafter_choice_s > 0 and not caplog.records  # toy members choose in well under 5 s
+        monkeypatch.setattr(engine_module, "SLOW_DRAFTER_CHOICE_S", 0.0)
+        engine = EnsembleEngine([plain, good], drafter="auto")
+        for _ in range(2):
+            assert engine.generate(FEW_SHOT, max_new_tokens=2).stats.drafter == "fits"
+    assert len(caplog.records) == 1
+    message = caplog.records[0].getMessage()
+    assert "drafter='auto' took" in message and "name the drafter" in message and "profile" in message
+
+
 def test_without_example_answers_the_first_member_drafts() -> None:
     good, plain = answers_member("fits", "byte_level"), _random("metaspace")
     stats = EnsembleEngine([plain, good], drafter="auto").generate("And Pedro?", max_new_tokens=2).stats
