@@ -59,6 +59,19 @@ def test_bench_writes_the_documented_keys(tmp_path) -> None:  # noqa: ANN001
     assert sum(safe["time_split_s"].values()) == pytest.approx(safe["elapsed_s"], abs=0.01)
     for row in data["methods"].values():  # a wait before the first token (drafter='auto' scoring) shows here
         assert 0 < row["mean_time_to_first_token_s"] <= row["elapsed_s"]
+    assert not any("mean_drafter_choice_s" in row for row in data["methods"].values())  # zero-shot: no choice
+
+
+def test_bench_reports_the_wait_for_the_drafter_choice() -> None:
+    from shared_engine.bench import _Totals
+    from shared_engine.events import Stats
+    from shared_engine.options import EngineOptions
+
+    totals = _Totals()
+    for choice_s, first_token_s in ((3.0, 3.5), (0.0, 0.4)):  # a new few-shot block, then the cached one
+        totals.add(Stats(tokens=4, elapsed_s=4.0, drafter_choice_s=choice_s, time_to_first_token_s=first_token_s))
+    row = totals.row(EngineOptions(method="safe"))
+    assert row["mean_drafter_choice_s"] == 1.5 and row["mean_time_to_first_token_s"] == 1.95
 
 
 def test_bench_answer_agreement_between_backends() -> None:

@@ -13,8 +13,9 @@ from tests.benchdata import needs_data
 
 pytestmark = pytest.mark.zoo
 SMOL = "smollm2-135m-instruct"
-TIMING = {"tokens_per_s", "elapsed_s", "seconds_per_question", "mean_time_to_first_token_s"}
-STATS_TIMING = {"elapsed_s", "tokens_per_s", "time_to_first_token_s", "draft_s", "verify_s"}
+TIMING = {"tokens_per_s", "elapsed_s", "seconds_per_question", "mean_time_to_first_token_s",
+          "mean_drafter_choice_s"}
+STATS_TIMING = {"elapsed_s", "tokens_per_s", "time_to_first_token_s", "draft_s", "verify_s", "drafter_choice_s"}
 
 
 def eval_cli(out: Path, *extra: str) -> int:

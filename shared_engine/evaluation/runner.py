@@ -116,6 +116,8 @@ def summarize(samples: list[Sample], config: RunConfig, bench: Benchmark, skippe
         "tokens_per_s": round(tokens / elapsed, 3) if elapsed else 0.0,
         "mean_time_to_first_token_s": round(sum(s.get("time_to_first_token_s") or 0.0 for s in stats) / len(stats), 2)
         if stats else 0.0,
+        "mean_drafter_choice_s": round(sum(s.get("drafter_choice_s") or 0.0 for s in stats) / len(stats), 2)
+        if stats else 0.0,
         "seconds_per_question": round(elapsed / len(stats), 2) if stats else 0.0,
         "mean_output_tokens": round(tokens / len(stats), 1) if stats else 0.0,
         "truncated": sum(s.finish_reason == "length" for s in samples),
