@@ -270,3 +270,16 @@ for spec in "squad q --max-new-tokens 32" "triviaqa g" "arc-challenge q --max-ne
 # ... and with comparable members (Gemma drafts, SmolLM2 verifies), against p16's runs of the same pair
 ev --bench flores --pair de-en --limit 200 --max-new-tokens 128 --method safe --members $M/gs.yaml --plausibility 0.1 \
   --out $OUT/p17/flores-de-en-safe-gs-p10
+
+# 2026-12-04 (at 5e5cd20): TriviaQA and NQ-open on the first 300, GSM8K extended to the first 200 (the p17 runs of
+# 79cb922 resumed: --resume adds questions 101-200), and SAFE with a Qwen + Gemma profile calibrated on GSM8K train
+for b in triviaqa nq; do for r in g qg q; do [ $b = nq ] && [ $r = q ] && continue
+  m=single; [ $r = qg ] && m=safe
+  ev --bench $b --limit 300 --method $m --members $M/$r.yaml --out $OUT/p18/$b-$m-$r; done; done
+G="--bench gsm8k --limit 200 --max-new-tokens 256"
+ev $G --method single --members $M/q.yaml --out $OUT/p17/gsm8k-single-q
+ev $G --method safe --members $M/qg.yaml --out $OUT/p17/gsm8k-safe-qg
+safe-ensemble calibrate --bench gsm8k --models $Q,gemma-3-270m --backend transformers --limit 30 \
+  --out docs/results/profile-qwen-gemma-gsm8k-train30.json
+ev $G --method safe --members $M/qg.yaml --profile docs/results/profile-qwen-gemma-gsm8k-train30.json \
+  --out $OUT/p18/gsm8k-safe-qg-profile
