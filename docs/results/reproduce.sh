@@ -283,3 +283,6 @@ safe-ensemble calibrate --bench gsm8k --models $Q,gemma-3-270m --backend transfo
   --out docs/results/profile-qwen-gemma-gsm8k-train30.json
 ev $G --method safe --members $M/qg.yaml --profile docs/results/profile-qwen-gemma-gsm8k-train30.json \
   --out $OUT/p18/gsm8k-safe-qg-profile
+# how often the unpooled mirror case would decide a fusion (README Results, the TriviaQA bullet)
+python scripts/mirror_pooling_count.py $OUT/p18/triviaqa-safe-qg $M/qg.yaml --limit 300
+python scripts/mirror_pooling_count.py $OUT/p16/flores-de-en-safe-qg $M/qg.yaml --limit 60 --max-new-tokens 128
