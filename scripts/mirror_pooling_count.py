@@ -21,7 +21,7 @@ from pathlib import Path
 from shared_engine.alignment import TokenTable
 from shared_engine.engine import EnsembleEngine
 from shared_engine.events import EnsembleEvent, FinishEvent
-from shared_engine.fusion import _first_piece, cuts_a_word
+from shared_engine.fusion import drafter_extends
 from shared_engine.member_flags import read_members_file
 
 DRAFTER_MIN = 0.05  # the drafter's longer word must be a real candidate of its own
@@ -32,17 +32,17 @@ def mirror_bonus(event: EnsembleEvent, tables: dict[str, TokenTable], weights: d
                  drafter: str) -> dict[str, float]:
     """What mirror pooling would add to each of the drafter's longer candidates at this position."""
     bonus: dict[str, float] = {}
+    extends = {label: drafter_extends(table) for label, table in tables.items()}  # heur's own rule, per member
     for longer in event.candidates:
         whole = longer.text.encode()
         if longer.member_probs.get(drafter, 0.0) <= DRAFTER_MIN:
             continue
         for piece in event.candidates:
             short = piece.text.encode()
-            if short == whole or not whole.startswith(short) or not short.strip() \
-                    or cuts_a_word(whole, short) is not True or _first_piece(tables[drafter], whole) == short:
-                continue  # not a cut inside a word, or the drafter writes it through the piece (pooled already)
+            if short == whole or not whole.startswith(short) or not short.strip() or extends[drafter](whole, short):
+                continue  # heur pools it already (no cut inside a word, or the drafter writes it through the piece)
             for verifier, p in piece.member_probs.items():
-                if verifier != drafter and p > VERIFIER_MIN and _first_piece(tables[verifier], whole) == short:
+                if verifier != drafter and p > VERIFIER_MIN and extends[verifier](whole, short):
                     bonus[longer.text] = bonus.get(longer.text, 0.0) + weights.get(verifier, 0.0) * p
     return bonus
 
@@ -50,14 +50,13 @@ def mirror_bonus(event: EnsembleEvent, tables: dict[str, TokenTable], weights: d
 async def count(run: Path, members: str, limit: int, max_new_tokens: int) -> None:
     samples = [json.loads(line) for line in (run / "samples.jsonl").open()][:limit]
     engine = EnsembleEngine(read_members_file(members), method="safe")
+    tables = {label: member.table for label, member in zip(engine.labels, engine.members)}  # as events name them
     totals = {"fused": 0, "applies": 0, "changes": 0}
     for sample in samples:
         events = [e async for e in engine.astream(sample["prompt"], max_new_tokens=max_new_tokens)]
         finish = events[-1]
         assert isinstance(finish, FinishEvent)
         stats = finish.stats
-        tables = {label: m.table for label in stats.member_weights
-                  for m in engine.members if label in m.name or m.name in label}
         for event in events:
             if not isinstance(event, EnsembleEvent):
                 continue

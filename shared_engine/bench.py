@@ -151,7 +151,7 @@ class _Totals:
         self.tokens = self.elapsed = self.ensembled = self.spans = self.fused_spans = 0.0
         self.drafting = self.verifying = self.ahead = self.ahead_used = 0.0
         self.first_token_s, self.first_tokens = 0.0, 0  # seconds to the answers' first tokens, and how many
-        self.choosing = 0.0  # drafter='auto': seconds the choice of the drafter took (part of the first token's)
+        self.choosing, self.answers = 0.0, 0  # drafter='auto': seconds the choice took (part of the first token's)
         self.forwards: dict[str, int] = {}
         self.lengths: dict[int, int] = {}
 
@@ -166,6 +166,7 @@ class _Totals:
         self.ahead += stats.ahead_drafts
         self.ahead_used += stats.ahead_drafts_used
         self.choosing += stats.drafter_choice_s
+        self.answers += 1
         if stats.time_to_first_token_s is not None:
             self.first_token_s += stats.time_to_first_token_s
             self.first_tokens += 1
@@ -181,8 +182,7 @@ class _Totals:
             "tokens_per_s": round(tokens / elapsed, 3) if elapsed else 0.0,
             **({"mean_time_to_first_token_s": round(self.first_token_s / self.first_tokens, 3)}
                if self.first_tokens else {}),
-            **({"mean_drafter_choice_s": round(self.choosing / self.first_tokens, 3)}
-               if self.choosing and self.first_tokens else {}),
+            **({"mean_drafter_choice_s": round(self.choosing / self.answers, 3)} if self.choosing else {}),
             **({"time_split_s": {"draft": round(self.drafting, 3), "verify": round(self.verifying, 3),
                                  "rest": round(elapsed - self.drafting - self.verifying, 3)}}
                if self.drafting else {}),

@@ -95,6 +95,11 @@ def read_samples(path: Path) -> list[Sample]:
     return samples
 
 
+def _mean_of(stats: list[dict[str, Any]], key: str) -> float:
+    """The per-answer mean of a stats field (a missing or None value counts as 0), to 2 decimals."""
+    return round(sum(s.get(key) or 0.0 for s in stats) / len(stats), 2) if stats else 0.0
+
+
 def summarize(samples: list[Sample], config: RunConfig, bench: Benchmark, skipped: dict[str, int],
               total: int) -> dict[str, Any]:
     n = len(samples)
@@ -114,10 +119,8 @@ def summarize(samples: list[Sample], config: RunConfig, bench: Benchmark, skippe
         "score": None,
         "ensemble_rate": round(ensembled / positions, 4) if positions else 0.0,
         "tokens_per_s": round(tokens / elapsed, 3) if elapsed else 0.0,
-        "mean_time_to_first_token_s": round(sum(s.get("time_to_first_token_s") or 0.0 for s in stats) / len(stats), 2)
-        if stats else 0.0,
-        "mean_drafter_choice_s": round(sum(s.get("drafter_choice_s") or 0.0 for s in stats) / len(stats), 2)
-        if stats else 0.0,
+        "mean_time_to_first_token_s": _mean_of(stats, "time_to_first_token_s"),
+        "mean_drafter_choice_s": _mean_of(stats, "drafter_choice_s"),
         "seconds_per_question": round(elapsed / len(stats), 2) if stats else 0.0,
         "mean_output_tokens": round(tokens / len(stats), 1) if stats else 0.0,
         "truncated": sum(s.finish_reason == "length" for s in samples),
