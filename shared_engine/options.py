@@ -111,8 +111,9 @@ class EngineOptions(GenerationParams):
         "heur", description="Sharpening when fused max < 0.5 (default per method: heur for safe, "
                             "else None). heur pools a longer candidate onto a shorter one it starts with, "
                             "except where the shorter one ends inside a word the drafter writes "
-                            "otherwise (' and' is not pooled onto ' a'); heur-bytes pools every byte "
-                            "extension, as the released SAFE code.")
+                            "otherwise (' and' is not pooled onto ' a'), and a verifier's first piece of a "
+                            "word the drafter has as one token counts for that word (' Kil' for ' Kilim'); "
+                            "heur-bytes pools every byte extension, as the released SAFE code.")
     weights: list[float] | Literal["auto"] | None = Field(
         None, description="Member weights in member order (default: drafter_weight for the drafter, 1 for the "
                           "others), or 'auto': per request, "

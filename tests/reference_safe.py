@@ -22,7 +22,10 @@ released SAFE code's (ensembling.md §2.2, §2.5, §2.6) plus this project's doc
   digits, whitespace or one symbol on both sides of the cut) only where the drafter's own
   tokenization of the longer one starts with the shorter (the released code pools every byte
   extension: " and" onto " a"); at a word's edge ('"' of '"The'), or where either is not whole
-  UTF-8, it pools as released;
+  UTF-8, it pools as released; and the mirror (not in the released code): the drafter's own
+  candidate (its top-10, fused above 0.1) gains each verifier's weighted probability of a shorter
+  candidate that is that verifier's first token of it, where the cut is inside a word and the
+  drafter's tokenization does not start with the shorter one;
 - with ``plausibility`` (alpha), a candidate the drafter gives less than alpha times its best
   candidate's probability (UniTE's per-member softmax over the union) scores 0 after sharpening;
 - when fusion keeps the drafted token the scan goes on (the released code re-drafts);
@@ -272,13 +275,16 @@ class ReferenceSafe:
     # ------------------------------------------------------------------ UniTE + heur, spelled out
 
     def _drafter_starts(self, text: bytes) -> bytes | None:
-        """The first token of the drafter's tokenization of ``text`` (None: not whole UTF-8). Always
+        return self._starts(0, text)
+
+    def _starts(self, m: int, text: bytes) -> bytes | None:
+        """The first token of member ``m``'s tokenization of ``text`` (None: not whole UTF-8). Always
         asks the tokenizer (the engine takes a whole token as itself without asking)."""
         try:
-            first = self.members[0].table.encode_fragment(text.decode("utf-8"))[:1]
+            first = self.members[m].table.encode_fragment(text.decode("utf-8"))[:1]
         except (UnicodeDecodeError, ValueError):
             return None
-        return self.members[0].table.to_bytes(first) if first else None
+        return self.members[m].table.to_bytes(first) if first else None
 
     def _top(self, m: int, logits: torch.Tensor) -> dict[bytes, float]:
         table, top = self.members[m].table, {}
@@ -339,6 +345,15 @@ class ReferenceSafe:
                                      if j != i and long != EOS_KEY and long.startswith(short)
                                      and (self.sharpen == "heur-bytes" or not _inside_a_word(long, short)
                                           or self._drafter_starts(long) in (short, None)))
+            if self.sharpen == "heur":  # the mirror: a verifier's first piece of the drafter's word counts for it
+                for i, long in enumerate(keys):
+                    if fused[i] <= HEUR_MIN or long not in tops[0] or long == EOS_KEY:
+                        continue
+                    for j, short in enumerate(keys):
+                        if j != i and short != EOS_KEY and short.strip() and long.startswith(short) \
+                                and _inside_a_word(long, short) and self._drafter_starts(long) not in (short, None):
+                            scores[i] += sum(self.weights[m] * member_probs[m][j] for m in range(1, len(dists))
+                                             if self._starts(m, long) == short)
         if self.plausibility is not None:  # only what the drafter finds plausible can be chosen
             bar = self.plausibility * max(member_probs[0])
             scores = [sc if member_probs[0][c] >= bar else 0.0 for c, sc in enumerate(scores)]

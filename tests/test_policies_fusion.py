@@ -126,6 +126,34 @@ def test_heur_pools_a_word_after_punctuation_onto_the_punctuation() -> None:
     assert torch.isclose(scores[0], fused.fused[0] + fused.fused[1])
 
 
+def test_heur_pools_a_verifiers_first_piece_onto_the_drafters_word() -> None:
+    """The mirror of the rule above, measured on TriviaQA (Gemma-3-270m drafts " Kilim" as one token at
+    0.38; Qwen writes " Kil" + "im" and gives " Kil" 0.19; " Everest" won and the answer was lost).
+    Here the metaspace drafter has " Peter" as one token and the byte-level verifier writes " P" +
+    "eter": the verifier's " P" counts for " Peter", never for a piece the drafter would not write."""
+    metaspace, byte_level = TokenTable(metaspace_tokenizer()), TokenTable(byte_level_tokenizer())
+    assert metaspace.token_id(b" Peter") is not None
+    assert byte_level.encode_fragment(" Peter")[:1] == [byte_level.token_id(b" P")]
+    keys = [b" Peter", b" Paul", b" P"]
+    fused, w = _fused(keys, [[0.38, 0.30, 0.0], [0.0, 0.25, 0.40]], [2 / 3, 1 / 3])
+    top = {b" Peter", b" Paul"}
+    plain, fired = sharpen(fused, w, "heur", drafter_top=top, extends=drafter_extends(metaspace))
+    assert fired and keys[int(torch.argmax(plain))] == b" Paul"  # without the members' tables: as before
+    tables = [metaspace, byte_level]
+    scores, fired = sharpen(fused, w, "heur", drafter_top=top, extends=drafter_extends(metaspace), tables=tables)
+    assert fired and keys[int(torch.argmax(scores))] == b" Peter"
+    assert torch.isclose(scores[0], fused.fused[0] + w[1] * 0.40) and torch.equal(scores[1:], fused.fused[1:])
+    same, _ = sharpen(fused, w, "heur", drafter_top=top, extends=drafter_extends(metaspace),
+                      tables=[metaspace, metaspace])  # a verifier that writes " Peter" whole: nothing to pool
+    assert torch.equal(same, fused.fused)
+    not_drafters, _ = sharpen(fused, w, "heur", drafter_top={b" Paul"}, extends=drafter_extends(metaspace),
+                              tables=tables)  # not a candidate of the drafter's own
+    assert torch.equal(not_drafters, fused.fused)
+    released, _ = sharpen(fused, w, "heur-bytes", drafter_top=top, extends=drafter_extends(metaspace),
+                          tables=tables)  # the released pooling has no mirror
+    assert torch.equal(released, fused.fused)
+
+
 def test_geom_sharpening_and_no_sharpening_when_confident() -> None:
     fused, w = _fused([b"a", b"b"], [[0.45, 0.55], [0.5, 0.5]], [0.5, 0.5])
     scores, fired = sharpen(fused, w, "geom", drafter_top={b"a", b"b"})

@@ -462,7 +462,8 @@ def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings
     to end there counts for nothing (turn_markers.py)."""
     fused = fusion.fuse(dists, weights)
     drafter_top = set(top_keys(dists[0], HEUR_DRAFTER_TOP))
-    scores, sharpened = sharpen(fused, weights, fusion.sharpen, drafter_top, drafter_extends(dists[0].table))
+    scores, sharpened = sharpen(fused, weights, fusion.sharpen, drafter_top, drafter_extends(dists[0].table),
+                                [d.table for d in dists])
     if fusion.plausibility is not None:
         scores = scores * plausible(fused, fusion.plausibility)
     drafted_key = candidate_key(dists[0].table, drafted)
