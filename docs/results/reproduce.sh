@@ -283,6 +283,14 @@ safe-ensemble calibrate --bench gsm8k --models $Q,gemma-3-270m --backend transfo
   --out docs/results/profile-qwen-gemma-gsm8k-train30.json
 ev $G --method safe --members $M/qg.yaml --profile docs/results/profile-qwen-gemma-gsm8k-train30.json \
   --out $OUT/p18/gsm8k-safe-qg-profile
-# how often the unpooled mirror case would decide a fusion (README Results, the TriviaQA bullet)
-python scripts/mirror_pooling_count.py $OUT/p18/triviaqa-safe-qg $M/qg.yaml --limit 300
-python scripts/mirror_pooling_count.py $OUT/p16/flores-de-en-safe-qg $M/qg.yaml --limit 60 --max-new-tokens 128
+# (how often the then-unpooled mirror case would decide a fusion was counted by scripts/mirror_pooling_count.py,
+# at 37c1b5d; the script went when the rule was built)
+# 2026-12-04, mirror pooling built (the default `heur`): SAFE again on TriviaQA (then its first 500 with Gemma alone,
+# --resume from the 300 above), FLORES de-en and en-de, GSM8K; the members' and the old SAFE's runs are those above
+cp -r $OUT/p18/triviaqa-single-g $OUT/p19/triviaqa-single-g
+ev --bench triviaqa --limit 300 --method safe --members $M/qg.yaml --out $OUT/p19/triviaqa-safe-qg-mirror
+for p in de-en en-de; do ev --bench flores --pair $p --limit 200 --max-new-tokens 128 --method safe \
+  --members $M/qg.yaml --out $OUT/p19/flores-$p-safe-qg-mirror; done
+ev $G --method safe --members $M/qg.yaml --out $OUT/p19/gsm8k-safe-qg-mirror
+ev --bench triviaqa --limit 500 --method single --members $M/g.yaml --out $OUT/p19/triviaqa-single-g
+ev --bench triviaqa --limit 500 --method safe --members $M/qg.yaml --out $OUT/p19/triviaqa-safe-qg-mirror
