@@ -114,8 +114,9 @@ class ReferenceSafe:
 
     def __init__(self, members: Sequence[HFMember], weights: Sequence[float], draft_length: int = 5,
                  top_k: int = 10, sharpen: str | None = "heur", drafter_confidence: float | None = None,
-                 loop_guard: int | None = None, plausibility: float | None = None) -> None:
+                 loop_guard: int | None = None, plausibility: float | None = None, mirror: bool = True) -> None:
         self.members = list(members)
+        self.mirror = mirror  # False: heur without its mirror case (only for tests that show the rule decided)
         self.plausibility = plausibility
         self.loop_guard = loop_guard
         total = sum(weights)
@@ -345,7 +346,7 @@ class ReferenceSafe:
                                      if j != i and long != EOS_KEY and long.startswith(short)
                                      and (self.sharpen == "heur-bytes" or not _inside_a_word(long, short)
                                           or self._drafter_starts(long) in (short, None)))
-            if self.sharpen == "heur":  # the mirror: a verifier's first piece of the drafter's word counts for it
+            if self.sharpen == "heur" and self.mirror:  # a verifier's first piece of the drafter's word counts for it
                 for i, long in enumerate(keys):
                     if fused[i] <= HEUR_MIN or long not in tops[0] or long == EOS_KEY:
                         continue

@@ -37,6 +37,7 @@ class Case:
     sharpen: str = "heur"
     plausibility: float | None = None
     loop_guard: int | None = None  # with it, the members are toys fitted to answer in a loop (test_loop_guard.py)
+    mirror_decides: bool = False  # the case's answers differ without heur's mirror case (fusion.mirror_bonus)
 
 
 CASES = [
@@ -45,6 +46,8 @@ CASES = [
          draft_length=4),
     Case("metaspace drafts, the released pooling", (("c", "metaspace", "llama", 3), ("d", "byte_level", "gpt2", 4)),
          (0.7, 0.3), draft_length=4, sharpen="heur-bytes"),
+    Case("byte-level drafts, a verifier's first piece backs the drafter's word",
+         (("m", "byte_level", "llama", 3), ("v", "metaspace", "gpt2", 4)), (0.7, 0.3), mirror_decides=True),
     Case("three members, one sharing the drafter's vocabulary",
          (("a", "byte_level", "llama", 1), ("b", "metaspace", "gpt2", 2), ("e", "byte_level", "gpt2", 5)),
          (0.5, 0.3, 0.2)),
@@ -119,7 +122,10 @@ def test_engine_decisions_equal_the_reference(case: Case) -> None:
                               plausibility=case.plausibility)
     unconstrained = ReferenceSafe(members, case.weights, draft_length=case.draft_length, sharpen=case.sharpen,
                                   drafter_confidence=case.drafter_confidence) if case.plausibility else None
-    rounds = fusions = skips = breaks = constrained = 0
+    unmirrored = ReferenceSafe(members, case.weights, draft_length=case.draft_length, sharpen=case.sharpen,
+                               drafter_confidence=case.drafter_confidence, mirror=False) \
+        if case.mirror_decides else None
+    rounds = fusions = skips = breaks = constrained = mirrored = 0
     prompts = [LOOPY[0]["content"], *PROMPTS] if case.loop_guard else PROMPTS
     for i, prompt in enumerate(prompts):
         messages = [{"role": "user", "content": prompt}]
@@ -134,10 +140,14 @@ def test_engine_decisions_equal_the_reference(case: Case) -> None:
         breaks += result.stats.loop_breaks
         if unconstrained is not None:
             constrained += unconstrained.answer(messages, **params).text != expected.text
+        if unmirrored is not None:
+            mirrored += unmirrored.answer(messages, **params).text != expected.text
     assert rounds >= 15 and fusions >= 5, (rounds, fusions)  # the case exercised the round
     if case.loop_guard:
         assert breaks > 0  # ... and the guard
     if case.plausibility:
         assert constrained > 0  # ... and the constraint changed an answer
+    if case.mirror_decides:
+        assert mirrored > 0  # ... and the mirror case decided one
     if case.trained_drafter and not case.temperature:
         assert skips >= 5  # ... and the consensus skip
