@@ -14,7 +14,7 @@ same candidate. 'End of answer' is one shared candidate, ``EOS_KEY``, whatever e
   drafter's top-10 and, where the shorter one ends inside a word, to extensions the drafter itself
   writes starting with that shorter token (``drafter_extends``: " and" is not pooled onto " a",
   '"The' is onto '"'), and the mirror: a verifier's first piece of a word the drafter has as one
-  token counts for that word (" Kil" for " Kilim", ``mirror_bonus``); ``geom`` takes the weighted
+  token counts for that word (" Kil" for " Kilim", ``mirror_mass``); ``geom`` takes the weighted
   geometric mean instead of the arithmetic one.
 """
 
@@ -229,8 +229,10 @@ def sharpen(fused: Fused, weights: torch.Tensor, mode: SharpenMode, drafter_top:
     ``heur`` pools the mass of a longer candidate onto a shorter one it starts with. ``extends``
     (longer, shorter) says whether that longer candidate really continues the shorter one for the
     drafter (the engine passes ``drafter_extends``); None, or ``heur-bytes``, pools every byte
-    extension, as the released code does. With ``extends`` and the members' ``tables`` (row order),
-    ``heur`` also pools the mirror case (``mirror_bonus``)."""
+    extension, as the released code does. Where ``extends`` says no (a cut inside a word the drafter
+    writes otherwise), the pair pools the other way when the members' ``tables`` (row order) are given:
+    the mirror case (``mirror_mass``), for a longer candidate of the drafter's own (its top-10, fused
+    above ``HEUR_MIN_PROB``)."""
     scores = fused.fused
     if mode is None or float(scores.max()) >= SHARPEN_BELOW:
         return scores, False
@@ -239,43 +241,38 @@ def sharpen(fused: Fused, weights: torch.Tensor, mode: SharpenMode, drafter_top:
         return torch.exp((weights.unsqueeze(1) * logp).sum(0) / weights.sum()), True
     if mode == "heur-bytes":
         extends = None
+    def drafters(index: int) -> bool:  # a real candidate of the drafter's own
+        return float(scores[index]) > HEUR_MIN_PROB and fused.keys[index] in drafter_top
+
     pooled = scores.clone()
     for i, short in enumerate(fused.keys):
-        if scores[i] <= HEUR_MIN_PROB or short not in drafter_top or not short.strip() \
-                or short == EOS_KEY:
+        if not short.strip() or short == EOS_KEY:
             continue
         for j, longer in enumerate(fused.keys):
-            if j != i and longer != EOS_KEY and longer.startswith(short) \
-                    and (extends is None or extends(longer, short)):
-                pooled[i] += scores[j]
-    if extends is not None and tables:
-        pooled += mirror_bonus(fused, weights, drafter_top, extends, tables)
+            if j == i or longer == EOS_KEY or not longer.startswith(short):
+                continue
+            if extends is None or extends(longer, short):
+                if drafters(i):
+                    pooled[i] += scores[j]
+            elif drafters(j):  # cut inside a word the drafter writes otherwise: the mirror case
+                pooled[j] += mirror_mass(fused, weights, tables, j=i, longer=longer)
     return pooled, True
 
 
-def mirror_bonus(fused: Fused, weights: torch.Tensor, drafter_top: set[bytes], extends: PrefixRule,
-                 tables: Sequence[TokenTable]) -> torch.Tensor:
-    """What each of the drafter's longer words gains from a verifier that writes it through a shorter
-    piece the drafter does not: the verifier's weighted probability of that piece. The mirror of
-    ``heur``'s pooling. Measured (TriviaQA, Gemma-3-270m drafts, Qwen verifies): Gemma has " Kilim" as
-    one token (0.38), Qwen writes " Kil" + "im" and gives " Kil" 0.19; UniTE scores Qwen's " Kil" once,
-    on the piece, so " Kilim" got nothing from Qwen and " Everest" won, although together they backed
-    Kilimanjaro. Committing " Kil" would be the very split SAFE avoids (the drafter never writes it
-    there), so the verifier's mass on the piece counts for the drafter's word. Only where the cut
-    falls inside a word (``cuts_a_word``), the piece is that verifier's first token of the word, and
-    the word is a real candidate of the drafter (its top-10, fused above ``HEUR_MIN_PROB``)."""
-    bonus = torch.zeros_like(fused.fused)
-    for i, longer in enumerate(fused.keys):
-        if float(fused.fused[i]) <= HEUR_MIN_PROB or longer not in drafter_top or longer == EOS_KEY:
-            continue
-        for j, short in enumerate(fused.keys):
-            if j == i or short == EOS_KEY or not short.strip() or not longer.startswith(short) \
-                    or cuts_a_word(longer, short) is not True or extends(longer, short):
-                continue  # heur's own case (or no word cut): pooled the other way, or not at all
-            for row in range(1, min(len(tables), fused.member_probs.shape[0])):
-                if _first_piece(tables[row], longer) == short:
-                    bonus[i] += weights[row] * fused.member_probs[row, j]
-    return bonus
+def mirror_mass(fused: Fused, weights: torch.Tensor, tables: Sequence[TokenTable], j: int,
+                longer: bytes) -> torch.Tensor:
+    """What the drafter's word ``longer`` gains from the verifiers that write it through candidate ``j``
+    (a piece the drafter does not write it through): each such verifier's weighted probability of that
+    piece. The mirror of ``heur``'s pooling. Measured (TriviaQA, Gemma-3-270m drafts, Qwen verifies):
+    Gemma has " Kilim" as one token (0.38), Qwen writes " Kil" + "im" and gives " Kil" 0.19; UniTE
+    scores Qwen's " Kil" once, on the piece, so " Kilim" got nothing from Qwen and " Everest" won,
+    although together they backed Kilimanjaro. Committing " Kil" would be the very split SAFE avoids
+    (the drafter never writes it there), so the verifier's mass on the piece counts for the drafter's
+    word. Only where the piece is that verifier's own first token of the word (``tables`` in row order;
+    none given: no mirror)."""
+    short = fused.keys[j]
+    return sum((weights[row] * fused.member_probs[row, j] for row in range(1, len(tables))
+                if _first_piece(tables[row], longer) == short), torch.tensor(0.0))
 
 
 def drafter_extends(drafter: TokenTable) -> PrefixRule:

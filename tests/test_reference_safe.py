@@ -37,7 +37,7 @@ class Case:
     sharpen: str = "heur"
     plausibility: float | None = None
     loop_guard: int | None = None  # with it, the members are toys fitted to answer in a loop (test_loop_guard.py)
-    mirror_decides: bool = False  # the case's answers differ without heur's mirror case (fusion.mirror_bonus)
+    mirror_decides: bool = False  # the case's answers differ without heur's mirror case (fusion.mirror_mass)
 
 
 CASES = [
