@@ -295,7 +295,12 @@ ev $G --method safe --members $M/qg.yaml --out $OUT/p19/gsm8k-safe-qg-mirror
 ev --bench triviaqa --limit 500 --method single --members $M/g.yaml --out $OUT/p19/triviaqa-single-g
 ev --bench triviaqa --limit 500 --method safe --members $M/qg.yaml --out $OUT/p19/triviaqa-safe-qg-mirror
 # MATH-500, SAFE against every-token at today's default (the papers' claim), in tiers of 10 so both cover the same
-# questions; started 2026-12-04 towards N=100 (--resume continues a tier)
+# questions; to 50 in one session, 50 -> 100 in the next at the same code (--resume continues a tier)
 for n in 10 20 30 40 50 60 70 80 90 100; do X="--bench math500 --limit $n --max-new-tokens 1024"
   ev $X --method safe --members $M/qg.yaml --out $OUT/p19/math-safe-qg
   ev $X --method every-token --members $M/qg.yaml --out $OUT/p19/math-every-token-qg; done
+# ... and Qwen alone on the same 100, after them (the standing table's MATH-500 row)
+for n in 10 20 30 40 50 60 70 80 90 100; do
+  ev --bench math500 --limit $n --max-new-tokens 1024 --method single --members $M/q.yaml --out $OUT/p19/math-single-q; done
+safe-ensemble eval compare $OUT/p19/math-* --baseline $OUT/p19/math-every-token-qg --plots docs/results
+safe-ensemble eval compare $OUT/p19/math-* --baseline $OUT/p19/math-single-q
