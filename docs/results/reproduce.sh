@@ -304,3 +304,9 @@ for n in 10 20 30 40 50 60 70 80 90 100; do
   ev --bench math500 --limit $n --max-new-tokens 1024 --method single --members $M/q.yaml --out $OUT/p19/math-single-q; done
 safe-ensemble eval compare $OUT/p19/math-* --baseline $OUT/p19/math-every-token-qg --plots docs/results
 safe-ensemble eval compare $OUT/p19/math-* --baseline $OUT/p19/math-single-q
+# All three members at today's default (2026-12-04), paired with p17's Qwen runs (the standing table's)
+printf -- "- model: llamacpp:%s\n  reuse_prompt_cache: true\n" qwen2.5-coder-0.5b-instruct smollm2-135m-instruct gemma-3-270m > $M/qsg.yaml
+ev --bench arc-challenge --limit 100 --max-new-tokens 64 --method safe --members $M/qsg.yaml --out $OUT/p19/arc-safe-qsg
+ev --bench flores --pair en-ro --limit 200 --max-new-tokens 128 --method safe --members $M/qsg.yaml --out $OUT/p19/flores-en-ro-safe-qsg
+safe-ensemble eval compare $OUT/p17/arc-single-q $OUT/p19/arc-safe-qsg --baseline $OUT/p17/arc-single-q
+safe-ensemble eval compare $OUT/p17/flores-en-ro-single-q $OUT/p19/flores-en-ro-safe-qsg --baseline $OUT/p17/flores-en-ro-single-q
