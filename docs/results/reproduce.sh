@@ -310,3 +310,7 @@ ev --bench arc-challenge --limit 100 --max-new-tokens 64 --method safe --members
 ev --bench flores --pair en-ro --limit 200 --max-new-tokens 128 --method safe --members $M/qsg.yaml --out $OUT/p19/flores-en-ro-safe-qsg
 safe-ensemble eval compare $OUT/p17/arc-single-q $OUT/p19/arc-safe-qsg --baseline $OUT/p17/arc-single-q
 safe-ensemble eval compare $OUT/p17/flores-en-ro-single-q $OUT/p19/flores-en-ro-safe-qsg --baseline $OUT/p17/flores-en-ro-single-q
+ev --bench squad --limit 100 --max-new-tokens 32 --method safe --members $M/qsg.yaml --out $OUT/p19/squad-safe-qsg
+ev --bench triviaqa --limit 300 --method safe --members $M/qsg.yaml --out $OUT/p19/triviaqa-safe-qsg
+safe-ensemble eval compare $OUT/p17/squad-single-q $OUT/p19/squad-safe-qsg --baseline $OUT/p17/squad-single-q
+safe-ensemble eval compare $OUT/p19/triviaqa-single-g $OUT/p19/triviaqa-safe-qsg --baseline $OUT/p19/triviaqa-single-g
