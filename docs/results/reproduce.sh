@@ -312,5 +312,6 @@ safe-ensemble eval compare $OUT/p17/arc-single-q $OUT/p19/arc-safe-qsg --baselin
 safe-ensemble eval compare $OUT/p17/flores-en-ro-single-q $OUT/p19/flores-en-ro-safe-qsg --baseline $OUT/p17/flores-en-ro-single-q
 ev --bench squad --limit 100 --max-new-tokens 32 --method safe --members $M/qsg.yaml --out $OUT/p19/squad-safe-qsg
 ev --bench triviaqa --limit 300 --method safe --members $M/qsg.yaml --out $OUT/p19/triviaqa-safe-qsg
+ev --bench triviaqa --limit 500 --method safe --members $M/qsg.yaml --out $OUT/p19/triviaqa-safe-qsg   # extended
 safe-ensemble eval compare $OUT/p17/squad-single-q $OUT/p19/squad-safe-qsg --baseline $OUT/p17/squad-single-q
 safe-ensemble eval compare $OUT/p19/triviaqa-single-g $OUT/p19/triviaqa-safe-qsg --baseline $OUT/p19/triviaqa-single-g
