@@ -315,3 +315,4 @@ ev --bench triviaqa --limit 300 --method safe --members $M/qsg.yaml --out $OUT/p
 ev --bench triviaqa --limit 500 --method safe --members $M/qsg.yaml --out $OUT/p19/triviaqa-safe-qsg   # extended
 safe-ensemble eval compare $OUT/p17/squad-single-q $OUT/p19/squad-safe-qsg --baseline $OUT/p17/squad-single-q
 safe-ensemble eval compare $OUT/p19/triviaqa-single-g $OUT/p19/triviaqa-safe-qsg --baseline $OUT/p19/triviaqa-single-g
+ev --bench triviaqa --limit 500 --method safe --members $M/qg.yaml --drafter-weight 5 --out $OUT/p19/triviaqa-safe-qg-dw5   # Qwen at the trio's 1/6
