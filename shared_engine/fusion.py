@@ -241,27 +241,27 @@ def sharpen(fused: Fused, weights: torch.Tensor, mode: SharpenMode, drafter_top:
         return torch.exp((weights.unsqueeze(1) * logp).sum(0) / weights.sum()), True
     if mode == "heur-bytes":
         extends = None
-    def drafters(index: int) -> bool:  # a real candidate of the drafter's own
-        return float(scores[index]) > HEUR_MIN_PROB and fused.keys[index] in drafter_top
-
+    # the drafter's own real candidates (its top-10, fused above HEUR_MIN_PROB): a pair pools only
+    # onto one of them, so a pair with neither is skipped before ``extends`` tokenizes anything
+    own = [p > HEUR_MIN_PROB and key in drafter_top for p, key in zip(scores.tolist(), fused.keys)]
     pooled = scores.clone()
     for i, short in enumerate(fused.keys):
         if not short.strip() or short == EOS_KEY:
             continue
         for j, longer in enumerate(fused.keys):
-            if j == i or longer == EOS_KEY or not longer.startswith(short):
+            if j == i or longer == EOS_KEY or not (own[i] or own[j]) or not longer.startswith(short):
                 continue
             if extends is None or extends(longer, short):
-                if drafters(i):
+                if own[i]:
                     pooled[i] += scores[j]
-            elif drafters(j):  # cut inside a word the drafter writes otherwise: the mirror case
-                pooled[j] += mirror_mass(fused, weights, tables, j=i, longer=longer)
+            elif own[j] and tables:  # cut inside a word the drafter writes otherwise: the mirror case
+                pooled[j] += mirror_mass(fused, weights, tables, piece=i, longer=longer)
     return pooled, True
 
 
-def mirror_mass(fused: Fused, weights: torch.Tensor, tables: Sequence[TokenTable], j: int,
+def mirror_mass(fused: Fused, weights: torch.Tensor, tables: Sequence[TokenTable], piece: int,
                 longer: bytes) -> torch.Tensor:
-    """What the drafter's word ``longer`` gains from the verifiers that write it through candidate ``j``
+    """What the drafter's word ``longer`` gains from the verifiers that write it through candidate ``piece``
     (a piece the drafter does not write it through): each such verifier's weighted probability of that
     piece. The mirror of ``heur``'s pooling. Measured (TriviaQA, Gemma-3-270m drafts, Qwen verifies):
     Gemma has " Kilim" as one token (0.38), Qwen writes " Kil" + "im" and gives " Kil" 0.19; UniTE
@@ -270,8 +270,8 @@ def mirror_mass(fused: Fused, weights: torch.Tensor, tables: Sequence[TokenTable
     (the drafter never writes it there), so the verifier's mass on the piece counts for the drafter's
     word. Only where the piece is that verifier's own first token of the word (``tables`` in row order;
     none given: no mirror)."""
-    short = fused.keys[j]
-    return sum((weights[row] * fused.member_probs[row, j] for row in range(1, len(tables))
+    short = fused.keys[piece]
+    return sum((weights[row] * fused.member_probs[row, piece] for row in range(1, len(tables))
                 if _first_piece(tables[row], longer) == short), torch.tensor(0.0))
 
 
