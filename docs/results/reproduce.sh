@@ -316,3 +316,13 @@ ev --bench triviaqa --limit 500 --method safe --members $M/qsg.yaml --out $OUT/p
 safe-ensemble eval compare $OUT/p17/squad-single-q $OUT/p19/squad-safe-qsg --baseline $OUT/p17/squad-single-q
 safe-ensemble eval compare $OUT/p19/triviaqa-single-g $OUT/p19/triviaqa-safe-qsg --baseline $OUT/p19/triviaqa-single-g
 ev --bench triviaqa --limit 500 --method safe --members $M/qg.yaml --drafter-weight 5 --out $OUT/p19/triviaqa-safe-qg-dw5   # Qwen at the trio's 1/6
+# 2026-12-04 (late): all three members on MATH-500, BBH and NQ at 6f05e8b, paired with Qwen (Gemma on NQ)
+for n in 10 20 30 40 50 60 70 80 90 100; do
+  ev --bench math500 --limit $n --max-new-tokens 1024 --method safe --members $M/qsg.yaml --out $OUT/p19/math-safe-qsg; done
+safe-ensemble eval compare $OUT/p19/math-single-q $OUT/p19/math-safe-qg $OUT/p19/math-safe-qsg --baseline $OUT/p19/math-single-q
+# BBH in one process per run: drafter="auto"'s answer fits are cached per process (19 task blocks)
+ev --bench bbh --limit 100 --max-new-tokens 256 --method single --members $M/q.yaml --out $OUT/p19/bbh-single-q
+ev --bench bbh --limit 100 --max-new-tokens 256 --method safe --members $M/qsg.yaml --out $OUT/p19/bbh-safe-qsg
+safe-ensemble eval compare $OUT/p19/bbh-single-q $OUT/p19/bbh-safe-qsg --baseline $OUT/p19/bbh-single-q --by-group
+ev --bench nq --limit 300 --method safe --members $M/qsg.yaml --out $OUT/p19/nq-safe-qsg
+safe-ensemble eval compare $OUT/p18/nq-single-g $OUT/p19/nq-safe-qsg --baseline $OUT/p18/nq-single-g
