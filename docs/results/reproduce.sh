@@ -326,3 +326,7 @@ ev --bench bbh --limit 100 --max-new-tokens 256 --method safe --members $M/qsg.y
 safe-ensemble eval compare $OUT/p19/bbh-single-q $OUT/p19/bbh-safe-qsg --baseline $OUT/p19/bbh-single-q --by-group
 ev --bench nq --limit 300 --method safe --members $M/qsg.yaml --out $OUT/p19/nq-safe-qsg
 safe-ensemble eval compare $OUT/p18/nq-single-g $OUT/p19/nq-safe-qsg --baseline $OUT/p18/nq-single-g
+for n in 25 50 75 100; do B="--bench mmlu-redux --limit $n"
+  ev $B --method single --members $M/q.yaml --out $OUT/p19/mmlu-single-q
+  ev $B --method safe --members $M/qsg.yaml --out $OUT/p19/mmlu-safe-qsg; done
+safe-ensemble eval compare $OUT/p19/mmlu-single-q $OUT/p19/mmlu-safe-qsg --baseline $OUT/p19/mmlu-single-q
