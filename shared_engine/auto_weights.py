@@ -9,7 +9,8 @@ where Qwen answers far better (a base model predicts the questions and passages 
 answers' NLL picked the best member on all six benchmarks whose best member is known (Qwen on
 GSM8K, ARC, SQuAD; Gemma on TriviaQA and NQ; BBH Qwen). A prompt with no assistant turn keeps the
 configured drafter. Fits are cached per member and prompt prefix, so a fixed few-shot block is
-scored once, not per request, and a conversation that grows scores only its newest answer.
+scored once, not per request, and a conversation that grows scores only its newest answer; with
+``fit_cache=PATH`` they are kept in a file, so the next process does not score the block again.
 
 ``weights="auto"``:
 
@@ -44,18 +45,23 @@ says), the request falls back to the configured weights and says so in a warning
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import logging
 import math
+import sqlite3
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from .errors import MemberError
+from .errors import InvalidRequestError, MemberError
 from .members import Member, Session
+from .members.base import member_fingerprint
 from .members.chat import Message
 from .weighting import (
     TextFit,
@@ -146,12 +152,22 @@ def answer_tokens(member: Member, prompt_ids: Sequence[int], answers: Sequence[s
 class FitCache:
     """Fits of runs of example-answer tokens, by (member, where the run starts, the prompt up to its
     end): what a run's tokens cost depends on nothing else, so a fixed few-shot block is scored once
-    per member, and a conversation that grows scores only its newest answer."""
+    per member, and a conversation that grows scores only its newest answer.
 
-    def __init__(self, size: int = 1024) -> None:
+    ``path``: also keep them in that SQLite file, so another process (an eval resumed in tiers, a
+    restarted server, the next CLI call) finds a block scored before instead of paying for it again: on
+    llama.cpp one decode step per example-answer token per member, ~25 s for a BBH block of three.
+    A fit is kept on disk only for a member with a fingerprint (``member_fingerprint``: the weights,
+    vocabulary and numerics), so a changed model never reads an old fit; a server at a URL keeps its
+    fits in memory only. Several processes may share the file (SQLite locks it)."""
+
+    def __init__(self, size: int = 1024, path: str | Path | None = None) -> None:
         self.size = size
         self._fits: OrderedDict[tuple[int, int, tuple[int, ...]], TextFit] = OrderedDict()
         self._lock = threading.Lock()  # members score in their own threads
+        self._fingerprints: dict[int, str | None] = {}
+        self.path = Path(path) if path is not None else None
+        self._db = _open_fits(self.path) if self.path is not None else None
 
     def get(self, member: Member, first: int, prefix: Sequence[int]) -> TextFit | None:
         key = (id(member), first, tuple(prefix))
@@ -159,13 +175,71 @@ class FitCache:
             fit = self._fits.get(key)
             if fit is not None:
                 self._fits.move_to_end(key)
-            return fit
+                return fit
+        stored = self._disk_key(member, first, prefix)
+        if stored is None:
+            return None
+        with self._lock:
+            if self._db is None:  # closed meanwhile (the engine closed)
+                return None
+            row = self._db.execute("SELECT nll, num_bytes, num_tokens FROM fits WHERE key = ?", (stored,)).fetchone()
+        if row is None:
+            return None
+        fit = TextFit(float(row[0]), int(row[1]), int(row[2]))
+        self._remember(key, fit)
+        return fit
 
     def put(self, member: Member, first: int, prefix: Sequence[int], fit: TextFit) -> None:
+        self._remember((id(member), first, tuple(prefix)), fit)
+        stored = self._disk_key(member, first, prefix)
+        if stored is not None:
+            with self._lock:
+                if self._db is None:  # closed meanwhile (the engine closed)
+                    return
+                with self._db:  # one transaction: committed, or rolled back on an error
+                    self._db.execute("INSERT OR REPLACE INTO fits VALUES (?, ?, ?, ?)",
+                                     (stored, fit.nll, fit.num_bytes, fit.num_tokens))
+
+    def close(self) -> None:
+        """Close the file (idempotent); fits stay readable from memory, new ones stay in memory."""
         with self._lock:
-            self._fits[(id(member), first, tuple(prefix))] = fit
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    def _remember(self, key: tuple[int, int, tuple[int, ...]], fit: TextFit) -> None:
+        with self._lock:
+            self._fits[key] = fit
+            self._fits.move_to_end(key)
             while len(self._fits) > self.size:
                 self._fits.popitem(last=False)
+
+    def _disk_key(self, member: Member, first: int, prefix: Sequence[int]) -> str | None:
+        """The row's key in the file (None: not kept on disk): the member's fingerprint, the run's start
+        and the prompt up to its end, hashed."""
+        if self._db is None:
+            return None
+        if id(member) not in self._fingerprints:  # computed once per member (HF: a pass over its tensors)
+            self._fingerprints[id(member)] = member_fingerprint(member)
+        fingerprint = self._fingerprints[id(member)]
+        if fingerprint is None:
+            return None
+        digest = hashlib.sha256(f"{fingerprint}|{first}|".encode())
+        digest.update(array("q", prefix).tobytes())
+        return digest.hexdigest()
+
+
+def _open_fits(path: Path) -> sqlite3.Connection:
+    """The fits file, created with its folder where missing; an unusable path is the caller's error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(path, timeout=30, check_same_thread=False)  # used under FitCache's lock
+        with db:
+            db.execute("CREATE TABLE IF NOT EXISTS fits "
+                       "(key TEXT PRIMARY KEY, nll REAL, num_bytes INTEGER, num_tokens INTEGER)")
+    except (OSError, sqlite3.Error) as err:
+        raise InvalidRequestError(f"fit_cache: cannot keep fits in {path}: {err}") from None
+    return db
 
 
 def answers_fit(member: Member, session: Session, prompt_ids: Sequence[int], scored: Sequence[int],

@@ -108,7 +108,7 @@ class EnsembleEngine:
         if isinstance(self.options.weights, list) and len(self.options.weights) != len(self._specs):
             raise InvalidRequestError(f"{len(self.options.weights)} weights for {len(self._specs)} members")
         self._order = self._drafter_first(self.options.drafter)
-        self._answer_fits = FitCache()  # drafter='auto': example-answer fits, per member and prompt prefix
+        self._answer_fits = FitCache(path=self.options.fit_cache)  # drafter='auto': fits per member and prompt prefix
         self._warned_slow_choice = False  # drafter='auto': the slow-choice warning is given once
         self.fuser = make_fuser(self.options.fusion, self.options.top_k)
         self._live: dict[int, RequestState] = {}  # requests that hold sessions, by id()
@@ -201,6 +201,7 @@ class EnsembleEngine:
         other engine holds leaves the registry and is closed (remote clients, llama.cpp servers);
         one that others hold stays loaded for them."""
         self._closed = True
+        self._answer_fits.close()
         with self._load_lock:
             held, self._held = self._held, []
         if held and not self._live:

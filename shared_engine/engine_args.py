@@ -32,6 +32,10 @@ def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = Tr
                                           "member that best predicts the prompt's example answers (its few-shot "
                                           "turns; none: the first member). Default: auto for safe, the first "
                                           "member for the others")
+    parser.add_argument("--fit-cache", metavar="FILE",
+                        help="drafter auto: keep the members' fits of the prompt's example answers in this SQLite "
+                             "file, so the next run does not score a few-shot block again (eval: default "
+                             "OUT/answer-fits.sqlite)")
     parser.add_argument("--weights", type=weights_arg,
                         help="fusion weight of each model, in --models order, e.g. 2,1 (default: see "
                              "--drafter-weight), or auto: per request, from how well each model fits the "
@@ -112,14 +116,16 @@ def method_default_flags(args: argparse.Namespace) -> dict[str, Any]:
     return {k: None if v == "none" else v for k in flags if (v := getattr(args, k)) is not None}
 
 
-def engine_from_args(args: argparse.Namespace, method: str, backend: str | None = None) -> EnsembleEngine:
+def engine_from_args(args: argparse.Namespace, method: str, backend: str | None = None,
+                     fit_cache: str | None = None) -> EnsembleEngine:
     """An engine from ``add_engine_args``' flags; ``backend`` (default: ``args.backend``, else each
-    model's default, ``default_backend``) runs the model names that carry no backend prefix. Members
-    load on first request."""
+    model's default, ``default_backend``) runs the model names that carry no backend prefix; ``fit_cache``
+    stands where ``--fit-cache`` is not given. Members load on first request."""
     chosen = backend or getattr(args, "backend", None)
     backend = chosen if isinstance(chosen, str) or chosen is None else chosen[0]
     return EnsembleEngine(member_configs(args, backend), method=method, drafter=args.drafter, weights=args.weights,
                           weights_temperature=args.weights_temperature, profile=args.profile,
+                          fit_cache=getattr(args, "fit_cache", None) or fit_cache,
                           draft_length=args.draft_length, draft_schedule=args.draft_schedule,
                           max_draft_length=args.max_draft_length, overlap=args.overlap,
                           **method_default_flags(args),

@@ -82,6 +82,11 @@ class EngineOptions(GenerationParams):
                           "predicts the prompt's example answers (its earlier assistant turns; with none, the "
                           "first member; see auto_weights.py). None: the method's default ('auto' for safe, "
                           "else the first member).")
+    fit_cache: str | None = Field(
+        None, description="drafter='auto': an SQLite file where the members' fits of a prompt's example answers "
+                          "are kept across processes (created where missing), so a few-shot block scored once "
+                          "is not scored again by the next process; None: kept in this engine's memory only. "
+                          "Only where the choice is made: it changes no answer.")
     draft_length: int = Field(5, ge=1, le=64, description="Tokens drafted per round (SAFE's gamma); with "
                                                            "draft_schedule='adaptive', the first round's.")
     draft_schedule: Literal["fixed", "adaptive"] = Field(

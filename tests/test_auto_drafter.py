@@ -3,6 +3,8 @@ whichever position and tokenizer it has; the fit is exact, cached per prompt pre
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from shared_engine import EnsembleEngine
@@ -201,3 +203,114 @@ def test_a_drafter_given_as_a_number_on_the_command_line_is_an_index() -> None:
     assert EnsembleEngine([plain, good], drafter="0").generate(FEW_SHOT, max_new_tokens=2).stats.drafter == "random"
     with pytest.raises(InvalidRequestError, match="out of range"):
         EnsembleEngine([plain, good], drafter="2")
+
+
+# --------------------------------------------------------------------------- fits kept across processes
+
+
+def test_fits_kept_in_a_file_are_read_by_the_next_engine_instead_of_scored_again(tmp_path: Path) -> None:
+    """A second engine (another process, as far as the cache knows: its memory starts empty) finds the
+    few-shot block's fits in the file: it chooses the same drafter with the same fits and pays none of
+    the scoring forwards; the answer is the one the named drafter gives."""
+    good, plain = answers_member("fits", "byte_level"), _random("metaspace")
+    named = EnsembleEngine([good, plain], drafter="fits").generate(FEW_SHOT, max_new_tokens=4)
+    path = tmp_path / "runs" / "fits.sqlite"  # its folder is created
+    with EnsembleEngine([plain, good], drafter="auto", fit_cache=str(path)) as first_engine:
+        first = first_engine.generate(FEW_SHOT, max_new_tokens=4)
+    assert path.is_file() and first.stats.forward_passes["fits"] > named.stats.forward_passes["fits"]
+    with EnsembleEngine([plain, good], drafter="auto", fit_cache=str(path)) as second_engine:
+        second = second_engine.generate(FEW_SHOT, max_new_tokens=4)
+    assert second.stats.drafter == "fits" and second.stats.answer_nll_per_byte == first.stats.answer_nll_per_byte
+    assert second.stats.forward_passes == named.stats.forward_passes  # nothing scored
+    assert second.text == first.text == named.text
+
+
+def test_the_fit_file_is_keyed_by_the_model_not_its_name(tmp_path: Path) -> None:
+    """Another model under the same name, a run starting elsewhere or another prompt finds nothing; a
+    member with no fingerprint (a server at a URL) keeps its fits in memory only."""
+    from types import SimpleNamespace
+
+    from shared_engine.weighting import TextFit
+
+    member, renamed = toy_member("m", seed=1), toy_member("other-name", seed=1)  # the same weights
+    retrained = toy_member("m", seed=4)
+    remote = SimpleNamespace(name="remote")
+    writer = FitCache(path=tmp_path / "fits.sqlite")
+    writer.put(member, 3, [1, 2, 3, 4], TextFit(2.5, 7, 2))
+    writer.put(remote, 3, [1, 2, 3, 4], TextFit(1.0, 1, 1))
+    assert writer.get(remote, 3, [1, 2, 3, 4]) == TextFit(1.0, 1, 1)  # in memory
+    writer.close()
+    reader = FitCache(path=tmp_path / "fits.sqlite")
+    assert reader.get(member, 3, [1, 2, 3, 4]) == TextFit(2.5, 7, 2)
+    assert reader.get(renamed, 3, [1, 2, 3, 4]) == TextFit(2.5, 7, 2)
+    assert reader.get(retrained, 3, [1, 2, 3, 4]) is None
+    assert reader.get(member, 2, [1, 2, 3, 4]) is None and reader.get(member, 3, [1, 2, 3, 5]) is None
+    assert reader.get(remote, 3, [1, 2, 3, 4]) is None
+
+
+def test_a_fit_file_that_cannot_be_kept_is_refused_when_the_engine_is_built(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(InvalidRequestError, match="fit_cache: cannot keep fits in"):
+        EnsembleEngine([toy_member("a"), toy_member("b", seed=3)], fit_cache=str(blocker / "fits.sqlite"))
+
+
+def test_a_model_fingerprint_follows_its_weights() -> None:
+    import copy
+
+    import torch
+
+    member = toy_member("a", seed=1)
+    twin = HFMember("twin", copy.deepcopy(member.model), member.tokenizer)
+    assert twin.fingerprint() == member.fingerprint()
+    changed = copy.deepcopy(member.model)
+    with torch.no_grad():
+        next(changed.parameters()).view(-1)[0] += 0.5
+    assert HFMember("a", changed, member.tokenizer).fingerprint() != member.fingerprint()
+
+
+def test_a_llamacpp_fingerprint_is_its_gguf_file_and_none_at_a_url(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from shared_engine.members.llamacpp import LlamaCppMember
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(16))
+
+    def fingerprint(server: object) -> str | None:
+        return LlamaCppMember.fingerprint(SimpleNamespace(server=server, top_k=10))  # type: ignore[arg-type]
+
+    assert fingerprint(None) is None  # a server at a URL: its model may change behind it
+    before = fingerprint(SimpleNamespace(gguf=gguf))
+    assert before is not None and str(gguf.resolve()) in before and before == fingerprint(SimpleNamespace(gguf=gguf))
+    gguf.write_bytes(b"GGUF" + bytes(32))  # re-quantised in place
+    assert fingerprint(SimpleNamespace(gguf=gguf)) != before
+
+
+def test_eval_keeps_its_fits_beside_its_answers_and_out_of_its_config(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """So a run resumed in tiers (one process each) finds its few-shot blocks scored; where the fits
+    live changes no answer, so it is not part of what makes two runs comparable."""
+    import json
+
+    import shared_engine.evaluation.cli as eval_cli
+    from shared_engine.cli import main
+
+    seen = {}
+
+    async def fake_evaluate(engine, bench, config, out, **_):  # noqa: ANN001, ANN202 - the runner's signature
+        seen.update(engine=engine, config=config, out=out)
+        return {"score": 0.0, "ci95": [0.0, 0.0], "n": 0, "ensemble_rate": 0.0, "tokens_per_s": 0.0,
+                "truncated": 0, "failures": 0, "skipped": {}}
+
+    monkeypatch.setattr(eval_cli, "evaluate", fake_evaluate)
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text(json.dumps({"question": "1 + 1?", "answer": "#### 2"}) + "\n")
+    common = ["eval", "--bench", "gsm8k", "--data", str(data), "--models", "a,b", "--no-progress"]
+    assert main([*common, "--out", str(tmp_path / "run")]) == 0
+    assert seen["engine"].options.fit_cache == str(tmp_path / "run" / eval_cli.FITS)
+    assert "fit_cache" not in seen["config"].engine_options
+    assert main([*common, "--out", str(tmp_path / "run2"), "--fit-cache", str(tmp_path / "shared.sqlite")]) == 0
+    assert seen["engine"].options.fit_cache == str(tmp_path / "shared.sqlite")
+    assert main([*common, "--out", str(tmp_path / "run3"), "--drafter", "0"]) == 0
+    assert seen["engine"].options.fit_cache is None  # no choice, nothing to keep

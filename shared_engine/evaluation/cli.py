@@ -71,6 +71,10 @@ def default_plots_dir(dirs: list[Path]) -> Path:
     return common / "plots"
 
 
+FITS = "answer-fits.sqlite"
+"""drafter='auto': the run's example-answer fits, beside its samples (``--fit-cache`` puts them elsewhere)."""
+
+
 def run(args: argparse.Namespace) -> int:
     if args.eval_command == "compare":
         from .compare import compare_runs
@@ -86,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     args.max_new_tokens = args.max_new_tokens or bench.max_new_tokens
     engine = engine_from_args(args, method)
     # the run's options (the loop guard too: it changes answers, the other generation parameters are the config's)
-    options = engine.options.model_dump(exclude=set(GenerationParams.model_fields) - {"loop_guard"} | {"method"})
+    options = engine.options.model_dump(exclude=set(GenerationParams.model_fields) - {"loop_guard"}
+                                         | {"method", "fit_cache"})  # where fits are kept changes no answer
     # `single` runs the drafter alone
     models = [_drafter(args, engine.options.drafter)] if method == "single" else args.models
     # a bf16 run is another run; a display name (MemberConfig.name) keys the stats and labels the run
@@ -96,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
                        engine_options=options, member_options=member_options)
     shown = [member_options.get(m, {}).get("name") or m for m in models]
     out = Path(args.out or f"eval-runs/{bench.name}-{method}-{'+'.join(_short(m) for m in shown)}")
+    if engine.options.drafter == "auto" and not engine.options.fit_cache:
+        # the fits live beside the answers, so a run resumed in another process (tiers) finds its few-shot
+        # blocks scored (members load on first request: building the engine again loads nothing)
+        engine = engine_from_args(args, method, fit_cache=str(out / FITS))
     summary = asyncio.run(evaluate(engine, bench, config, out, limit=args.limit, resume=args.resume,
                                    progress=not args.no_progress))
     score = summary["score"]

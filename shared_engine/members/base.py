@@ -94,6 +94,15 @@ class Member(Protocol):
         """Run blocking compute for this member off the event loop."""
 
 
+def member_fingerprint(member: Member) -> str | None:
+    """What identifies a member's numbers across processes (its weights, vocabulary and numerics), so a
+    score computed in one process can be reused in another: the member's ``fingerprint()`` where it has
+    one. None where this process cannot know (a server at a URL, whose model may change behind it): then
+    nothing of that member is kept across processes."""
+    fingerprint = getattr(member, "fingerprint", None)
+    return fingerprint() if callable(fingerprint) else None
+
+
 def exact_support(member: Member) -> int | None:
     """How many of a member's most likely ids are exact (None: all of them), from its declared
     capabilities: decoders adapt to top-K backends instead of branching on the member type."""

@@ -17,6 +17,7 @@ threads of their own, so their forwards can overlap.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -71,6 +72,7 @@ class HFMember:
         self.lock = threading.Lock()  # held during each forward: whoever must wait for the one in flight
         self.devices = "+".join(sorted({str(p.device) for p in model.parameters()}))
         """The devices holding the weights, e.g. ``cpu`` or ``cuda:0+cuda:1`` (one compute thread each)."""
+        self._fingerprint: str | None = None
 
     @classmethod
     def from_pretrained(cls, name: str, path: str | Path, *, device: str | None = None,
@@ -96,6 +98,23 @@ class HFMember:
     def placement(self) -> str:
         """Where the weights live and in which dtype, e.g. ``cuda:0 bfloat16`` (for reports)."""
         return f"{self.devices} {str(self.model.dtype).removeprefix('torch.')}"
+
+    def fingerprint(self) -> str:
+        """The model's config, placement and dtype, its vocabulary's pieces, and each weight tensor's
+        name, shape and first and last values (computed once): two processes that load the same weights
+        the same way agree, a retrained or re-quantised model does not. Sampled, not a hash of every
+        weight, so it costs milliseconds, not a pass over the whole model."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256(f"hf|{self.placement}|{self.model.config.to_json_string()}".encode())
+            digest.update(b"\0".join(piece or b"" for piece in self.table.pieces))
+            with torch.no_grad():
+                for name, tensor in self.model.state_dict().items():
+                    flat = tensor.detach().reshape(-1)
+                    sample = torch.cat([flat[:32], flat[-32:]]).float().cpu()
+                    digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}".encode())
+                    digest.update(sample.numpy().tobytes())
+            self._fingerprint = digest.hexdigest()
+        return self._fingerprint
 
     @property
     def eos_ids(self) -> frozenset[int]:

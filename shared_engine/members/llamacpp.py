@@ -69,6 +69,16 @@ copies only grow. Measured: an eval process with three in-process servers grew t
 the default over 100 FLORES questions and pushed the 24 GB machine into swap."""
 
 
+def _llamacpp_build() -> str:
+    """The xllamacpp version serving in-process members (its kernels decide the last digits)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("xllamacpp")
+    except PackageNotFoundError:  # pragma: no cover - xllamacpp is a dependency
+        return "unknown"
+
+
 class LocalLlamaServer:
     """A llama.cpp server for one GGUF inside this process (xllamacpp), on a free loopback port.
 
@@ -203,6 +213,15 @@ class LlamaCppMember(RemoteMember):
 
     def wire_capabilities(self) -> dict[str, bool]:
         return {"block_scoring": False, "prefix_cache": True, "token_id_prompts": True}
+
+    def fingerprint(self) -> str | None:
+        """An in-process server's GGUF (path, size, modification time), the llama.cpp build and the
+        top-K it returns; None for a server at a URL (its model may change behind it)."""
+        if self.server is None:
+            return None
+        stat = self.server.gguf.stat()
+        return (f"llamacpp|{self.server.gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|"
+                f"{_llamacpp_build()}|top_k={self.top_k}")
 
     def new_session(self) -> LlamaCppSession:
         return LlamaCppSession(self)
