@@ -320,7 +320,7 @@ ev --bench triviaqa --limit 500 --method safe --members $M/qg.yaml --drafter-wei
 for n in 10 20 30 40 50 60 70 80 90 100; do
   ev --bench math500 --limit $n --max-new-tokens 1024 --method safe --members $M/qsg.yaml --out $OUT/p19/math-safe-qsg; done
 safe-ensemble eval compare $OUT/p19/math-single-q $OUT/p19/math-safe-qg $OUT/p19/math-safe-qsg --baseline $OUT/p19/math-single-q
-# BBH in one process per run: drafter="auto"'s answer fits are cached per process (19 task blocks)
+# BBH in one process per run: drafter="auto"'s answer fits were cached per process then (19 task blocks); since 846db4d eval keeps them in OUT/answer-fits.sqlite, so tiers no longer score a block again
 ev --bench bbh --limit 100 --max-new-tokens 256 --method single --members $M/q.yaml --out $OUT/p19/bbh-single-q
 ev --bench bbh --limit 100 --max-new-tokens 256 --method safe --members $M/qsg.yaml --out $OUT/p19/bbh-safe-qsg
 safe-ensemble eval compare $OUT/p19/bbh-single-q $OUT/p19/bbh-safe-qsg --baseline $OUT/p19/bbh-single-q --by-group

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     engine = engine_from_args(args, method)
     # the run's options (the loop guard too: it changes answers, the other generation parameters are the config's)
     options = engine.options.model_dump(exclude=set(GenerationParams.model_fields) - {"loop_guard"}
-                                         | {"method", "fit_cache"})  # where fits are kept changes no answer
+                                         | {"method", "fit_cache"})  # where fits are kept changes no choice
     # `single` runs the drafter alone
     models = [_drafter(args, engine.options.drafter)] if method == "single" else args.models
     # a bf16 run is another run; a display name (MemberConfig.name) keys the stats and labels the run
