@@ -330,3 +330,16 @@ for n in 25 50 75 100; do B="--bench mmlu-redux --limit $n"
   ev $B --method single --members $M/q.yaml --out $OUT/p19/mmlu-single-q
   ev $B --method safe --members $M/qsg.yaml --out $OUT/p19/mmlu-safe-qsg; done
 safe-ensemble eval compare $OUT/p19/mmlu-single-q $OUT/p19/mmlu-safe-qsg --baseline $OUT/p19/mmlu-single-q
+# 2026-12-05 at 532f7e6 (the same engine as 6f05e8b): every member alone where a row was missing, and TriviaQA's
+# three-member gain checked on questions 501-1000 (copies of the p19 runs resumed to 1000)
+ev --bench arc-challenge --limit 100 --max-new-tokens 64 --method single --members $M/s.yaml --out $OUT/p20/arc-single-s
+ev --bench triviaqa --limit 500 --method single --members $M/s.yaml --out $OUT/p20/triviaqa-single-s
+ev --bench nq --limit 300 --method single --members $M/s.yaml --out $OUT/p20/nq-single-s
+ev --bench flores --pair en-ro --limit 200 --max-new-tokens 128 --method single --members $M/s.yaml --out $OUT/p20/flores-en-ro-single-s
+for m in s g; do ev --bench bbh --limit 100 --max-new-tokens 256 --method single --members $M/$m.yaml --out $OUT/p20/bbh-single-$m; done
+for m in s g; do ev --bench mmlu-redux --limit 100 --method single --members $M/$m.yaml --out $OUT/p20/mmlu-single-$m; done
+for m in s g; do ev --bench math500 --limit 100 --max-new-tokens 1024 --method single --members $M/$m.yaml --out $OUT/p20/math-single-$m; done
+cp -r $OUT/p19/triviaqa-safe-qsg $OUT/p19/triviaqa-single-g $OUT/p20/
+ev --bench triviaqa --limit 1000 --method safe --members $M/qsg.yaml --out $OUT/p20/triviaqa-safe-qsg
+ev --bench triviaqa --limit 1000 --method single --members $M/g.yaml --out $OUT/p20/triviaqa-single-g
+safe-ensemble eval compare $OUT/p20/triviaqa-single-g $OUT/p20/triviaqa-safe-qsg --baseline $OUT/p20/triviaqa-single-g
