@@ -219,7 +219,7 @@ class FitCache:
         and the prompt up to its end, hashed."""
         if self._db is None:
             return None
-        if id(member) not in self._fingerprints:  # computed once per member (HF: a pass over its tensors)
+        if id(member) not in self._fingerprints:  # computed once per member (HF: a sampled pass over its tensors)
             self._fingerprints[id(member)] = member_fingerprint(member)
         fingerprint = self._fingerprints[id(member)]
         if fingerprint is None:
