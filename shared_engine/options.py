@@ -181,6 +181,14 @@ class EngineOptions(GenerationParams):
         return self
 
     @model_validator(mode="after")
+    def _fits_kept_only_for_a_choice(self) -> EngineOptions:
+        """fit_cache serves drafter='auto' alone: with the drafter named there is nothing to keep, and no
+        file is made (an eval of every-token or of a named drafter leaves none in its folder)."""
+        if self.drafter != "auto" and self.fit_cache is not None:
+            object.__setattr__(self, "fit_cache", None)
+        return self
+
+    @model_validator(mode="after")
     def _first_draft_within_bounds(self) -> EngineOptions:
         if self.draft_schedule == "adaptive" and self.draft_length > self.max_draft_length:
             raise ValueError(f"draft_length ({self.draft_length}) exceeds max_draft_length "

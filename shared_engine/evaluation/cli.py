@@ -88,23 +88,22 @@ def run(args: argparse.Namespace) -> int:
     method = args.method or default_method(args.models)
     bench = get_benchmark(args.bench, args.data, args.pair)
     args.max_new_tokens = args.max_new_tokens or bench.max_new_tokens
-    engine = engine_from_args(args, method)
-    # the run's options (the loop guard too: it changes answers, the other generation parameters are the config's)
-    options = engine.options.model_dump(exclude=set(GenerationParams.model_fields) - {"loop_guard"}
-                                         | {"method", "fit_cache"})  # where fits are kept changes no choice
-    # `single` runs the drafter alone
-    models = [_drafter(args, engine.options.drafter)] if method == "single" else args.models
+    # `single` runs the drafter alone (a profile may name it: the engine resolves which)
+    single = engine_from_args(args, method) if method == "single" else None
+    models = [_drafter(args, single.options.drafter)] if single else args.models
     # a bf16 run is another run; a display name (MemberConfig.name) keys the stats and labels the run
     member_options = {c.model: c.model_dump(mode="json", exclude_none=True, exclude={"model"})
                       for c in member_configs(args, args.backend) if c.backend_options() or c.name}
-    config = RunConfig(bench=bench.name, models=models, method=method, max_new_tokens=args.max_new_tokens,
-                       engine_options=options, member_options=member_options)
     shown = [member_options.get(m, {}).get("name") or m for m in models]
     out = Path(args.out or f"eval-runs/{bench.name}-{method}-{'+'.join(_short(m) for m in shown)}")
-    if engine.options.drafter == "auto" and not engine.options.fit_cache:
-        # the fits live beside the answers, so a run resumed in another process (tiers) finds its few-shot
-        # blocks scored (members load on first request: building the engine again loads nothing)
-        engine = engine_from_args(args, method, fit_cache=str(out / FITS))
+    # drafter='auto' keeps its fits beside the answers, so a run resumed in another process (tiers) finds its
+    # few-shot blocks scored (EngineOptions drops the file where no drafter is chosen)
+    engine = single or engine_from_args(args, method, fit_cache=str(out / FITS))
+    # the run's options (the loop guard too: it changes answers, the other generation parameters are the config's)
+    options = engine.options.model_dump(exclude=set(GenerationParams.model_fields) - {"loop_guard"}
+                                         | {"method", "fit_cache"})  # where fits are kept changes no choice
+    config = RunConfig(bench=bench.name, models=models, method=method, max_new_tokens=args.max_new_tokens,
+                       engine_options=options, member_options=member_options)
     summary = asyncio.run(evaluate(engine, bench, config, out, limit=args.limit, resume=args.resume,
                                    progress=not args.no_progress))
     score = summary["score"]
