@@ -49,6 +49,7 @@ import hashlib
 import itertools
 import logging
 import math
+import os
 import sqlite3
 import threading
 from array import array
@@ -167,7 +168,13 @@ class FitCache:
         self._lock = threading.Lock()  # members score in their own threads
         self._fingerprints: dict[int, str | None] = {}
         self.path = Path(path) if path is not None else None
-        self._db = _open_fits(self.path) if self.path is not None else None
+        self._db: sqlite3.Connection | None = None
+        self._closed = False
+        if self.path is not None:  # an unusable path fails now, not at the first few-shot prompt
+            if self.path.exists():
+                self._db = _open_fits(self.path)
+            else:
+                _check_folder(self.path)  # created at the first fit: a zero-shot run leaves no empty file
 
     def get(self, member: Member, first: int, prefix: Sequence[int]) -> TextFit | None:
         key = (id(member), first, tuple(prefix))
@@ -180,9 +187,10 @@ class FitCache:
         if stored is None:
             return None
         with self._lock:
-            if self._db is None:  # closed meanwhile (the engine closed)
+            db = self._connection(create=False)
+            if db is None:  # closed meanwhile (the engine closed), or no file yet
                 return None
-            row = self._db.execute("SELECT nll, num_bytes, num_tokens FROM fits WHERE key = ?", (stored,)).fetchone()
+            row = db.execute("SELECT nll, num_bytes, num_tokens FROM fits WHERE key = ?", (stored,)).fetchone()
         if row is None:
             return None
         fit = TextFit(float(row[0]), int(row[1]), int(row[2]))
@@ -194,18 +202,27 @@ class FitCache:
         stored = self._disk_key(member, first, prefix)
         if stored is not None:
             with self._lock:
-                if self._db is None:  # closed meanwhile (the engine closed)
+                db = self._connection(create=True)
+                if db is None:  # closed meanwhile (the engine closed)
                     return
-                with self._db:  # one transaction: committed, or rolled back on an error
-                    self._db.execute("INSERT OR REPLACE INTO fits VALUES (?, ?, ?, ?)",
-                                     (stored, fit.nll, fit.num_bytes, fit.num_tokens))
+                with db:  # one transaction: committed, or rolled back on an error
+                    db.execute("INSERT OR REPLACE INTO fits VALUES (?, ?, ?, ?)",
+                               (stored, fit.nll, fit.num_bytes, fit.num_tokens))
 
     def close(self) -> None:
         """Close the file (idempotent); fits stay readable from memory, new ones stay in memory."""
         with self._lock:
+            self._closed = True
             if self._db is not None:
                 self._db.close()
                 self._db = None
+
+    def _connection(self, create: bool) -> sqlite3.Connection | None:
+        """The open file (under the lock), opened on first use: for a read only where it exists (another
+        process may have written it since), for a write created."""
+        if self._db is None and self.path is not None and not self._closed and (create or self.path.exists()):
+            self._db = _open_fits(self.path)
+        return self._db
 
     def _remember(self, key: tuple[int, int, tuple[int, ...]], fit: TextFit) -> None:
         with self._lock:
@@ -217,7 +234,7 @@ class FitCache:
     def _disk_key(self, member: Member, first: int, prefix: Sequence[int]) -> str | None:
         """The row's key in the file (None: not kept on disk): the member's fingerprint, the run's start
         and the prompt up to its end, hashed."""
-        if self._db is None:
+        if self.path is None or self._closed:
             return None
         if id(member) not in self._fingerprints:  # computed once per member (HF: a sampled pass over its tensors)
             self._fingerprints[id(member)] = member_fingerprint(member)
@@ -227,6 +244,16 @@ class FitCache:
         digest = hashlib.sha256(f"{fingerprint}|{first}|".encode())
         digest.update(array("q", prefix).tobytes())
         return digest.hexdigest()
+
+
+def _check_folder(path: Path) -> None:
+    """The fits file's folder, created where missing and writable; an unusable path is the caller's error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InvalidRequestError(f"fit_cache: cannot keep fits in {path}: {err}") from None
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise InvalidRequestError(f"fit_cache: cannot keep fits in {path}: its folder is not writable")
 
 
 def _open_fits(path: Path) -> sqlite3.Connection:

@@ -347,9 +347,10 @@ class EnsembleEngine:
                 "drafter='auto' took %.1f s before the first token to choose the drafter: each member scored "
                 "the prompt's example answers (up to %d tokens; a llama.cpp member pays one decode step per "
                 "token, llama-server returns no prompt log-probabilities). The fits are cached per few-shot "
-                "block, so a block is scored once per engine; to skip the choice, name the drafter "
+                "block, so a block is scored once per engine%s; to skip the choice, name the drafter "
                 "(drafter=NAME or an index) or pass a calibrated profile.",
-                state.stats.drafter_choice_s, ANSWER_TOKENS)
+                state.stats.drafter_choice_s, ANSWER_TOKENS,
+                "" if self.options.fit_cache else " (fit_cache=FILE keeps them for the next process)")
         if not choice.index:
             return
         state.make_drafter(choice.index)

@@ -84,7 +84,7 @@ class EngineOptions(GenerationParams):
                           "else the first member).")
     fit_cache: str | None = Field(
         None, description="drafter='auto': an SQLite file where the members' fits of a prompt's example answers "
-                          "are kept across processes (created where missing), so a few-shot block scored once "
+                          "are kept across processes (created by the first fit), so a few-shot block scored once "
                           "is not scored again by the next process; None: kept in this engine's memory only. "
                           "The same fits, so the same drafter; on llama.cpp the logits after it may differ in "
                           "the last digits, and so now and then an answer, as between any cold and warm slot "

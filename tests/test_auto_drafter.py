@@ -110,6 +110,7 @@ def test_a_slow_choice_is_timed_and_explained_once_per_engine(monkeypatch: pytes
     assert len(caplog.records) == 1
     message = caplog.records[0].getMessage()
     assert "drafter='auto' took" in message and "name the drafter" in message and "profile" in message
+    assert "fit_cache=FILE keeps them for the next process" in message  # no file was given
 
 
 def test_without_example_answers_the_first_member_drafts() -> None:
@@ -251,8 +252,29 @@ def test_the_fit_file_is_keyed_by_the_model_not_its_name(tmp_path: Path) -> None
 def test_a_fit_file_that_cannot_be_kept_is_refused_when_the_engine_is_built(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    with pytest.raises(InvalidRequestError, match="fit_cache: cannot keep fits in"):
-        EnsembleEngine([toy_member("a"), toy_member("b", seed=3)], fit_cache=str(blocker / "fits.sqlite"))
+    members = [toy_member("a"), toy_member("b", seed=3)]
+    for unusable in (blocker / "fits.sqlite", blocker, tmp_path):  # under a file, not a database, a folder
+        with pytest.raises(InvalidRequestError, match="fit_cache: cannot keep fits in"):
+            EnsembleEngine(members, fit_cache=str(unusable))
+
+
+def test_the_fit_file_is_created_by_the_first_fit_only(tmp_path: Path) -> None:
+    """A run whose prompts show no example answer (zero-shot) leaves no empty file behind; a file another
+    process wrote after this engine was built is read, not scored again."""
+    good, plain = answers_member("fits", "byte_level"), _random("metaspace")
+    path = tmp_path / "fits.sqlite"
+    with EnsembleEngine([plain, good], drafter="auto", fit_cache=str(path)) as zero_shot:
+        zero_shot.generate("And Pedro?", max_new_tokens=2)
+    assert not path.exists()
+    reader = EnsembleEngine([plain, good], drafter="auto", fit_cache=str(path))  # built before the file exists
+    with EnsembleEngine([plain, good], drafter="auto", fit_cache=str(path)) as writer:
+        written = writer.generate(FEW_SHOT, max_new_tokens=2)
+    assert path.is_file()
+    with reader:
+        read = reader.generate(FEW_SHOT, max_new_tokens=2)
+    assert read.stats.answer_nll_per_byte == written.stats.answer_nll_per_byte
+    assert read.stats.forward_passes == EnsembleEngine([plain, good], drafter="fits").generate(
+        FEW_SHOT, max_new_tokens=2).stats.forward_passes  # nothing scored
 
 
 def test_a_model_fingerprint_follows_its_weights() -> None:
