@@ -343,3 +343,12 @@ cp -r $OUT/p19/triviaqa-safe-qsg $OUT/p19/triviaqa-single-g $OUT/p20/
 ev --bench triviaqa --limit 1000 --method safe --members $M/qsg.yaml --out $OUT/p20/triviaqa-safe-qsg
 ev --bench triviaqa --limit 1000 --method single --members $M/g.yaml --out $OUT/p20/triviaqa-single-g
 safe-ensemble eval compare $OUT/p20/triviaqa-single-g $OUT/p20/triviaqa-safe-qsg --baseline $OUT/p20/triviaqa-single-g
+# 2026-12-05 (second session) at a5fcfa1 (the same engine decisions as 6f05e8b): the trio on GSM8K at today's
+# default (200), BBH extended to 200 (copies of the p19 runs resumed), SmolLM2 alone on MATH-500
+ev --bench gsm8k --limit 200 --max-new-tokens 256 --method safe --members $M/qsg.yaml --out $OUT/p21/gsm8k-safe-qsg
+safe-ensemble eval compare $OUT/p21/gsm8k-safe-qsg $OUT/p19/gsm8k-safe-qg-mirror --baseline $OUT/p18/gsm8k-single-q
+cp -r $OUT/p19/bbh-safe-qsg $OUT/p19/bbh-single-q $OUT/p21/
+ev --bench bbh --limit 200 --max-new-tokens 256 --method safe --members $M/qsg.yaml --out $OUT/p21/bbh-safe-qsg
+ev --bench bbh --limit 200 --max-new-tokens 256 --method single --members $M/q.yaml --out $OUT/p21/bbh-single-q
+safe-ensemble eval compare $OUT/p21/bbh-safe-qsg --baseline $OUT/p21/bbh-single-q --by-group
+ev --bench math500 --limit 100 --max-new-tokens 1024 --method single --members $M/s.yaml --out $OUT/p21/math-single-s
