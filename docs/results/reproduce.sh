@@ -352,3 +352,6 @@ ev --bench bbh --limit 200 --max-new-tokens 256 --method safe --members $M/qsg.y
 ev --bench bbh --limit 200 --max-new-tokens 256 --method single --members $M/q.yaml --out $OUT/p21/bbh-single-q
 safe-ensemble eval compare $OUT/p21/bbh-safe-qsg --baseline $OUT/p21/bbh-single-q --by-group
 ev --bench math500 --limit 100 --max-new-tokens 1024 --method single --members $M/s.yaml --out $OUT/p21/math-single-s
+# post hoc, sizing the drafter choice on BBH (no claim): the two tasks drafter=auto gave SmolLM2, Qwen named as drafter
+mkdir -p $OUT/p21/bbh-two-tasks && for f in snarks.json salient_translation_error_detection.json cot-prompts; do ln -sf "$(realpath ${SAFE_ENSEMBLE_DATA:-../shared/data})/bbh/$f" $OUT/p21/bbh-two-tasks/; done
+ev --bench bbh --data $OUT/p21/bbh-two-tasks --limit 20 --max-new-tokens 256 --method safe --drafter 0 --members $M/qsg.yaml --out $OUT/p21/bbh2-safe-qsg-qdrafts
