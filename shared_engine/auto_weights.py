@@ -170,11 +170,10 @@ class FitCache:
         self.path = Path(path) if path is not None else None
         self._db: sqlite3.Connection | None = None
         self._closed = False
-        if self.path is not None:  # an unusable path fails now, not at the first few-shot prompt
-            if self.path.exists():
-                self._db = _open_fits(self.path)
-            else:
-                _check_folder(self.path)  # created at the first fit: a zero-shot run leaves no empty file
+        # an unusable path fails now, not at the first few-shot prompt: an existing file is opened now, a
+        # new one only by the first fit (a zero-shot run leaves none), its folder checked now
+        if self.path is not None and self._connection(create=False) is None:
+            _check_folder(self.path)
 
     def get(self, member: Member, first: int, prefix: Sequence[int]) -> TextFit | None:
         key = (id(member), first, tuple(prefix))
@@ -258,8 +257,8 @@ def _check_folder(path: Path) -> None:
 
 def _open_fits(path: Path) -> sqlite3.Connection:
     """The fits file, created with its folder where missing; an unusable path is the caller's error."""
+    _check_folder(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(path, timeout=30, check_same_thread=False)  # used under FitCache's lock
         with db:
             db.execute("CREATE TABLE IF NOT EXISTS fits "
