@@ -338,7 +338,7 @@ ev --bench nq --limit 300 --method single --members $M/s.yaml --out $OUT/p20/nq-
 ev --bench flores --pair en-ro --limit 200 --max-new-tokens 128 --method single --members $M/s.yaml --out $OUT/p20/flores-en-ro-single-s
 for m in s g; do ev --bench bbh --limit 100 --max-new-tokens 256 --method single --members $M/$m.yaml --out $OUT/p20/bbh-single-$m; done
 for m in s g; do ev --bench mmlu-redux --limit 100 --method single --members $M/$m.yaml --out $OUT/p20/mmlu-single-$m; done
-for m in s g; do ev --bench math500 --limit 100 --max-new-tokens 1024 --method single --members $M/$m.yaml --out $OUT/p20/math-single-$m; done
+# (MATH-500 for SmolLM2 / Gemma alone was planned here and dropped for time: SmolLM2's ran in the p21 block below; Gemma's has not been run)
 cp -r $OUT/p19/triviaqa-safe-qsg $OUT/p19/triviaqa-single-g $OUT/p20/
 ev --bench triviaqa --limit 1000 --method safe --members $M/qsg.yaml --out $OUT/p20/triviaqa-safe-qsg
 ev --bench triviaqa --limit 1000 --method single --members $M/g.yaml --out $OUT/p20/triviaqa-single-g
@@ -355,3 +355,25 @@ ev --bench math500 --limit 100 --max-new-tokens 1024 --method single --members $
 # post hoc, sizing the drafter choice on BBH (no claim): the two tasks drafter=auto gave SmolLM2, Qwen named as drafter
 mkdir -p $OUT/p21/bbh-two-tasks && for f in snarks.json salient_translation_error_detection.json cot-prompts; do ln -sf "$(realpath ${SAFE_ENSEMBLE_DATA:-../shared/data})/bbh/$f" $OUT/p21/bbh-two-tasks/; done
 ev --bench bbh --data $OUT/p21/bbh-two-tasks --limit 20 --max-new-tokens 256 --method safe --drafter 0 --members $M/qsg.yaml --out $OUT/p21/bbh2-safe-qsg-qdrafts
+# 2026-12-05 (third session) at b4fca96: two comparable members, the papers' setting (Gemma-3-270m listed first, so it
+# drafts the zero-shot FLORES prompts; drafter="auto" chooses on the few-shot ones), each member alone beside it
+printf -- "- model: llamacpp:%s\n  reuse_prompt_cache: true\n" gemma-3-270m smollm2-135m-instruct > $M/gs.yaml
+for m in g s; do ev --bench triviaqa --limit 300 --method single --members $M/$m.yaml --out $OUT/p22/triviaqa-single-$m; done
+ev --bench triviaqa --limit 300 --method safe --members $M/gs.yaml --out $OUT/p22/triviaqa-safe-gs
+F="--bench flores --pair en-ro --limit 200 --max-new-tokens 128"
+for m in g s; do ev $F --method single --members $M/$m.yaml --out $OUT/p22/flores-en-ro-single-$m; done
+ev $F --method safe --members $M/gs.yaml --out $OUT/p22/flores-en-ro-safe-gs
+B="--bench bbh --limit 100 --max-new-tokens 256"
+for m in g s; do ev $B --method single --members $M/$m.yaml --out $OUT/p22/bbh-single-$m; done
+ev $B --method safe --members $M/gs.yaml --out $OUT/p22/bbh-safe-gs
+for b in triviaqa flores-en-ro bbh; do
+  safe-ensemble eval compare $OUT/p22/$b-single-g $OUT/p22/$b-single-s $OUT/p22/$b-safe-gs --baseline $OUT/p22/$b-single-g; done
+# TriviaQA extended to 1000 (copies of the 300-question runs resumed), then FLORES de-en (Gemma is the better member there)
+for r in triviaqa-single-g triviaqa-safe-gs; do cp -r $OUT/p22/$r $OUT/p22/$r-1000; done
+ev --bench triviaqa --limit 1000 --method safe --members $M/gs.yaml --out $OUT/p22/triviaqa-safe-gs-1000
+ev --bench triviaqa --limit 1000 --method single --members $M/g.yaml --out $OUT/p22/triviaqa-single-g-1000
+safe-ensemble eval compare $OUT/p22/triviaqa-single-g-1000 $OUT/p22/triviaqa-safe-gs-1000 --baseline $OUT/p22/triviaqa-single-g-1000
+F="--bench flores --pair de-en --limit 200 --max-new-tokens 128"
+ev $F --method single --members $M/g.yaml --out $OUT/p22/flores-de-en-single-g
+ev $F --method safe --members $M/gs.yaml --out $OUT/p22/flores-de-en-safe-gs
+safe-ensemble eval compare $OUT/p22/flores-de-en-single-g $OUT/p22/flores-de-en-safe-gs --baseline $OUT/p22/flores-de-en-single-g
