@@ -305,7 +305,6 @@ for n in 10 20 30 40 50 60 70 80 90 100; do
 safe-ensemble eval compare $OUT/p19/math-* --baseline $OUT/p19/math-every-token-qg --plots docs/results
 safe-ensemble eval compare $OUT/p19/math-* --baseline $OUT/p19/math-single-q
 # All three members at today's default (2026-12-04), paired with p17's Qwen runs (the standing table's)
-printf -- "- model: llamacpp:%s\n  reuse_prompt_cache: true\n" qwen2.5-coder-0.5b-instruct smollm2-135m-instruct gemma-3-270m > $M/qsg.yaml
 ev --bench arc-challenge --limit 100 --max-new-tokens 64 --method safe --members $M/qsg.yaml --out $OUT/p19/arc-safe-qsg
 ev --bench flores --pair en-ro --limit 200 --max-new-tokens 128 --method safe --members $M/qsg.yaml --out $OUT/p19/flores-en-ro-safe-qsg
 safe-ensemble eval compare $OUT/p17/arc-single-q $OUT/p19/arc-safe-qsg --baseline $OUT/p17/arc-single-q
@@ -357,7 +356,7 @@ mkdir -p $OUT/p21/bbh-two-tasks && for f in snarks.json salient_translation_erro
 ev --bench bbh --data $OUT/p21/bbh-two-tasks --limit 20 --max-new-tokens 256 --method safe --drafter 0 --members $M/qsg.yaml --out $OUT/p21/bbh2-safe-qsg-qdrafts
 # 2026-12-05 (third session) at b4fca96: two comparable members, the papers' setting (Gemma-3-270m listed first, so it
 # drafts the zero-shot FLORES prompts; drafter="auto" chooses on the few-shot ones), each member alone beside it
-printf -- "- model: llamacpp:%s\n  reuse_prompt_cache: true\n" gemma-3-270m smollm2-135m-instruct > $M/gs.yaml
+# ($M/gs.yaml is made by `mk gs` above)
 for m in g s; do ev --bench triviaqa --limit 300 --method single --members $M/$m.yaml --out $OUT/p22/triviaqa-single-$m; done
 ev --bench triviaqa --limit 300 --method safe --members $M/gs.yaml --out $OUT/p22/triviaqa-safe-gs
 F="--bench flores --pair en-ro --limit 200 --max-new-tokens 128"
@@ -368,11 +367,11 @@ for m in g s; do ev $B --method single --members $M/$m.yaml --out $OUT/p22/bbh-s
 ev $B --method safe --members $M/gs.yaml --out $OUT/p22/bbh-safe-gs
 for b in triviaqa flores-en-ro bbh; do
   safe-ensemble eval compare $OUT/p22/$b-single-g $OUT/p22/$b-single-s $OUT/p22/$b-safe-gs --baseline $OUT/p22/$b-single-g; done
-# TriviaQA extended to 1000 (copies of the 300-question runs resumed), then FLORES de-en (Gemma is the better member there)
-for r in triviaqa-single-g triviaqa-safe-gs; do cp -r $OUT/p22/$r $OUT/p22/$r-1000; done
-ev --bench triviaqa --limit 1000 --method safe --members $M/gs.yaml --out $OUT/p22/triviaqa-safe-gs-1000
-ev --bench triviaqa --limit 1000 --method single --members $M/g.yaml --out $OUT/p22/triviaqa-single-g-1000
-safe-ensemble eval compare $OUT/p22/triviaqa-single-g-1000 $OUT/p22/triviaqa-safe-gs-1000 --baseline $OUT/p22/triviaqa-single-g-1000
+# TriviaQA extended to 1000 (the 300-question runs resumed; their first 300 answers stay as they were), then FLORES
+# de-en (Gemma is the better member there)
+ev --bench triviaqa --limit 1000 --method safe --members $M/gs.yaml --out $OUT/p22/triviaqa-safe-gs
+ev --bench triviaqa --limit 1000 --method single --members $M/g.yaml --out $OUT/p22/triviaqa-single-g
+safe-ensemble eval compare $OUT/p22/triviaqa-single-g $OUT/p22/triviaqa-safe-gs --baseline $OUT/p22/triviaqa-single-g
 F="--bench flores --pair de-en --limit 200 --max-new-tokens 128"
 ev $F --method single --members $M/g.yaml --out $OUT/p22/flores-de-en-single-g
 ev $F --method safe --members $M/gs.yaml --out $OUT/p22/flores-de-en-safe-gs
