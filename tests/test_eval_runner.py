@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -166,7 +167,7 @@ def test_compare_draws_its_plots_beside_the_runs_not_in_the_current_folder(tmp_p
     assert default_plots_dir([runs / "a" / "x", runs / "b" / "y"]) == runs.resolve() / "plots"
 
 
-async def test_compare_prints_a_table_and_draws_three_plots(tmp_path: Path) -> None:
+async def test_compare_prints_a_table_and_draws_its_plots(tmp_path: Path) -> None:
     bench = toy_bench(tmp_path, questions=2)
     await evaluate(engine(), bench, config(), tmp_path / "safe", progress=False)
     single = EnsembleEngine([toy_member("a", "byte_level", "llama", 1)], method="single")
@@ -178,9 +179,11 @@ async def test_compare_prints_a_table_and_draws_three_plots(tmp_path: Path) -> N
     losses = sum(b and not a for a, b in zip(safe_rows, single_rows))
     both = sum(a and b for a, b in zip(safe_rows, single_rows))
     assert f"| safe (a+b) | 2 | {both} | {wins} | {losses} |" in text
+    assert f"| {100 * (wins - losses) / 2:+.2f} pts (" in text  # the paired difference, in accuracy points
     assert "| toy | safe (a+b) | 2 |" in text and "| toy | single (a+b) | 2 |" in text
     pngs = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
-    assert pngs == ["toy-accuracy.png", "toy-tokens-per-s.png", "toy-vs-ensemble-rate.png"]
+    # with a baseline, the paired differences are drawn too
+    assert pngs == ["toy-accuracy.png", "toy-paired.png", "toy-tokens-per-s.png", "toy-vs-ensemble-rate.png"]
     assert all((tmp_path / "plots" / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
     assert "prompt versions" not in text
     summary_file = tmp_path / "single" / SUMMARY
@@ -213,6 +216,7 @@ async def test_compare_by_group_pairs_each_run_within_each_task(tmp_path: Path) 
     text = compare_runs([tmp_path / "safe", tmp_path / "single"], tmp_path / "plots", baseline=tmp_path / "single",
                         by_group=True)
     assert "| safe (a+b) | 4 | 1 | 2 | 1 |" in text  # overall: both right, won, lost
+    assert "| +25.00 pts (" in text  # (2 - 1) / 4
     assert f"By group, safe (a+b) paired with {tmp_path / 'single'}:" in text
     assert "| a | 2 | 50% | 50% | 1 | 1 | 0.750 |" in text
     assert "| b | 2 | 50% | 100% | 1 | 0 | 1.000 |" in text
@@ -258,6 +262,24 @@ def test_sign_test_matches_hand_computed_binomial_tails() -> None:
     assert sign_test(3, 11)[0] == pytest.approx(2 * (1 + 14 + 91 + 364) / 2**14)  # README's +3 -11
     assert sign_test(11, 3)[1] == pytest.approx(1 - (1 + 14 + 91) / 2**14)  # many wins: "worse" unlikely
     assert sign_test(0, 0) == (1.0, 1.0) and sign_test(5, 5)[0] == 1.0
+
+
+def test_accuracy_difference_is_wins_minus_losses_with_a_paired_bootstrap_interval() -> None:
+    """The paired accuracy difference and its interval come from the discordant counts alone; on many
+    questions the bootstrap interval is the normal approximation's, and a lopsided count excludes 0."""
+    from shared_engine.evaluation.compare import accuracy_difference
+
+    delta, (low, high) = accuracy_difference(31, 16, 1000)  # the README's TriviaQA trio
+    half = 1.96 * math.sqrt((47 / 1000 - 0.015**2) / 1000)
+    assert delta == 0.015 and low == pytest.approx(0.015 - half, abs=0.002) and high == pytest.approx(0.015 + half,
+                                                                                                   abs=0.002)
+    assert 0 < low < delta < high
+    assert accuracy_difference(0, 7, 60)[1][1] < 0  # the issue's +0 -7: worse, the interval below 0
+    assert accuracy_difference(5, 5, 100)[0] == 0.0 and accuracy_difference(0, 0, 100) == (0.0, (0.0, 0.0))
+    assert accuracy_difference(0, 0, 0) == (0.0, (0.0, 0.0))  # no questions in common: nothing to say
+    assert accuracy_difference(3, 2, 50) == accuracy_difference(3, 2, 50)  # seeded: the same every run
+    with pytest.raises(InvalidRequestError, match="do not fit"):
+        accuracy_difference(60, 50, 100)
 
 
 def test_chrf_runs_pair_by_sentence_chrf_with_a_bootstrap_interval_of_the_corpus_difference(tmp_path: Path) -> None:

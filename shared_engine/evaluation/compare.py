@@ -1,7 +1,9 @@
 """``safe-ensemble eval compare DIR...``: one table row per run, and three PNG plots per benchmark
 (score per run with its 95% interval; score vs ensemble rate; tokens/s per run). With ``--baseline``
 also a paired count per run: questions it gets right that the baseline misses, and the reverse —
-on small N the paired view says more than two overlapping intervals."""
+on small N the paired view says more than two overlapping intervals — with the score difference's
+paired-bootstrap 95% interval, and a plot of those differences (``paired_difference_plot``, which
+``scripts/standing_plot.py`` also draws the README's standing with)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import math
 import textwrap
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import EnsembleError, InvalidRequestError
 from ..members.spec import BACKENDS
@@ -102,13 +104,7 @@ def _forwards(summary: dict[str, Any]) -> str:
 
 
 def plot(summaries: list[dict[str, Any]], folder: Path) -> list[Path]:
-    try:
-        import matplotlib
-    except ImportError:
-        raise EnsembleError("the plots need matplotlib: pip install 'safe-ensemble[eval]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for bench in sorted({s["bench"] for s in summaries}):
@@ -212,7 +208,28 @@ def paired(baseline: Path, other: Path, limit: int | None = None) -> dict[str, A
     if chrf:
         result["chrf_delta"], result["chrf_delta_ci95"] = chrf_difference(
             [base[i] for i in common], [new[i] for i in common])
+    else:
+        result["accuracy_delta"], result["accuracy_delta_ci95"] = accuracy_difference(wins, losses, len(common))
     return result
+
+
+def accuracy_difference(wins: int, losses: int, n: int, resamples: int = 10000,
+                        seed: int = 0) -> tuple[float, tuple[float, float]]:
+    """The run's accuracy minus the baseline's on the same ``n`` questions, ``(wins - losses) / n``,
+    and its 95% interval by paired bootstrap (the same resampled questions for both runs, as
+    ``chrf_difference`` does for chrF). Only the discordant questions move the difference, so a
+    resample is a multinomial draw of wins, losses and ties: the interval needs the counts alone,
+    and the standing plot computes it from the counts the README records."""
+    import numpy as np
+
+    if n == wins == losses == 0:
+        return 0.0, (0.0, 0.0)
+    if n <= 0 or wins < 0 or losses < 0 or wins + losses > n:
+        raise InvalidRequestError(f"{wins} wins and {losses} losses do not fit in {n} paired questions")
+    draws = np.random.default_rng(seed).multinomial(n, [wins / n, losses / n, (n - wins - losses) / n], resamples)
+    deltas = np.sort((draws[:, 0] - draws[:, 1]) / n)
+    return (round((wins - losses) / n, 4),
+            (round(float(deltas[int(0.025 * resamples)]), 4), round(float(deltas[int(0.975 * resamples) - 1]), 4)))
 
 
 def _discordant(base: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]], ids: list[str],
@@ -287,15 +304,90 @@ def paired_table(baseline: Path, summaries: list[dict[str, Any]]) -> str:
     sentence, "right only here" = a higher sentence chrF, plus the corpus chrF difference)."""
     lines = [f"Paired with {baseline} (the same questions):", "",
              "| run | N | both right (chrF: tied) | right only here (chrF: higher) | right only in baseline "
-             "(chrF: lower) | sign test p | p (worse) | Δ chrF (95% CI) |",
+             "(chrF: lower) | sign test p | p (worse) | Δ score (95% CI) |",
              "|---|---|---|---|---|---|---|---|"]
-    for s, limit in _paired_runs(baseline, summaries):
-        p = paired(baseline, Path(s["dir"]), limit)
-        delta = (f"{p['chrf_delta']:+.2f} ({p['chrf_delta_ci95'][0]:+.2f} to {p['chrf_delta_ci95'][1]:+.2f})"
-                 if "chrf_delta" in p else "-")
+    for s, p in _paired_results(baseline, summaries):
+        delta, (low, high), unit = _delta(p)
         lines.append(f"| {s['label']} | {p['n']} | {p['both_right']} | {p['wins']} | {p['losses']} "
-                     f"| {p['p']:.3f} | {p['p_worse']:.3f} | {delta} |")
+                     f"| {p['p']:.3f} | {p['p_worse']:.3f} | {delta:+.2f} {unit} ({low:+.2f} to {high:+.2f}) |")
     return "\n".join(lines)
+
+
+def _paired_results(baseline: Path, summaries: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    return [(s, paired(baseline, Path(s["dir"]), limit)) for s, limit in _paired_runs(baseline, summaries)]
+
+
+def _delta(p: dict[str, Any]) -> tuple[float, tuple[float, float], str]:
+    """A ``paired`` result's score difference and interval in the unit it is read in: chrF points,
+    or accuracy points (percent)."""
+    if "chrf_delta" in p:
+        return p["chrf_delta"], p["chrf_delta_ci95"], "chrF"
+    low, high = p["accuracy_delta_ci95"]
+    return 100 * p["accuracy_delta"], (100 * low, 100 * high), "pts"
+
+
+class PairedDifference(NamedTuple):
+    """One point of a paired-difference plot: a run's score minus its baseline's, with the interval."""
+
+    group: str  # the row it is drawn on (a benchmark)
+    series: str  # the legend entry (a method or member set)
+    unit: str  # the panel it is drawn in ("pts" or "chrF")
+    delta: float
+    low: float
+    high: float
+    note: str = ""  # printed beside the point (e.g. "31 / 16")
+
+
+def paired_difference_plot(points: list[PairedDifference], path: Path, title: str) -> Path:
+    """A forest plot: one panel per unit, one row per group holding each of its series' difference
+    from the baseline with the 95% interval, and zero marked (left of it: worse than the baseline)."""
+    plt = _pyplot()
+    units = list(dict.fromkeys(p.unit for p in points))
+    series = list(dict.fromkeys(p.series for p in points))
+    colours = dict(zip(series, plt.rcParams["axes.prop_cycle"].by_key()["color"] * len(series)))
+    groups = {u: list(dict.fromkeys(p.group for p in points if p.unit == u)) for u in units}
+    lines = {u: sum(len({p.series for p in points if p.unit == u and p.group == g}) + 1 for g in groups[u])
+             for u in units}
+    fig, axes = plt.subplots(len(units), 1, squeeze=False, figsize=(10, 1.0 + 0.22 * sum(lines.values())),
+                             gridspec_kw={"height_ratios": [lines[u] for u in units]})
+    for ax, unit in zip(axes[:, 0], units):
+        ticks, y = [], 0.0
+        for group in groups[unit]:
+            mine = [p for p in points if p.unit == unit and p.group == group]
+            ticks.append(y + (len(mine) - 1) / 2)
+            for p in mine:
+                ax.errorbar(p.delta, y, xerr=[[p.delta - p.low], [p.high - p.delta]], fmt="o",
+                            color=colours[p.series], capsize=3, markersize=4, label=p.series)
+                if p.note:
+                    ax.annotate(p.note, (p.high, y), xytext=(4, -3), textcoords="offset points", fontsize=7,
+                                color=colours[p.series])
+                y += 1
+            y += 1  # a blank line between groups
+        ax.axvline(0, color="gray", lw=0.8)
+        ax.set_yticks(ticks, groups[unit], fontsize=8)
+        ax.set_ylim(y - 1, -1)
+        low = min(p.low for p in points if p.unit == unit)
+        high = max(p.high for p in points if p.unit == unit)
+        span = (high - low) or 1.0
+        ax.set_xlim(min(low, 0) - 0.05 * span, max(high, 0) + 0.35 * span)  # room for the notes
+        ax.set_xlabel("accuracy difference (points)" if unit == "pts" else f"{unit} difference")
+    if len(series) > 1:
+        handles, labels = axes[0, 0].get_legend_handles_labels()
+        unique = dict(zip(labels, handles))
+        axes[0, 0].legend(unique.values(), unique.keys(), fontsize=7, loc="upper left")
+    axes[0, 0].set_title(title, fontsize=9)
+    return _save(fig, path)
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise EnsembleError("the plots need matplotlib: pip install 'safe-ensemble[eval]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _paired_runs(baseline: Path, summaries: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
@@ -330,9 +422,27 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
     text = table(summaries)
     if baseline is not None:
         text += "\n\n" + paired_table(baseline, summaries)
+        written.extend(_paired_plot(baseline, summaries, plots))
     if by_group and baseline is not None:
         text += "\n\n" + group_tables(baseline, summaries)
     return text + _mixed_prompts_note(summaries) + "\n\nplots: " + ", ".join(str(p) for p in written)
+
+
+def _paired_plot(baseline: Path, summaries: list[dict[str, Any]], folder: Path) -> list[Path]:
+    """``{bench}-paired.png``: each run's difference from the baseline, with its interval."""
+    base = next((s for s in summaries if Path(s["dir"]) == baseline), None)
+    pairs = _paired_results(baseline, summaries)
+    if not pairs:
+        return []
+    points = []
+    for s, p in pairs:
+        delta, (low, high), unit = _delta(p)
+        points.append(PairedDifference(s["label"], "run", unit, delta, low, high, f"{p['wins']} / {p['losses']}"))
+    bench = base["bench"] if base else pairs[0][0]["bench"]
+    folder.mkdir(parents=True, exist_ok=True)
+    title = (f"{bench}: each run minus {base['label'] if base else baseline.name}, paired, 95% bootstrap "
+             "interval\n(beside each point: right only in the run / only in the baseline; chrF: sentences)")
+    return [paired_difference_plot(points, folder / f"{bench}-paired.png", title)]
 
 
 def _mixed_prompts_note(summaries: list[dict[str, Any]]) -> str:
