@@ -6,8 +6,10 @@ benchmark, paired on the same questions, with the 95% interval, drawn from ``doc
 The CSV records what each run's ``eval compare --baseline`` printed (the runs themselves live outside
 the repo; ``docs/results/reproduce.sh`` makes them again): N, the scores, the paired wins and losses,
 and for chrF the corpus difference with its paired-bootstrap interval. For accuracy the interval is
-computed here from the counts by the same paired bootstrap ``eval compare`` uses
-(``compare.accuracy_difference``), so a row added to the CSV is drawn the way its own compare printed it.
+computed here as ``eval compare`` computes it (``compare.accuracy_difference``, Newcombe's interval for
+paired proportions), from the counts and the baseline's score (its right answers, of which the questions
+both got right are those the ensemble did not lose), so a row added to the CSV is drawn the way its own
+compare printed it.
 """
 
 from __future__ import annotations
@@ -32,14 +34,20 @@ def load(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def baseline_right(row: dict[str, str]) -> int:
+    """The questions the baseline answered right: its score (a percentage, rounded to 0.1) of N."""
+    return round(float(row["baseline_score"]) * int(row["n"]) / 100)
+
+
 def points(rows: list[dict[str, str]]) -> list[PairedDifference]:
     """One point per row: accuracy in points (interval from the counts), chrF as recorded."""
     out = []
     for row in rows:
         wins, losses, n = int(row["wins"]), int(row["losses"]), int(row["n"])
         if row["unit"] == "pts":
-            delta, (low, high) = accuracy_difference(wins, losses, n)
-            delta, low, high = 100 * delta, 100 * low, 100 * high
+            delta, ci = accuracy_difference(wins, losses, baseline_right(row) - losses, n)
+            assert ci is not None  # n > 0
+            delta, low, high = 100 * delta, 100 * ci[0], 100 * ci[1]
         else:
             delta, low, high = float(row["delta"]), float(row["ci_low"]), float(row["ci_high"])
         out.append(PairedDifference(row["benchmark"], row["series"], row["unit"], delta, low, high,
@@ -67,9 +75,9 @@ def main() -> int:
     args = parser.parse_args()
     rows = load(Path(args.data))
     drawn = points(rows)
-    title = ("Each ensemble minus its best member, paired on the same questions\n(llama.cpp members, greedy, "
-             "SAFE defaults; 95% paired-bootstrap interval;\nbeside each point: won / lost, FLORES: sentences "
-             "higher / lower)")
+    title = ("Each ensemble minus its best member, paired on the same questions (llama.cpp members, greedy)\n"
+             "95% interval: Newcombe's for paired proportions (accuracy), paired bootstrap (chrF);\n"
+             "beside each point: won / lost, FLORES: sentences higher / lower")
     print(table(rows, drawn))
     print(f"\nplot: {paired_difference_plot(drawn, Path(args.out), title)}")
     return 0

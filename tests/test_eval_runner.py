@@ -179,7 +179,8 @@ async def test_compare_prints_a_table_and_draws_its_plots(tmp_path: Path) -> Non
     losses = sum(b and not a for a, b in zip(safe_rows, single_rows))
     both = sum(a and b for a, b in zip(safe_rows, single_rows))
     assert f"| safe (a+b) | 2 | {both} | {wins} | {losses} |" in text
-    assert f"| {100 * (wins - losses) / 2:+.2f} pts (" in text  # the paired difference, in accuracy points
+    # the paired difference in accuracy points, with its interval
+    assert f"| {100 * (wins - losses) / 2:+.2f} pts (" in text
     assert "| toy | safe (a+b) | 2 |" in text and "| toy | single (a+b) | 2 |" in text
     pngs = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
     # with a baseline, the paired differences are drawn too
@@ -264,22 +265,28 @@ def test_sign_test_matches_hand_computed_binomial_tails() -> None:
     assert sign_test(0, 0) == (1.0, 1.0) and sign_test(5, 5)[0] == 1.0
 
 
-def test_accuracy_difference_is_wins_minus_losses_with_a_paired_bootstrap_interval() -> None:
-    """The paired accuracy difference and its interval come from the discordant counts alone; on many
-    questions the bootstrap interval is the normal approximation's, and a lopsided count excludes 0."""
+def test_accuracy_difference_is_wins_minus_losses_with_newcombes_paired_interval() -> None:
+    """The paired accuracy difference with Newcombe's interval for paired proportions: close to the
+    normal one at large N, well-behaved with few discordant questions (where a bootstrap of 0 / 2 can
+    never resample a win), mirrored when the two runs swap, and on the sign test's side of 0 where
+    that test is clear."""
     from shared_engine.evaluation.compare import accuracy_difference
 
-    delta, (low, high) = accuracy_difference(31, 16, 1000)  # the README's TriviaQA trio
+    delta, ci = accuracy_difference(31, 16, 113, 1000)  # the README's TriviaQA trio
     half = 1.96 * math.sqrt((47 / 1000 - 0.015**2) / 1000)
-    assert delta == 0.015 and low == pytest.approx(0.015 - half, abs=0.002) and high == pytest.approx(0.015 + half,
-                                                                                                   abs=0.002)
-    assert 0 < low < delta < high
-    assert accuracy_difference(0, 7, 60)[1][1] < 0  # the issue's +0 -7: worse, the interval below 0
-    assert accuracy_difference(5, 5, 100)[0] == 0.0 and accuracy_difference(0, 0, 100) == (0.0, (0.0, 0.0))
-    assert accuracy_difference(0, 0, 0) == (0.0, (0.0, 0.0))  # no questions in common: nothing to say
-    assert accuracy_difference(3, 2, 50) == accuracy_difference(3, 2, 50)  # seeded: the same every run
+    assert delta == 0.015 and ci == pytest.approx((0.015 - half, 0.015 + half), abs=0.002)
+    delta, ci = accuracy_difference(0, 2, 49, 100)  # 0 / 2, sign test p = 0.5: on both sides of 0, not at -2
+    assert delta == -0.02 and ci is not None and ci[0] < -0.03 and ci[1] > 0.01
+    # swapping the runs mirrors the interval (both right and both wrong stay; wins and losses swap)
+    low, high = accuracy_difference(6, 4, 5, 100)[1] or (0, 0)
+    assert accuracy_difference(4, 6, 5, 100) == (-0.02, (pytest.approx(-high), pytest.approx(-low)))
+    for wins, losses, both, n, excludes_zero in ((0, 7, 2, 60, True), (5, 19, 0, 100, True), (2, 8, 1, 100, False),
+                                                  (4, 3, 6, 100, False), (10, 14, 27, 200, False)):
+        low, high = accuracy_difference(wins, losses, both, n)[1] or (0, 0)
+        assert low < (wins - losses) / n < high and (low > 0 or high < 0) == excludes_zero, (wins, losses)
+    assert accuracy_difference(0, 0, 40, 100)[0] == 0.0 and accuracy_difference(0, 0, 0, 0) == (0.0, None)
     with pytest.raises(InvalidRequestError, match="do not fit"):
-        accuracy_difference(60, 50, 100)
+        accuracy_difference(60, 30, 20, 100)
 
 
 def test_chrf_runs_pair_by_sentence_chrf_with_a_bootstrap_interval_of_the_corpus_difference(tmp_path: Path) -> None:

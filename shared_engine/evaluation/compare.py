@@ -2,8 +2,9 @@
 (score per run with its 95% interval; score vs ensemble rate; tokens/s per run). With ``--baseline``
 also a paired count per run: questions it gets right that the baseline misses, and the reverse —
 on small N the paired view says more than two overlapping intervals — with the score difference's
-paired-bootstrap 95% interval, and a plot of those differences (``paired_difference_plot``, which
-``scripts/standing_plot.py`` also draws the README's standing with)."""
+95% interval (accuracy: Newcombe's for paired proportions; chrF: paired bootstrap), and a plot
+of those differences (``paired_difference_plot``, which ``scripts/standing_plot.py`` also draws the
+README's standing with)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any, NamedTuple
 from ..errors import EnsembleError, InvalidRequestError
 from ..members.spec import BACKENDS
 from ..options import METHOD_DEFAULTS
-from .runner import SAMPLES, SUMMARY
+from .runner import SAMPLES, SUMMARY, wilson_interval
 
 BAR_LABEL_WIDTH = 22
 """Characters per line of a run label under its bar."""
@@ -208,28 +209,37 @@ def paired(baseline: Path, other: Path, limit: int | None = None) -> dict[str, A
     if chrf:
         result["chrf_delta"], result["chrf_delta_ci95"] = chrf_difference(
             [base[i] for i in common], [new[i] for i in common])
-    else:
-        result["accuracy_delta"], result["accuracy_delta_ci95"] = accuracy_difference(wins, losses, len(common))
+    elif common:
+        result["accuracy_delta"], result["accuracy_delta_ci95"] = accuracy_difference(wins, losses, both, len(common))
     return result
 
 
-def accuracy_difference(wins: int, losses: int, n: int, resamples: int = 10000,
-                        seed: int = 0) -> tuple[float, tuple[float, float]]:
+def accuracy_difference(wins: int, losses: int, both_right: int, n: int) -> tuple[float, tuple[float, float] | None]:
     """The run's accuracy minus the baseline's on the same ``n`` questions, ``(wins - losses) / n``,
-    and its 95% interval by paired bootstrap (the same resampled questions for both runs, as
-    ``chrf_difference`` does for chrF). Only the discordant questions move the difference, so a
-    resample is a multinomial draw of wins, losses and ties: the interval needs the counts alone,
-    and the standing plot computes it from the counts the README records."""
-    import numpy as np
-
-    if n == wins == losses == 0:
-        return 0.0, (0.0, 0.0)
-    if n <= 0 or wins < 0 or losses < 0 or wins + losses > n:
-        raise InvalidRequestError(f"{wins} wins and {losses} losses do not fit in {n} paired questions")
-    draws = np.random.default_rng(seed).multinomial(n, [wins / n, losses / n, (n - wins - losses) / n], resamples)
-    deltas = np.sort((draws[:, 0] - draws[:, 1]) / n)
-    return (round((wins - losses) / n, 4),
-            (round(float(deltas[int(0.025 * resamples)]), 4), round(float(deltas[int(0.975 * resamples) - 1]), 4)))
+    and its 95% interval (None for no question): Newcombe's hybrid score interval for a difference of
+    paired proportions (Stat. Med. 1998, method 10), built from the two accuracies' Wilson intervals
+    and the correlation of the paired answers. With few discordant questions a bootstrap is too
+    narrow (0 / 2 can never resample a win) and an interval given their number alone ignores how
+    that number varies; this one is well-behaved at both, and close to the normal one at large N."""
+    if n < 0 or min(wins, losses, both_right) < 0 or wins + losses + both_right > n:
+        raise InvalidRequestError(f"{wins} wins, {losses} losses and {both_right} both right do not fit "
+                                  f"in {n} paired questions")
+    if n == 0:
+        return 0.0, None
+    a, b, c, d = both_right, losses, wins, n - both_right - wins - losses
+    run, base = (a + c) / n, (a + b) / n
+    run_low, run_high = wilson_interval(a + c, n)
+    base_low, base_high = wilson_interval(a + b, n)
+    margins = (a + b) * (c + d) * (a + c) * (b + d)
+    # the correlation of the paired answers, shrunk towards 0 by a continuity correction where positive
+    agreement = max(a * d - b * c - n / 2, 0) if a * d > b * c else a * d - b * c
+    phi = 0.0 if margins == 0 else agreement / math.sqrt(margins)
+    below = math.sqrt(max((run - run_low) ** 2 - 2 * phi * (run - run_low) * (base_high - base)
+                          + (base_high - base) ** 2, 0.0))
+    above = math.sqrt(max((run_high - run) ** 2 - 2 * phi * (run_high - run) * (base - base_low)
+                          + (base - base_low) ** 2, 0.0))
+    delta = (wins - losses) / n
+    return round(delta, 4), (round(delta - below, 4), round(delta + above, 4))
 
 
 def _discordant(base: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]], ids: list[str],
@@ -299,31 +309,41 @@ def chrf_difference(base: list[dict[str, Any]], new: list[dict[str, Any]], resam
             (round(deltas[int(0.025 * resamples)], 2), round(deltas[int(0.975 * resamples) - 1], 2)))
 
 
-def paired_table(baseline: Path, summaries: list[dict[str, Any]]) -> str:
-    """Pairs each run with the baseline over the questions both summaries cover (chrF runs: per
-    sentence, "right only here" = a higher sentence chrF, plus the corpus chrF difference)."""
+def paired_table(baseline: Path, pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
+    """Each run paired with the baseline (``paired_results``) over the questions both summaries cover
+    (chrF runs: per sentence, "right only here" = a higher sentence chrF, plus the corpus chrF difference)."""
     lines = [f"Paired with {baseline} (the same questions):", "",
              "| run | N | both right (chrF: tied) | right only here (chrF: higher) | right only in baseline "
              "(chrF: lower) | sign test p | p (worse) | Δ score (95% CI) |",
              "|---|---|---|---|---|---|---|---|"]
-    for s, p in _paired_results(baseline, summaries):
-        delta, (low, high), unit = _delta(p)
+    for s, p in pairs:
         lines.append(f"| {s['label']} | {p['n']} | {p['both_right']} | {p['wins']} | {p['losses']} "
-                     f"| {p['p']:.3f} | {p['p_worse']:.3f} | {delta:+.2f} {unit} ({low:+.2f} to {high:+.2f}) |")
+                     f"| {p['p']:.3f} | {p['p_worse']:.3f} | {_delta_text(p)} |")
     return "\n".join(lines)
 
 
-def _paired_results(baseline: Path, summaries: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def paired_results(baseline: Path, summaries: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Each run but the baseline with ``paired``'s result against it (computed once: chrF's bootstrap is slow)."""
     return [(s, paired(baseline, Path(s["dir"]), limit)) for s, limit in _paired_runs(baseline, summaries)]
 
 
-def _delta(p: dict[str, Any]) -> tuple[float, tuple[float, float], str]:
+def _delta(p: dict[str, Any]) -> tuple[float, tuple[float, float] | None, str] | None:
     """A ``paired`` result's score difference and interval in the unit it is read in: chrF points,
-    or accuracy points (percent)."""
+    or accuracy points (percent); None where no question was paired."""
     if "chrf_delta" in p:
         return p["chrf_delta"], p["chrf_delta_ci95"], "chrF"
-    low, high = p["accuracy_delta_ci95"]
-    return 100 * p["accuracy_delta"], (100 * low, 100 * high), "pts"
+    if "accuracy_delta" not in p:
+        return None
+    ci = p["accuracy_delta_ci95"]
+    return 100 * p["accuracy_delta"], None if ci is None else (100 * ci[0], 100 * ci[1]), "pts"
+
+
+def _delta_text(p: dict[str, Any]) -> str:
+    delta = _delta(p)
+    if delta is None:
+        return "-"
+    value, ci, unit = delta
+    return f"{value:+.2f} {unit}" + ("" if ci is None else f" ({ci[0]:+.2f} to {ci[1]:+.2f})")
 
 
 class PairedDifference(NamedTuple):
@@ -341,13 +361,14 @@ class PairedDifference(NamedTuple):
 def paired_difference_plot(points: list[PairedDifference], path: Path, title: str) -> Path:
     """A forest plot: one panel per unit, one row per group holding each of its series' difference
     from the baseline with the 95% interval, and zero marked (left of it: worse than the baseline)."""
+    if not points:
+        raise InvalidRequestError("nothing to plot: no paired differences")
     plt = _pyplot()
     units = list(dict.fromkeys(p.unit for p in points))
     series = list(dict.fromkeys(p.series for p in points))
     colours = dict(zip(series, plt.rcParams["axes.prop_cycle"].by_key()["color"] * len(series)))
     groups = {u: list(dict.fromkeys(p.group for p in points if p.unit == u)) for u in units}
-    lines = {u: sum(len({p.series for p in points if p.unit == u and p.group == g}) + 1 for g in groups[u])
-             for u in units}
+    lines = {u: sum(1 for p in points if p.unit == u) + len(groups[u]) for u in units}  # a point a line, a gap a group
     fig, axes = plt.subplots(len(units), 1, squeeze=False, figsize=(10, 1.0 + 0.22 * sum(lines.values())),
                              gridspec_kw={"height_ratios": [lines[u] for u in units]})
     for ax, unit in zip(axes[:, 0], units):
@@ -368,12 +389,14 @@ def paired_difference_plot(points: list[PairedDifference], path: Path, title: st
         ax.set_ylim(y - 1, -1)
         low = min(p.low for p in points if p.unit == unit)
         high = max(p.high for p in points if p.unit == unit)
-        span = (high - low) or 1.0
+        span = (max(high, 0) - min(low, 0)) or 1.0
         ax.set_xlim(min(low, 0) - 0.05 * span, max(high, 0) + 0.35 * span)  # room for the notes
         ax.set_xlabel("accuracy difference (points)" if unit == "pts" else f"{unit} difference")
     if len(series) > 1:
-        handles, labels = axes[0, 0].get_legend_handles_labels()
-        unique = dict(zip(labels, handles))
+        unique: dict[str, Any] = {}
+        for ax in axes[:, 0]:
+            handles, labels = ax.get_legend_handles_labels()
+            unique.update(zip(labels, handles))
         axes[0, 0].legend(unique.values(), unique.keys(), fontsize=7, loc="upper left")
     axes[0, 0].set_title(title, fontsize=9)
     return _save(fig, path)
@@ -421,27 +444,31 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
         Path(json_out).write_text(json.dumps(summaries, indent=2) + "\n")
     text = table(summaries)
     if baseline is not None:
-        text += "\n\n" + paired_table(baseline, summaries)
-        written.extend(_paired_plot(baseline, summaries, plots))
+        pairs = paired_results(baseline, summaries)
+        text += "\n\n" + paired_table(baseline, pairs)
+        written.extend(_paired_plot(baseline, summaries, pairs, plots))
     if by_group and baseline is not None:
         text += "\n\n" + group_tables(baseline, summaries)
     return text + _mixed_prompts_note(summaries) + "\n\nplots: " + ", ".join(str(p) for p in written)
 
 
-def _paired_plot(baseline: Path, summaries: list[dict[str, Any]], folder: Path) -> list[Path]:
+def _paired_plot(baseline: Path, summaries: list[dict[str, Any]], pairs: list[tuple[dict[str, Any], dict[str, Any]]],
+                 folder: Path) -> list[Path]:
     """``{bench}-paired.png``: each run's difference from the baseline, with its interval."""
-    base = next((s for s in summaries if Path(s["dir"]) == baseline), None)
-    pairs = _paired_results(baseline, summaries)
-    if not pairs:
-        return []
     points = []
     for s, p in pairs:
-        delta, (low, high), unit = _delta(p)
-        points.append(PairedDifference(s["label"], "run", unit, delta, low, high, f"{p['wins']} / {p['losses']}"))
+        delta = _delta(p)
+        if delta is not None:
+            value, ci, unit = delta
+            low, high = ci if ci is not None else (value, value)
+            points.append(PairedDifference(s["label"], "run", unit, value, low, high, f"{p['wins']} / {p['losses']}"))
+    if not points:
+        return []
+    base = next((s for s in summaries if Path(s["dir"]) == baseline), None)
     bench = base["bench"] if base else pairs[0][0]["bench"]
     folder.mkdir(parents=True, exist_ok=True)
-    title = (f"{bench}: each run minus {base['label'] if base else baseline.name}, paired, 95% bootstrap "
-             "interval\n(beside each point: right only in the run / only in the baseline; chrF: sentences)")
+    title = (f"{bench}: each run minus {base['label'] if base else baseline.name}, paired, 95% interval\n"
+             "(beside each point: right only in the run / only in the baseline; chrF: sentences higher / lower)")
     return [paired_difference_plot(points, folder / f"{bench}-paired.png", title)]
 
 
