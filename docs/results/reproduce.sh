@@ -376,3 +376,13 @@ F="--bench flores --pair de-en --limit 200 --max-new-tokens 128"
 ev $F --method single --members $M/g.yaml --out $OUT/p22/flores-de-en-single-g
 ev $F --method safe --members $M/gs.yaml --out $OUT/p22/flores-de-en-safe-gs
 safe-ensemble eval compare $OUT/p22/flores-de-en-single-g $OUT/p22/flores-de-en-safe-gs --baseline $OUT/p22/flores-de-en-single-g
+# 2026-12-05 (fourth session) at 26dc217: Gemma-3-270m alone on MATH-500 (the every-member table's last empty cell),
+# and the three members' MATH-500 result replicated on questions 101-200 (a data file holding those 100 lines)
+ev --bench math500 --limit 100 --max-new-tokens 1024 --method single --members $M/g.yaml --out $OUT/p23/math-single-g
+mkdir -p $OUT/p23/data/math500 && sed -n 101,200p ${SAFE_ENSEMBLE_DATA:-../shared/data}/math500/test.jsonl > $OUT/p23/data/math500/test.jsonl
+X="--bench math500 --data $OUT/p23/data/math500/test.jsonl --limit 100 --max-new-tokens 1024"
+ev $X --method single --members $M/q.yaml --out $OUT/p23/math101-single-q
+ev $X --method safe --members $M/qsg.yaml --out $OUT/p23/math101-safe-qsg
+safe-ensemble eval compare $OUT/p23/math101-single-q $OUT/p23/math101-safe-qsg --baseline $OUT/p23/math101-single-q
+# the standing at a glance (README Results): the plot and the table from docs/results/standing.csv
+python scripts/standing_plot.py
