@@ -61,10 +61,9 @@ def table(rows: list[dict[str, str]], drawn: list[PairedDifference]) -> str:
              "| Δ (95% CI) |", "|---|---|---|---|---|---|---|---|---|"]
     for row, point in zip(rows, drawn):
         p, p_worse = sign_test(int(row["wins"]), int(row["losses"]))
-        unit = "pts" if row["unit"] == "pts" else "chrF"
         lines.append(f"| {row['benchmark']} | {row['series']} | {row['n']} | {row['baseline']} "
                      f"{row['baseline_score']} | {row['score']} | {row['wins']} / {row['losses']} | {p_worse:.3f} "
-                     f"| {p:.3f} | {point.delta:+.2f} {unit} ({point.low:+.2f} to {point.high:+.2f}) |")
+                     f"| {p:.3f} | {point.delta:+.2f} {row['unit']} ({point.low:+.2f} to {point.high:+.2f}) |")
     return "\n".join(lines)
 
 

@@ -26,7 +26,8 @@ def _script():  # noqa: ANN202 - the module
 
 
 def test_every_standing_row_agrees_with_its_own_counts() -> None:
-    rows = _script().load(STANDING)
+    script = _script()
+    rows = script.load(STANDING)
     assert len(rows) >= 20
     for row in rows:
         wins, losses, n = int(row["wins"]), int(row["losses"]), int(row["n"])
@@ -36,7 +37,7 @@ def test_every_standing_row_agrees_with_its_own_counts() -> None:
             # the two scores differ by exactly the discordant questions (scores are rounded to 0.1), and
             # the baseline's score is a whole number of questions, at least the ones the ensemble lost
             assert change == pytest.approx(100 * (wins - losses) / n, abs=0.1), row
-            right = _script().baseline_right(row)
+            right = script.baseline_right(row)
             assert round(100 * right / n, 1) == pytest.approx(float(row["baseline_score"]), abs=0.05), row
             assert losses <= right and right - losses + wins <= n, row
             assert not row["delta"], row  # computed from the counts, never typed in

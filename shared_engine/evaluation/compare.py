@@ -209,7 +209,7 @@ def paired(baseline: Path, other: Path, limit: int | None = None) -> dict[str, A
     if chrf:
         result["chrf_delta"], result["chrf_delta_ci95"] = chrf_difference(
             [base[i] for i in common], [new[i] for i in common])
-    elif common:
+    else:
         result["accuracy_delta"], result["accuracy_delta_ci95"] = accuracy_difference(wins, losses, both, len(common))
     return result
 
@@ -327,22 +327,19 @@ def paired_results(baseline: Path, summaries: list[dict[str, Any]]) -> list[tupl
     return [(s, paired(baseline, Path(s["dir"]), limit)) for s, limit in _paired_runs(baseline, summaries)]
 
 
-def _delta(p: dict[str, Any]) -> tuple[float, tuple[float, float] | None, str] | None:
+def _delta(p: dict[str, Any]) -> tuple[float, tuple[float, float] | None, str]:
     """A ``paired`` result's score difference and interval in the unit it is read in: chrF points,
-    or accuracy points (percent); None where no question was paired."""
+    or accuracy points (percent; no interval where no question was paired)."""
     if "chrf_delta" in p:
         return p["chrf_delta"], p["chrf_delta_ci95"], "chrF"
-    if "accuracy_delta" not in p:
-        return None
     ci = p["accuracy_delta_ci95"]
     return 100 * p["accuracy_delta"], None if ci is None else (100 * ci[0], 100 * ci[1]), "pts"
 
 
 def _delta_text(p: dict[str, Any]) -> str:
-    delta = _delta(p)
-    if delta is None:
-        return "-"
-    value, ci, unit = delta
+    if not p["n"]:
+        return "-"  # no question in common with the baseline
+    value, ci, unit = _delta(p)
     return f"{value:+.2f} {unit}" + ("" if ci is None else f" ({ci[0]:+.2f} to {ci[1]:+.2f})")
 
 
@@ -457,9 +454,8 @@ def _paired_plot(baseline: Path, summaries: list[dict[str, Any]], pairs: list[tu
     """``{bench}-paired.png``: each run's difference from the baseline, with its interval."""
     points = []
     for s, p in pairs:
-        delta = _delta(p)
-        if delta is not None:
-            value, ci, unit = delta
+        if p["n"]:  # a run that shares no question with the baseline has no difference to draw
+            value, ci, unit = _delta(p)
             low, high = ci if ci is not None else (value, value)
             points.append(PairedDifference(s["label"], "run", unit, value, low, high, f"{p['wins']} / {p['losses']}"))
     if not points:
