@@ -231,7 +231,7 @@ ev --bench gsm8k --limit 100 --max-new-tokens 256 --method single --members $M/q
 safe-ensemble eval compare $OUT/p15/gsm8k-single-q $OUT/p15/gsm8k-single-q-again $OUT/p15/gsm8k-safe-qsg \
   --baseline $OUT/p15/gsm8k-single-q-again
 # Qwen alone against itself on FLORES: 200 sentences in one process (the run above was in tiers of 100)
-for pair in en-de de-en; do
+for pair in en-de de-en en-ro; do
   ev --bench flores --pair $pair --limit 200 --max-new-tokens 128 --method single --members $M/q.yaml --out $OUT/p15/flores-$pair-single-q-again
   safe-ensemble eval compare $OUT/p15/flores-$pair-single-q $OUT/p15/flores-$pair-single-q-again $OUT/p15/flores-$pair-safe-qg \
     --baseline $OUT/p15/flores-$pair-single-q-again; done
@@ -384,5 +384,19 @@ X="--bench math500 --data $OUT/p23/data/math500/test.jsonl --limit 100 --max-new
 ev $X --method single --members $M/q.yaml --out $OUT/p23/math101-single-q
 ev $X --method safe --members $M/qsg.yaml --out $OUT/p23/math101-safe-qsg
 safe-ensemble eval compare $OUT/p23/math101-single-q $OUT/p23/math101-safe-qsg --baseline $OUT/p23/math101-single-q
+# 2026-12-05 (fifth session) at a419441: Qwen + Gemma replicated where its standing rests on N=100-500: MATH-500
+# questions 101-200 (paired with p23's Qwen run), TriviaQA on 1000 (paired with p22's Gemma run of 1000), and
+# FLORES (all three pairs) on sentences 201-400 (data files holding those lines; Qwen alone beside each)
+X="--bench math500 --data $OUT/p23/data/math500/test.jsonl --limit 100 --max-new-tokens 1024"
+ev $X --method safe --members $M/qg.yaml --out $OUT/p24/math101-safe-qg
+safe-ensemble eval compare $OUT/p23/math101-single-q $OUT/p24/math101-safe-qg --baseline $OUT/p23/math101-single-q
+ev --bench triviaqa --limit 1000 --method safe --members $M/qg.yaml --out $OUT/p24/triviaqa-safe-qg
+safe-ensemble eval compare $OUT/p22/triviaqa-single-g $OUT/p24/triviaqa-safe-qg --baseline $OUT/p22/triviaqa-single-g
+for pair in en-de de-en en-ro; do
+  mkdir -p $OUT/p24/data/flores-$pair && sed -n 201,400p ${SAFE_ENSEMBLE_DATA:-../shared/data}/flores/$pair.jsonl > $OUT/p24/data/flores-$pair/$pair.jsonl
+  F="--bench flores --pair $pair --data $OUT/p24/data/flores-$pair/$pair.jsonl --limit 200 --max-new-tokens 128"
+  ev $F --method single --members $M/q.yaml --out $OUT/p24/flores201-$pair-single-q
+  ev $F --method safe --members $M/qg.yaml --out $OUT/p24/flores201-$pair-safe-qg
+  safe-ensemble eval compare $OUT/p24/flores201-$pair-single-q $OUT/p24/flores201-$pair-safe-qg --baseline $OUT/p24/flores201-$pair-single-q; done
 # the standing at a glance (README Results): the plot and the table from docs/results/standing.csv
 python scripts/standing_plot.py
