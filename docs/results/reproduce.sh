@@ -397,6 +397,8 @@ for pair in en-de de-en en-ro; do
   F="--bench flores --pair $pair --data $OUT/p24/data/flores-$pair/$pair.jsonl --limit 200 --max-new-tokens 128"
   ev $F --method single --members $M/q.yaml --out $OUT/p24/flores201-$pair-single-q
   ev $F --method safe --members $M/qg.yaml --out $OUT/p24/flores201-$pair-safe-qg
-  safe-ensemble eval compare $OUT/p24/flores201-$pair-single-q $OUT/p24/flores201-$pair-safe-qg --baseline $OUT/p24/flores201-$pair-single-q; done
+  ev $F --method safe --members $M/qsg.yaml --out $OUT/p24/flores201-$pair-safe-qsg   # all three members (run after the pairs)
+  safe-ensemble eval compare $OUT/p24/flores201-$pair-single-q $OUT/p24/flores201-$pair-safe-qg \
+    $OUT/p24/flores201-$pair-safe-qsg --baseline $OUT/p24/flores201-$pair-single-q; done
 # the standing at a glance (README Results): the plot and the table from docs/results/standing.csv
 python scripts/standing_plot.py
