@@ -400,5 +400,10 @@ for pair in en-de de-en en-ro; do
   ev $F --method safe --members $M/qsg.yaml --out $OUT/p24/flores201-$pair-safe-qsg   # all three members (run after the pairs)
   safe-ensemble eval compare $OUT/p24/flores201-$pair-single-q $OUT/p24/flores201-$pair-safe-qg \
     $OUT/p24/flores201-$pair-safe-qsg --baseline $OUT/p24/flores201-$pair-single-q; done
+# the three members' en-ro loss on sentences 201-400 with the plausibility constraint (alpha 0.1, not tuned)
+F="--bench flores --pair en-ro --data $OUT/p24/data/flores-en-ro/en-ro.jsonl --limit 200 --max-new-tokens 128"
+ev $F --method safe --plausibility 0.1 --members $M/qsg.yaml --out $OUT/p24/flores201-en-ro-safe-qsg-plaus
+safe-ensemble eval compare $OUT/p24/flores201-en-ro-single-q $OUT/p24/flores201-en-ro-safe-qsg \
+  $OUT/p24/flores201-en-ro-safe-qsg-plaus --baseline $OUT/p24/flores201-en-ro-single-q
 # the standing at a glance (README Results): the plot and the table from docs/results/standing.csv
 python scripts/standing_plot.py
