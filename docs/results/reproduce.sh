@@ -231,7 +231,7 @@ ev --bench gsm8k --limit 100 --max-new-tokens 256 --method single --members $M/q
 safe-ensemble eval compare $OUT/p15/gsm8k-single-q $OUT/p15/gsm8k-single-q-again $OUT/p15/gsm8k-safe-qsg \
   --baseline $OUT/p15/gsm8k-single-q-again
 # Qwen alone against itself on FLORES: 200 sentences in one process (the run above was in tiers of 100)
-for pair in en-de de-en en-ro; do
+for pair in en-de de-en; do
   ev --bench flores --pair $pair --limit 200 --max-new-tokens 128 --method single --members $M/q.yaml --out $OUT/p15/flores-$pair-single-q-again
   safe-ensemble eval compare $OUT/p15/flores-$pair-single-q $OUT/p15/flores-$pair-single-q-again $OUT/p15/flores-$pair-safe-qg \
     --baseline $OUT/p15/flores-$pair-single-q-again; done
