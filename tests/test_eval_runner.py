@@ -193,6 +193,9 @@ async def test_compare_prints_a_table_and_draws_its_plots(tmp_path: Path) -> Non
     assert "note: the runs used different prompt versions: " in mixed and "eval-prompts-v2: single (a+b)" in mixed
     with pytest.raises(InvalidRequestError, match="summary.json"):
         compare_runs([tmp_path / "nowhere"], tmp_path / "plots")
+    (tmp_path / "safe.log").write_text("toy safe:  50%|#####     | 1/2\n")  # a log, as a shell glob picks it up
+    with pytest.raises(InvalidRequestError, match="not an eval run's summary.json"):
+        compare_runs([tmp_path / "safe", tmp_path / "safe.log"], tmp_path / "plots")
     # the same settings run twice (another commit): each row says which folder it is
     shutil.copytree(tmp_path / "safe", tmp_path / "safe-again")
     twice = compare_runs([tmp_path / "safe", tmp_path / "safe-again"], tmp_path / "plots", baseline=tmp_path / "safe")

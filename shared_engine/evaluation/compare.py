@@ -70,7 +70,12 @@ def load_summaries(dirs: list[Path]) -> list[dict[str, Any]]:
         file = folder / SUMMARY if folder.is_dir() else folder
         if not file.is_file():
             raise InvalidRequestError(f"no {SUMMARY} in {folder}")
-        summary = json.loads(file.read_text())
+        try:
+            summary = json.loads(file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            summary = None
+        if not isinstance(summary, dict) or "bench" not in summary:  # e.g. a run's log beside its folder
+            raise InvalidRequestError(f"{file} is not an eval run's {SUMMARY}: give the run's folder")
         summary["label"] = run_label(summary)
         summary["dir"] = str(folder)
         summaries.append(summary)
