@@ -393,7 +393,7 @@ class EnsembleEngine:
         draft = (DraftSchedule.adaptive(opts.draft_length, opts.max_draft_length, opts.drafter_confidence)
                  if opts.draft_schedule == "adaptive" else DraftSchedule.fixed(opts.draft_length))
         policy = make_policy(opts.method, draft, opts.gate_threshold, opts.drafter_confidence, opts.overlap)
-        fusion = FusionSettings(self.fuser, opts.sharpen, opts.plausibility, opts.change_needs_every_verifier)
+        fusion = FusionSettings(self.fuser, opts.sharpen, opts.plausibility)
         return lambda state, sampler: decode_round(state, policy, fusion, sampler)
 
     async def agenerate(self, messages_or_prompt: str | Sequence[Message], *, keep_events: bool = False,

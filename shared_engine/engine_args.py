@@ -69,9 +69,6 @@ def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = Tr
     parser.add_argument("--plausibility", type=confidence_arg,
                         help="fusion commits only a candidate the drafter gives at least this fraction of its "
                              "most likely candidate's probability (e.g. 0.1); none: off")
-    parser.add_argument("--change-needs-every-verifier", choices=["on", "off"],
-                        help="on: with two or more verifiers, fusion replaces the drafted token only with a "
-                             "candidate every verifier prefers to it (default: off)")
     parser.add_argument("--loop-guard", type=loop_guard_arg,
                         help="bytes an exact repetition at the answer's end may reach before no token may "
                              "repeat it further (e.g. 64), or none: off (the default)")
@@ -116,10 +113,7 @@ def method_default_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The flags whose default depends on the method (options.METHOD_DEFAULTS), only those given:
     each method's own default applies unless a flag says otherwise (``none`` = None)."""
     flags = ("fusion", "sharpen", "drafter_confidence", "drafter_weight", "plausibility", "loop_guard")
-    given = {k: None if v == "none" else v for k in flags if (v := getattr(args, k)) is not None}
-    if (switch := getattr(args, "change_needs_every_verifier", None)) is not None:
-        given["change_needs_every_verifier"] = switch == "on"
-    return given
+    return {k: None if v == "none" else v for k in flags if (v := getattr(args, k)) is not None}
 
 
 def engine_from_args(args: argparse.Namespace, method: str, backend: str | None = None,

@@ -211,25 +211,6 @@ def plausible(fused: Fused, alpha: float) -> torch.Tensor:
     return (drafter >= alpha * drafter.max()).to(fused.fused.dtype)
 
 
-def backed_by_every_verifier(fused: Fused, drafted: bytes | None) -> torch.Tensor:
-    """1.0 for the drafted candidate and for each candidate that every verifier (rows 1..) gives more
-    probability than the drafted one, else 0.0. With two or more verifiers the weighted mean lets ONE
-    confident verifier overrule the drafter and the other verifiers together: traced on FLORES en-ro
-    (Qwen drafts, SmolLM2 and Gemma-3-270m base verify), Gemma put 0.42-0.98 on Romanian function
-    words Qwen ranked second (' ori', ' la') while SmolLM2 ranked the drafted word higher, and about
-    half the tokens fusion changed there were backed by one verifier alone. Under this mask a change
-    needs every verifier's vote. With one verifier it changes nothing, by construction (not applied).
-    A drafted token that is not a candidate (a special token): no mask, all ones."""
-    ones = torch.ones_like(fused.fused)
-    if fused.member_probs.shape[0] < 3 or drafted is None or drafted not in fused.keys:
-        return ones
-    verifiers = fused.member_probs[1:]
-    own = verifiers[:, fused.keys.index(drafted)].unsqueeze(1)
-    backed = (verifiers > own).all(dim=0)
-    backed[fused.keys.index(drafted)] = True
-    return backed.to(fused.fused.dtype)
-
-
 def make_fuser(name: str, top_k: int = 10) -> Fuser:
     """The fuser for an ``EngineOptions.fusion`` value."""
     if name == "unite":

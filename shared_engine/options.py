@@ -148,11 +148,6 @@ class EngineOptions(GenerationParams):
                     "this fraction of its own most likely candidate's probability (Contrastive Decoding's "
                     "adaptive plausibility constraint, alpha; e.g. 0.1): the verifiers rerank what the drafter "
                     "finds plausible, and cannot write a token it does not. None: off (UniTE's union).")
-    change_needs_every_verifier: bool = Field(
-        False, description="safe, every-token, gac-threshold: with two or more verifiers, fusion replaces the "
-                           "drafted token only with a candidate every verifier gives more probability than the "
-                           "drafted one, so one confident verifier cannot overrule the drafter and the other "
-                           "verifiers (fusion.backed_by_every_verifier). One verifier: no effect.")
     top_k: int = Field(10, ge=1, le=100, description="UniTE's top-k per member.")
     on_member_failure: Literal["fail", "degrade"] = Field(
         "fail", description="A member's server fails mid-answer (MemberError): 'fail' ends the request "

@@ -28,8 +28,6 @@ released SAFE code's (ensembling.md §2.2, §2.5, §2.6) plus this project's doc
   drafter's tokenization does not start with the shorter one;
 - with ``plausibility`` (alpha), a candidate the drafter gives less than alpha times its best
   candidate's probability (UniTE's per-member softmax over the union) scores 0 after sharpening;
-- with ``every_verifier`` and two or more verifiers, a candidate other than the drafted one that some
-  verifier gives no more probability than the drafted one scores 0 (after the plausibility rule);
 - when fusion keeps the drafted token the scan goes on (the released code re-drafts);
 - with a temperature, the drafted token is accepted by the speculative-sampling rule against the
   tempered fused distribution (the released code is greedy only);
@@ -116,10 +114,8 @@ class ReferenceSafe:
 
     def __init__(self, members: Sequence[HFMember], weights: Sequence[float], draft_length: int = 5,
                  top_k: int = 10, sharpen: str | None = "heur", drafter_confidence: float | None = None,
-                 loop_guard: int | None = None, plausibility: float | None = None, mirror: bool = True,
-                 every_verifier: bool = False) -> None:
+                 loop_guard: int | None = None, plausibility: float | None = None, mirror: bool = True) -> None:
         self.members = list(members)
-        self.every_verifier = every_verifier
         self.mirror = mirror  # False: heur without its mirror case (only for tests that show the rule decided)
         self.plausibility = plausibility
         self.loop_guard = loop_guard
@@ -363,10 +359,6 @@ class ReferenceSafe:
             bar = self.plausibility * max(member_probs[0])
             scores = [sc if member_probs[0][c] >= bar else 0.0 for c, sc in enumerate(scores)]
         drafted_key = _key(drafter, drafted)
-        if self.every_verifier and len(dists) >= 3 and drafted_key in keys:  # a change needs every verifier
-            d = keys.index(drafted_key)
-            scores = [sc if c == d or all(row[c] > row[d] for row in member_probs[1:]) else 0.0
-                      for c, sc in enumerate(scores)]
         so_far = self._text[:offset]
         allowed = [bool(so_far.strip()) if k == EOS_KEY else not self._repeats(so_far, k) for k in keys]
         if not all(allowed):  # the loop guard, and no EOS before the answer has begun

@@ -112,7 +112,3 @@ def test_weights_reach_the_engine_and_label_the_run(command: str) -> None:
     args = build_parser().parse_args([command, "--models", f"{QWEN},{SMOL}", "--plausibility", "0.1", *extra])
     summary["engine_options"] = engine_from_args(args, "safe").options.model_dump()
     assert run_label(summary).endswith(" plaus=0.1")  # the plausibility constraint is told apart too
-    args = build_parser().parse_args([command, "--models", f"{QWEN},{SMOL}", "--change-needs-every-verifier", "on",
-                                      *extra])
-    summary["engine_options"] = engine_from_args(args, "safe").options.model_dump()
-    assert run_label(summary).endswith(" every-verifier")  # and the every-verifier rule

@@ -36,7 +36,6 @@ class Case:
     trained_drafter: bool = False
     sharpen: str = "heur"
     plausibility: float | None = None
-    every_verifier: bool = False
     loop_guard: int | None = None  # with it, the members are toys fitted to answer in a loop (test_loop_guard.py)
     mirror_decides: bool = False  # the case's answers differ without heur's mirror case (fusion.mirror_mass)
 
@@ -52,12 +51,6 @@ CASES = [
     Case("three members, one sharing the drafter's vocabulary",
          (("a", "byte_level", "llama", 1), ("b", "metaspace", "gpt2", 2), ("e", "byte_level", "gpt2", 5)),
          (0.5, 0.3, 0.2)),
-    Case("three members, a change needs every verifier",
-         (("a", "byte_level", "llama", 1), ("b", "metaspace", "gpt2", 2), ("e", "byte_level", "gpt2", 5)),
-         (0.5, 0.3, 0.2), every_verifier=True),
-    Case("three members, a change needs every verifier, sampling",
-         (("c", "metaspace", "llama", 3), ("d", "byte_level", "gpt2", 4), ("e", "byte_level", "gpt2", 5)),
-         (0.4, 0.3, 0.3), temperature=0.8, every_verifier=True),
     Case("drafter-confidence gate", (("a", "byte_level", "llama", 1), ("b", "metaspace", "gpt2", 2)), (0.6, 0.4),
          drafter_confidence=0.3),
     Case("sampling", (("a", "byte_level", "llama", 1), ("b", "metaspace", "gpt2", 2)), (0.4, 0.6),
@@ -123,14 +116,12 @@ def test_engine_decisions_equal_the_reference(case: Case) -> None:
     # the reference drafts SAFE's fixed gamma every round (the adaptive schedule: test_draft_schedule.py)
     engine = EnsembleEngine(members, method="safe", weights=list(case.weights), draft_length=case.draft_length,
                             draft_schedule="fixed", drafter_confidence=case.drafter_confidence,
-                            loop_guard=case.loop_guard, sharpen=case.sharpen, plausibility=case.plausibility,
-                            change_needs_every_verifier=case.every_verifier)
+                            loop_guard=case.loop_guard, sharpen=case.sharpen, plausibility=case.plausibility)
     reference = ReferenceSafe(members, case.weights, draft_length=case.draft_length, sharpen=case.sharpen,
                               drafter_confidence=case.drafter_confidence, loop_guard=case.loop_guard,
-                              plausibility=case.plausibility, every_verifier=case.every_verifier)
+                              plausibility=case.plausibility)
     unconstrained = ReferenceSafe(members, case.weights, draft_length=case.draft_length, sharpen=case.sharpen,
-                                  drafter_confidence=case.drafter_confidence) \
-        if case.plausibility or case.every_verifier else None
+                                  drafter_confidence=case.drafter_confidence) if case.plausibility else None
     unmirrored = ReferenceSafe(members, case.weights, draft_length=case.draft_length, sharpen=case.sharpen,
                                drafter_confidence=case.drafter_confidence, mirror=False) \
         if case.mirror_decides else None
@@ -154,8 +145,8 @@ def test_engine_decisions_equal_the_reference(case: Case) -> None:
     assert rounds >= 15 and fusions >= 5, (rounds, fusions)  # the case exercised the round
     if case.loop_guard:
         assert breaks > 0  # ... and the guard
-    if case.plausibility or case.every_verifier:
-        assert constrained > 0  # ... and the constraint (or the every-verifier rule) changed an answer
+    if case.plausibility:
+        assert constrained > 0  # ... and the constraint changed an answer
     if case.mirror_decides:
         assert mirrored > 0  # ... and the mirror case decided one
     if case.trained_drafter and not case.temperature:

@@ -405,5 +405,11 @@ F="--bench flores --pair en-ro --data $OUT/p24/data/flores-en-ro/en-ro.jsonl --l
 ev $F --method safe --plausibility 0.1 --members $M/qsg.yaml --out $OUT/p24/flores201-en-ro-safe-qsg-plaus
 safe-ensemble eval compare $OUT/p24/flores201-en-ro-single-q $OUT/p24/flores201-en-ro-safe-qsg \
   $OUT/p24/flores201-en-ro-safe-qsg-plaus --baseline $OUT/p24/flores201-en-ro-single-q
+# 2026-12-05 (sixth session): the three members' en-ro loss with the every-verifier rule, at 20ebf89 (the option
+# --change-needs-every-verifier, reverted after this run: `git checkout 20ebf89` to run it)
+F="--bench flores --pair en-ro --data $OUT/p24/data/flores-en-ro/en-ro.jsonl --limit 200 --max-new-tokens 128"
+ev $F --method safe --change-needs-every-verifier on --members $M/qsg.yaml --out $OUT/p25/flores201-en-ro-safe-qsg-ev
+safe-ensemble eval compare $OUT/p24/flores201-en-ro-single-q $OUT/p24/flores201-en-ro-safe-qsg \
+  $OUT/p25/flores201-en-ro-safe-qsg-ev --baseline $OUT/p24/flores201-en-ro-single-q
 # the standing at a glance (README Results): the plot and the table from docs/results/standing.csv
 python scripts/standing_plot.py

@@ -55,7 +55,6 @@ from ..fusion import (
     Fuser,
     MemberDist,
     SharpenMode,
-    backed_by_every_verifier,
     candidate_key,
     drafter_extends,
     plausible,
@@ -130,9 +129,6 @@ class FusionSettings:
     plausibility: float | None = None
     """Only candidates the drafter gives >= this fraction of its top candidate's probability can be
     chosen (``plausible``); None: any."""
-    every_verifier: bool = False
-    """With two or more verifiers, the drafted token is replaced only by a candidate every verifier
-    prefers to it (``backed_by_every_verifier``)."""
 
 
 def _draft(state: RequestState, base: DraftBase, length: int, sampler: Sampler, stop_below: float | None,
@@ -471,8 +467,6 @@ def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings
     if fusion.plausibility is not None:
         scores = scores * plausible(fused, fusion.plausibility)
     drafted_key = candidate_key(dists[0].table, drafted)
-    if fusion.every_verifier:
-        scores = scores * backed_by_every_verifier(fused, drafted_key)
     valid = None if constraint is None else torch.tensor([_keeps_valid(constraint, k) for k in fused.keys])
     repeats = [k != EOS_KEY and continues_loop(loop, k) for k in fused.keys] if loop is not None else []
     if any(repeats):

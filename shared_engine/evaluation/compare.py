@@ -42,7 +42,6 @@ def run_label(summary: dict[str, Any]) -> str:
                and drafter_weight != METHOD_DEFAULTS.get(summary["method"], {}).get("drafter_weight", 1.0)
                and summary["method"] != "single" else "")
             + (f" plaus={options['plausibility']:g}" if options.get("plausibility") else "")
-            + (" every-verifier" if options.get("change_needs_every_verifier") else "")
             + (f" guard={options['loop_guard']}" if options.get("loop_guard") else ""))
 
 
