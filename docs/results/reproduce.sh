@@ -411,5 +411,10 @@ F="--bench flores --pair en-ro --data $OUT/p24/data/flores-en-ro/en-ro.jsonl --l
 ev $F --method safe --change-needs-every-verifier on --members $M/qsg.yaml --out $OUT/p25/flores201-en-ro-safe-qsg-ev
 safe-ensemble eval compare $OUT/p24/flores201-en-ro-single-q $OUT/p24/flores201-en-ro-safe-qsg \
   $OUT/p25/flores201-en-ro-safe-qsg-ev --baseline $OUT/p24/flores201-en-ro-single-q
+# ... and with the loop guard on both Qwen alone and the trio (at f664773)
+ev $F --method single --loop-guard 64 --members $M/q.yaml --out $OUT/p25/flores201-en-ro-single-q-guard
+ev $F --method safe --loop-guard 64 --members $M/qsg.yaml --out $OUT/p25/flores201-en-ro-safe-qsg-guard
+safe-ensemble eval compare $OUT/p25/flores201-en-ro-single-q-guard $OUT/p25/flores201-en-ro-safe-qsg-guard \
+  --baseline $OUT/p25/flores201-en-ro-single-q-guard
 # the standing at a glance (README Results): the plot and the table from docs/results/standing.csv
 python scripts/standing_plot.py
