@@ -4,9 +4,8 @@ labelled training/dev split and save them as a profile (profile.py).
 Everything is teacher-forced (no generation, so it is cheap): each member reads the benchmark's
 own prompt (the evaluation's few-shot messages, through its own chat template) followed by the
 reference answer written the way the evaluation's exemplars are (GSM8K: the worked solution,
-``The answer is N.``; ARC: ``The answer is (X) <option>.``; FLORES: the reference translation, under
-the pair's zero-shot prompt), in ONE forward pass per member and question. From the log-probabilities
-of the answer's tokens:
+``The answer is N.``; ARC: ``The answer is (X) <option>.``), in ONE forward pass per member and
+question. From the log-probabilities of the answer's tokens:
 
 - **weights**: the mixture weights that maximise the likelihood of the reference answers, span by
   span between the byte offsets where every member has a token boundary (where SAFE fuses), under
@@ -48,11 +47,8 @@ from .members.topk import TopK, topk_rows
 from .profile import EnsembleProfile, FitInfo, member_key
 from .weighting import best_threshold, mixture_weights, segment_logprobs, token_nlls
 
-CALIBRATION_SPLITS: dict[str, str | None] = {"gsm8k": "gsm8k/train.jsonl", "arc-challenge": "arc_challenge/dev.jsonl",
-                                             "flores": None}
-"""The labelled non-test split of each benchmark calibrate supports, under the data folder. FLORES has
-none there (its file is the evaluation's share): give ``--data``, sentence pairs kept apart from the
-ones evaluated, in the benchmark's format (``question``: source, ``answer``: reference translation)."""
+CALIBRATION_SPLITS = {"gsm8k": "gsm8k/train.jsonl", "arc-challenge": "arc_challenge/dev.jsonl"}
+"""The labelled non-test split of each benchmark calibrate supports, under the data folder."""
 
 THRESHOLD_GRID = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 STORED_TOP_K = 64
@@ -66,39 +62,30 @@ def reference_answer(bench: str, record: Record) -> str:
             raise InvalidRequestError(f"GSM8K record {record.id} has no worked solution")
         body, final = record.solution.rsplit("####", 1)
         return f"{re.sub(r'<<[^>]*>>', '', body).strip()}\nThe answer is {final.strip()}."
-    if bench == "flores":
-        return record.answers[0]  # the reference translation, as the zero-shot prompt asks for it
     answer = record.answers[0]
     text = next(c.text for c in record.choices if c.label == answer)
     return f"The answer is ({answer}) {text}."
 
 
-def calibration_records(bench: str, data: str | None, limit: int,
-                        pair: str = "en-de") -> tuple[Path, list[Record], Benchmark]:
+def calibration_records(bench: str, data: str | None, limit: int) -> tuple[Path, list[Record], Benchmark]:
     """The labelled records to fit on (exemplars and a test split refused), the data path and
-    the benchmark whose prompts are used (FLORES: ``pair``'s)."""
+    the benchmark whose prompts are used."""
     if bench not in CALIBRATION_SPLITS:
         raise InvalidRequestError(f"calibrate supports {sorted(CALIBRATION_SPLITS)}, not {bench!r}")
     root = find_data_dir()
-    default = CALIBRATION_SPLITS[bench]
     if data is None:
-        if default is None:
-            raise InvalidRequestError(f"{bench} has no training/dev split in the data folder: give --data, "
-                                      f"a file of examples kept apart from the ones evaluated")
         if root is None:
             raise InvalidRequestError("no data folder found: give --data (a GSM8K train / ARC dev file)")
-        path = root / default
+        path = root / CALIBRATION_SPLITS[bench]
     else:
         path = Path(data).expanduser()
         if path.is_dir():
-            if default is None:
-                raise InvalidRequestError(f"{bench}: give --data as a file, not a folder")
-            path = path / Path(default).name
+            path = path / Path(CALIBRATION_SPLITS[bench]).name
     named_test = re.search(r"(^|[_\-.])test($|[_\-.])", path.stem.lower()) is not None
-    if named_test or (root is not None and _same_file(path, get_benchmark(bench, pair=pair).path)):
+    if named_test or (root is not None and _same_file(path, get_benchmark(bench).path)):
         raise InvalidRequestError(f"{path} is a test split: calibrate on training/dev data "
-                                  f"({default or 'examples kept apart'}), never on the questions evaluated")
-    benchmark = get_benchmark(bench, data=str(path), pair=pair)
+                                  f"({CALIBRATION_SPLITS[bench]}), never on the questions evaluated")
+    benchmark = get_benchmark(bench, data=str(path))
     records = benchmark.load(path).records
     shots = {user for user, _ in _exemplars(benchmark)}
     kept = [r for r in records if _prompt_question(bench, r) not in shots]
@@ -123,7 +110,7 @@ def _exemplars(benchmark: Benchmark) -> Sequence[tuple[str, str]]:
 
 
 def _prompt_question(bench: str, record: Record) -> str:
-    return record.question if bench in ("gsm8k", "flores") else prompts.format_choices(record)
+    return record.question if bench == "gsm8k" else prompts.format_choices(record)
 
 
 @dataclass
@@ -243,20 +230,19 @@ def fit_profile(members: Sequence[Member], names: Sequence[str], evidence: _Evid
 
 
 def calibrate(models: Sequence[str | Member], bench: str = "gsm8k", data: str | None = None,
-              limit: int = DEFAULT_QUESTIONS, backend: str | None = None, progress: bool = True,
-              pair: str = "en-de") -> EnsembleProfile:
+              limit: int = DEFAULT_QUESTIONS, backend: str | None = None, progress: bool = True) -> EnsembleProfile:
     """Fit a profile for ``models`` on ``bench``'s training/dev split (the Python entry point)."""
     if len(models) < 2:
         raise InvalidRequestError("calibrate needs at least two members")
     if limit < 1:
         raise InvalidRequestError("calibrate needs at least one question")
-    path, records, benchmark = calibration_records(bench, data, limit, pair)
+    path, records, benchmark = calibration_records(bench, data, limit)
     members = [load_member(with_backend(m, backend)) if isinstance(m, str) else m for m in models]
     names = [member_key(m) for m in models]
     if len(set(names)) != len(names):
         raise InvalidRequestError(f"calibrate needs distinct members, got {names}")
     evidence = collect(members, bench, records, benchmark, progress)
-    return fit_profile(members, names, evidence, benchmark.name, path, len(records))
+    return fit_profile(members, names, evidence, bench, path, len(records))
 
 
 # --------------------------------------------------------------------------- command line
@@ -282,10 +268,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="comma-separated members, as for `run` (zoo names, folders, .gguf, specs)")
     parser.add_argument("--backend", choices=LOCAL_BACKENDS, help=BACKEND_HELP)
     parser.add_argument("--data", help="the labelled split (default: the data folder's "
-                                       "gsm8k/train.jsonl or arc_challenge/dev.jsonl; FLORES: required, "
-                                       "sentence pairs kept apart from those evaluated); never a test split")
-    parser.add_argument("--pair", default="en-de", choices=["en-de", "de-en", "en-ro"],
-                        help="flores: the language pair (its prompt)")
+                                       "gsm8k/train.jsonl or arc_challenge/dev.jsonl); never a test split")
     parser.add_argument("--limit", type=int, default=DEFAULT_QUESTIONS, help="questions to fit on")
     parser.add_argument("--out", required=True, help="where to write the profile JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -296,14 +279,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     """Fit, save, print a summary; 2 on a clear error (the CLI's convention)."""
     try:
-        profile = calibrate(args.models, args.bench, args.data, args.limit, args.backend, not args.no_progress,
-                            args.pair)
+        profile = calibrate(args.models, args.bench, args.data, args.limit, args.backend, not args.no_progress)
     except EnsembleError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     profile.save(args.out)
     weights = ", ".join(f"{m}={w:.3f}" for m, w in zip(profile.members, profile.weights))
     print(f"{args.out}: weights {weights}; drafter {profile.drafter}; drafter_confidence "
-          f"{profile.drafter_confidence}; fitted on {profile.fitted.questions} {profile.fitted.bench} questions "
+          f"{profile.drafter_confidence}; fitted on {profile.fitted.questions} {args.bench} questions "
           f"({profile.fitted.data})")
     return 0

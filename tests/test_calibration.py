@@ -92,35 +92,7 @@ def test_the_prompts_exemplars_are_never_fitted_on_and_test_splits_are_refused(t
         with pytest.raises(InvalidRequestError, match="test split"):
             calibration_records("gsm8k", str(get_benchmark("gsm8k").path), 10)
     with pytest.raises(InvalidRequestError, match="calibrate supports"):
-        calibration_records("bbh", str(train_file), 10)
-
-
-def _flores_rows(n: int) -> list[dict[str, str]]:
-    return [{"id": str(i), "question": f"The house number {i} is red.", "answer": f"Casa numărul {i} este roșie."}
-            for i in range(n)]
-
-
-def test_flores_calibrates_on_sentence_pairs_kept_apart_never_on_the_evaluated_file(tmp_path: Path) -> None:
-    """FLORES has no dev split in the data folder: --data is required, the reference is the translation,
-    the pair's zero-shot prompt is used, and the evaluation's own file for that pair is refused."""
-    dev = tmp_path / "en-ro.jsonl"
-    dev.write_text("".join(json.dumps(r) + "\n" for r in _flores_rows(6)))
-    path, records, benchmark = calibration_records("flores", str(dev), 4, pair="en-ro")
-    assert path == dev and len(records) == 4 and benchmark.name == "flores-en-ro"
-    assert reference_answer("flores", records[1]) == "Casa numărul 1 este roșie."
-    messages = benchmark.messages(records[1])
-    assert "Romanian" in messages[0]["content"] and messages[-1]["content"] == "The house number 1 is red."
-    with pytest.raises(InvalidRequestError, match="no training/dev split"):
-        calibration_records("flores", None, 4, pair="en-ro")
-    with pytest.raises(InvalidRequestError, match="as a file"):
-        calibration_records("flores", str(tmp_path), 4, pair="en-ro")
-    if DATA is not None:  # the evaluation's FLORES file of that pair
-        with pytest.raises(InvalidRequestError, match="test split"):
-            calibration_records("flores", str(get_benchmark("flores", pair="en-ro").path), 4, pair="en-ro")
-    plain = [toy_member("a", "byte_level", "llama", seed=1), toy_member("b", "metaspace", "gpt2", seed=2)]
-    profile = calibrate(plain, "flores", str(dev), limit=3, progress=False, pair="en-ro")
-    assert profile.fitted.bench == "flores-en-ro" and profile.fitted.questions == 3
-    assert profile.fitted.spans > 3 and sum(profile.weights) == pytest.approx(1.0, abs=1e-5)
+        calibration_records("flores", str(train_file), 10)
 
 
 def test_calibrate_weights_and_drafter_favour_the_member_that_knows_the_answers(train_file: Path) -> None:
