@@ -416,5 +416,14 @@ ev $F --method single --loop-guard 64 --members $M/q.yaml --out $OUT/p25/flores2
 ev $F --method safe --loop-guard 64 --members $M/qsg.yaml --out $OUT/p25/flores201-en-ro-safe-qsg-guard
 safe-ensemble eval compare $OUT/p25/flores201-en-ro-single-q-guard $OUT/p25/flores201-en-ro-safe-qsg-guard \
   --baseline $OUT/p25/flores201-en-ro-single-q-guard
+# ... and with a profile fitted on lines 401-500 of the en-ro share (at bfa66db: calibrate's FLORES extension, reverted
+# after this run: `git checkout bfa66db` to run it; the profile is docs/results/profile-qsg-flores-en-ro-dev100.json)
+mkdir -p $OUT/p25/data/flores-dev && sed -n 401,500p ${SAFE_ENSEMBLE_DATA:-../shared/data}/flores/en-ro.jsonl > $OUT/p25/data/flores-dev/en-ro-dev.jsonl
+safe-ensemble calibrate --bench flores --pair en-ro --data $OUT/p25/data/flores-dev/en-ro-dev.jsonl --limit 100 \
+  --models llamacpp:qwen2.5-coder-0.5b-instruct,llamacpp:smollm2-135m-instruct,llamacpp:gemma-3-270m \
+  --out $OUT/p25/profile-qsg-flores-en-ro-dev100.json
+ev $F --method safe --profile $OUT/p25/profile-qsg-flores-en-ro-dev100.json --members $M/qsg.yaml --out $OUT/p25/flores201-en-ro-safe-qsg-profile
+safe-ensemble eval compare $OUT/p24/flores201-en-ro-single-q $OUT/p25/flores201-en-ro-safe-qsg-profile \
+  --baseline $OUT/p24/flores201-en-ro-single-q
 # the standing at a glance (README Results): the plot and the table from docs/results/standing.csv
 python scripts/standing_plot.py
