@@ -406,23 +406,23 @@ ev $F --method safe --plausibility 0.1 --members $M/qsg.yaml --out $OUT/p24/flor
 safe-ensemble eval compare $OUT/p24/flores201-en-ro-single-q $OUT/p24/flores201-en-ro-safe-qsg \
   $OUT/p24/flores201-en-ro-safe-qsg-plaus --baseline $OUT/p24/flores201-en-ro-single-q
 # 2026-12-05 (sixth session): the three members' en-ro loss with the every-verifier rule, at 20ebf89 (the option
-# --change-needs-every-verifier, reverted after this run: `git checkout 20ebf89` to run it)
+# --change-needs-every-verifier, reverted after this run: `git checkout 20ebf89` and run the commented lines)
 F="--bench flores --pair en-ro --data $OUT/p24/data/flores-en-ro/en-ro.jsonl --limit 200 --max-new-tokens 128"
-ev $F --method safe --change-needs-every-verifier on --members $M/qsg.yaml --out $OUT/p25/flores201-en-ro-safe-qsg-ev
-safe-ensemble eval compare $OUT/p24/flores201-en-ro-single-q $OUT/p24/flores201-en-ro-safe-qsg \
-  $OUT/p25/flores201-en-ro-safe-qsg-ev --baseline $OUT/p24/flores201-en-ro-single-q
+# ev $F --method safe --change-needs-every-verifier on --members $M/qsg.yaml --out $OUT/p25/flores201-en-ro-safe-qsg-ev
+# safe-ensemble eval compare $OUT/p24/flores201-en-ro-single-q $OUT/p24/flores201-en-ro-safe-qsg \
+#   $OUT/p25/flores201-en-ro-safe-qsg-ev --baseline $OUT/p24/flores201-en-ro-single-q
 # ... and with the loop guard on both Qwen alone and the trio (at f664773)
 ev $F --method single --loop-guard 64 --members $M/q.yaml --out $OUT/p25/flores201-en-ro-single-q-guard
 ev $F --method safe --loop-guard 64 --members $M/qsg.yaml --out $OUT/p25/flores201-en-ro-safe-qsg-guard
 safe-ensemble eval compare $OUT/p25/flores201-en-ro-single-q-guard $OUT/p25/flores201-en-ro-safe-qsg-guard \
   --baseline $OUT/p25/flores201-en-ro-single-q-guard
 # ... and with a profile fitted on lines 401-500 of the en-ro share (at bfa66db: calibrate's FLORES extension, reverted
-# after this run: `git checkout bfa66db` to run it; the profile is docs/results/profile-qsg-flores-en-ro-dev100.json)
+# after this run: `git checkout bfa66db` for the commented calibrate; its profile is in docs/results, so the eval runs here)
 mkdir -p $OUT/p25/data/flores-dev && sed -n 401,500p ${SAFE_ENSEMBLE_DATA:-../shared/data}/flores/en-ro.jsonl > $OUT/p25/data/flores-dev/en-ro-dev.jsonl
-safe-ensemble calibrate --bench flores --pair en-ro --data $OUT/p25/data/flores-dev/en-ro-dev.jsonl --limit 100 \
-  --models llamacpp:qwen2.5-coder-0.5b-instruct,llamacpp:smollm2-135m-instruct,llamacpp:gemma-3-270m \
-  --out $OUT/p25/profile-qsg-flores-en-ro-dev100.json
-ev $F --method safe --profile $OUT/p25/profile-qsg-flores-en-ro-dev100.json --members $M/qsg.yaml --out $OUT/p25/flores201-en-ro-safe-qsg-profile
+# safe-ensemble calibrate --bench flores --pair en-ro --data $OUT/p25/data/flores-dev/en-ro-dev.jsonl --limit 100 \
+#   --models llamacpp:qwen2.5-coder-0.5b-instruct,llamacpp:smollm2-135m-instruct,llamacpp:gemma-3-270m \
+#   --out docs/results/profile-qsg-flores-en-ro-dev100.json
+ev $F --method safe --profile docs/results/profile-qsg-flores-en-ro-dev100.json --members $M/qsg.yaml --out $OUT/p25/flores201-en-ro-safe-qsg-profile
 safe-ensemble eval compare $OUT/p24/flores201-en-ro-single-q $OUT/p25/flores201-en-ro-safe-qsg-profile \
   --baseline $OUT/p24/flores201-en-ro-single-q
 # the standing at a glance (README Results): the plot and the table from docs/results/standing.csv
