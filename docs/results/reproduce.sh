@@ -418,7 +418,7 @@ safe-ensemble eval compare $OUT/p25/flores201-en-ro-single-q-guard $OUT/p25/flor
   --baseline $OUT/p25/flores201-en-ro-single-q-guard
 # ... and with a profile fitted on lines 401-500 of the en-ro share (at bfa66db: calibrate's FLORES extension, reverted
 # after this run: `git checkout bfa66db` for the commented calibrate; its profile is in docs/results, so the eval runs here)
-mkdir -p $OUT/p25/data/flores-dev && sed -n 401,500p ${SAFE_ENSEMBLE_DATA:-../shared/data}/flores/en-ro.jsonl > $OUT/p25/data/flores-dev/en-ro-dev.jsonl
+# mkdir -p $OUT/p25/data/flores-dev && sed -n 401,500p ${SAFE_ENSEMBLE_DATA:-../shared/data}/flores/en-ro.jsonl > $OUT/p25/data/flores-dev/en-ro-dev.jsonl
 # safe-ensemble calibrate --bench flores --pair en-ro --data $OUT/p25/data/flores-dev/en-ro-dev.jsonl --limit 100 \
 #   --models llamacpp:qwen2.5-coder-0.5b-instruct,llamacpp:smollm2-135m-instruct,llamacpp:gemma-3-270m \
 #   --out docs/results/profile-qsg-flores-en-ro-dev100.json
