@@ -6,7 +6,7 @@ per decoded token.
     python scripts/decode_batch_cost.py
     python scripts/decode_batch_cost.py --models qwen2.5-coder-0.5b-instruct --levels 1,2,4,8 --tokens 128
 
-Why it matters (README, Reliability — Load): the load benchmark asks for tokens/s at 4 clients >= 2.5x
+Why it matters (docs/speed.md, "Load"): the load benchmark asks for tokens/s at 4 clients >= 2.5x
 one client. With llama.cpp members concurrent requests only gain through the server batching their
 decode steps (one slot each, one decode for all active slots); each prompt is read first in its slot and
 only the decoding is timed, so this is the most the load benchmark's ratio can reach here, whatever the

@@ -11,7 +11,7 @@ answers (their ``answers`` is null). Reads the benchmark data (``SAFE_ENSEMBLE_D
 
 ``--strides 4,8`` also reports, per benchmark, how often ``drafter="auto"`` would pick the member it picks
 reading every answer token if it read every k-th one (a way to save rows where a member pays per row,
-i.e. llama.cpp; measured, not used: README Speed, "On few-shot prompts"), over every phase of the sample
+i.e. llama.cpp; measured, not used: docs/speed.md, "On few-shot prompts"), over every phase of the sample
 (token 0, 1, .., k-1 first) and for every set of two or more of the members (``same_choice``: agreeing /
 decisions; ``worst_regret``: where they differ, how much higher the NLL per byte of every answer token is
 for the member the sample picked). Prompts that share a few-shot block share the decision, so with

@@ -1,4 +1,4 @@
-"""Rows in one batch for a llama.cpp member, measured against one decode step per row (README, Speed,
+"""Rows in one batch for a llama.cpp member, measured against one decode step per row (docs/speed.md,
 "On few-shot prompts"). llama-server has no prompt log-probabilities, so the engine asks one decode step
 per row; its ``/embeddings`` endpoint with pooling ``none`` returns every prompt token's final-norm
 hidden state from one batched pass, and the GGUF's own output layer (dequantized here to float32) turns

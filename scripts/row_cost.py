@@ -5,7 +5,7 @@ prompt length and by ``n_probs``. One JSON line per member, median milliseconds 
     python scripts/row_cost.py
     python scripts/row_cost.py --models gemma-3-270m --lengths 20,200,600
 
-Why it matters (README, Speed, "On translation prompts"): a verifier's rows are SAFE's cost on top of
+Why it matters (docs/speed.md, "On translation prompts"): a verifier's rows are SAFE's cost on top of
 the drafter, so a partner whose row costs as much as the drafter's decode step caps SAFE's speed at
 1 / (1 + rows per token x row cost / drafter's step), whatever the engine does.
 """

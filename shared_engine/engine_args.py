@@ -58,7 +58,7 @@ def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = Tr
     parser.add_argument("--overlap", choices=["auto", "on", "off"], default="auto",
                         help="safe: the drafter drafts the next round while the verifiers score this one "
                              "(the same answers); auto (default): on where a member is a server at a URL (vLLM, "
-                             "SGLang, llama.cpp), off where all run in this process on its cores (README Speed)")
+                             "SGLang, llama.cpp), off where all run in this process on its cores (docs/speed.md)")
     parser.add_argument("--fusion", choices=["unite", "gac"], help="default: gac for gac-threshold, else unite")
     parser.add_argument("--sharpen", choices=["heur", "heur-bytes", "geom", "none"],
                         help="default: heur for safe, else none; heur-bytes: the released code's pooling")

@@ -104,7 +104,7 @@ class EngineOptions(GenerationParams):
                             "a token. The same answers, only the timing changes. 'auto': on where a member "
                             "computes apart (a server reached at a URL: vLLM, SGLang, llama.cpp), off where "
                             "every member runs in this process and shares its cores: measured level or "
-                            "slower there (README Speed). True / False read as 'on' / 'off'.")
+                            "slower there (docs/speed.md). True / False read as 'on' / 'off'.")
 
     @field_validator("overlap", mode="before")
     @classmethod

@@ -2,7 +2,7 @@
 
 Small models fall into loops ("a cat is a cat, a cat is a cat, ..." until the length cap), and an
 ensemble falls into them more often: a fusion moves the answer off the drafter's own path, and the
-drafter, copying from a context it did not choose, repeats it (README Results, MMLU-Redux: 21 of
+drafter, copying from a context it did not choose, repeats it (docs/results/analyses.md, MMLU-Redux: 21 of
 the ensemble's 27 capped answers were loops). None of SAFE, AdaFuse, UniTE or GaC guards against
 this; Hugging Face's ``no_repeat_ngram_size`` does, but bans every repeated n-gram, which breaks
 legitimate repetition in arithmetic ("5 + 5 + 5").

@@ -114,7 +114,7 @@ def test_draft_schedule_options_are_validated_with_a_clear_error() -> None:
     with pytest.raises(InvalidRequestError, match="draft_schedule"):
         validated(EngineOptions, draft_schedule="sometimes")
     assert validated(EngineOptions, draft_schedule="fixed", draft_length=20).draft_length == 20  # adaptive's bound
-    # the default: the same answers as SAFE's fixed gamma on GSM8K, fewer drafter forwards (README Speed)
+    # the default: the same answers as SAFE's fixed gamma on GSM8K, fewer drafter forwards (docs/speed.md)
     assert validated(EngineOptions).draft_schedule == "adaptive"
 
 

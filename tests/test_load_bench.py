@@ -1,5 +1,5 @@
 """scripts/load_bench.py on tiny random members: a short bounded run of the load benchmark (the
-figures themselves come from running the script on the real zoo; see README "Reliability — load")."""
+figures themselves come from running the script on the real zoo; see docs/speed.md, "Load")."""
 
 from __future__ import annotations
 

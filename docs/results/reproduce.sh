@@ -91,7 +91,7 @@ safe-ensemble eval compare $OUT/p6/flores-en-de-*-s $OUT/p6/flores-en-de-*-g $OU
   --baseline $OUT/p6/flores-en-de-single-s
 # which member fits each benchmark's prompts (whole content vs example answers), transformers members
 python scripts/drafter_fit_probe.py --prompts 8
-# Speed at today's defaults (README Speed), on a quiet machine
+# Speed at today's defaults (docs/speed.md), on a quiet machine
 safe-ensemble bench --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct --backend transformers,llamacpp \
   --methods single,safe,every-token --prompts 3 --max-new-tokens 128 --json $OUT/p6/bench-defaults.json
 # MMLU-Redux (zero-shot chain of thought, 384 tokens): Qwen, Gemma and the default (README standing; Gemma was run on the first 60)
@@ -103,7 +103,7 @@ safe-ensemble eval compare $OUT/p7/mmlu-* --baseline $OUT/p7/mmlu-single-q
 python scripts/verify_cost.py --repeats 2
 safe-ensemble bench --backend llamacpp --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct \
   --methods single,safe --prompts 6 --json $OUT/p7/bench-rows.json
-# SAFE against every-token on GSM8K at today's defaults (README Results), Qwen + Gemma, and Qwen alone to pair with
+# SAFE against every-token on GSM8K at today's defaults (docs/results/analyses.md), Qwen + Gemma, and Qwen alone to pair with
 G="--bench gsm8k --limit 100 --max-new-tokens 256"
 ev $G --method single --members $M/q.yaml --out $OUT/p8/gsm8k-single-q
 for m in safe every-token; do ev $G --method $m --members $M/qg.yaml --out $OUT/p8/gsm8k-$m-qg; done
@@ -118,7 +118,7 @@ python scripts/compile_report.py --tokens 48 --repeats 2
 # Load on an idle machine (README Load)
 for m in single safe; do python scripts/load_bench.py --backend llamacpp --method $m --levels 1,2,4,8 \
   --requests-per-client 2 --max-tokens 24 --out docs/load/idle-llamacpp-$m; done
-# The loop guard (README Results): MMLU-Redux at today's defaults without it, then what it changes in those
+# The loop guard (docs/results/analyses.md): MMLU-Redux at today's defaults without it, then what it changes in those
 # runs and in the GSM8K runs above (only the answers with an exact loop at 64 bytes are answered again,
 # plus controls without one)
 B="--bench mmlu-redux --limit 100"
@@ -191,7 +191,7 @@ for N in 10 20 30; do X="--bench math500 --limit $N --max-new-tokens 1024"
   ev $X --method single --members $M/q.yaml --out $OUT/p15/math-single-q
   ev $X --method safe --members $M/qg.yaml --out $OUT/p15/math-safe-qg; done
 safe-ensemble eval compare $OUT/p15/math-* --baseline $OUT/p15/math-single-q
-# Speed on translation prompts (README Speed, "On translation prompts"), 2026-12-04, nothing else on the cores
+# Speed on translation prompts (docs/speed.md, "On translation prompts"), 2026-12-04, nothing else on the cores
 for pair in de-en en-de; do
   safe-ensemble bench --members $M/qg.yaml --prompts-from flores:$pair --prompts 12 --repeats 2 --max-new-tokens 128 \
     --methods single,safe,safe:draft-schedule=fixed --json $OUT/p15/speed-flores-$pair.json; done
@@ -211,7 +211,7 @@ for N in 25 50 75 100; do B="--bench bbh --limit $N --max-new-tokens 256"
   ev $B --method single --members $M/q.yaml --out $OUT/p15/bbh-single-q
   ev $B --method safe --members $M/qg.yaml --out $OUT/p15/bbh-safe-qg; done
 safe-ensemble eval compare $OUT/p15/bbh-single-q $OUT/p15/bbh-safe-qg --baseline $OUT/p15/bbh-single-q --by-group
-# the price of drafter='auto' on llama.cpp with a new few-shot block per prompt (README Speed, "On few-shot prompts")
+# the price of drafter='auto' on llama.cpp with a new few-shot block per prompt (docs/speed.md, "On few-shot prompts")
 safe-ensemble bench --members $M/qg.yaml --prompts-from bbh --prompts 6 --max-new-tokens 64 \
   --methods single,safe,safe:drafter=0 --json $OUT/p15/ttft-bbh.json
 # why drafter='auto' reads every answer token: the choice from every k-th one (transformers members, exact)

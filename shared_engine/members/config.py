@@ -128,7 +128,7 @@ class MemberConfig(MemberDefaults):
     poll: int | None = Field(None, ge=0, le=100)
     """In-process llama.cpp: how long its threads busy-wait for the next job after one (0: they
     sleep at once; 100: they spin; llama.cpp's own default 50). Spinning threads take cores from
-    another member computing in the meantime (README Speed)."""
+    another member computing in the meantime (docs/speed.md)."""
     reuse_prompt_cache: bool | None = None
     """llama.cpp: a request's first call reuses the prefix its slot still holds from the previous
     request (a shared system or few-shot prompt is not computed again). Faster, but the prompt is then

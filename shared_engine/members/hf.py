@@ -10,7 +10,7 @@ torch's CPU kernels run on an OpenMP team that belongs to the calling thread, an
 has run one keeps its team: forwards handed to whichever worker of a pool was free
 (``asyncio.to_thread``) built a team per worker, and the teams took the cores from each other.
 SmolLM2 decoded at 17-18 tok/s that way and 30 on one thread; Qwen alone at 11.0 tok/s, and at 9.1
-once another thread had run SmolLM2's forward (README, Speed). Members on different GPUs keep
+once another thread had run SmolLM2's forward (docs/speed.md). Members on different GPUs keep
 threads of their own, so their forwards can overlap.
 """
 

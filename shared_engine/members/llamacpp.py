@@ -36,7 +36,7 @@
   Run together, the server batches their rows into shared decodes (and may split a prompt across
   decodes), so a request's rows can still differ slightly from the same request alone; neither
   turning off repacked weights (``no_extra_bufts``), flash attention, nor a unified KV cache
-  removed that in our tests. See the README, "Reliability — load".
+  removed that in our tests. See docs/speed.md, "Load".
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class LocalLlamaServer:
 
     It lives as long as this object; ``close`` (or garbage collection) stops it. ``embeddings``: also
     serve ``/embeddings`` with pooling ``none`` (completions are unchanged; measured: the same ms per
-    decoded token), which the engine does not use yet (README, Speed, "On few-shot prompts").
+    decoded token), which the engine does not use yet (docs/speed.md, "On few-shot prompts").
     """
 
     def __init__(self, gguf: str | Path, n_ctx: int = 4096, threads: int | None = None,
