@@ -410,7 +410,7 @@ def plot(result: BenchResult, path: Path) -> None:
 
 
 def table(result: BenchResult) -> str:
-    """The results as a Markdown table (printed, and pasted into the README)."""
+    """The results as a Markdown table (printed, and pasted into docs/speed.md)."""
     rows = ["| clients | requests | ok | 429 | errors | req/s | tok/s | TTFT p50 / p95 / p99 (s) "
             "| latency p50 / p95 / p99 (s) | peak RSS (MiB) |",
             "|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"]

@@ -115,7 +115,7 @@ safe-ensemble bench --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct -
 safe-ensemble bench --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct,gemma-3-270m --backend transformers,llamacpp \
   --methods safe,every-token --prompts 3 --max-new-tokens 128 --json $OUT/p8/bench-three.json
 python scripts/compile_report.py --tokens 48 --repeats 2
-# Load on an idle machine (README Load)
+# Load on an idle machine (docs/speed.md, Load)
 for m in single safe; do python scripts/load_bench.py --backend llamacpp --method $m --levels 1,2,4,8 \
   --requests-per-client 2 --max-tokens 24 --out docs/load/idle-llamacpp-$m; done
 # The loop guard (docs/results/analyses.md): MMLU-Redux at today's defaults without it, then what it changes in those
