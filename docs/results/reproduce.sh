@@ -425,5 +425,23 @@ safe-ensemble eval compare $OUT/p25/flores201-en-ro-single-q-guard $OUT/p25/flor
 ev $F --method safe --profile docs/results/profile-qsg-flores-en-ro-dev100.json --members $M/qsg.yaml --out $OUT/p25/flores201-en-ro-safe-qsg-profile
 safe-ensemble eval compare $OUT/p24/flores201-en-ro-single-q $OUT/p25/flores201-en-ro-safe-qsg-profile \
   --baseline $OUT/p24/flores201-en-ro-single-q
+# 2026-12-05 (seventh session) at 081b015: the comparable pair replicated on FLORES sentences 201-400 (the data files of
+# the Qwen + Gemma replication above), each member alone beside it; Gemma drafts de-en, SmolLM2 drafts en-de (listed first)
+F="--bench flores --pair de-en --data $OUT/p24/data/flores-de-en/de-en.jsonl --limit 200 --max-new-tokens 128"
+ev $F --method single --members $M/g.yaml --out $OUT/p26/flores201-de-en-single-g
+ev $F --method safe --members $M/gs.yaml --out $OUT/p26/flores201-de-en-safe-gs
+safe-ensemble eval compare $OUT/p26/flores201-de-en-single-g $OUT/p26/flores201-de-en-safe-gs --baseline $OUT/p26/flores201-de-en-single-g
+# all 400 de-en sentences: each run's two halves in one folder (samples concatenated, the summary's n set to 400)
+for r in single-g safe-gs; do mkdir -p $OUT/p26/pooled-de-en-$r
+  cat $OUT/p22/flores-de-en-$r/samples.jsonl $OUT/p26/flores201-de-en-$r/samples.jsonl > $OUT/p26/pooled-de-en-$r/samples.jsonl
+  python -c "import json, sys; s = json.load(open(sys.argv[1])); s['n'] = 400; json.dump(s, open(sys.argv[2], 'w'))" \
+    $OUT/p26/flores201-de-en-$r/summary.json $OUT/p26/pooled-de-en-$r/summary.json; done
+safe-ensemble eval compare $OUT/p26/pooled-de-en-single-g $OUT/p26/pooled-de-en-safe-gs --baseline $OUT/p26/pooled-de-en-single-g
+F="--bench flores --pair en-de --data $OUT/p24/data/flores-en-de/en-de.jsonl --limit 200 --max-new-tokens 128"
+ev $F --method single --members $M/s.yaml --out $OUT/p26/flores201-en-de-single-s
+ev $F --method safe --members $M/sg.yaml --out $OUT/p26/flores201-en-de-safe-sg
+ev $F --method single --members $M/g.yaml --out $OUT/p26/flores201-en-de-single-g
+safe-ensemble eval compare $OUT/p26/flores201-en-de-single-s $OUT/p26/flores201-en-de-single-g $OUT/p26/flores201-en-de-safe-sg \
+  --baseline $OUT/p26/flores201-en-de-single-s
 # the standing at a glance (README Results): the plot and the table from docs/results/standing.csv
 python scripts/standing_plot.py
