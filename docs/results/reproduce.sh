@@ -94,6 +94,9 @@ python scripts/drafter_fit_probe.py --prompts 8
 # Speed at today's defaults (docs/speed.md), on a quiet machine
 safe-ensemble bench --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct --backend transformers,llamacpp \
   --methods single,safe,every-token --prompts 3 --max-new-tokens 128 --json $OUT/p6/bench-defaults.json
+# ... and again at 081b015 (2026-12-05, seventh session; quiet machine)
+safe-ensemble bench --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct --backend transformers,llamacpp \
+  --methods single,safe --prompts 3 --max-new-tokens 128 --json $OUT/p26/bench-speed.json
 # MMLU-Redux (zero-shot chain of thought, 384 tokens): Qwen, Gemma and the default (README standing; Gemma was run on the first 60)
 B="--bench mmlu-redux --limit 100"
 for r in q g; do ev $B --method single --members $M/$r.yaml --out $OUT/p7/mmlu-single-$r; done
