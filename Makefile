@@ -5,6 +5,9 @@ STAMP  := $(VENV)/.installed
 PROMPT ?= What is 17 + 25? Answer briefly.
 # the member set the README's Results recommend (Qwen + Gemma: nowhere worse than Qwen alone beyond noise)
 MODELS ?= qwen2.5-coder-0.5b-instruct,gemma-3-270m
+# where pip finds torch's CPU wheel: empty = pip's own indexes (this project's machines hold the wheel
+# locally); elsewhere e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu (else PyPI's CUDA build comes in)
+TORCH_INDEX ?=
 
 .PHONY: setup browser run lint test test-fast bench clean
 
@@ -15,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned: this takes the local CPU wheel instead of a CUDA build (pyproject only
 	# asks for a range, which this satisfies, so the install below adds no other torch).
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e '.[langchain,llamaindex,server,eval,test]'
 	touch $(STAMP)
 

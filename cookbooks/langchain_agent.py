@@ -5,8 +5,10 @@ its head), the agent runs it, and the model answers from the result. The trace o
 printed, with the ensemble's stats for each model turn.
 
 Two choices make this reliable with tiny models, and are worth copying:
-- ``weights=[2, 1]``: Qwen2.5-Coder, the member trained for tool use, counts double in fusion.
-  With equal weights SmolLM2 (no tool training) sometimes talks the ensemble out of calling.
+- ``weights=[2, 1]``: Qwen2.5-Coder, the member trained for tool use, counts double in fusion
+  whichever member drafts. SAFE's default already gives the drafter 2:1, but the drafter is chosen
+  per request (``drafter="auto"``), and with SmolLM2 (no tool training) drafting or weighed
+  equally it sometimes talks the ensemble out of calling; a weights list stays with its members.
 - ``tool_result_hint``: after a tool result the engine adds a user turn asking for a plain-text
   answer; without it a 0.5B model tends to repeat the same call until the recursion limit.
 

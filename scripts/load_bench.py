@@ -4,7 +4,8 @@ are measured.
     python scripts/load_bench.py --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct \\
         --method safe --levels 1,2,4,8 --requests-per-client 2 --max-tokens 32 --out docs/load
     python scripts/load_bench.py --toy --levels 1,2 --out /tmp/load     # tiny random members, seconds
-    python scripts/load_bench.py --backend llamacpp --method single --out docs/load/llamacpp-single
+    python scripts/load_bench.py --method single --out docs/load/llamacpp-single
+    python scripts/load_bench.py --backend transformers --out /tmp/load-hf    # transformers members
 
 The server runs as its own process (``python -m shared_engine.cli serve`` on a free loopback port),
 so its peak RSS is measured alone and the clients' CPU time is not the server's. For each level N,
@@ -20,8 +21,9 @@ answers must not depend on the load: ``inconsistent_prompts`` lists prompts whos
 between requests (``divergent_answers`` shows them, by level). ``tokens_per_s_at_4_over_1`` is how
 throughput grows from one client to four (levels 1 and 4 both run).
 
-``--backend llamacpp`` runs the zoo names as in-process llama.cpp members (``serve --backend``; a
-``llamacpp:NAME`` spec in ``--models`` does the same per member); their servers get one slot per
+Zoo names run as in-process llama.cpp members by default, as on every other surface
+(``--backend transformers`` for transformers members; ``serve --backend``; a ``llamacpp:NAME`` spec in
+``--models`` does the same per member); their servers get one slot per
 request the server admits (``--max-active``), so concurrent requests are batched by llama.cpp.
 
 Writes ``load.json`` and ``load.png`` into ``--out``. Percentiles over few requests are coarse
@@ -114,7 +116,7 @@ class LevelResult(BaseModel):
 class BenchConfig(BaseModel):
     models: list[str]
     toy: bool
-    backend: str = "transformers"
+    backend: str = "llamacpp"
     method: str
     levels: list[int]
     requests_per_client: int
@@ -440,8 +442,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=DEFAULT_MODELS, help="comma-separated zoo names or HF folders")
     parser.add_argument("--toy", action="store_true", help="two tiny random members instead (seconds, for CI)")
-    parser.add_argument("--backend", choices=["transformers", "llamacpp"], default="transformers",
-                        help="how the server runs zoo names without a backend prefix (serve --backend)")
+    parser.add_argument("--backend", choices=["transformers", "llamacpp"], default=None,
+                        help="how the server runs zoo names without a backend prefix (serve --backend; default "
+                             "llamacpp, as everywhere else; --toy members are transformers folders)")
     parser.add_argument("--method", default="safe")
     parser.add_argument("--levels", default="1,2,4,8", help="numbers of concurrent clients")
     parser.add_argument("--requests-per-client", type=int, default=2)
@@ -461,8 +464,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.levels = [int(x) for x in args.levels.split(",")]
     if min(args.levels) < 1 or args.requests_per_client < 1 or args.max_tokens < 1:
         parser.error("levels, --requests-per-client and --max-tokens must be >= 1")
-    if args.toy and args.backend != "transformers":
+    if args.toy and args.backend not in (None, "transformers"):
         parser.error("--toy members are transformers folders: drop --backend")
+    if args.backend is None:
+        args.backend = "transformers" if args.toy else "llamacpp"
     return args
 
 

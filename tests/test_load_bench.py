@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -50,3 +52,12 @@ def test_load_bench_on_toy_members_reports_every_request(tmp_path: Path) -> None
         assert all(0 < v <= 3 for v in lv["forward_passes_per_token"].values()), lv["forward_passes_per_token"]
     assert report["config"]["backend"] == "transformers"
     assert (tmp_path / "load.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_zoo_names_run_on_llamacpp_by_default_as_on_every_other_surface() -> None:
+    parse = _load_bench().parse_args
+    assert parse([]).backend == "llamacpp"
+    assert parse(["--backend", "transformers"]).backend == "transformers"
+    assert parse(["--toy"]).backend == "transformers"  # toy members are transformers folders
+    with pytest.raises(SystemExit):
+        parse(["--toy", "--backend", "llamacpp"])
