@@ -320,6 +320,10 @@ def test_chrf_runs_pair_by_sentence_chrf_with_a_bootstrap_interval_of_the_corpus
     assert (result["wins"], result["losses"], result["both_right"]) == (4, 16, 0)  # "bad" has sentence 2 exact
     rows = [json.loads(line) for line in (tmp_path / "good" / SAMPLES).read_text().splitlines()]
     assert chrf_difference(rows, rows) == (0.0, (0.0, 0.0))
+    # a baseline still running has no summary yet, only its config: still paired by chrF
+    (tmp_path / "good" / SUMMARY).unlink()
+    (tmp_path / "good" / "config.json").write_text(json.dumps({"bench": "flores-en-de"}))
+    assert paired(tmp_path / "good", tmp_path / "bad") == result
 
 
 def test_run_labels_give_zoo_members_their_short_name_on_any_backend() -> None:

@@ -78,6 +78,12 @@ def _choice_score(output: str, record: Record) -> Score:
     return scoring.score_choice(output, record.answers[0], "".join(c.label for c in record.choices))
 
 
+def is_translation(run_bench: str) -> bool:
+    """Whether a run's benchmark (its config's ``bench``: ``flores-<pair>`` for translation) is
+    scored by chrF, without loading its data (the folder may be read on a machine without it)."""
+    return run_bench == "flores" or run_bench.startswith("flores-")
+
+
 def get_benchmark(name: str, data: str | None = None, pair: str = "en-de") -> Benchmark:
     if name == "gsm8k":
         path = _main_path(data, "gsm8k/test.jsonl")

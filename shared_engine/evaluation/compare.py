@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 from ..errors import EnsembleError, InvalidRequestError
 from ..members.spec import BACKENDS
 from ..options import METHOD_DEFAULTS
-from .runner import SAMPLES, SUMMARY, wilson_interval
+from .benchmarks import is_translation
+from .runner import CONFIG, SAMPLES, SUMMARY, wilson_interval
 
 BAR_LABEL_WIDTH = 22
 """Characters per line of a run label under its bar."""
@@ -283,8 +284,15 @@ def paired_by_group(baseline: Path, other: Path, limit: int | None = None) -> li
 
 
 def _is_chrf(folder: Path) -> bool:
-    summary = folder / SUMMARY
-    return summary.is_file() and json.loads(summary.read_text()).get("metric") == "chrf"
+    """Whether a run is scored by chrF (translation). A run still in progress (or stopped before
+    its end) has no summary yet, only its config: there the benchmark's name tells, so that its
+    sentences are paired by chrF rather than read as right/wrong answers (which all are "wrong")."""
+    summary, config = folder / SUMMARY, folder / CONFIG
+    if summary.is_file():
+        return json.loads(summary.read_text()).get("metric") == "chrf"
+    if config.is_file():
+        return is_translation(str(json.loads(config.read_text()).get("bench", "")))
+    return False
 
 
 def chrf_difference(base: list[dict[str, Any]], new: list[dict[str, Any]], resamples: int = 1000,
