@@ -5,7 +5,7 @@ and of the rest (system and user turns). Printed as one JSON line per benchmark.
     python scripts/drafter_fit_probe.py                        # Qwen, Gemma, SmolLM2; 8 prompts each
     python scripts/drafter_fit_probe.py --models a,b --prompts 4 --benchmarks gsm8k,triviaqa
 
-The README ("Which member drafts") compares these with the best single member measured on each
+docs/methods.md ("Which member drafts") compares these with the best single member measured on each
 benchmark: only the example answers' NLL picked it everywhere. Zero-shot benchmarks have no example
 answers (their ``answers`` is null). Reads the benchmark data (``SAFE_ENSEMBLE_DATA`` or ../shared).
 

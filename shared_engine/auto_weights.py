@@ -30,7 +30,7 @@ backend:
 - llama.cpp (``block_scoring=False``): llama-server returns no prompt log-probabilities, so the
   prompt is scored like a draft block: ONE request carrying the prompts ``ids[:1] .. ids`` with
   ``n_predict: 1``; with ``cache_prompt`` each extends the previous in the slot, i.e. one decode
-  step per prompt token instead of one batched prefill (measured on the zoo: see README).
+  step per prompt token instead of one batched prefill (measured on the zoo: see docs/methods.md).
 - vLLM / SGLang: one scoring request (their prompt log-probabilities).
 - Every top-K backend: a prompt token outside the member's top-K gets the even share of the
   remaining mass that members/topk.py gives it (an estimate, not its true probability).

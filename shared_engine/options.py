@@ -88,7 +88,8 @@ class EngineOptions(GenerationParams):
                           "is not scored again by the next process; None: kept in this engine's memory only. "
                           "The same fits, so the same drafter; on llama.cpp the logits after it may differ in "
                           "the last digits, and so now and then an answer, as between any cold and warm slot "
-                          "(the scoring reads a prompt token by token, a batch prefill reads it at once: README).")
+                          "(the scoring reads a prompt token by token, a batch prefill reads it at once: "
+                          "docs/methods.md).")
     draft_length: int = Field(5, ge=1, le=64, description="Tokens drafted per round (SAFE's gamma); with "
                                                            "draft_schedule='adaptive', the first round's.")
     draft_schedule: Literal["fixed", "adaptive"] = Field(

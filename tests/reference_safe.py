@@ -4,7 +4,7 @@ Written from the rules, not from the engine: plain loops, no KV caches (every di
 from a full forward over prompt + answer), a fresh tokenization of the whole answer for every
 verifier in every round, and the fusion/sharpening arithmetic spelled out. Its rules are the
 released SAFE code's (ensembling.md §2.2, §2.5, §2.6) plus this project's documented deviations
-(README "What it does" / "How it works"):
+(README "What it does" / "How it works", docs/methods.md):
 
 - any number of members; weights, normalised, in fusion *and* in the consensus mean;
 - a position is fusable when every verifier has a token starting at its byte offset (the

@@ -347,7 +347,7 @@ def test_a_bfloat16_zoo_ensemble_answers_the_gsm8k_smoke_question_as_float32() -
     from tests.test_real_models import QWEN, SMOL, gsm8k_question
 
     question = gsm8k_question(0)
-    # the paper's rule and weights, as measured for README "Members": with SAFE's default gate (0.5)
+    # the paper's rule and weights, as measured in docs/members.md: with SAFE's default gate (0.5)
     # or drafter weight (2) bfloat16 departs from float32 at a near-tie of Qwen's past token 30
     paper = {"method": "safe", "drafter_confidence": None, "drafter_weight": 1.0, "max_new_tokens": 48}
     full = EnsembleEngine([QWEN, SMOL], **paper).generate(question)

