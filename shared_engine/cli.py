@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Callable
+from typing import NoReturn, cast
 
 from . import bench, calibration
 from .engine_args import add_engine_args, default_method, engine_from_args
@@ -73,9 +74,19 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """One ``error:`` line for a mistyped flag or value, not the whole usage block above it (the
+    subcommands' parsers are of this class too: ``add_subparsers`` makes them of the parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n(`{self.prog} --help` lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="safe-ensemble", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="safe-ensemble", description=__doc__.split("\n\n")[0])
+    # the subcommands' parsers are _Parsers; the modules adding them need only ArgumentParser's API
+    sub = cast("argparse._SubParsersAction[argparse.ArgumentParser]",
+               parser.add_subparsers(dest="command", required=True))
     _add_run_parser(sub)
     bench.add_parser(sub)
     serve_command.add_parser(sub)

@@ -125,7 +125,8 @@ class EnsembleEngine:
             index = 0
         elif isinstance(drafter, int):
             if not 0 <= drafter < len(names):
-                raise InvalidRequestError(f"drafter index {drafter} out of range")
+                raise InvalidRequestError(f"drafter index {drafter} out of range: {len(names)} members, "
+                                          f"0 to {len(names) - 1} ({names})")
             index = drafter
         elif drafter in self._names:
             index = self._names.index(drafter)
@@ -540,7 +541,8 @@ def _member_index(name: str, names: list[str]) -> int:
         raise InvalidRequestError(f"drafter {name!r} could be any of {matching}: give the member spec as listed")
     if not matching and name.isdigit():
         if int(name) >= len(names):
-            raise InvalidRequestError(f"drafter index {name} out of range")
+            raise InvalidRequestError(f"drafter index {name} out of range: {len(names)} members, "
+                                      f"0 to {len(names) - 1} ({names})")
         return int(name)
     if not matching:
         raise InvalidRequestError(f"drafter {name!r} is not a member; members: {names}")

@@ -202,8 +202,10 @@ def test_a_drafter_given_as_a_number_on_the_command_line_is_an_index() -> None:
         engine = engine_from_args(args, "safe")
         assert engine.generate(FEW_SHOT, max_new_tokens=2).stats.drafter == "fits"
     assert EnsembleEngine([plain, good], drafter="0").generate(FEW_SHOT, max_new_tokens=2).stats.drafter == "random"
-    with pytest.raises(InvalidRequestError, match="out of range"):
+    with pytest.raises(InvalidRequestError, match="out of range: 2 members, 0 to 1"):
         EnsembleEngine([plain, good], drafter="2")
+    with pytest.raises(InvalidRequestError, match="out of range: 2 members, 0 to 1"):
+        EnsembleEngine([plain, good], drafter=2)
 
 
 # --------------------------------------------------------------------------- fits kept across processes

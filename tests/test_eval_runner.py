@@ -179,6 +179,8 @@ async def test_compare_prints_a_table_and_draws_its_plots(tmp_path: Path) -> Non
     losses = sum(b and not a for a, b in zip(safe_rows, single_rows))
     both = sum(a and b for a, b in zip(safe_rows, single_rows))
     assert f"| safe (a+b) | 2 | {both} | {wins} | {losses} |" in text
+    assert "| both right | right only here | right only in baseline |" in text
+    assert "chrF" not in text  # translation's words only on translation runs
     # the paired difference in accuracy points, with its interval
     assert f"| {100 * (wins - losses) / 2:+.2f} pts (" in text
     assert "| toy | safe (a+b) | 2 |" in text and "| toy | single (a+b) | 2 |" in text
@@ -320,6 +322,11 @@ def test_chrf_runs_pair_by_sentence_chrf_with_a_bootstrap_interval_of_the_corpus
     assert (result["wins"], result["losses"], result["both_right"]) == (4, 16, 0)  # "bad" has sentence 2 exact
     rows = [json.loads(line) for line in (tmp_path / "good" / SAMPLES).read_text().splitlines()]
     assert chrf_difference(rows, rows) == (0.0, (0.0, 0.0))
+    from shared_engine.evaluation.compare import paired_table
+
+    table = paired_table(tmp_path / "good", [({"label": "bad"}, result)])
+    assert "| sentences tied | chrF higher here | chrF higher in baseline |" in table
+    assert "| bad | 20 | 0 | 4 | 16 |" in table
     # a baseline still running has no summary yet, only its config: still paired by chrF
     (tmp_path / "good" / SUMMARY).unlink()
     (tmp_path / "good" / "config.json").write_text(json.dumps({"bench": "flores-en-de"}))

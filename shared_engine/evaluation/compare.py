@@ -322,12 +322,20 @@ def chrf_difference(base: list[dict[str, Any]], new: list[dict[str, Any]], resam
             (round(deltas[int(0.025 * resamples)], 2), round(deltas[int(0.975 * resamples) - 1], 2)))
 
 
+def _paired_columns(chrf: bool) -> tuple[str, str, str]:
+    """The paired counts' names: right/wrong answers, or for translation (no right/wrong) the
+    sentences whose chrF is tied, higher or lower than the baseline's."""
+    if chrf:
+        return "sentences tied", "chrF higher here", "chrF higher in baseline"
+    return "both right", "right only here", "right only in baseline"
+
+
 def paired_table(baseline: Path, pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
     """Each run paired with the baseline (``paired_results``) over the questions both summaries cover
-    (chrF runs: per sentence, "right only here" = a higher sentence chrF, plus the corpus chrF difference)."""
+    (chrF runs: per sentence, a higher or lower sentence chrF, plus the corpus chrF difference)."""
+    both, wins, losses = _paired_columns(_is_chrf(baseline))
     lines = [f"Paired with {baseline} (the same questions):", "",
-             "| run | N | both right (chrF: tied) | right only here (chrF: higher) | right only in baseline "
-             "(chrF: lower) | sign test p | p (worse) | Δ score (95% CI) |",
+             f"| run | N | {both} | {wins} | {losses} | sign test p | p (worse) | Δ score (95% CI) |",
              "|---|---|---|---|---|---|---|---|"]
     for s, p in pairs:
         lines.append(f"| {s['label']} | {p['n']} | {p['both_right']} | {p['wins']} | {p['losses']} "
@@ -432,11 +440,12 @@ def _paired_runs(baseline: Path, summaries: list[dict[str, Any]]) -> list[tuple[
 def group_tables(baseline: Path, summaries: list[dict[str, Any]]) -> str:
     """One table per run: ``paired_by_group`` against the baseline."""
     shown = (lambda v: f"{v:.1f}") if _is_chrf(baseline) else (lambda v: f"{v:.0%}")
+    _, wins, losses = _paired_columns(_is_chrf(baseline))
     tables = []
     for s, limit in _paired_runs(baseline, summaries):
         lines = [f"By group, {s['label']} paired with {baseline}:", "",
-                 "| group | N | baseline | this run | right only here (chrF: higher) | right only in baseline "
-                 "(chrF: lower) | p (worse) |", "|---|---|---|---|---|---|---|"]
+                 f"| group | N | baseline | this run | {wins} | {losses} | p (worse) |",
+                 "|---|---|---|---|---|---|---|"]
         for row in paired_by_group(baseline, Path(s["dir"]), limit):
             lines.append(f"| {row['group']} | {row['n']} | {shown(row['baseline'])} | {shown(row['run'])} | "
                          f"{row['wins']} | {row['losses']} | {row['p_worse']:.3f} |")
@@ -476,8 +485,10 @@ def _paired_plot(baseline: Path, summaries: list[dict[str, Any]], pairs: list[tu
     base = next((s for s in summaries if Path(s["dir"]) == baseline), None)
     bench = base["bench"] if base else pairs[0][0]["bench"]
     folder.mkdir(parents=True, exist_ok=True)
+    counts = ("sentences with a higher / lower chrF in the run" if _is_chrf(baseline)
+              else "questions right only in the run / only in the baseline")
     title = (f"{bench}: each run minus {base['label'] if base else baseline.name}, paired, 95% interval\n"
-             "(beside each point: right only in the run / only in the baseline; chrF: sentences higher / lower)")
+             f"(beside each point: {counts})")
     return [paired_difference_plot(points, folder / f"{bench}-paired.png", title)]
 
 
