@@ -22,6 +22,8 @@ def test_run_streams_an_answer_and_prints_stats() -> None:
     assert result.returncode == 0, result.stderr
     assert "42" in result.stdout
     assert "finish=" in result.stderr and "tok/s" in result.stderr
+    # the seconds the members take to load are announced, not silent
+    assert f"loading 1 member ({QWEN}) ..." in result.stderr and "loaded in " in result.stderr
 
 
 def test_run_events_are_json_lines_ending_with_finish() -> None:

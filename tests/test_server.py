@@ -126,6 +126,7 @@ def test_models_health_and_page(base_url: str) -> None:
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == [MODEL]
     health = httpx.get(f"{base_url}/health").json()
     assert health["status"] == "ok" and health["members"] == ["a", "b"]
+    assert health["drafter"] == ("auto" if health["method"] == "safe" else "a")  # the page shows it
     assert health["load"]["active"] == 0
     page = httpx.get(f"{base_url}/")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
@@ -190,6 +191,14 @@ def test_confident_adafuse_spans_are_listed_only_on_request() -> None:
     assert len(everything["decisions"]) == everything["stats"]["spans"] >= 1
     assert all(d["kind"] == "span" and not d["fused"] and len(d["candidates"]) == 1
                for d in everything["decisions"])
+
+
+def test_health_names_the_drafter_or_says_safe_chooses_it_per_request() -> None:
+    with serve_in_background(create_app(EnsembleEngine(toy_members(), method="safe", max_new_tokens=4))) as url:
+        assert httpx.get(f"{url}/health").json()["drafter"] == "auto"
+    named = EnsembleEngine(toy_members(), method="safe", drafter=1, max_new_tokens=4)
+    with serve_in_background(create_app(named)) as url:
+        assert httpx.get(f"{url}/health").json()["drafter"] == "b"
 
 
 def test_page_lists_confident_spans_when_asked() -> None:

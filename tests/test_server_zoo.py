@@ -120,6 +120,7 @@ def test_live_page_in_headless_chromium() -> None:
         assert first.locator("table tr").count() >= 2  # a header row and candidates
         assert QWEN in first.inner_text() and SMOL in first.inner_text()
         assert "ensemble rate" in page.inner_text("#stats") and "tokens/s" in page.inner_text("#stats")
+        assert f"drafter: {QWEN}" in page.inner_text("#model") and QWEN in page.inner_text("#stats")
         page.locator("#answer .tok.kept, #answer .tok.changed").first.click()
         assert page.locator("#decisions .decision.focus").count() == 1
         page.screenshot(path=str(ARTIFACTS / "server_page.png"))

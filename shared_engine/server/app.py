@@ -169,8 +169,10 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
         return engine.labels
 
     async def health(request: Request) -> JSONResponse:
+        # "auto": SAFE chooses per request (each answer's stats name it); else the first member drafts
+        drafter = "auto" if engine.options.drafter == "auto" else members()[0]
         return JSONResponse({"status": "ok", "model": name, "method": engine.options.method,
-                             "members": members(), "load": admission.load().model_dump()})
+                             "members": members(), "drafter": drafter, "load": admission.load().model_dump()})
 
     async def models(request: Request) -> JSONResponse:
         card = ModelCard(id=name, created=created, method=engine.options.method, members=members())
