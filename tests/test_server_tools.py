@@ -176,6 +176,31 @@ def test_api_key_guards_every_v1_route_and_health_stays_open(serve: Any) -> None
     assert client(url, "s3cret").chat.completions.create(model=MODEL, messages=USER).choices[0].message.content == "Hello."
 
 
+def test_api_key_holds_where_the_app_is_mounted_under_a_prefix_or_served_behind_a_root_path() -> None:
+    # Starlette's Mount and uvicorn's --root-path keep the prefix in scope["path"]: the guard must
+    # decide on the path the app routes on, or "/ensemble/v1/..." would pass as "not /v1".
+    import asyncio
+
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    app = create_app(ScriptedDecoding(["Hello."]), api_key="s3cret")
+    body = {"model": MODEL, "messages": USER}
+
+    async def statuses(asgi: Any, prefix: str, root_path: str = "") -> list[int]:
+        transport = httpx.ASGITransport(app=asgi, root_path=root_path)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            keyed = {"Authorization": "Bearer s3cret"}
+            return [(await http.post(f"{prefix}/v1/chat/completions", json=body)).status_code,
+                    (await http.get(f"{prefix}/v1/models")).status_code,
+                    (await http.get(f"{prefix}/health")).status_code,
+                    (await http.get(f"{prefix}/v1/models", headers=keyed)).status_code]
+
+    assert asyncio.run(statuses(app, "")) == [401, 401, 200, 200]
+    assert asyncio.run(statuses(Starlette(routes=[Mount("/ensemble", app=app)]), "/ensemble")) == [401, 401, 200, 200]
+    assert asyncio.run(statuses(app, "/api", root_path="/api")) == [401, 401, 200, 200]
+
+
 def test_json_schema_output_is_decoded_under_the_schema() -> None:
     # Real decoding on random toys, whose unconstrained answers are no JSON (tests/test_json_constraint.py):
     # the server hands response_format to the engine, which constrains every token to the schema.

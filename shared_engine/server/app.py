@@ -5,7 +5,7 @@
 
 Routes: ``POST /v1/chat/completions`` (streamed or not), ``GET /v1/models``, ``GET /health`` and
 ``GET /`` (the live page). Every error is an OpenAI-style ``{"error": {message, type, param,
-code}}`` body. With ``api_key`` set, every ``/v1`` route wants ``Authorization: Bearer <key>``
+code}}`` body. With ``api_key`` set, every route but the page and ``/health`` wants ``Authorization: Bearer <key>``
 (else a 401 ``invalid_api_key``); ``/health`` and the page stay open. Requests share the engine
 (each has its own sessions; a transformers member runs one forward at a time, a llama.cpp server
 batches the requests' slots), at most ``max_active`` run at once and ``max_waiting`` more queue;
@@ -131,14 +131,27 @@ def _page() -> str:
     return files(__package__).joinpath("static/index.html").read_text(encoding="utf-8")
 
 
+OPEN_PATHS = frozenset({"/", "/health"})
+"""The routes an API key does not guard: the live page and the health check."""
+
+
+def route_path(scope: Scope) -> str:
+    """The path the app routes on: ``scope["path"]`` less the ``root_path`` it is served under
+    (mounted under a prefix, or behind a proxy with ``--root-path``: both keep the prefix in the path)."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return (path[len(root):] or "/") if root and path.startswith(root) else path
+
+
 class ApiKeyGuard:
-    """ASGI middleware: every ``/v1`` request must carry ``Authorization: Bearer <api_key>``."""
+    """ASGI middleware: every request but the page and ``/health`` must carry ``Authorization:
+    Bearer <api_key>`` — decided on the path the app routes on, so that mounting the app under a
+    prefix or serving it behind a proxy's root path cannot open the ``/v1`` routes."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app, self.expected = app, f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and (scope["path"] == "/v1" or scope["path"].startswith("/v1/")):
+        if scope["type"] == "http" and route_path(scope) not in OPEN_PATHS:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 message = ("Incorrect API key provided." if given else
@@ -154,8 +167,8 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
 
     ``max_active`` requests generate at once (``serve --max-active`` also gives the in-process
     llama.cpp members that many slots, one per active request); ``max_waiting`` more wait in a
-    queue; any further request gets a 429. ``api_key``: required on every ``/v1`` route
-    (``/health`` and the page stay open)."""
+    queue; any further request gets a 429. ``api_key``: required on every route
+    but the page and ``/health`` (``ApiKeyGuard``)."""
     name = model_name or f"{engine.options.method}-ensemble"
     admission = Admission(max_active, max_waiting)
     created = int(time.time())
