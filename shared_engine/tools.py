@@ -513,8 +513,8 @@ class AnswerShaper:
 
     Prepends the prefix (a ``token`` event with ``source="prefix"``), routes text through the
     tool-call parser when tools are offered (text as ``token`` events, calls as ``tool_call``
-    events), holds the text of a structured-output answer until ``finish`` decides whether it is
-    valid, and completes the ``finish`` event (text, tool calls, format error)."""
+    events), holds the text and calls of a structured-output answer until ``finish`` decides whether
+    it is valid (an answer that calls a tool is not checked as JSON), and completes the ``finish`` event (text, tool calls, format error)."""
 
     def __init__(self, plan: OutputPlan) -> None:
         self.plan = plan
@@ -535,8 +535,8 @@ class AnswerShaper:
         elif event.type == "finish":
             if self.parser is not None:
                 out += self._pieces(self.parser.close(), TokenEvent(text="", source="draft", position=0))
-            if self.plan.response_format is not None:
-                self.format_error = format_error(self.text, self.plan.response_format)
+            if self.plan.response_format is not None and not self.calls:  # an answer that calls a tool
+                self.format_error = format_error(self.text, self.plan.response_format)  # is no JSON answer
             out.append(FinishEvent(reason=event.reason, text=self.text, stats=event.stats,
                                    failed_members=event.failed_members, tool_calls=self.calls,
                                    format_error=self.format_error))
@@ -544,11 +544,13 @@ class AnswerShaper:
             out.append(event)
         if self.plan.response_format is None:
             return out
-        self.held += [e for e in out if e.type == "token"]  # released by release() once valid
-        return [e for e in out if e.type != "token"]
+        # text and calls are released by release() once the attempt is accepted: a rejected
+        # attempt's call must not reach the caller (it would be run, and the retry call again)
+        self.held += [e for e in out if e.type in ("token", "tool_call")]
+        return [e for e in out if e.type not in ("token", "tool_call")]
 
     def release(self) -> list[Event]:
-        """The held text of a structured-output attempt (after its ``finish`` was decided)."""
+        """The held text and calls of a structured-output attempt (after its ``finish`` was decided)."""
         held, self.held = self.held, []
         return held
 

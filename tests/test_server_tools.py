@@ -201,6 +201,35 @@ def test_api_key_holds_where_the_app_is_mounted_under_a_prefix_or_served_behind_
     assert asyncio.run(statuses(app, "/api", root_path="/api")) == [401, 401, 200, 200]
 
 
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}}}
+
+
+def test_a_tool_call_beside_a_json_response_format_is_one_call_in_one_attempt() -> None:
+    # response_format prefills "{"; the members call the offered tool as bare JSON. That answer is a
+    # call, not a JSON answer to validate: before, it failed as JSON ("" left), was retried twice,
+    # and each attempt's call was already sent (three calls; OpenAI's client merged them into one).
+    import asyncio
+
+    call = '"name": "get_weather", "arguments": {"location": "Paris"}}'
+    engine = ScriptedDecoding([call])
+    options = {"tools": [WEATHER_TOOL], "response_format": {"type": "json_object"}}
+    events = asyncio.run(_collect(engine.astream("Weather in Paris?", **options)))
+    assert len(engine.prompts) == 1 and not [e for e in events if e.type == "format_retry"]
+    calls = [e for e in events if e.type == "tool_call"]
+    assert [(c.name, c.arguments) for c in calls] == [("get_weather", {"location": "Paris"})]
+    assert events[-1].tool_calls == calls and events[-1].format_error is None
+    # with tools offered, a rejected attempt (no call, no valid JSON) shows nothing of itself
+    engine = ScriptedDecoding(['"a": 1,, x', '"ok": true}'])
+    events = asyncio.run(_collect(engine.astream("Weather in Paris?", **options)))
+    assert [e.type for e in events if e.type != "token"] == ["format_retry", "finish"]
+    assert "".join(e.text for e in events if e.type == "token") == events[-1].text == '{"ok": true}'
+
+
+async def _collect(stream: AsyncIterator[Event]) -> list[Event]:
+    return [event async for event in stream]
+
+
 def test_json_schema_output_is_decoded_under_the_schema() -> None:
     # Real decoding on random toys, whose unconstrained answers are no JSON (tests/test_json_constraint.py):
     # the server hands response_format to the engine, which constrains every token to the schema.
