@@ -514,7 +514,8 @@ class AnswerShaper:
     Prepends the prefix (a ``token`` event with ``source="prefix"``), routes text through the
     tool-call parser when tools are offered (text as ``token`` events, calls as ``tool_call``
     events), holds the text and calls of a structured-output answer until ``finish`` decides whether
-    it is valid (an answer that calls a tool is not checked as JSON), and completes the ``finish`` event (text, tool calls, format error)."""
+    it is valid (an answer that calls a tool is not checked as JSON), and completes the ``finish``
+    event (text, tool calls, format error)."""
 
     def __init__(self, plan: OutputPlan) -> None:
         self.plan = plan
