@@ -48,6 +48,7 @@ async def _stream(args: argparse.Namespace) -> int:
     engine = engine_from_args(args, method)
     color = sys.stdout.isatty() and not args.no_color
     params = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "stop": args.stop or []}
+    engine.check_request(args.prompt, **params)  # a bad request fails before the members load
     await _load_with_notice(engine)
     async for event in engine.astream(args.prompt, **params):
         if args.events:
@@ -93,7 +94,7 @@ class _Parser(argparse.ArgumentParser):
     subcommands' parsers are of this class too: ``add_subparsers`` makes them of the parent's)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n(`{self.prog} --help` lists the options)\n")
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

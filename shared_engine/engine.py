@@ -243,15 +243,9 @@ class EnsembleEngine:
         answer starts with), ``response_format`` (json_object / json_schema) and ``tool_result_hint``: see
         ``shared_engine.tools``; parsed calls come as ``tool_call`` events and in ``finish.tool_calls``.
         """
-        if self._closed:
-            raise EngineClosedError("the engine is closed")
-        defaults = self.options.model_dump(include=set(GenerationParams.model_fields))
-        gen = validated(GenerationParams, **{**defaults, **params})
-        output = validated(
-            OutputOptions, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+        gen, plan, messages = self._prepare(
+            messages_or_prompt, params, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
             prefix=prefix, response_format=response_format, tool_result_hint=tool_result_hint)
-        plan = OutputPlan(output)
-        messages = normalize_messages(messages_or_prompt)
         rejected: list[tuple[str, str]] = []
         for attempt in range(1, plan.attempts + 1):
             shaper = plan.shaper()
@@ -273,6 +267,24 @@ class EnsembleEngine:
                 yield event
             yield finish
             return
+
+    def check_request(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> None:
+        """Raise the error ``astream`` would raise for this request before any member loads (bad
+        parameters, an empty prompt): a caller about to load the members can fail first, fast.
+        Takes ``astream``'s keywords."""
+        output_keys = ("tools", "tool_choice", "parallel_tool_calls", "prefix", "response_format", "tool_result_hint")
+        output = {k: params.pop(k) for k in output_keys if k in params}
+        self._prepare(messages_or_prompt, params, **output)
+
+    def _prepare(self, messages_or_prompt: str | Sequence[Message], params: Mapping[str, Any],
+                 **output_options: Any) -> tuple[GenerationParams, OutputPlan, list[dict[str, Any]]]:
+        """A request's generation parameters, output plan and messages, validated."""
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        defaults = self.options.model_dump(include=set(GenerationParams.model_fields))
+        gen = validated(GenerationParams, **{**defaults, **params})
+        plan = OutputPlan(validated(OutputOptions, **output_options))
+        return gen, plan, normalize_messages(messages_or_prompt)
 
     async def _decode(self, messages: list[dict[str, Any]], plan: OutputPlan,
                       gen: GenerationParams) -> AsyncGenerator[Event, None]:

@@ -21,6 +21,5 @@ def test_a_usage_error_is_one_line_with_a_pointer_to_help(argv: list[str], capsy
         build_parser().parse_args(argv)
     assert exit_info.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 2, lines
-    assert lines[0].startswith("safe-ensemble") and ": error: " in lines[0]
-    assert "--help" in lines[1] and "usage:" not in "".join(lines)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("safe-ensemble") and ": error: " in lines[0] and lines[0].endswith("lists the options)")
