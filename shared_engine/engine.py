@@ -247,6 +247,7 @@ class EnsembleEngine:
             messages_or_prompt, params, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
             prefix=prefix, response_format=response_format, tool_result_hint=tool_result_hint)
         rejected: list[tuple[str, str]] = []
+        retried: list[Stats] = []
         for attempt in range(1, plan.attempts + 1):
             shaper = plan.shaper()
             finish: FinishEvent | None = None
@@ -260,12 +261,13 @@ class EnsembleEngine:
             assert finish is not None, "the decoding loop always ends with finish"
             if finish.format_error and attempt < plan.attempts and finish.reason not in ("cancelled", "error"):
                 rejected.append((finish.text, finish.format_error))
+                retried.append(finish.stats)
                 yield FormatRetryEvent(attempt=attempt, error=finish.format_error, text=finish.text,
                                        stats=finish.stats)
                 continue
             for event in shaper.release():
                 yield event
-            yield finish
+            yield finish.model_copy(update={"rejected_attempts": retried}) if retried else finish
             return
 
     def check_request(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> None:

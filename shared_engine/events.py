@@ -201,10 +201,18 @@ class FinishEvent(_Event):
     tool_calls: list[ToolCallEvent] = Field(default_factory=list, description="Calls parsed from the answer.")
     format_error: str | None = Field(
         None, description="response_format given: why the last answer is still not the JSON asked for.")
+    rejected_attempts: list[Stats] = Field(
+        default_factory=list, description="response_format given: the statistics of the earlier answers that "
+                                          "failed validation and were asked again (``stats`` is the last one's).")
 
     @property
     def usage(self) -> Usage:
-        return Usage.from_stats(self.stats)
+        """The tokens the whole request cost: every attempt's prompt and answer (a structured-output
+        answer asked again reads its prompt again), as OpenAI, LangChain and LlamaIndex report usage."""
+        attempts = [Usage.from_stats(s) for s in [*self.rejected_attempts, self.stats]]
+        return Usage(prompt_tokens=sum(u.prompt_tokens for u in attempts),
+                     completion_tokens=sum(u.completion_tokens for u in attempts),
+                     total_tokens=sum(u.total_tokens for u in attempts))
 
     @property
     def openai_finish_reason(self) -> OpenAIFinishReason:

@@ -5,6 +5,7 @@ decodes for real (constrained JSON on toy members)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -179,8 +180,6 @@ def test_api_key_guards_every_v1_route_and_health_stays_open(serve: Any) -> None
 def test_api_key_holds_where_the_app_is_mounted_under_a_prefix_or_served_behind_a_root_path() -> None:
     # Starlette's Mount and uvicorn's --root-path keep the prefix in scope["path"]: the guard must
     # decide on the path the app routes on, or "/ensemble/v1/..." would pass as "not /v1".
-    import asyncio
-
     from starlette.applications import Starlette
     from starlette.routing import Mount
 
@@ -209,8 +208,6 @@ def test_a_tool_call_beside_a_json_response_format_is_one_call_in_one_attempt() 
     # response_format prefills "{"; the members call the offered tool as bare JSON. That answer is a
     # call, not a JSON answer to validate: before, it failed as JSON ("" left), was retried twice,
     # and each attempt's call was already sent (three calls; OpenAI's client merged them into one).
-    import asyncio
-
     call = '"name": "get_weather", "arguments": {"location": "Paris"}}'
     engine = ScriptedDecoding([call])
     options = {"tools": [WEATHER_TOOL], "response_format": {"type": "json_object"}}
@@ -224,6 +221,35 @@ def test_a_tool_call_beside_a_json_response_format_is_one_call_in_one_attempt() 
     events = asyncio.run(_collect(engine.astream("Weather in Paris?", **options)))
     assert [e.type for e in events if e.type != "token"] == ["format_retry", "finish"]
     assert "".join(e.text for e in events if e.type == "token") == events[-1].text == '{"ok": true}'
+
+
+def test_an_answer_that_never_validates_says_why_and_counts_every_attempt(serve: Any) -> None:
+    url, engine = serve(['"name": 5'])  # after the "{" prefill: '{"name": 5', never valid JSON
+    body = {"model": MODEL, "messages": USER, "response_format": {"type": "json_object"}}
+    whole = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+    assert len(engine.prompts) == 3 and whole["choices"][0]["message"]["content"] == '{"name": 5'
+    assert whole["ensemble"]["format_error"].startswith("not valid JSON")  # OpenAI has no field for it
+    # usage is what the request cost: three attempts of 5 prompt and 3 answer tokens each
+    assert whole["usage"] == {"prompt_tokens": 15, "completion_tokens": 9, "total_tokens": 24}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=60,
+                      json={**body, "stream": True, "stream_options": {"include_usage": True}}) as response:
+        chunks = [json.loads(line[6:]) for line in response.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    assert chunks[-2]["ensemble"]["format_error"].startswith("not valid JSON")  # the final chunk
+    assert chunks[-1]["usage"]["total_tokens"] == 24
+    finish = asyncio.run(_collect(ScriptedDecoding(['"name": 5']).astream("x", response_format={"type": "json_object"})))[-1]
+    assert finish.type == "finish" and len(finish.rejected_attempts) == 2 and finish.usage.prompt_tokens == 15
+
+
+def test_an_unreadable_call_stands_where_it_was_written_streamed_or_not(serve: Any) -> None:
+    url, _ = serve(["A <tool_call>\nnot json at all\n</tool_call> B"])
+    body = {"model": MODEL, "messages": USER, "tools": [WEATHER_TOOL]}
+    whole = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]["content"]
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=60) as response:
+        chunks = [json.loads(line[6:]) for line in response.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert whole == streamed and whole.index("A") < whole.index("<tool_call>") < whole.index("B")
 
 
 async def _collect(stream: AsyncIterator[Event]) -> list[Event]:

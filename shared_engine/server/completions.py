@@ -82,7 +82,8 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
                     else:  # unreadable: the client sees what the members wrote, as text
                         yield chunk(Delta(content=unreadable_call_text(event)))
                 elif event.type == "finish":
-                    yield chunk(Delta(), event, EnsembleDelta(decisions=pending, stats=event.stats))
+                    yield chunk(Delta(), event, EnsembleDelta(decisions=pending, stats=event.stats,
+                                                              format_error=event.format_error))
                     if include_usage:
                         usage = ChatCompletionChunk(id=completion_id, model=model, choices=[], usage=event.usage)
                         yield sse(usage.model_dump_json(exclude={"ensemble"}))
@@ -98,19 +99,24 @@ async def collect(events: AsyncIterator[Event], *, completion_id: str, model: st
     """The whole completion at once (non-streamed requests)."""
     decisions: list[Decision] = []
     finish: FinishEvent | None = None
+    content: list[str] = []  # in the order the stream sends it: an unreadable call's text where it stood
     async with aclosing(events):  # type: ignore[type-var]
         async for event in events:
             if isinstance(event, EnsembleEvent | AdaFuseEvent) and listed(event, ensemble_events):
                 decisions.append(as_decision(event))
+            elif event.type == "token":
+                content.append(event.text)
+            elif isinstance(event, ToolCallEvent) and event.error is not None:
+                content.append(unreadable_call_text(event))
             elif event.type == "finish":
                 finish = event
     if finish is None:  # pragma: no cover - the engine always ends with finish
         raise RuntimeError("the engine stream ended without a finish event")
     calls = [ToolCallOut.from_event(c) for c in finish.tool_calls if c.error is None]
-    content = finish.text + "".join(unreadable_call_text(c) for c in finish.tool_calls if c.error is not None)
-    message = AssistantMessage(content=content or (None if calls else ""), tool_calls=calls or None)
+    message = AssistantMessage(content="".join(content) or (None if calls else ""), tool_calls=calls or None)
     return ChatCompletion(
         id=completion_id, model=model,
         choices=[Choice(message=message, finish_reason=finish.openai_finish_reason)],
         usage=finish.usage,
-        ensemble=EnsembleSummary(method=method, members=members, decisions=decisions, stats=finish.stats))
+        ensemble=EnsembleSummary(method=method, members=members, decisions=decisions, stats=finish.stats,
+                                 format_error=finish.format_error))

@@ -222,6 +222,9 @@ class EnsembleDelta(BaseModel):
                                                "belongs to (listed or not).")
     decisions: list[Decision] = []
     stats: Stats | None = None
+    format_error: str | None = Field(
+        None, description="Final chunk, response_format given: why the answer is still not the JSON asked "
+                          "for after every attempt (OpenAI has no field for it; the answer is sent as written).")
 
 
 class EnsembleSummary(BaseModel):
@@ -231,6 +234,9 @@ class EnsembleSummary(BaseModel):
     members: list[str]
     decisions: list[Decision] = []
     stats: Stats
+    format_error: str | None = Field(
+        None, description="response_format given: why the answer is still not the JSON asked for after every "
+                          "attempt (OpenAI has no field for it; the answer is sent as written).")
 
 
 class Delta(BaseModel):
