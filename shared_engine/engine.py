@@ -185,8 +185,8 @@ class EnsembleEngine:
         if not isinstance(self.options.weights, list):  # ('auto' replaces these once the prompt is read)
             return self._drafter_weighted(len(self._specs))
         ordered = torch.tensor([self.options.weights[i] for i in self._order], dtype=torch.float32)
-        if (ordered < 0).any() or ordered.sum() <= 0:
-            raise InvalidRequestError("weights must be non-negative and not all zero")
+        if not torch.isfinite(ordered).all() or (ordered < 0).any() or ordered.sum() <= 0:
+            raise InvalidRequestError("weights must be finite, non-negative and not all zero")
         return ordered / ordered.sum()
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ imports another and nothing imports ``cli.py``. A new engine flag goes into ``ad
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -20,9 +21,12 @@ def weights_arg(value: str) -> list[float] | str:
     if value.strip() == "auto":
         return "auto"
     try:
-        return [float(w) for w in value.split(",")]
+        weights = [float(w) for w in value.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError("comma-separated numbers, one per model, e.g. 2,1, or auto") from None
+    if not all(math.isfinite(w) and w >= 0 for w in weights):
+        raise argparse.ArgumentTypeError(f"weights must be finite and non-negative, got {value}")
+    return weights
 
 
 def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = True) -> None:

@@ -41,7 +41,10 @@ def read_members_file(path: str | Path) -> list[MemberConfig]:
     if str(path).endswith((".yaml", ".yml")):
         import yaml
 
-        data: Any = yaml.safe_load(text)
+        try:
+            data: Any = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ValueError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
     else:
         data = json.loads(text)
     if isinstance(data, dict) and set(data) == {"members"}:

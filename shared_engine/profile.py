@@ -8,6 +8,7 @@ members; an engine whose members are not the same models (in any order) refuses 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,8 @@ class EnsembleProfile(BaseModel):
     def _consistent(self) -> EnsembleProfile:
         if len(self.weights) != len(self.members):
             raise ValueError(f"{len(self.weights)} weights for {len(self.members)} members")
-        if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
-            raise ValueError("weights must be non-negative and not all zero")
+        if not all(math.isfinite(w) and w >= 0 for w in self.weights) or sum(self.weights) <= 0:
+            raise ValueError("weights must be finite, non-negative and not all zero")
         if self.drafter not in self.members:
             raise ValueError(f"drafter {self.drafter!r} is not one of the members {self.members}")
         return self
@@ -64,6 +65,9 @@ class EnsembleProfile(BaseModel):
             text = Path(path).expanduser().read_text(encoding="utf-8")
         except OSError as err:
             raise InvalidRequestError(f"cannot read profile {path}: {err.strerror or err}") from None
+        except UnicodeDecodeError:
+            raise InvalidRequestError(f"{path} is not a profile: not UTF-8 text (a JSON file from "
+                                      "`safe-ensemble calibrate` is)") from None
         try:
             return cls.model_validate_json(text)
         except ValidationError as err:
@@ -73,16 +77,18 @@ class EnsembleProfile(BaseModel):
 
 def member_key(spec: str | MemberConfig | Member) -> str:
     """The model a member spec names, independent of backend: ``llamacpp:qwen2.5-coder-0.5b-instruct``
-    and ``qwen2.5-coder-0.5b-instruct`` are the same model; a path counts by its last part (a
-    .gguf without its suffix); a Member by its name."""
+    and ``qwen2.5-coder-0.5b-instruct`` are the same model; a path or hub id counts by its last part
+    (a .gguf without its suffix), also as the tokenizer of a server (``vllm:http://h:8000#org/name``
+    is ``name``, as ``org/name`` in process is); a Member by its name."""
     if isinstance(spec, MemberConfig):
         spec = spec.model
     if not isinstance(spec, str):
         return spec.name
     parsed = parse_member_spec(spec)
-    if parsed.is_url:
-        return parsed.tokenizer or parsed.target
-    name = Path(parsed.target.rstrip("/")).name if "/" in parsed.target else parsed.target
+    target = (parsed.tokenizer or parsed.target) if parsed.is_url else parsed.target
+    if parsed.is_url and not parsed.tokenizer:
+        return target  # a server without a named tokenizer: its address is all there is
+    name = Path(target.rstrip("/")).name if "/" in target else target
     return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
 
 

@@ -117,6 +117,8 @@ def test_engine_rejects_bad_parameters(toys: list, params: dict[str, Any]) -> No
     pytest.param({"weights": [1.0]}, id="too-few-weights"),
     pytest.param({"weights": [-1.0, 2.0]}, id="negative-weight"),
     pytest.param({"weights": [0.0, 0.0]}, id="zero-weights"),
+    pytest.param({"weights": [float("nan"), 1.0]}, id="nan-weight"),  # garbled answers, not an error, before
+    pytest.param({"weights": [float("inf"), 1.0]}, id="infinite-weight"),
     pytest.param({"drafter": "nobody"}, id="unknown-drafter"),
     pytest.param({"drafter": 5}, id="drafter-index-out-of-range"),
     pytest.param({"top_k": 0}, id="top-k-zero"),

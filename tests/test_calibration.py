@@ -115,13 +115,17 @@ def test_profile_round_trip_and_validation(tmp_path: Path) -> None:
     path = tmp_path / "profile.json"
     profile.save(path)
     assert EnsembleProfile.load(path) == profile
-    for bad in ({"weights": [1.0]}, {"drafter": "c"}, {"weights": [-1.0, 2.0]}, {"drafter_confidence": 1.5}):
+    for bad in ({"weights": [1.0]}, {"drafter": "c"}, {"weights": [-1.0, 2.0]}, {"drafter_confidence": 1.5},
+                {"weights": [float("nan"), 1.0]}):
         values = {**profile.model_dump(), **bad}
         path.write_text(json.dumps(values))
         with pytest.raises(InvalidRequestError, match="not a valid profile"):
             EnsembleProfile.load(path)
     with pytest.raises(InvalidRequestError, match="cannot read profile"):
         EnsembleProfile.load(tmp_path / "missing.json")
+    path.write_bytes(b"\xff\xfe{ not text")  # a traceback before
+    with pytest.raises(InvalidRequestError, match="not UTF-8"):
+        EnsembleProfile.load(path)
 
 
 def _profile(tmp_path: Path, members: list[str], weights: list[float], drafter: str,
@@ -154,6 +158,9 @@ def test_engine_takes_profile_values_as_defaults_that_options_override(tmp_path:
 def test_member_keys_ignore_the_backend() -> None:
     assert member_key("llamacpp:qwen2.5-coder-0.5b-instruct") == member_key("qwen2.5-coder-0.5b-instruct")
     assert member_key("/models/smollm2-135m-instruct.gguf") == "smollm2-135m-instruct"
+    # a hub id counts by its last part, in process or as a server's tokenizer
+    assert member_key("vllm:http://gpu:8000#Qwen/Qwen2.5-0.5B-Instruct") == member_key("Qwen/Qwen2.5-0.5B-Instruct")
+    assert member_key("vllm:http://gpu:8000") == "http://gpu:8000"  # no tokenizer named: the address
     assert apply_profile(["x"], {"draft_length": 3}) == {"draft_length": 3}
 
 

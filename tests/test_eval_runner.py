@@ -356,3 +356,64 @@ def test_long_run_labels_go_on_short_lines_under_their_bars() -> None:
     lines = _bar_label(label).split("\n")
     assert len(lines) > 1 and all(len(line) <= BAR_LABEL_WIDTH for line in lines)
     assert " ".join(lines) == label and _bar_label("single (qwen)") == "single (qwen)"
+
+
+def _run_folder(folder: Path, bench: str, rows: list[dict], method: str = "safe", raw_tail: bytes = b"") -> Path:
+    """A finished run as eval writes it: summary.json and samples.jsonl (plus an optional cut-off tail)."""
+    folder.mkdir(parents=True)
+    (folder / SUMMARY).write_text(json.dumps({
+        "bench": bench, "method": method, "models": ["m"], "engine_options": {}, "n": len(rows),
+        "metric": "chrf" if bench.startswith("flores") else "accuracy", "score": 0.5, "accuracy": 0.5,
+        "ci95": [0.1, 0.9], "ensemble_rate": 0.0, "tokens_per_s": 1.0, "forward_passes_per_token": {},
+        "mean_output_tokens": 3, "truncated": 0, "failures": 0, "max_new_tokens": 8}))
+    (folder / SAMPLES).write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in rows) + raw_tail)
+    return folder
+
+
+def test_compare_pairs_only_the_baselines_benchmark_by_question_and_reads_what_a_cut_run_holds(tmp_path: Path) -> None:
+    from shared_engine.evaluation.compare import compare_runs, paired
+
+    right = [{"id": str(i), "correct": True, "value": 1.0} for i in range(4)]
+    wrong = [{"id": str(i), "correct": i == 3, "value": float(i == 3)} for i in range(4)]
+    # the baseline asked question 0 again on resume (so it stands last) and was cut off mid-line,
+    # inside a multi-byte character
+    base = _run_folder(tmp_path / "base", "gsm8k", [*wrong[1:], wrong[0]], method="single",
+                       raw_tail='{"id": "9", "extracted": "Mäu'.encode()[:-1])
+    run = _run_folder(tmp_path / "run", "gsm8k", right)
+    other_bench = _run_folder(tmp_path / "nq", "nq", right)  # ids "0".."3" too, other questions
+    assert paired(base, run)["n"] == 4 and (paired(base, run)["wins"], paired(base, run)["losses"]) == (3, 0)
+    text = compare_runs([base, run, other_bench], tmp_path / "plots", baseline=base / SUMMARY)
+    rows = [line for line in text.splitlines() if line.startswith("| safe (m)") and "pts (" in line]
+    assert len(rows) == 1 and rows[0].startswith("| safe (m) [run] | 4 | 1 | 3 | 0 |"), text  # not the NQ run
+    assert "not paired (another benchmark than the baseline's): safe (m) [nq]" in text
+    assert "| single (m) |" not in text.split("Paired with")[1].split("not paired")[0]  # nor itself
+    # a relative baseline path against absolute run folders is still the baseline
+    relative = Path(shutil.os.path.relpath(base, Path.cwd()))
+    paired_part = compare_runs([base, run], tmp_path / "plots", baseline=relative).split("Paired with")[1]
+    assert "| single (m) |" not in paired_part and "| safe (m) | 4 | 1 | 3 | 0 |" in paired_part
+
+
+def test_a_translation_run_grouped_shows_chrf_in_points(tmp_path: Path) -> None:
+    from shared_engine.evaluation.compare import group_tables, load_summaries
+
+    rows = [{"id": str(i), "group": "g", "value": v, "gold": ["x"], "extracted": "x"} for i, v in enumerate([0.5, 0.6])]
+    base = _run_folder(tmp_path / "base", "flores-en-de", rows, method="single")
+    run = _run_folder(tmp_path / "run", "flores-en-de", [{**r, "value": r["value"] + 0.1} for r in rows])
+    table = group_tables(base, load_summaries([base, run]))
+    assert "| g | 2 | 55.0 | 65.0 | 2 | 0 |" in table, table
+
+
+def test_a_samples_file_cut_inside_a_character_keeps_its_complete_lines(tmp_path: Path) -> None:
+    from shared_engine.evaluation.runner import read_samples
+
+    file = tmp_path / SAMPLES
+    whole = Sample(id="0", prompt=[], output="Mäuse", gold=["Mäuse"], extracted="Mäuse", correct=False, value=1.0,
+                   finish_reason="eos")
+    file.write_bytes(whole.model_dump_json().encode() + b"\n" + whole.model_dump_json().encode()[:-12])
+    assert [s.id for s in read_samples(file)] == ["0"]
+    assert file.read_bytes() == whole.model_dump_json().encode() + b"\n"  # the cut tail is removed
+
+
+async def test_a_limit_below_one_question_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequestError, match="at least 1"):
+        await evaluate(engine(), toy_bench(tmp_path), config(), tmp_path / "out", limit=-5, progress=False)

@@ -297,6 +297,25 @@ def test_cli_members_file_and_placement_flags(tmp_path: Path, suffix: str) -> No
         build_parser().parse_args(["run", "--models", "a", "--members", str(path), "hi"])
 
 
+def test_a_members_file_that_is_no_yaml_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from shared_engine.cli import build_parser
+
+    path = tmp_path / "members.yaml"
+    path.write_text("- model: a\n  dtype: [bfloat16\n")  # an unclosed list: a traceback before
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--members", str(path), "hi"])
+    err = capsys.readouterr().err
+    assert "not valid YAML" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_weights_on_the_command_line_are_finite_numbers() -> None:
+    from shared_engine.cli import build_parser
+
+    for bad in ("nan,1", "inf,1", "-1,2"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["run", "--models", "a,b", "--weights", bad, "hi"])
+
+
 def test_cli_reports_a_missing_cuda_device_as_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     from shared_engine.cli import main
 

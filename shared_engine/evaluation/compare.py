@@ -19,7 +19,7 @@ from ..errors import EnsembleError, InvalidRequestError
 from ..members.spec import BACKENDS
 from ..options import METHOD_DEFAULTS
 from .benchmarks import is_translation
-from .runner import CONFIG, SAMPLES, SUMMARY, wilson_interval
+from .runner import CONFIG, SAMPLES, SUMMARY, sample_lines, wilson_interval
 
 BAR_LABEL_WIDTH = 22
 """Characters per line of a run label under its bar."""
@@ -78,7 +78,7 @@ def load_summaries(dirs: list[Path]) -> list[dict[str, Any]]:
         if not isinstance(summary, dict) or "bench" not in summary:  # e.g. a run's log beside its folder
             raise InvalidRequestError(f"{file} is not an eval run's {SUMMARY}: give the run's folder")
         summary["label"] = run_label(summary)
-        summary["dir"] = str(folder)
+        summary["dir"] = str(file.parent)  # the run's folder, whether the folder or its summary was given
         summaries.append(summary)
     labels = Counter(s["label"] for s in summaries)
     for summary in summaries:  # the same settings run twice (another commit, another day): say which folder
@@ -195,17 +195,18 @@ def sign_test(wins: int, losses: int) -> tuple[float, float]:
     return two_sided, worse
 
 
-def _rows(folder: Path, limit: int | None) -> dict[str, dict[str, Any]]:
-    lines = (folder / SAMPLES).read_text(encoding="utf-8").splitlines()[:limit]
-    return {row["id"]: row for row in map(json.loads, lines)}
+def _rows(folder: Path) -> dict[str, dict[str, Any]]:
+    """A run's answers by question id: every complete line (a run still going, or cut off, may end
+    in a partial one; a question asked again on resume stands at the end of the file)."""
+    return {row["id"]: row for row in map(json.loads, sample_lines(folder / SAMPLES))}
 
 
-def paired(baseline: Path, other: Path, limit: int | None = None) -> dict[str, Any]:
-    """Question by question on the (first ``limit``) questions both runs answered: where ``other``
-    wins and loses, with the sign test's p-values (``p`` two-sided, ``p_worse`` one-sided).
-    Accuracy and exact match compare right/wrong; chrF compares each sentence's chrF (a tie is
-    neither) and adds the corpus chrF difference with its paired-bootstrap 95% interval."""
-    base, new = _rows(baseline, limit), _rows(other, limit)
+def paired(baseline: Path, other: Path) -> dict[str, Any]:
+    """Question by question on the questions both runs answered: where ``other`` wins and loses,
+    with the sign test's p-values (``p`` two-sided, ``p_worse`` one-sided). Accuracy and exact
+    match compare right/wrong; chrF compares each sentence's chrF (a tie is neither) and adds the
+    corpus chrF difference with its paired-bootstrap 95% interval."""
+    base, new = _rows(baseline), _rows(other)
     common = [i for i in new if i in base]
     chrf = _is_chrf(baseline)
     wins, losses, both = _discordant(base, new, common, chrf)
@@ -261,11 +262,11 @@ def _discordant(base: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]],
     return wins, losses, sum(bool(base[i]["correct"] and new[i]["correct"]) for i in ids)
 
 
-def paired_by_group(baseline: Path, other: Path, limit: int | None = None) -> list[dict[str, Any]]:
+def paired_by_group(baseline: Path, other: Path) -> list[dict[str, Any]]:
     """``paired`` within each group of questions (a BBH task, an MMLU-Redux subject: the samples'
     ``group``), so a gain confined to some tasks is not averaged away. Scores are accuracy, or the
     mean sentence chrF."""
-    base, new = _rows(baseline, limit), _rows(other, limit)
+    base, new = _rows(baseline), _rows(other)
     chrf = _is_chrf(baseline)
     groups: dict[str, list[str]] = {}
     for i in new:
@@ -306,6 +307,8 @@ def chrf_difference(base: list[dict[str, Any]], new: list[dict[str, Any]], resam
     _sacrebleu()  # a readable error without the eval extra
     from sacrebleu.metrics import CHRF
 
+    if not base:
+        return 0.0, (0.0, 0.0)
     metric = CHRF()
     refs = [[row["gold"][0] for row in base]]
     # per-sentence n-gram statistics: a corpus score of any resample is their sum (as corpus_chrf does)
@@ -345,7 +348,7 @@ def paired_table(baseline: Path, pairs: list[tuple[dict[str, Any], dict[str, Any
 
 def paired_results(baseline: Path, summaries: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Each run but the baseline with ``paired``'s result against it (computed once: chrF's bootstrap is slow)."""
-    return [(s, paired(baseline, Path(s["dir"]), limit)) for s, limit in _paired_runs(baseline, summaries)]
+    return [(s, paired(baseline, Path(s["dir"]))) for s in _paired_runs(baseline, summaries)]
 
 
 def _delta(p: dict[str, Any]) -> tuple[float, tuple[float, float] | None, str]:
@@ -431,22 +434,25 @@ def _pyplot() -> Any:
     return plt
 
 
-def _paired_runs(baseline: Path, summaries: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
-    """Each run but the baseline, with the number of leading questions both summaries cover."""
-    base_n = next((s["n"] for s in summaries if Path(s["dir"]) == baseline), None)
-    return [(s, s["n"] if base_n is None else min(s["n"], base_n)) for s in summaries if Path(s["dir"]) != baseline]
+def _paired_runs(baseline: Path, summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each run but the baseline (however its folder was written) on the baseline's benchmark:
+    runs of other benchmarks share question ids ("0", "1", ...) but not questions."""
+    base = load_summaries([baseline])[0]
+    return [s for s in summaries
+            if Path(s["dir"]).resolve() != Path(base["dir"]).resolve() and s["bench"] == base["bench"]]
 
 
 def group_tables(baseline: Path, summaries: list[dict[str, Any]]) -> str:
     """One table per run: ``paired_by_group`` against the baseline."""
-    shown = (lambda v: f"{v:.1f}") if _is_chrf(baseline) else (lambda v: f"{v:.0%}")
+    # a group's score is the mean sentence chrF (stored as a fraction) or the accuracy
+    shown = (lambda v: f"{100 * v:.1f}") if _is_chrf(baseline) else (lambda v: f"{v:.0%}")
     _, wins, losses = _paired_columns(_is_chrf(baseline))
     tables = []
-    for s, limit in _paired_runs(baseline, summaries):
+    for s in _paired_runs(baseline, summaries):
         lines = [f"By group, {s['label']} paired with {baseline}:", "",
                  f"| group | N | baseline | this run | {wins} | {losses} | p (worse) |",
                  "|---|---|---|---|---|---|---|"]
-        for row in paired_by_group(baseline, Path(s["dir"]), limit):
+        for row in paired_by_group(baseline, Path(s["dir"])):
             lines.append(f"| {row['group']} | {row['n']} | {shown(row['baseline'])} | {shown(row['run'])} | "
                          f"{row['wins']} | {row['losses']} | {row['p_worse']:.3f} |")
         tables.append("\n".join(lines))
@@ -463,8 +469,14 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
         Path(json_out).write_text(json.dumps(summaries, indent=2) + "\n")
     text = table(summaries)
     if baseline is not None:
+        baseline = Path(load_summaries([baseline])[0]["dir"])  # a summary.json given: its run's folder
         pairs = paired_results(baseline, summaries)
         text += "\n\n" + paired_table(baseline, pairs)
+        paired_dirs = {s["dir"] for s, _ in pairs} | {str(baseline)}
+        others = [s["label"] for s in summaries if s["dir"] not in paired_dirs
+                  and Path(s["dir"]).resolve() != baseline.resolve()]
+        if others:
+            text += "\n\nnot paired (another benchmark than the baseline's): " + "; ".join(others)
         written.extend(_paired_plot(baseline, summaries, pairs, plots))
     if by_group and baseline is not None:
         text += "\n\n" + group_tables(baseline, summaries)
@@ -482,12 +494,12 @@ def _paired_plot(baseline: Path, summaries: list[dict[str, Any]], pairs: list[tu
             points.append(PairedDifference(s["label"], "run", unit, value, low, high, f"{p['wins']} / {p['losses']}"))
     if not points:
         return []
-    base = next((s for s in summaries if Path(s["dir"]) == baseline), None)
-    bench = base["bench"] if base else pairs[0][0]["bench"]
+    base = load_summaries([baseline])[0]
+    bench = base["bench"]
     folder.mkdir(parents=True, exist_ok=True)
     counts = ("sentences with a higher / lower chrF in the run" if _is_chrf(baseline)
               else "questions right only in the run / only in the baseline")
-    title = (f"{bench}: each run minus {base['label'] if base else baseline.name}, paired, 95% interval\n"
+    title = (f"{bench}: each run minus {base['label']}, paired, 95% interval\n"
              f"(beside each point: {counts})")
     return [paired_difference_plot(points, folder / f"{bench}-paired.png", title)]
 

@@ -78,20 +78,34 @@ def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float,
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
+def sample_lines(path: Path) -> list[str]:
+    """The complete, readable lines of a samples file (a JSON object each). A line cut off by an
+    interruption is skipped, also where the cut split a multi-byte character."""
+    lines = []
+    for raw in path.read_bytes().splitlines(keepends=True):
+        try:
+            line = raw.decode("utf-8")
+            json.loads(line)
+        except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            continue
+        lines.append(line if line.endswith("\n") else line + "\n")
+    return lines
+
+
 def read_samples(path: Path) -> list[Sample]:
     """Complete lines of a samples file; a line cut off by an interruption is dropped (and removed)."""
     if not path.exists():
         return []
     samples, good = [], []
-    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+    for line in sample_lines(path):
         try:
             samples.append(Sample.model_validate_json(line))
-            good.append(line if line.endswith("\n") else line + "\n")
+            good.append(line)
         except ValueError:
             continue
-    text = "".join(good)
-    if text != path.read_text(encoding="utf-8"):
-        path.write_text(text, encoding="utf-8")
+    text = "".join(good).encode("utf-8")
+    if text != path.read_bytes():
+        path.write_bytes(text)
     return samples
 
 
@@ -179,6 +193,8 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
                    limit: int | None = None, resume: bool = False, progress: bool = True,
                    on_sample: Callable[[Sample], None] | None = None) -> dict[str, Any]:
     """Answer the first ``limit`` questions (those not yet in ``out`` when resuming); return the summary."""
+    if limit is not None and limit < 1:
+        raise InvalidRequestError(f"limit must be at least 1 question, got {limit}")
     _check_config(out, config, resume)
     dataset = bench.dataset()
     records: list[Record] = dataset.records[:limit] if limit is not None else dataset.records
