@@ -180,6 +180,7 @@ def test_number_scoring() -> None:
     assert score_number("so x = 7.50", "7.5").correct
     assert not score_number("The answer is 17. (Later: 18)", "18").correct   # the stated answer wins
     assert score_number("no number here", "3").extracted is None
+    assert score_number("The answer is **18**.\nThat took 2 steps.", "18").correct  # Markdown bold read through
 
 
 def test_choice_scoring() -> None:
@@ -190,6 +191,20 @@ def test_choice_scoring() -> None:
     assert extract_choice("B", "ABCD") == "B"
     assert extract_choice("The answer is (E).", "ABCD") is None
     assert not score_choice("A crab is an animal", "C", "ABCD").correct
+    assert extract_choice("Option (A) is wrong. The answer is **B**.", "ABCD") == "B"  # Markdown bold
+    assert extract_choice("**Answer:** C", "ABCD") == "C" and extract_choice("Answer: **D**", "ABCD") == "D"
+
+
+def test_a_power_tower_is_not_evaluated() -> None:
+    # sympy would compute 2^(2^40) (minutes, the whole evaluation stalled); such an answer is not shown equal
+    from shared_engine.evaluation.math_answers import _to_sympy_text, _too_big_to_evaluate
+
+    for answer in ("9^{9^{9}}", "2^{2^{40}}", "9^9^9", "2^{1001}"):
+        assert _too_big_to_evaluate(_to_sympy_text(answer) or "")
+        assert not score_math(f"The answer is \\boxed{{{answer}}}", "5").correct
+    for answer in ("2^{10}", "x^5 - x^4 + x^3 - x^2 + x - 1", "3^{2}+4^2"):
+        assert not _too_big_to_evaluate(_to_sympy_text(answer) or "")
+    assert score_math("\\boxed{2^{10}}", "1024").correct
 
 
 def test_bbh_and_qa_scoring() -> None:

@@ -109,9 +109,20 @@ def _to_sympy_text(s: str) -> str | None:
     return t if words <= _FUNCTIONS else None
 
 
+_POW = r"(?:\^|\*\*)"
+_TOWER = re.compile(rf"{_POW}\s*(?:\([^()]*{_POW}|[\w.]+\s*{_POW})")  # a power in an exponent: 9^(9^9), 9^9^9
+_EXPONENT = re.compile(rf"{_POW}\s*\(?\s*(\d+)")
+
+
+def _too_big_to_evaluate(text: str) -> bool:
+    """A power tower or an exponent over 1000: sympy would compute the number (a degenerate answer
+    such as 2^(2^40) ran for minutes and stalled the whole evaluation). No MATH-500 answer has one."""
+    return bool(_TOWER.search(text)) or any(int(e) > 1000 for e in _EXPONENT.findall(text))
+
+
 def _sympy_equal(a: str, b: str) -> bool:
     ta, tb = _to_sympy_text(a), _to_sympy_text(b)
-    if ta is None or tb is None:
+    if ta is None or tb is None or _too_big_to_evaluate(ta) or _too_big_to_evaluate(tb):
         return False
     try:
         import sympy

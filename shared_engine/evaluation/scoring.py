@@ -28,7 +28,8 @@ class Score(BaseModel):
 # --- numbers (GSM8K) -----------------------------------------------------------------------------
 
 _NUMBER = r"-?\$?\s*\d[\d,]*(?:\.\d+)?|-?\.\d+"
-_ANSWER_IS = re.compile(r"answer is[:\s]*\$?\s*(?:\\boxed\{)?\s*(" + _NUMBER + ")", re.IGNORECASE)
+# Markdown bold around the answer ("The answer is **18**.") is read through, as BBH's scorer does
+_ANSWER_IS = re.compile(r"answer is[:\s*]*\$?\s*(?:\\boxed\{)?\s*(" + _NUMBER + ")", re.IGNORECASE)
 
 
 def parse_number(text: str) -> Fraction | None:
@@ -63,7 +64,7 @@ def extract_choice(output: str, labels: str) -> str | None:
     """The chosen option letter among ``labels`` (capital letters only: "a" is an article): the last
     'answer is (X)' / 'Answer: X', else the last '(X)', else a first line that is only the letter."""
     set_ = re.escape(labels)
-    patterns = [rf"(?i:answer is)\s*:?\s*\(?\s*([{set_}])\b", rf"(?i:answer)\s*:\s*\(?\s*([{set_}])\b",
+    patterns = [rf"(?i:answer is)\s*:?[\s*]*\(?\s*([{set_}])\b", rf"(?i:answer)\**\s*:[\s*]*\(?\s*([{set_}])\b",
                 rf"\(([{set_}])\)"]
     for pattern in patterns:
         matches = re.findall(pattern, output)
