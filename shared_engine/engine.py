@@ -149,9 +149,21 @@ class EnsembleEngine:
                     raise EngineClosedError("the engine is closed")
                 configs = [s for s in self._specs if isinstance(s, MemberConfig)]
                 check_members_fit(configs)
-                loaded = [acquire_member(s) if isinstance(s, MemberConfig) else s for s in self._specs]
+                loaded: list[Member] = []
+                acquired: list[MemberConfig] = []
+                try:  # a member that fails to load (or a name clash) lets go of those acquired before it
+                    for spec in self._specs:
+                        if isinstance(spec, MemberConfig):
+                            loaded.append(acquire_member(spec))
+                            acquired.append(spec)
+                        else:
+                            loaded.append(spec)
+                    _reject_ambiguous_names(loaded)
+                except BaseException:
+                    for spec in acquired:
+                        release_member(spec)
+                    raise
                 self._held = configs
-                _reject_ambiguous_names(loaded)
                 self._members = [loaded[i] for i in self._order]
             return self._members
 

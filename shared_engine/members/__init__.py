@@ -59,11 +59,16 @@ def load_member(name_or_spec: str | MemberConfig, progress: bool = True, backend
     """
     config = _config(name_or_spec, backend, options)
     with _registry():
-        member = _LOADED.get(config.key)
-        if member is None:
-            config.check_placement()
-            member = _LOADED[config.key] = _build(config, progress)
-        return member
+        return _loaded(config, progress)
+
+
+def _loaded(config: MemberConfig, progress: bool = True) -> Member:
+    """The registry's member for ``config``, built if need be; the caller holds ``_LOAD_LOCK``."""
+    member = _LOADED.get(config.key)
+    if member is None:
+        config.check_placement()
+        member = _LOADED[config.key] = _build(config, progress)
+    return member
 
 
 def _config(name_or_spec: str | MemberConfig, backend: str | None = None,
@@ -78,10 +83,10 @@ def _config(name_or_spec: str | MemberConfig, backend: str | None = None,
 def acquire_member(name_or_spec: str | MemberConfig, backend: str | None = None) -> Member:
     """``load_member`` for a holder that will ``release_member`` it (an engine): the registry
     counts holders, so the last one to let go frees the member."""
-    member = load_member(name_or_spec, backend=backend)
-    with _registry():
-        key = _config(name_or_spec, backend).key
-        _HOLDERS[key] = _HOLDERS.get(key, 0) + 1
+    config = _config(name_or_spec, backend)
+    with _registry():  # found (or built) and counted at once: a release in between would close it
+        member = _loaded(config)
+        _HOLDERS[config.key] = _HOLDERS.get(config.key, 0) + 1
     return member
 
 
