@@ -78,3 +78,26 @@ def test_a_failed_drafter_hands_its_weight_to_the_member_that_drafts_next() -> N
     result = EnsembleEngine(members, on_member_failure="degrade").generate("Hi", max_new_tokens=3)
     assert set(result.stats.forward_passes) == {"b", "c"} and result.stats.tokens == 3
     assert result.stats.member_weights == pytest.approx({"b": 2 / 3, "c": 1 / 3}, abs=1e-4)
+
+
+def test_fusions_past_a_stop_string_are_not_counted() -> None:
+    # A 12-token draft is fused position by position before it is committed; a stop string early in
+    # it ends the answer, and the stats count what the answer holds (the rate was 6.0 before).
+    from shared_engine import EnsembleEngine
+    from tests.toy import toy_member
+
+    members = [toy_member("a", "byte_level", "llama", 0), toy_member("b", "metaspace", "gpt2", 1)]
+    options = {"method": "safe", "max_new_tokens": 40, "drafter": 0, "drafter_confidence": None,
+               "draft_schedule": "fixed", "draft_length": 12}
+    checked = 0
+    for prompt in ("Hello Sofia", "What is 2+2?", "Tell me about Paris", "def add(a, b):"):
+        text = EnsembleEngine(members, **options).generate(prompt).text
+        stops = [text[i:i + 2] for i in range(2, len(text) - 2)
+                 if "\ufffd" not in text[i:i + 2] and text.find(text[i:i + 2]) == i]
+        if not stops:
+            continue
+        stats = EnsembleEngine(members, **options).generate(prompt, stop=stops[:1]).stats
+        assert stats.ensembled_tokens <= stats.tokens + 1 and stats.ensemble_rate <= 1.0, stats
+        assert 0 <= stats.changed_tokens <= stats.ensembled_tokens
+        checked += 1
+    assert checked >= 2

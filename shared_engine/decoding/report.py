@@ -92,6 +92,17 @@ def count_fusion(stats: Stats, decision: FusionDecision) -> None:
     stats.loop_breaks += int(decision.loop_blocked)
 
 
+def uncount_fusions_past(stats: Stats, decisions: list[FusionDecision], end: int) -> None:
+    """Take back the fusions at positions the answer never reached (``end``: its tokens, plus the
+    EOS that ended it): a stop string can end a draft before positions already fused, and the
+    stats count what the answer holds, so the ensemble rate stays a share of its positions."""
+    for decision in decisions:
+        if decision.position >= end:
+            stats.ensembled_tokens -= 1
+            stats.changed_tokens -= int(decision.changed)
+            stats.loop_breaks -= int(decision.loop_blocked)
+
+
 def fusion_event(decision: FusionDecision) -> EnsembleEvent:
     fused = decision.fused
     order = torch.argsort(fused.fused, descending=True)[:CANDIDATES_SHOWN].tolist()

@@ -78,6 +78,7 @@ from .report import (
     draft_event,
     fusion_event,
     timed,
+    uncount_fusions_past,
 )
 from .state import RequestState
 
@@ -274,6 +275,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     draft_bytes = drafter.table.to_bytes([t for t in draft.ids if t not in drafter.eos_ids])
     text = bytes(state.answer) + (draft_bytes if policy.verify_draft else b"")
     ahead = _draft_ahead(state, policy, sampler, draft, chosen)
+    fused: list[FusionDecision] = []  # this round's fusions, counted as they run
     try:
         with timed(state.stats, "verify"):
             views = await _verify(state, text, start, ends_with_eos and policy.verify_draft, draft.ids,
@@ -309,6 +311,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
                                  state.loop_at(state.loop_tail(text[:offset])) if state.loop_guard else None,
                                  may_end=not at_answer_start(text, offset))
                 count_fusion(state.stats, decision)
+                fused.append(decision)
                 yield fusion_event(decision)
                 if decision.changed:  # the draft diverges here
                     state.draft_length = policy.draft.after(chosen, kept_whole=False)
@@ -332,6 +335,8 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
         if ahead is not None and not state.finish_reason:
             await ahead.settle(keep=True)
     finally:
+        # a stop string (or the length cap) may end the answer before positions fusion already ran at
+        uncount_fusions_past(state.stats, fused, state.stats.tokens + (state.finish_reason == "eos"))
         if ahead is not None:
             await ahead.settle(keep=False)  # diverged, finished or failed: stop it, throw it away
 
