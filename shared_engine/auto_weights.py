@@ -44,7 +44,6 @@ says), the request falls back to the configured weights and says so in a warning
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import itertools
 import logging
@@ -61,6 +60,7 @@ from pathlib import Path
 import torch
 
 from .errors import InvalidRequestError, MemberError
+from .gather import gather_all
 from .members import Member, Session
 from .members.base import member_fingerprint
 from .members.chat import Message
@@ -114,7 +114,7 @@ async def auto_weights(members: Sequence[Member], sessions: Sequence[Session], p
     """PackLLM-sim weights for one request (see weighting.py), the drafter's tokens as reference."""
     contents = [str(m["content"]) for m in messages]
     try:
-        fits = await asyncio.gather(*(member.run(prompt_fit, member, session, ids, contents)
+        fits = await gather_all(*(member.run(prompt_fit, member, session, ids, contents)
                                       for member, session, ids in zip(members, sessions, prompt_ids)))
     except MemberError as err:  # the round meets the failure again and handles it (on_member_failure)
         reason = f"weights='auto' fell back to the configured weights: {err}"
@@ -308,7 +308,7 @@ async def choose_drafter(members: Sequence[Member], sessions: Sequence[Session],
         return DrafterChoice(None, [], "a member's prompt shows none of the example answers")
 
     try:
-        fits = await asyncio.gather(*(member.run(answers_fit, member, session, ids, tokens, cache)
+        fits = await gather_all(*(member.run(answers_fit, member, session, ids, tokens, cache)
                                       for member, session, ids, tokens in zip(members, sessions, prompt_ids, scored)))
     except MemberError as err:  # the round meets the failure again and handles it (on_member_failure)
         reason = f"drafter='auto' kept the configured drafter: {err}"

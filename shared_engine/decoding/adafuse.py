@@ -29,7 +29,6 @@ NLL is length-normalised), which is the point of test-time scaling.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -38,6 +37,7 @@ import torch
 
 from ..alignment import EOS_KEY, TokenTable, valid_prefix_length
 from ..events import Event
+from ..gather import gather_all
 from ..members import Session
 from ..members.base import exact_support
 from ..repetition import continues_loop
@@ -291,7 +291,7 @@ async def _look(state: RequestState, settings: AdaFuseSettings) -> _Outlook:
     contexts = [state.member_context(i) for i in range(len(state.members))]
     answer = bytes(state.answer)
     shared = SharedEnds(answer, state.canonical_texts())
-    raw = await asyncio.gather(*(m.member.run(_next_logits, m.session, c) for m, c in zip(state.members, contexts)))
+    raw = await gather_all(*(m.member.run(_next_logits, m.session, c) for m, c in zip(state.members, contexts)))
     # a plain-format member's turn marker is its end of turn, never a word (turn_markers.py)
     read = [m.read(logits, answer, len(answer), writing=True) for m, logits in zip(state.members, raw)]
     firsts = [logits for logits, _ in read]
@@ -304,7 +304,7 @@ async def _propose_spans(state: RequestState, outlook: _Outlook, settings: AdaFu
                          sampler: Sampler) -> Proposals:
     """Every member's proposals for the vote, written concurrently (see ``_propose``)."""
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=sampler.generator))
-    return list(await asyncio.gather(*(
+    return list(await gather_all(*(
         m.member.run(_propose, m.session, outlook.contexts[i], outlook.firsts[i], m.table, settings,
                      outlook.shared, seed + i, exact_support(m.member))
         for i, m in enumerate(state.members))))
@@ -339,7 +339,7 @@ async def _score_candidates(state: RequestState, outlook: _Outlook, proposals: P
                             keys: list[bytes]) -> torch.Tensor:
     """Every member's mean NLL of every candidate, [members, candidates] (see ``_score``)."""
     owns = [{sp.key: sp.nll for sp in props if sp.nll is not None} for props in proposals]
-    nlls = await asyncio.gather(*(
+    nlls = await gather_all(*(
         m.member.run(_score, m.session, outlook.contexts[i], outlook.firsts[i], m.table, keys, owns[i],
                      m.member.name)
         for i, m in enumerate(state.members)))

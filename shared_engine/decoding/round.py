@@ -61,6 +61,7 @@ from ..fusion import (
     sharpen,
     top_keys,
 )
+from ..gather import gather_all
 from ..json_constraint import JsonPrefix, constrained_token
 from ..members.base import exact_support
 from ..policies import Policy, agree
@@ -210,7 +211,7 @@ async def _verify(state: RequestState, text: bytes, start: int, ends_with_eos: b
         positions = [len(prompt) + first + r for r, o in enumerate(offsets) if needed is None or o in needed]
         jobs.append(verifier.member.run(verifier.session.rows_at, prompt + tokens.ids, positions))
         layouts.append((first, len(prompt) + first, offsets))
-    all_rows = await asyncio.gather(*jobs)
+    all_rows = await gather_all(*jobs)
     views = []
     for tokens, (first, base, offsets), rows in zip(readings, layouts, all_rows):
         owns: list[int | None] = tokens.ids[first:] + [None]
