@@ -112,6 +112,7 @@ class EnsembleEngine:
         self._warned_slow_choice = False  # drafter='auto': the slow-choice warning is given once
         self.fuser = make_fuser(self.options.fusion, self.options.top_k)
         self._live: dict[int, RequestState] = {}  # requests that hold sessions, by id()
+        self._starting = 0  # requests between their start and holding sessions (loading, rendering)
         self._closed = False
         self._held: list[MemberConfig] = []  # members acquired from the registry, released by close()
         self._release_later: list[MemberConfig] = []  # ... after the requests still running at close()
@@ -205,8 +206,9 @@ class EnsembleEngine:
 
     @property
     def live_requests(self) -> int:
-        """Requests now holding sessions (KV caches) in the members."""
-        return len(self._live)
+        """Requests now running: holding sessions (KV caches) in the members, or starting (loading
+        the members, rendering the prompt)."""
+        return len(self._live) + self._starting
 
     def close(self) -> None:
         """Take no new requests; running ones finish at their next round (reason ``cancelled``)
@@ -217,17 +219,17 @@ class EnsembleEngine:
         self._answer_fits.close()
         with self._load_lock:
             held, self._held = self._held, []
-        if held and not self._live:
+        if held and not self._live and not self._starting:
             for spec in held:
                 release_member(spec)
         elif held:
-            self._release_later = held
+            self._release_later = held  # the last running (or starting) request lets go of them
 
     async def aclose(self, timeout_s: float = 30.0) -> None:
         """``close()``, then wait (up to ``timeout_s``) until every running request has ended."""
         self.close()
         deadline = time.monotonic() + timeout_s
-        while self._live and time.monotonic() < deadline:
+        while self.live_requests and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
 
     def __enter__(self) -> EnsembleEngine:
@@ -303,30 +305,16 @@ class EnsembleEngine:
     async def _decode(self, messages: list[dict[str, Any]], plan: OutputPlan,
                       gen: GenerationParams) -> AsyncGenerator[Event, None]:
         """One generation: the members' raw events (tool markup included), ending with ``finish``."""
-        members = await asyncio.to_thread(lambda: self.members)
-        _reject_oversized(messages, members, gen.max_new_tokens)
-
-        def render(member: Member) -> list[int]:
-            ids = member.prompt_ids(messages, tools=plan.tools) if plan.tools else member.prompt_ids(messages)
-            return list(ids) + list(member.table.encode_fragment(plan.prefix))
-
-        prompt_ids = await asyncio.to_thread(lambda: [render(m) for m in members])
-        for member, ids in zip(members, prompt_ids):
-            if len(ids) + gen.max_new_tokens > member.context_window:
-                raise ContextLengthError(
-                    f"prompt ({len(ids)} tokens) + max_new_tokens ({gen.max_new_tokens}) exceed "
-                    f"{member.name}'s context window of {member.context_window} tokens")
-        stops = tuple(gen.stop) + tuple(plan.stops) + tuple(s for m in members for s in m.stop_strings)
-        # AdaFuse's spans are written by every member unconstrained: its JSON is validated and retried only.
-        constraint = plan.constraint() if self.options.method != "adafuse" else None
-        state = RequestState(
-            request_members(members, self.labels, [m.new_session() for m in members], prompt_ids, self._weights()),
-            gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)), constraint=constraint, loop_guard=gen.loop_guard)
-        sampler = Sampler(gen.temperature, gen.top_p, gen.seed)
-        self._live[id(state)] = state
+        self._starting += 1  # counted before any await: a close() meanwhile must not free the members
         try:
-            await self._request_drafter(state, messages)
-            await self._request_weights(state, messages)
+            state, sampler = await self._start(messages, plan, gen)
+        finally:
+            self._starting -= 1
+            self._release_if_closed()
+        try:
+            if not self._closed:  # closed while starting: the loop below ends it as cancelled
+                await self._request_drafter(state, messages)
+                await self._request_weights(state, messages)
             next_round = self._round_function()
             while not state.finish_reason:
                 if self._closed:
@@ -349,14 +337,43 @@ class EnsembleEngine:
                               failed_members=state.failed_members)
         finally:
             self._live.pop(id(state), None)
-            if self._closed and not self._live and self._release_later:
-                held, self._release_later = self._release_later, []
-                for spec in held:
-                    release_member(spec)
+            self._release_if_closed()
             for record in state.members:  # free KV caches now, not when the generator is collected
                 release = getattr(record.session, "close", None)
                 if release is not None:
                     release()
+
+    async def _start(self, messages: list[dict[str, Any]], plan: OutputPlan,
+                     gen: GenerationParams) -> tuple[RequestState, Sampler]:
+        """A request's state, registered as live: members loaded, prompts rendered, sessions made."""
+        members = await asyncio.to_thread(lambda: self.members)
+        _reject_oversized(messages, members, gen.max_new_tokens)
+
+        def render(member: Member) -> list[int]:
+            ids = member.prompt_ids(messages, tools=plan.tools) if plan.tools else member.prompt_ids(messages)
+            return list(ids) + list(member.table.encode_fragment(plan.prefix))
+
+        prompt_ids = await asyncio.to_thread(lambda: [render(m) for m in members])
+        for member, ids in zip(members, prompt_ids):
+            if len(ids) + gen.max_new_tokens > member.context_window:
+                raise ContextLengthError(
+                    f"prompt ({len(ids)} tokens) + max_new_tokens ({gen.max_new_tokens}) exceed "
+                    f"{member.name}'s context window of {member.context_window} tokens")
+        stops = tuple(gen.stop) + tuple(plan.stops) + tuple(s for m in members for s in m.stop_strings)
+        # AdaFuse's spans are written by every member unconstrained: its JSON is validated and retried only.
+        constraint = plan.constraint() if self.options.method != "adafuse" else None
+        state = RequestState(
+            request_members(members, self.labels, [m.new_session() for m in members], prompt_ids, self._weights()),
+            gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)), constraint=constraint, loop_guard=gen.loop_guard)
+        self._live[id(state)] = state
+        return state, Sampler(gen.temperature, gen.top_p, gen.seed)
+
+    def _release_if_closed(self) -> None:
+        """After close(), the last request to end (or to fail while starting) lets go of the members."""
+        if self._closed and not self._live and not self._starting and self._release_later:
+            held, self._release_later = self._release_later, []
+            for spec in held:
+                release_member(spec)
 
     async def _request_drafter(self, state: RequestState, messages: Sequence[Message]) -> None:
         """``drafter="auto"``: the member that best predicts the prompt's example answers drafts (auto_weights.py)."""

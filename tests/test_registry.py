@@ -76,3 +76,45 @@ def test_an_acquired_member_is_never_one_another_engine_just_closed(monkeypatch:
         thread.join()
     assert not handed_out_closed
     assert "transformers:toy-reg-race" not in registry._LOADED  # the last one let go: freed
+
+
+def test_close_while_a_request_renders_its_prompt_frees_the_members_only_when_it_ends(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The request used to register as live only after rendering; a close() in between freed (closed)
+    # the members at once and the request went on scoring the prompt on closed members.
+    import asyncio
+    import time
+
+    used_after_close: list[str] = []
+
+    class SlowTemplate(_Closable):
+        def prompt_ids(self, messages: list, tools: list | None = None) -> list[int]:  # type: ignore[override]
+            time.sleep(0.5)  # a slow chat template
+            return super().prompt_ids(messages, tools)
+
+        async def run(self, fn, *args):  # type: ignore[no-untyped-def]
+            if self.closed:
+                used_after_close.append(fn.__name__)
+            return await super().run(fn, *args)
+
+    def build(config, progress):  # type: ignore[no-untyped-def]
+        tokenizer = byte_level_tokenizer() if config.spec.target.endswith("a") else metaspace_tokenizer()
+        model = tiny_llama(tokenizer, 0) if config.spec.target.endswith("a") else tiny_gpt2(tokenizer, 1)
+        return SlowTemplate(config.spec.target, model, tokenizer)
+
+    monkeypatch.setattr(registry, "_build", build)
+    monkeypatch.setattr(engine_module, "check_members_fit", lambda configs: None)
+    engine = EnsembleEngine(["transformers:toy-close-a", "transformers:toy-close-b"], method="safe",
+                            max_new_tokens=8, weights="auto")
+    members = engine.members
+
+    async def main() -> str:
+        task = asyncio.ensure_future(engine.agenerate("Q: What is 1 + 2?\nA: 3.\n\nQ: What is 2 + 2?\nA:"))
+        await asyncio.sleep(0.2)
+        assert engine.live_requests == 1  # starting counts
+        engine.close()
+        assert not any(m.closed for m in members)  # not while the request still starts
+        return (await task).finish_reason
+
+    assert asyncio.run(main()) == "cancelled"
+    assert not used_after_close and all(m.closed for m in members)
