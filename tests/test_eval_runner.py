@@ -417,3 +417,27 @@ def test_a_samples_file_cut_inside_a_character_keeps_its_complete_lines(tmp_path
 async def test_a_limit_below_one_question_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidRequestError, match="at least 1"):
         await evaluate(engine(), toy_bench(tmp_path), config(), tmp_path / "out", limit=-5, progress=False)
+
+
+def test_a_run_on_another_backend_than_a_names_default_is_another_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    # --backend transformers for zoo names used to record the same config and --out as the default
+    # (llama.cpp) run, so --resume mixed the two backends' answers.
+    import shared_engine.evaluation.cli as eval_cli
+    from shared_engine.data_paths import GSM8K_SAMPLE
+
+    seen: list[tuple[RunConfig, Path]] = []
+
+    async def record(engine, bench, config, out, **options):  # noqa: ANN001, ANN003, ANN202
+        seen.append((config, out))
+        return {"score": 0.5, "ci95": [0, 1], "n": 0, "ensemble_rate": 0, "tokens_per_s": 0, "truncated": 0,
+                "failures": 0, "skipped": {}}
+
+    monkeypatch.setattr(eval_cli, "evaluate", record)
+    zoo = "qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct"
+    for backend in ([], ["--backend", "llamacpp"], ["--backend", "transformers"]):
+        eval_cli.run(build_parser().parse_args(["eval", "--bench", "gsm8k", "--models", zoo, *backend,
+                                                "--data", str(GSM8K_SAMPLE), "--no-progress"]))
+    (default, _), (named_default, _), (other, other_out) = seen
+    assert default == named_default  # naming the default backend changes nothing
+    assert other != default and other.models == [f"transformers:{m}" for m in zoo.split(",")]
+    assert other_out.name == "gsm8k-safe-qwen2.5@transformers+smollm2@transformers"

@@ -16,6 +16,7 @@ from ..engine_args import add_engine_args, default_method, engine_from_args
 from ..errors import InvalidRequestError
 from ..member_flags import BACKEND_HELP, member_configs
 from ..members import LOCAL_BACKENDS
+from ..members.spec import default_backend, parse_member_spec, split_prefix, with_backend
 from ..options import METHODS, GenerationParams
 from .benchmarks import BENCHMARKS, FLORES_PAIRS, get_benchmark
 from .runner import RunConfig, evaluate
@@ -49,7 +50,22 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _short(model: str) -> str:
-    return Path(model).name.split("-")[0]
+    backend, name = split_prefix(model)
+    return Path(name).name.split("-")[0] + (f"@{backend}" if backend else "")
+
+
+def _as_run(models: list[str], backend: str | None) -> list[str]:
+    """The models as the run records them: a bare name that ``--backend`` runs on another backend
+    than its default (``--backend transformers`` for a zoo name) carries that backend, so the run is
+    neither resumed as nor compared with the default backend's run (the answers differ)."""
+    if backend is None:
+        return models
+    recorded = []
+    for model in models:
+        prefix, target = split_prefix(model)
+        moved = prefix is None and parse_member_spec(model, backend).backend != default_backend(target)
+        recorded.append(with_backend(model, backend) if moved else model)
+    return recorded
 
 
 def _drafter(args: argparse.Namespace, drafter: str | int | None) -> str:
@@ -90,11 +106,12 @@ def run(args: argparse.Namespace) -> int:
     args.max_new_tokens = args.max_new_tokens or bench.max_new_tokens
     # `single` runs the drafter alone (a profile may name it: the engine resolves which)
     single = engine_from_args(args, method) if method == "single" else None
-    models = [_drafter(args, single.options.drafter)] if single else args.models
+    given = [_drafter(args, single.options.drafter)] if single else args.models
+    models = _as_run(given, args.backend)
     # a bf16 run is another run; a display name (MemberConfig.name) keys the stats and labels the run
     member_options = {c.model: c.model_dump(mode="json", exclude_none=True, exclude={"model"})
                       for c in member_configs(args, args.backend) if c.backend_options() or c.name}
-    shown = [member_options.get(m, {}).get("name") or m for m in models]
+    shown = [member_options.get(g, {}).get("name") or m for g, m in zip(given, models)]
     out = Path(args.out or f"eval-runs/{bench.name}-{method}-{'+'.join(_short(m) for m in shown)}")
     # drafter='auto' keeps its fits beside the answers, so a run resumed in another process (tiers) finds its
     # few-shot blocks scored (EngineOptions drops the file where no drafter is chosen)
