@@ -220,3 +220,16 @@ def test_real_models_give_valid_text(models: list[str]) -> None:
     assert result.stats.spans == len(decisions) >= 2
     assert all(set(d.member_uncertainty) == set(engine.labels) for d in decisions)
     assert all(n > 0 for n in result.stats.forward_passes.values())
+
+
+@pytest.mark.parametrize("vote", ["always", "uncertain"])
+def test_adafuse_stats_say_whose_text_each_span_is(vote: str) -> None:
+    # The drafter's own span is its draft kept (accepted), voted on or not; another member's span was
+    # chosen over it. Before, every voted span counted as chosen (all of 'Hi Sofia, hi Sofia.' with
+    # changed 0), and a sure leader's span as accepted with nothing drafted.
+    members = [trained_member("byte_level"), trained_member("metaspace")]
+    stats = EnsembleEngine(members, method="adafuse", vote=vote, drafter=0, max_new_tokens=24).generate(QUESTION).stats
+    assert stats.tokens == stats.accepted_tokens + stats.chosen_tokens
+    assert 0 <= stats.accepted_tokens <= stats.drafted_tokens
+    if vote == "always":  # every span voted on, the drafter proposing each time: chosen = changed
+        assert stats.chosen_tokens == stats.changed_tokens

@@ -44,7 +44,7 @@ from ..repetition import continues_loop
 from ..sampling import Sampler
 from ..words import SharedEnds, complete_word_ends, span_end, word_ends
 from .decisions import ScoredSpan, SpanDecision
-from .report import count_span, count_span_round, count_turn_markers, span_event
+from .report import count_span, count_span_round, count_span_source, count_turn_markers, span_event
 from .state import RequestState, spell_bytes
 
 Uncertainty = Literal["margin", "entropy"]
@@ -284,6 +284,8 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
     for event in state.commit(_span_ids(state, outlook, chosen, proposals), "ensemble" if voted else "draft"):
         yield event
     count_span(state.stats, decision, state.stats.tokens - before)
+    count_span_source(state.stats, own=chosen == decision.drafter_proposal, voted=voted,
+                      committed=state.stats.tokens - before)
 
 
 async def _look(state: RequestState, settings: AdaFuseSettings) -> _Outlook:

@@ -135,6 +135,21 @@ def count_span(stats: Stats, decision: SpanDecision, committed: int) -> None:
         stats.changed_tokens += committed
 
 
+def count_span_source(stats: Stats, own: bool, voted: bool, committed: int) -> None:
+    """Whose text a committed span is, in SAFE's terms (``tokens == accepted + chosen``): the
+    drafter's own proposal is its draft (drafted and accepted, voted on or not); any other member's
+    span was chosen over it (by the vote, or written by a sure leader with ``vote="uncertain"``).
+    ``commit`` counted a voted span as chosen and a leader's as accepted; this corrects both."""
+    if own:
+        stats.drafted_tokens += committed
+        if voted:
+            stats.chosen_tokens -= committed
+            stats.accepted_tokens += committed
+    elif not voted:
+        stats.accepted_tokens -= committed
+        stats.chosen_tokens += committed
+
+
 def span_event(decision: SpanDecision) -> AdaFuseEvent:
     candidates = [SpanCandidate(text=show(c.key), proposed_by=c.proposed_by,
                                 member_nll={label: round(v, NLL_DIGITS) for label, v in c.member_nll.items()},
