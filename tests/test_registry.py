@@ -118,3 +118,19 @@ def test_close_while_a_request_renders_its_prompt_frees_the_members_only_when_it
 
     assert asyncio.run(main()) == "cancelled"
     assert not used_after_close and all(m.closed for m in members)
+
+
+def test_an_old_engines_release_never_counts_off_a_new_registration_under_the_same_name() -> None:
+    old = toy_member("toy-reg-d", "byte_level")
+    register_member(old)
+    engine = EnsembleEngine(["toy-reg-d", toy_member("toy-reg-e", "metaspace", seed=1)], method="safe")
+    _ = engine.members  # the engine holds toy-reg-d too
+    unregister_member("toy-reg-d")  # a test ends; its engine lives on (an adapter's cache)
+    new = toy_member("toy-reg-d", "byte_level", seed=2)
+    register_member(new)  # the next test registers its own under the same name
+    try:
+        engine.close()  # the old engine lets go: only its own hold
+        assert registry._LOADED["transformers:toy-reg-d"] is new
+    finally:
+        unregister_member("toy-reg-d")
+    assert "transformers:toy-reg-d" not in registry._LOADED

@@ -160,10 +160,17 @@ def register_member(member: Member, name: str | None = None) -> None:
 
 
 def unregister_member(name: str) -> None:
+    """The registration lets go of its hold. Engines that still hold the member keep it registered
+    until they let go too: dropping every hold here let such an engine's later release count off a
+    new registration under the same name (and unload it under the engine that uses it)."""
     key = str(parse_member_spec(name))
     with _registry():
-        _LOADED.pop(key, None)
-        _HOLDERS.pop(key, None)
+        holders = _HOLDERS.get(key, 0) - 1
+        if holders > 0:
+            _HOLDERS[key] = holders
+        else:
+            _LOADED.pop(key, None)
+            _HOLDERS.pop(key, None)
 
 
 def _build(config: MemberConfig, progress: bool) -> Member:
