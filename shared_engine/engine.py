@@ -288,8 +288,7 @@ class EnsembleEngine:
         """Raise the error ``astream`` would raise for this request before any member loads (bad
         parameters, an empty prompt): a caller about to load the members can fail first, fast.
         Takes ``astream``'s keywords."""
-        output_keys = ("tools", "tool_choice", "parallel_tool_calls", "prefix", "response_format", "tool_result_hint")
-        output = {k: params.pop(k) for k in output_keys if k in params}
+        output = {k: params.pop(k) for k in OutputOptions.model_fields if k in params}
         self._prepare(messages_or_prompt, params, **output)
 
     def _prepare(self, messages_or_prompt: str | Sequence[Message], params: Mapping[str, Any],

@@ -85,11 +85,11 @@ def draft_event(label: str, pieces: list[bytes], ids: list[int]) -> DraftEvent:
     return DraftEvent(member=label, token_ids=ids, tokens=[p.decode("utf-8", "replace") for p in pieces])
 
 
-def count_fusion(stats: Stats, decision: FusionDecision) -> None:
-    """Fusion ran at one position (and may have changed the drafted token)."""
-    stats.ensembled_tokens += 1
-    stats.changed_tokens += int(decision.changed)
-    stats.loop_breaks += int(decision.loop_blocked)
+def count_fusion(stats: Stats, decision: FusionDecision, times: int = 1) -> None:
+    """Fusion ran at one position (and may have changed the drafted token); ``times=-1`` takes it back."""
+    stats.ensembled_tokens += times
+    stats.changed_tokens += times * int(decision.changed)
+    stats.loop_breaks += times * int(decision.loop_blocked)
 
 
 def uncount_fusions_past(stats: Stats, decisions: list[FusionDecision], end: int) -> None:
@@ -98,9 +98,7 @@ def uncount_fusions_past(stats: Stats, decisions: list[FusionDecision], end: int
     stats count what the answer holds, so the ensemble rate stays a share of its positions."""
     for decision in decisions:
         if decision.position >= end:
-            stats.ensembled_tokens -= 1
-            stats.changed_tokens -= int(decision.changed)
-            stats.loop_breaks -= int(decision.loop_blocked)
+            count_fusion(stats, decision, times=-1)
 
 
 def fusion_event(decision: FusionDecision) -> EnsembleEvent:

@@ -19,7 +19,7 @@ from ..errors import EnsembleError, InvalidRequestError
 from ..members.spec import BACKENDS
 from ..options import METHOD_DEFAULTS
 from .benchmarks import is_translation
-from .runner import CONFIG, SAMPLES, SUMMARY, sample_lines, wilson_interval
+from .runner import CONFIG, SAMPLES, SUMMARY, sample_rows, wilson_interval
 
 BAR_LABEL_WIDTH = 22
 """Characters per line of a run label under its bar."""
@@ -198,7 +198,7 @@ def sign_test(wins: int, losses: int) -> tuple[float, float]:
 def _rows(folder: Path) -> dict[str, dict[str, Any]]:
     """A run's answers by question id: every complete line (a run still going, or cut off, may end
     in a partial one; a question asked again on resume stands at the end of the file)."""
-    return {row["id"]: row for row in map(json.loads, sample_lines(folder / SAMPLES))}
+    return {row["id"]: row for row in sample_rows(folder / SAMPLES)}
 
 
 def paired(baseline: Path, other: Path) -> dict[str, Any]:
@@ -334,8 +334,8 @@ def _paired_columns(chrf: bool) -> tuple[str, str, str]:
 
 
 def paired_table(baseline: Path, pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
-    """Each run paired with the baseline (``paired_results``) over the questions both summaries cover
-    (chrF runs: per sentence, a higher or lower sentence chrF, plus the corpus chrF difference)."""
+    """Each run paired with the baseline (``paired``) over the questions both summaries cover (chrF runs:
+    per sentence, a higher or lower sentence chrF, plus the corpus chrF difference)."""
     both, wins, losses = _paired_columns(_is_chrf(baseline))
     lines = [f"Paired with {baseline} (the same questions):", "",
              f"| run | N | {both} | {wins} | {losses} | sign test p | p (worse) | Δ score (95% CI) |",
@@ -344,11 +344,6 @@ def paired_table(baseline: Path, pairs: list[tuple[dict[str, Any], dict[str, Any
         lines.append(f"| {s['label']} | {p['n']} | {p['both_right']} | {p['wins']} | {p['losses']} "
                      f"| {p['p']:.3f} | {p['p_worse']:.3f} | {_delta_text(p)} |")
     return "\n".join(lines)
-
-
-def paired_results(baseline: Path, summaries: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Each run but the baseline with ``paired``'s result against it (computed once: chrF's bootstrap is slow)."""
-    return [(s, paired(baseline, Path(s["dir"]))) for s in _paired_runs(baseline, summaries)]
 
 
 def _delta(p: dict[str, Any]) -> tuple[float, tuple[float, float] | None, str]:
@@ -434,12 +429,18 @@ def _pyplot() -> Any:
     return plt
 
 
+def _partition(base: dict[str, Any], summaries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The runs to pair with the baseline (``base``, its summary): every run but the baseline (however
+    its folder was written) on the baseline's benchmark; and the labels of the runs of other benchmarks,
+    which share question ids ("0", "1", ...) but not questions."""
+    own = Path(base["dir"]).resolve()
+    others = [s for s in summaries if Path(s["dir"]).resolve() != own]
+    same = [s for s in others if s["bench"] == base["bench"]]
+    return same, [s["label"] for s in others if s["bench"] != base["bench"]]
+
+
 def _paired_runs(baseline: Path, summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each run but the baseline (however its folder was written) on the baseline's benchmark:
-    runs of other benchmarks share question ids ("0", "1", ...) but not questions."""
-    base = load_summaries([baseline])[0]
-    return [s for s in summaries
-            if Path(s["dir"]).resolve() != Path(base["dir"]).resolve() and s["bench"] == base["bench"]]
+    return _partition(load_summaries([baseline])[0], summaries)[0]
 
 
 def group_tables(baseline: Path, summaries: list[dict[str, Any]]) -> str:
@@ -469,21 +470,20 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
         Path(json_out).write_text(json.dumps(summaries, indent=2) + "\n")
     text = table(summaries)
     if baseline is not None:
-        baseline = Path(load_summaries([baseline])[0]["dir"])  # a summary.json given: its run's folder
-        pairs = paired_results(baseline, summaries)
+        base = load_summaries([baseline])[0]
+        baseline = Path(base["dir"])  # a summary.json given: its run's folder
+        matched, others = _partition(base, summaries)
+        pairs = [(s, paired(baseline, Path(s["dir"]))) for s in matched]  # once: chrF's bootstrap is slow
         text += "\n\n" + paired_table(baseline, pairs)
-        paired_dirs = {s["dir"] for s, _ in pairs} | {str(baseline)}
-        others = [s["label"] for s in summaries if s["dir"] not in paired_dirs
-                  and Path(s["dir"]).resolve() != baseline.resolve()]
         if others:
             text += "\n\nnot paired (another benchmark than the baseline's): " + "; ".join(others)
-        written.extend(_paired_plot(baseline, summaries, pairs, plots))
+        written.extend(_paired_plot(base, pairs, plots))
     if by_group and baseline is not None:
         text += "\n\n" + group_tables(baseline, summaries)
     return text + _mixed_prompts_note(summaries) + "\n\nplots: " + ", ".join(str(p) for p in written)
 
 
-def _paired_plot(baseline: Path, summaries: list[dict[str, Any]], pairs: list[tuple[dict[str, Any], dict[str, Any]]],
+def _paired_plot(base: dict[str, Any], pairs: list[tuple[dict[str, Any], dict[str, Any]]],
                  folder: Path) -> list[Path]:
     """``{bench}-paired.png``: each run's difference from the baseline, with its interval."""
     points = []
@@ -494,10 +494,9 @@ def _paired_plot(baseline: Path, summaries: list[dict[str, Any]], pairs: list[tu
             points.append(PairedDifference(s["label"], "run", unit, value, low, high, f"{p['wins']} / {p['losses']}"))
     if not points:
         return []
-    base = load_summaries([baseline])[0]
     bench = base["bench"]
     folder.mkdir(parents=True, exist_ok=True)
-    counts = ("sentences with a higher / lower chrF in the run" if _is_chrf(baseline)
+    counts = ("sentences with a higher / lower chrF in the run" if base["metric"] == "chrf"
               else "questions right only in the run / only in the baseline")
     title = (f"{bench}: each run minus {base['label']}, paired, 95% interval\n"
              f"(beside each point: {counts})")

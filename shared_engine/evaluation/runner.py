@@ -78,34 +78,41 @@ def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float,
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def sample_lines(path: Path) -> list[str]:
-    """The complete, readable lines of a samples file (a JSON object each). A line cut off by an
-    interruption is skipped, also where the cut split a multi-byte character."""
+def _readable_lines(data: bytes) -> list[tuple[str, dict[str, Any]]]:
+    """The complete lines of a samples file with what each holds (a JSON object). A line cut off by
+    an interruption is skipped, also where the cut split a multi-byte character."""
     lines = []
-    for raw in path.read_bytes().splitlines(keepends=True):
+    for raw in data.splitlines(keepends=True):
         try:
             line = raw.decode("utf-8")
-            json.loads(line)
+            row = json.loads(line)
         except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             continue
-        lines.append(line if line.endswith("\n") else line + "\n")
+        if isinstance(row, dict):
+            lines.append((line if line.endswith("\n") else line + "\n", row))
     return lines
+
+
+def sample_rows(path: Path) -> list[dict[str, Any]]:
+    """What each complete line of a samples file holds (a run still going may end in a partial one)."""
+    return [row for _, row in _readable_lines(path.read_bytes())]
 
 
 def read_samples(path: Path) -> list[Sample]:
     """Complete lines of a samples file; a line cut off by an interruption is dropped (and removed)."""
     if not path.exists():
         return []
+    data = path.read_bytes()
     samples, good = [], []
-    for line in sample_lines(path):
+    for line, row in _readable_lines(data):
         try:
-            samples.append(Sample.model_validate_json(line))
+            samples.append(Sample.model_validate(row))
             good.append(line)
         except ValueError:
             continue
-    text = "".join(good).encode("utf-8")
-    if text != path.read_bytes():
-        path.write_bytes(text)
+    kept = "".join(good).encode("utf-8")
+    if kept != data:
+        path.write_bytes(kept)
     return samples
 
 
