@@ -71,7 +71,7 @@ async def _stream(args: argparse.Namespace) -> int:
 async def _load_with_notice(engine: EnsembleEngine) -> None:
     """Load the members before the first request, saying so: starting llama.cpp servers or reading
     weights takes seconds in which nothing else would be printed."""
-    names = [m.name or m.model if isinstance(m, MemberConfig) else m.name for m in engine.member_specs]
+    names = [m.name or m.model if isinstance(m, MemberConfig) else m.name for m in engine.decoding_specs]
     print(f"loading {len(names)} member{'s' if len(names) > 1 else ''} ({', '.join(names)}) ...",
           file=sys.stderr, flush=True)
     started = time.perf_counter()

@@ -142,18 +142,26 @@ class EnsembleEngine:
         return list(self._specs)
 
     @property
+    def decoding_specs(self) -> list[MemberConfig | Member]:
+        """The members this engine runs, in decoding order (drafter first): what ``members`` loads.
+        Method ``single`` runs its drafter alone, so the other members given are never loaded."""
+        return [self._specs[i] for i in self._order]
+
+    @property
     def members(self) -> list[Member]:
         """Members in decoding order (drafter first); loaded on first use, once per process."""
         with self._load_lock:
             if self._members is None:
                 if self._closed:
                     raise EngineClosedError("the engine is closed")
-                configs = [s for s in self._specs if isinstance(s, MemberConfig)]
+                used = sorted(self._order)  # loaded in the order given
+                specs = [self._specs[i] for i in used]
+                configs = [s for s in specs if isinstance(s, MemberConfig)]
                 check_members_fit(configs)
                 loaded: list[Member] = []
                 acquired: list[MemberConfig] = []
                 try:  # a member that fails to load (or a name clash) lets go of those acquired before it
-                    for spec in self._specs:
+                    for spec in specs:
                         if isinstance(spec, MemberConfig):
                             loaded.append(acquire_member(spec))
                             acquired.append(spec)
@@ -165,7 +173,8 @@ class EnsembleEngine:
                         release_member(spec)
                     raise
                 self._held = configs
-                self._members = [loaded[i] for i in self._order]
+                by_index = dict(zip(used, loaded, strict=True))
+                self._members = [by_index[i] for i in self._order]
             return self._members
 
     @property

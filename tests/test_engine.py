@@ -12,7 +12,7 @@ import torch
 from shared_engine import ContextLengthError, EnsembleEngine, InvalidRequestError
 from shared_engine.alignment import TokenizedText, shared_boundaries
 from shared_engine.members import HFMember
-from tests.toy import byte_level_tokenizer, metaspace_tokenizer, tiny_llama, toy_member
+from tests.toy import byte_level_tokenizer, metaspace_tokenizer, registered_members, tiny_llama, toy_member
 
 ANSWER = "Hi Sofia, hi Sofia."
 QUESTION = [{"role": "user", "content": "Greet her twice."}]
@@ -308,3 +308,15 @@ def test_a_draft_the_drafter_is_sure_of_everywhere_skips_the_verifiers_forward(
     assert alone.stats.unverified_rounds == alone.stats.rounds and alone.stats.forward_passes["checks"] == 0
     single = EnsembleEngine([drafter], method="single", **options).generate("Tell me a story.")
     assert alone.text == single.text
+
+
+def test_method_single_loads_its_drafter_only() -> None:
+    """``single`` runs the drafter alone; the other members given (a bench or a profile may list them)
+    are never loaded: a member that cannot load does not stop it, and nothing of it is held."""
+    with registered_members([toy_member("toy")]) as (name,):
+        engine = EnsembleEngine(["transformers:no-such/model", name], method="single", drafter=name)
+        assert engine.generate("Sofia", max_new_tokens=5).text == EnsembleEngine(
+            [name], method="single").generate("Sofia", max_new_tokens=5).text
+        assert [m.name for m in engine.members] == [name]
+        assert [getattr(s, "model", None) for s in engine.decoding_specs] == [name]
+        engine.close()
