@@ -24,6 +24,7 @@ from .decoding.report import mean_draft_length
 from .engine_args import add_engine_args, engine_from_args, method_default_flags
 from .errors import InvalidRequestError
 from .evaluation.benchmarks import get_benchmark
+from .loading import load_with_notice
 from .members import LOCAL_BACKENDS
 from .options import EngineOptions
 
@@ -246,6 +247,7 @@ def _run_backend(args: argparse.Namespace, backend: str | None) -> tuple[dict[st
     engines = {}
     for entry, method, method_args in runs:  # engines that ask for the same members share them
         engines[entry] = engine_from_args(method_args, method, backend)
+        load_with_notice(engines[entry])
         engines[entry].generate("Say hi.", max_new_tokens=4)  # warm-up: loads members, builds token tables
     totals = {entry: _Totals() for entry in engines}
     answers: dict[str, list[str]] = {entry: [] for entry in engines}

@@ -12,17 +12,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
 from collections.abc import Callable
 from typing import NoReturn, cast
 
 from . import bench, calibration
-from .engine import EnsembleEngine
 from .engine_args import add_engine_args, default_method, engine_from_args
 from .errors import EnsembleError
 from .evaluation import cli as eval_command
+from .loading import load_with_notice
 from .member_flags import BACKEND_HELP
-from .members import LOCAL_BACKENDS, MemberConfig
+from .members import LOCAL_BACKENDS
 from .options import METHODS
 from .server import command as serve_command
 
@@ -49,7 +48,7 @@ async def _stream(args: argparse.Namespace) -> int:
     color = sys.stdout.isatty() and not args.no_color
     params = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "stop": args.stop or []}
     engine.check_request(args.prompt, **params)  # a bad request fails before the members load
-    await _load_with_notice(engine)
+    await asyncio.to_thread(load_with_notice, engine)
     async for event in engine.astream(args.prompt, **params):
         if args.events:
             print(event.model_dump_json(), flush=True)
@@ -66,17 +65,6 @@ async def _stream(args: argparse.Namespace) -> int:
                   f"forwards={stats.forward_passes} ttft={stats.time_to_first_token_s or 0:.2f}s "
                   f"{stats.tokens_per_s:.1f} tok/s", file=sys.stderr)
     return 0
-
-
-async def _load_with_notice(engine: EnsembleEngine) -> None:
-    """Load the members before the first request, saying so: starting llama.cpp servers or reading
-    weights takes seconds in which nothing else would be printed."""
-    names = [m.name or m.model if isinstance(m, MemberConfig) else m.name for m in engine.decoding_specs]
-    print(f"loading {len(names)} member{'s' if len(names) > 1 else ''} ({', '.join(names)}) ...",
-          file=sys.stderr, flush=True)
-    started = time.perf_counter()
-    await asyncio.to_thread(lambda: engine.members)
-    print(f"loaded in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -419,9 +419,11 @@ async def test_a_limit_below_one_question_is_refused(tmp_path: Path) -> None:
         await evaluate(engine(), toy_bench(tmp_path), config(), tmp_path / "out", limit=-5, progress=False)
 
 
-def test_a_run_on_another_backend_than_a_names_default_is_another_run(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_on_another_backend_than_a_names_default_is_another_run(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
     # --backend transformers for zoo names used to record the same config and --out as the default
     # (llama.cpp) run, so --resume mixed the two backends' answers.
+    monkeypatch.chdir(tmp_path)  # the default --out is under the working directory, not the clone's
     import shared_engine.evaluation.cli as eval_cli
     from shared_engine.data_paths import GSM8K_SAMPLE
 
@@ -441,3 +443,16 @@ def test_a_run_on_another_backend_than_a_names_default_is_another_run(monkeypatc
     assert default == named_default  # naming the default backend changes nothing
     assert other != default and other.models == [f"transformers:{m}" for m in zoo.split(",")]
     assert other_out.name == "gsm8k-safe-qwen2.5@transformers+smollm2@transformers"
+
+
+async def test_the_members_load_with_a_notice_before_the_first_question(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The seconds to minutes the members take to load (llama.cpp servers, the zoo's install) are
+    announced before the progress bar, not spent at 0/N; a resumed run with nothing left loads nothing."""
+    bench = toy_bench(tmp_path, questions=1)
+    await evaluate(engine(), bench, config(), tmp_path / "run")
+    err = capsys.readouterr().err
+    assert "loading 2 members (a, b) ..." in err and err.index("loaded in ") < err.index("1/1")
+    finished = engine()
+    await evaluate(finished, bench, config(), tmp_path / "run", resume=True)
+    assert not finished.loaded and "loading" not in capsys.readouterr().err

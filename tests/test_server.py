@@ -481,3 +481,22 @@ def test_many_http_disconnects_free_every_request_and_answers_stay_identical() -
         _wait_until(lambda: engine.live_requests == 0)
         answer = post(url, {"model": MODEL, "messages": USER, "max_tokens": 24}).json()
     assert answer["choices"][0]["message"]["content"] == fresh
+
+
+def test_serve_loads_the_members_with_a_notice_before_it_prints_its_address(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`safe-ensemble serve` said "serving ... on http://..." and then loaded for seconds to minutes
+    inside uvicorn's start-up, silent: the address is printed once the members are loaded."""
+    import uvicorn
+
+    from shared_engine.cli import main
+    from tests.toy import registered_members
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: served.append(app))
+    with registered_members(toy_members()) as names:
+        assert main(["serve", "--models", ",".join(names)]) == 0
+    err = capsys.readouterr().err
+    assert f"loading 2 members ({', '.join(names)}) ..." in err
+    assert err.index("loaded in ") < err.index("serving `")
+    assert served and served[0].state.engine.loaded

@@ -11,6 +11,7 @@ summary is always recomputed from the whole JSONL.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -27,6 +28,7 @@ from .. import errors
 from ..decoding.report import mean_draft_length
 from ..engine import EnsembleEngine
 from ..errors import EnsembleError, InvalidRequestError
+from ..loading import load_with_notice
 from ..options import EngineOptions
 from .benchmarks import Benchmark
 from .datasets import Record
@@ -212,6 +214,8 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
     correct = sum(s.value for s in done.values())  # running accuracy (mean sentence chrF for translation)
     tokens = sum((s.stats or {}).get("tokens", 0) for s in done.values())
     elapsed = sum((s.stats or {}).get("elapsed_s", 0.0) for s in done.values())
+    if progress and todo:
+        await asyncio.to_thread(load_with_notice, engine)
     bar = tqdm(total=len(records), initial=len(done), desc=f"{config.bench} {config.method}", unit="q",
                file=sys.stderr, disable=not progress, dynamic_ncols=True)
     with samples_file.open("a", encoding="utf-8") as f:

@@ -8,6 +8,7 @@ import os
 import sys
 
 from ..engine_args import add_engine_args, engine_from_args
+from ..loading import load_with_notice
 from ..member_flags import BACKEND_HELP
 from ..members import LOCAL_BACKENDS
 from ..options import DEFAULT_MAX_ACTIVE, METHODS
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     engine = engine_from_args(args, args.method)
     app = create_app(engine, model_name=args.served_model_name, max_active=args.max_active,
                      max_waiting=args.max_waiting, api_key=args.api_key)
+    load_with_notice(engine)  # before the address is printed: the server answers once it is ready
     print(f"serving `{app.state.model_name}` ({args.method}: {', '.join(args.models)}) on "
           f"http://{args.host}:{args.port}/  (OpenAI base_url: http://{args.host}:{args.port}/v1)",
           file=sys.stderr, flush=True)
