@@ -206,10 +206,10 @@ class EnsembleEngine:
     def _weights(self) -> torch.Tensor:
         if not isinstance(self.options.weights, list):  # ('auto' replaces these once the prompt is read)
             return self._drafter_weighted(len(self._specs))
+        if self.options.method == "single":  # the drafter alone (its given weight may be 0)
+            return torch.ones(1)
         ordered = torch.tensor([self.options.weights[i] for i in self._order], dtype=torch.float32)
-        if not torch.isfinite(ordered).all() or (ordered < 0).any() or ordered.sum() <= 0:
-            raise InvalidRequestError("weights must be finite, non-negative and not all zero")
-        return ordered / ordered.sum()
+        return ordered / ordered.sum()  # checked when the options were built
 
     # -- lifecycle ---------------------------------------------------------------------------
 

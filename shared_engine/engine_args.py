@@ -24,8 +24,8 @@ def weights_arg(value: str) -> list[float] | str:
         weights = [float(w) for w in value.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError("comma-separated numbers, one per model, e.g. 2,1, or auto") from None
-    if not all(math.isfinite(w) and w >= 0 for w in weights):
-        raise argparse.ArgumentTypeError(f"weights must be finite and non-negative, got {value}")
+    if not all(math.isfinite(w) and w >= 0 for w in weights) or sum(weights) <= 0:
+        raise argparse.ArgumentTypeError(f"weights must be finite, non-negative and not all zero, got {value}")
     return weights
 
 

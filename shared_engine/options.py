@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -126,6 +127,15 @@ class EngineOptions(GenerationParams):
         None, description="Member weights in member order (default: drafter_weight for the drafter, 1 for the "
                           "others), or 'auto': per request, "
                           "from each member's fit of the prompt (PackLLM-sim, see auto_weights.py).")
+
+    @field_validator("weights")
+    @classmethod
+    def _usable_weights(cls, value: object) -> object:
+        """Refused here, so a bad list fails before any member loads (not at the first request)."""
+        if isinstance(value, list) and (not all(math.isfinite(w) and w >= 0 for w in value) or sum(value) <= 0):
+            raise ValueError(f"weights must be finite, non-negative and not all zero, got {value}")
+        return value
+
     drafter_weight: float | None = Field(
         1.0, gt=0.0, allow_inf_nan=False,
         description="With no weights given (no list, no 'auto', no profile): the drafter's weight relative to "

@@ -128,9 +128,10 @@ def test_engine_rejects_bad_parameters(toys: list, params: dict[str, Any]) -> No
     pytest.param({"loop_guard": 0}, id="loop-guard-zero"),
 ])
 def test_engine_rejects_bad_options(toys: list, options: dict[str, Any]) -> None:
-    """Found at construction (weights, which need the member order, at the latest on the first request)."""
+    """Found at construction, before any member loads (impossible weights passed it and failed only at
+    the first request, after the members had loaded)."""
     with pytest.raises(InvalidRequestError):
-        _first_event(EnsembleEngine(toys, **options), "hi")
+        EnsembleEngine(toys, **options)
 
 
 def test_engine_rejects_bad_member_lists(toys: list) -> None:

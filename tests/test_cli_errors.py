@@ -11,6 +11,7 @@ from shared_engine.cli import build_parser
 @pytest.mark.parametrize("argv", [
     ["run", "--models", "a,b", "--method", "nonsense", "hi"],
     ["run", "--models", "a,b", "--weights", "two,1", "hi"],
+    ["run", "--models", "a,b", "--weights", "0,0", "hi"],
     ["eval", "--bench", "nonsense", "--models", "a"],
     ["eval", "compare"],
     ["bench", "--models", "a", "--prompts", "many"],

@@ -320,3 +320,6 @@ def test_method_single_loads_its_drafter_only() -> None:
         assert [m.name for m in engine.members] == [name]
         assert [getattr(s, "model", None) for s in engine.decoding_specs] == [name]
         engine.close()
+        # the weights of an ensemble run (a profile's) leave the drafter alone as it is
+        assert EnsembleEngine(["transformers:no-such/model", name], method="single", drafter=name,
+                              weights=[1.0, 0.0]).generate("Sofia", max_new_tokens=5).text
