@@ -26,6 +26,8 @@ refused: a profile must never be fitted on the questions it is evaluated on.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -46,6 +48,8 @@ from .members import Member, Session, load_member, with_backend
 from .members.topk import TopK, topk_rows
 from .profile import EnsembleProfile, FitInfo, member_key
 from .weighting import best_threshold, mixture_weights, segment_logprobs, token_nlls
+
+_log = logging.getLogger(__name__)
 
 CALIBRATION_SPLITS = {"gsm8k": "gsm8k/train.jsonl", "arc-challenge": "arc_challenge/dev.jsonl"}
 """The labelled non-test split of each benchmark calibrate supports, under the data folder."""
@@ -79,10 +83,12 @@ def calibration_records(bench: str, data: str | None, limit: int) -> tuple[Path,
         path = root / CALIBRATION_SPLITS[bench]
     else:
         path = Path(data).expanduser()
-        if path.is_dir():
-            path = path / Path(CALIBRATION_SPLITS[bench]).name
+        if path.is_dir():  # the data folder (as eval's --data) or the benchmark's own folder
+            inside = path / CALIBRATION_SPLITS[bench]
+            path = inside if inside.exists() else path / Path(CALIBRATION_SPLITS[bench]).name
+    tests = _test_splits(bench, path, root)
     named_test = re.search(r"(^|[_\-.])test($|[_\-.])", path.stem.lower()) is not None
-    if named_test or (root is not None and _same_file(path, get_benchmark(bench).path)):
+    if named_test or any(_same_file(path, test) for test in tests):
         raise InvalidRequestError(f"{path} is a test split: calibrate on training/dev data "
                                   f"({CALIBRATION_SPLITS[bench]}), never on the questions evaluated")
     benchmark = get_benchmark(bench, data=str(path))
@@ -91,7 +97,26 @@ def calibration_records(bench: str, data: str | None, limit: int) -> tuple[Path,
     kept = [r for r in records if _prompt_question(bench, r) not in shots]
     if not kept:
         raise InvalidRequestError(f"{path} has no questions left after removing the prompt's exemplars")
-    return path, kept[:limit], benchmark
+    evaluated = {_prompt_question(bench, r) for test in tests for r in benchmark.load(test).records}
+    fit = [r for r in kept if _prompt_question(bench, r) not in evaluated]
+    if len(fit) < len(kept):  # a renamed copy of the test split, or a question both splits share
+        _log.warning("calibrate: %d of %d questions in %s are test questions (%s); left out",
+                     len(kept) - len(fit), len(kept), path, ", ".join(map(str, tests)))
+    if not fit:
+        raise InvalidRequestError(f"every question in {path} is a test question: calibrate on training/dev "
+                                  f"data ({CALIBRATION_SPLITS[bench]}), never on the questions evaluated")
+    return path, fit[:limit], benchmark
+
+
+def _test_splits(bench: str, path: Path, root: Path | None) -> list[Path]:
+    """The test files whose questions are never fitted on: the data folder's and one beside ``path``."""
+    candidates = [get_benchmark(bench).path] if root is not None else []
+    candidates.append(path.parent / "test.jsonl")
+    found: list[Path] = []
+    for test in candidates:
+        if test.is_file() and not any(_same_file(test, f) for f in found):
+            found.append(test)
+    return found
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -248,6 +273,16 @@ def calibrate(models: Sequence[str | Member], bench: str = "gsm8k", data: str | 
 # --------------------------------------------------------------------------- command line
 
 
+def _check_writable(out: Path) -> None:
+    if out.is_dir():
+        raise InvalidRequestError(f"--out {out} is a folder: give the profile's file name")
+    folder = out.parent
+    if not folder.is_dir():
+        raise InvalidRequestError(f"--out {out}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise InvalidRequestError(f"--out {out} cannot be written (permission denied)")
+
+
 def _models(value: str) -> list[str]:
     models = [m.strip() for m in value.split(",") if m.strip()]
     if len(models) < 2:
@@ -279,11 +314,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     """Fit, save, print a summary; 2 on a clear error (the CLI's convention)."""
     try:
+        _check_writable(Path(args.out))  # before minutes of fitting, not after
         profile = calibrate(args.models, args.bench, args.data, args.limit, args.backend, not args.no_progress)
     except EnsembleError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    profile.save(args.out)
+    try:
+        profile.save(args.out)
+    except OSError as err:  # the fit is not lost: it goes to stdout
+        print(profile.model_dump_json(indent=2))
+        print(f"error: cannot write the profile to {args.out} ({err.strerror or err}); it is printed above",
+              file=sys.stderr)
+        return 2
     weights = ", ".join(f"{m}={w:.3f}" for m, w in zip(profile.members, profile.weights))
     print(f"{args.out}: weights {weights}; drafter {profile.drafter}; drafter_confidence "
           f"{profile.drafter_confidence}; fitted on {profile.fitted.questions} {args.bench} questions "

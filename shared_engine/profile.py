@@ -9,6 +9,7 @@ members; an engine whose members are not the same models (in any order) refuses 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,14 @@ class EnsembleProfile(BaseModel):
         return self
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        """Written whole or not at all: an interrupted save leaves any earlier profile there intact."""
+        target = Path(path).expanduser()
+        temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            temporary.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
+            os.replace(temporary, target)
+        finally:
+            temporary.unlink(missing_ok=True)
 
     @classmethod
     def load(cls, path: str | Path) -> EnsembleProfile:
@@ -82,8 +90,11 @@ def member_key(spec: str | MemberConfig | Member) -> str:
     is ``name``, as ``org/name`` in process is); a Member by its name."""
     if isinstance(spec, MemberConfig):
         spec = spec.model
-    if not isinstance(spec, str):
-        return spec.name
+    if not isinstance(spec, str):  # a loaded member: its name, read as a spec (a hub id's "org/name" too)
+        try:
+            return member_key(spec.name)
+        except InvalidRequestError:
+            return spec.name
     parsed = parse_member_spec(spec)
     target = (parsed.tokenizer or parsed.target) if parsed.is_url else parsed.target
     if parsed.is_url and not parsed.tokenizer:

@@ -218,3 +218,75 @@ def test_a_session_reused_across_questions_reads_like_a_fresh_one(train_file: Pa
         fresh = teacher_forced(member, member.new_session(), messages, answer, {0})
         assert reused.logprobs == pytest.approx(fresh.logprobs, abs=1e-4)
         assert reused.tops[0].ids[:5] == fresh.tops[0].ids[:5]
+
+
+def test_a_renamed_copy_of_the_test_split_is_not_fitted_on(train_file: Path, tmp_path: Path) -> None:
+    """The name rule caught `test.jsonl` only: a copy named `heldout.jsonl` beside it was fitted on.
+    Questions of the test split beside the file (or the data folder's) are left out; all of them: refused."""
+    rows = _rows(SHOTS + 4)
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[SHOTS + 2:]))
+    _, records, _ = calibration_records("gsm8k", str(train_file), 100)
+    assert [r.question for r in records] == [r["question"] for r in rows[SHOTS:SHOTS + 2]]
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text("".join(json.dumps(r) + "\n" for r in rows[:SHOTS] + rows[SHOTS + 2:]))
+    with pytest.raises(InvalidRequestError, match="every question .* is a test question"):
+        calibration_records("gsm8k", str(heldout), 100)
+
+
+def test_the_data_folder_is_read_as_eval_reads_it(tmp_path: Path) -> None:
+    """`--data DATA_FOLDER` (as `eval --data` takes it) looked for DATA_FOLDER/train.jsonl."""
+    (tmp_path / "gsm8k").mkdir()
+    split = tmp_path / "gsm8k" / "train.jsonl"
+    split.write_text("".join(json.dumps(r) + "\n" for r in _rows(SHOTS + 2)))
+    path, records, _ = calibration_records("gsm8k", str(tmp_path), 100)
+    assert path == split and len(records) == 2
+
+
+@pytest.mark.parametrize("out", ["missing/profile.json", "."])
+def test_an_unwritable_out_fails_before_fitting(train_file: Path, tmp_path: Path, out: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`--out` in a missing folder (or a folder) was a traceback after every question was fitted."""
+    with registered_members([toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]):
+        assert main(["calibrate", "--models", "a,b", "--data", str(train_file), "--limit", "1",
+                     "--out", str(tmp_path / out), "--no-progress"]) == 2
+    assert "error: --out" in capsys.readouterr().err
+
+
+def test_a_profile_that_cannot_be_written_is_printed_not_lost(train_file: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    def full_disk(self: EnsembleProfile, path: str | Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(EnsembleProfile, "save", full_disk)
+    with registered_members([toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]):
+        assert main(["calibrate", "--models", "a,b", "--data", str(train_file), "--limit", "1",
+                     "--out", str(tmp_path / "p.json"), "--no-progress"]) == 2
+    captured = capsys.readouterr()
+    assert EnsembleProfile.model_validate_json(captured.out).members == ["a", "b"]
+    assert "No space left on device" in captured.err
+
+
+def test_a_saved_profile_replaces_the_old_one_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _profile(tmp_path, ["a", "b"], [0.3, 0.7], drafter="b", confidence=None)
+    before = path.read_text()
+    profile = EnsembleProfile.load(path)
+
+    write_text = Path.write_text
+
+    def interrupted(self: Path, text: str, *args: object, **kwargs: object) -> None:
+        write_text(self, text[: len(text) // 2])  # half written when the interrupt comes
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        profile.save(path)
+    monkeypatch.undo()
+    assert path.read_text() == before and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_a_loaded_members_key_is_its_names_key() -> None:
+    """A hub id's member is named "org/name": calibrate(loaded members) keyed it so, the string
+    surfaces "name", and each refused the other's profile."""
+    member = toy_member("org/tiny", "byte_level", "llama", 1)
+    assert member_key(member) == member_key("org/tiny") == "tiny"
