@@ -29,16 +29,16 @@ class Sampler:
             return int(torch.argmax(logits))
         if support is not None and support < logits.shape[-1]:
             top = torch.topk(logits, support)
-            return int(top.indices[self._sample(torch.softmax(top.values / self.temperature, dim=-1))])
-        return self._sample(torch.softmax(logits / self.temperature, dim=-1))
+            return int(top.indices[self._sample(self._softmax(top.values))])
+        return self._sample(self._softmax(logits))
 
     def distribution(self, logits: torch.Tensor, support: int | None = None) -> torch.Tensor:
         """The distribution ``from_logits`` draws from, over the whole vocabulary (sampling only)."""
         if support is not None and support < logits.shape[-1]:
             top = torch.topk(logits, support)
             probs = torch.zeros_like(logits, dtype=torch.float32)
-            return probs.scatter_(-1, top.indices, self._nucleus(torch.softmax(top.values / self.temperature, -1)))
-        return self._nucleus(torch.softmax(logits.float() / self.temperature, dim=-1))
+            return probs.scatter_(-1, top.indices, self._nucleus(self._softmax(top.values)))
+        return self._nucleus(self._softmax(logits.float()))
 
     def from_probs(self, probs: torch.Tensor) -> int:
         """Pick from (possibly unnormalised) probabilities, e.g. a fused distribution."""
@@ -51,7 +51,13 @@ class Sampler:
         return self._nucleus(self._tempered(scores))
 
     def _tempered(self, scores: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(torch.log(scores.clamp_min(1e-12)) / self.temperature, dim=-1)
+        return self._softmax(torch.log(scores.clamp_min(1e-12)))
+
+    def _softmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """softmax(logits / T), shifted first: with a tiny T (1e-40) the quotient overflowed to inf
+        and the softmax to NaN; shifted, it tends to the argmax as it should."""
+        shifted = logits - logits.max(dim=-1, keepdim=True).values
+        return torch.softmax(shifted / self.temperature, dim=-1)
 
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.generator))

@@ -118,3 +118,17 @@ def test_safe_samples_the_first_position_from_the_fused_distribution() -> None:
     counts = asyncio.run(_first_choices(engine, range(total), temperature))
     assert counts.get(first, 0) / total == pytest.approx(target[first], abs=4 * (0.25 / total) ** 0.5)
     assert _goodness_of_fit(counts, target, total) > 1e-3
+
+
+@pytest.mark.parametrize("method", ["single", "safe"])
+def test_a_tiny_temperature_samples_like_greedy(method: str) -> None:
+    """T = 1e-40 is a valid temperature: logits / T overflowed to inf, the softmax gave NaN and the
+    request failed in torch.multinomial; it now tends to the argmax, as a small T should."""
+    members = [toy_member("a", "byte_level", "llama", 1)] + ([toy_member("b", "metaspace", "gpt2", 2)]
+                                                              if method == "safe" else [])
+    engine = EnsembleEngine(members, method=method)
+    greedy = engine.generate("Hello", max_new_tokens=6).text
+    assert engine.generate("Hello", max_new_tokens=6, temperature=1e-40, seed=1).text == greedy
+    sampler = Sampler(temperature=1e-40, seed=0)
+    assert sampler.from_probs(torch.tensor([0.2, 0.5, 0.3])) == 1
+    assert torch.equal(sampler.tempered(torch.tensor([0.2, 0.5, 0.3])), torch.tensor([0.0, 1.0, 0.0]))
