@@ -11,10 +11,13 @@ from .engine import EnsembleEngine
 from .members import MemberConfig
 
 
-def load_with_notice(engine: EnsembleEngine) -> None:
-    """Load the members before the first request, saying so on stderr (nothing where they are loaded).
-    Blocking: an async caller runs it in a thread."""
+def load_with_notice(engine: EnsembleEngine, notice: bool = True) -> None:
+    """Load the members before the first request, saying so on stderr (``notice``; nothing where they
+    are loaded). A member that cannot load raises here. Blocking: an async caller runs it in a thread."""
     if engine.loaded:
+        return
+    if not notice:
+        engine.members  # noqa: B018 - loads them
         return
     names = [m.name or m.model if isinstance(m, MemberConfig) else m.name for m in engine.decoding_specs]
     print(f"loading {len(names)} member{'s' if len(names) > 1 else ''} ({', '.join(names)}) ...",

@@ -456,3 +456,11 @@ async def test_the_members_load_with_a_notice_before_the_first_question(tmp_path
     finished = engine()
     await evaluate(finished, bench, config(), tmp_path / "run", resume=True)
     assert not finished.loaded and "loading" not in capsys.readouterr().err
+
+
+async def test_a_member_that_cannot_load_fails_the_run_not_each_question(tmp_path: Path) -> None:
+    """With progress off, a mistyped member failed every question and the run ended 'accuracy 0'."""
+    broken = EnsembleEngine([toy_member("a", "byte_level", "llama", 1), "no-such-model-anywhere"], method="safe")
+    with pytest.raises(InvalidRequestError, match="unknown model"):
+        await evaluate(broken, toy_bench(tmp_path), config(), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / SUMMARY).exists()

@@ -214,8 +214,8 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
     correct = sum(s.value for s in done.values())  # running accuracy (mean sentence chrF for translation)
     tokens = sum((s.stats or {}).get("tokens", 0) for s in done.values())
     elapsed = sum((s.stats or {}).get("elapsed_s", 0.0) for s in done.values())
-    if progress and todo:
-        await asyncio.to_thread(load_with_notice, engine)
+    if todo:  # a member that cannot load fails the run here, not every question as an answer's failure
+        await asyncio.to_thread(load_with_notice, engine, progress)
     bar = tqdm(total=len(records), initial=len(done), desc=f"{config.bench} {config.method}", unit="q",
                file=sys.stderr, disable=not progress, dynamic_ncols=True)
     with samples_file.open("a", encoding="utf-8") as f:
