@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
@@ -222,6 +223,47 @@ def test_garbage_fails_at_once_and_503_is_retried() -> None:
             client.get("/bad")
         assert client.get("/busy") == {"ok": True}
     assert calls.count("/garbage") == 1 and calls.count("/bad") == 1 and calls.count("/busy") == 3
+
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:80a0", "http://[::1", "http://exa mple.com",
+                                 "http://127.0.0.1:99999", "http://:8000"])
+def test_a_url_no_request_could_reach_is_refused_readably_before_connecting(url: str) -> None:
+    with pytest.raises(InvalidRequestError, match="not a valid URL"):
+        parse_member_spec(f"vllm:{url}")
+    with pytest.raises(MemberError, match="not a valid URL") as err:
+        JsonClient("m", url, FAST)
+    assert err.value.member == "m"
+
+
+def test_a_body_httpx_cannot_decode_and_a_closed_client_fail_as_member_errors_at_once() -> None:
+    class BadGzip(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            calls.append(self.path)
+            body = b"this is not gzip"
+            self.send_response(200)
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    calls: list[str] = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BadGzip)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = JsonClient("m", f"http://127.0.0.1:{server.server_address[1]}", FAST)
+        with pytest.raises(MemberError, match="DecodingError"):
+            client.get("/props")
+        assert calls == ["/props"]  # not retried: the same body would come back
+        client.close()
+        with pytest.raises(MemberError, match="closed"):
+            client.get("/props")
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_cli_backend_applies_to_names_without_a_prefix() -> None:

@@ -7,7 +7,8 @@ and may be retried. Rules:
   that accepts a connection and never answers, or trickles bytes forever, cannot hang a request;
 - transport failures (refused, reset, closed mid-answer, timed out) and 429/502/503/504 are retried
   ``retries`` times with exponential backoff; other 4xx/5xx and non-JSON bodies fail at once;
-- every failure surfaces as ``MemberError`` naming the member and the URL.
+- every failure surfaces as ``MemberError`` naming the member and the URL (a URL httpx cannot
+  parse, a body it cannot decode, a client already closed included: those fail at once).
 
 Why blocking ``httpx.Client`` and not ``AsyncClient``: decoders call ``Session.sync``/``step`` as
 blocking functions inside ``member.run`` (a worker thread), the same contract the transformers
@@ -23,7 +24,8 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import MemberError
+from ..errors import InvalidRequestError, MemberError
+from .spec import check_url
 
 RETRY_STATUS = frozenset({429, 502, 503, 504})
 
@@ -57,7 +59,11 @@ class JsonClient:
         self.settings = settings or HttpSettings()
         headers = {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
         timeout = httpx.Timeout(self.settings.timeout_s, connect=self.settings.connect_timeout_s)
-        self._client = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
+        try:
+            check_url(self.base_url)
+            self._client = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
+        except (InvalidRequestError, httpx.InvalidURL) as exc:
+            raise self.error(str(exc)) from None
 
     def close(self) -> None:
         self._client.close()
@@ -97,6 +103,14 @@ class JsonClient:
             raise _Retryable(f"timed out after {self.settings.timeout_s:g} s ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
             raise _Retryable(f"{type(exc).__name__}: {exc or 'connection failed'}") from exc
+        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
+            # not a passing fault of the server: a body httpx cannot decode (a wrong Content-Encoding),
+            # a path it cannot parse; retrying would get the same
+            raise self.error(f"{method} {path} failed: {type(exc).__name__}: {exc}") from exc
+        except RuntimeError as exc:  # httpx refuses to send on a closed client
+            if not self._client.is_closed:
+                raise
+            raise self.error(f"{method} {path}: the member is closed") from exc
         text = b"".join(chunks).decode("utf-8", "replace")
         if status in RETRY_STATUS:
             raise _Retryable(f"HTTP {status}: {text[:200]}")

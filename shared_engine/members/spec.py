@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+import httpx
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import InvalidRequestError
@@ -64,7 +65,23 @@ def parse_member_spec(spec: str, backend: str | None = None) -> MemberSpec:
                                   f"'{parsed.backend}:http://127.0.0.1:8000' (got {spec!r})")
     if parsed.backend == "transformers" and parsed.is_url:
         raise InvalidRequestError(f"a URL needs a server backend prefix (llamacpp:, vllm:, sglang:), got {spec!r}")
+    if parsed.is_url:
+        check_url(parsed.target, spec)
     return parsed
+
+
+def check_url(url: str, spec: str | None = None) -> None:
+    """Refuse a server URL that no request could reach (a typo in the port, a space in the host), with
+    a readable error, before anything connects."""
+    where = f" in member spec {spec!r}" if spec is not None and spec != url else ""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as err:
+        raise InvalidRequestError(f"{url!r}{where} is not a valid URL: {err}") from None
+    if not parsed.host or any(c.isspace() for c in url):
+        raise InvalidRequestError(f"{url!r}{where} is not a valid URL: give http(s)://HOST:PORT")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise InvalidRequestError(f"{url!r}{where} is not a valid URL: port {parsed.port} is outside 1..65535")
 
 
 def with_backend(spec: str, backend: str | None) -> str:
