@@ -301,6 +301,56 @@ def parse_calls(body: str, first_index: int = 0) -> list[ToolCallEvent]:
             for i, call in enumerate(calls) if call is not None]
 
 
+class _JsonScan:
+    """Where a JSON value's strings and brackets are, character by character, as a small model
+    writes them: a string opens with ``"`` or ``'`` (a Python dict) where JSON puts one (after
+    ``{``, ``[``, ``,`` or ``:``), ends at the same quote, and a backslash escapes."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.quote = ""  # the quote of the string we are in, "" outside strings
+        self.escaped = False
+        self.last = ""  # the last non-whitespace character outside strings
+
+    def step(self, char: str) -> None:
+        if self.quote:
+            if self.escaped:
+                self.escaped = False
+            elif char == "\\":
+                self.escaped = True
+            elif char == self.quote:
+                self.quote, self.last = "", char
+            return
+        if char in "\"'" and self.depth and self.last in ("{", "[", ",", ":"):
+            self.quote = char
+        elif char in "{[":
+            self.depth += 1
+        elif char in "}]":
+            self.depth = max(self.depth - 1, 0)
+        if not char.isspace():
+            self.last = char
+
+
+def _value_end(text: str, start: int) -> int | None:
+    """The end of the JSON object or list that starts at ``text[start]`` (None: it is not closed)."""
+    scan = _JsonScan()
+    for i in range(start, len(text)):
+        scan.step(text[i])
+        if not scan.depth and not scan.quote:
+            return i + 1
+    return None
+
+
+def _next_value(text: str, start: int) -> int | None:
+    """The end of the JSON object or list that starts at ``start`` after whitespace (a value cut
+    short ends with the text); None where no value starts there."""
+    i = len(text) - len(text[start:].lstrip())
+    if text[i:i + 1] not in ("{", "["):
+        return None
+    end = _value_end(text, i)
+    return len(text) if end is None else end
+
+
 def _partial_suffix(text: str, token: str) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of ``token``."""
     for n in range(min(len(token) - 1, len(text)), 0, -1):
@@ -336,7 +386,7 @@ class ToolCallParser:
     ``ToolCallEvent``s); ``close`` releases the rest. Text that may be the start of ``<tool_call>``
     is held back; an answer that *starts* with ``{`` or a code fence is held to the end, because
     small models often drop the tags and answer with the bare JSON object (a call only when it
-    names an offered tool). Whitespace next to calls is dropped, so an answer of calls only has
+    names an offered tool; several in a row are several calls, and text after them is text). Whitespace next to calls is dropped, so an answer of calls only has
     empty text.
     """
 
@@ -402,17 +452,45 @@ class ToolCallParser:
         if self.in_call:
             out += self._calls(rest)
         elif self.hold_all:
-            obj = _loads(rest)
-            calls = [_as_call(item) for item in (obj if isinstance(obj, list) and obj else [obj])]
-            if all(c is not None and c[0] in self.names for c in calls):
-                out += self._calls(rest)
-            else:
-                out += self._text(rest)
+            out += self._bare(rest)
         elif rest:
             out += self._text(rest)
         if not self.num_calls and self.started and self._pending_ws:
             out.append(self._pending_ws)  # trailing whitespace of a plain answer is kept
         return out
+
+    def _names_offered(self, body: str) -> bool:
+        obj = _loads(body)
+        calls = [_as_call(item) for item in (obj if isinstance(obj, list) and obj else [obj])]
+        return all(c is not None and c[0] in self.names for c in calls)
+
+    def _bare(self, rest: str) -> list[str | ToolCallEvent]:
+        """A held answer that starts with JSON: each value in a row (bare or in a code fence) that
+        names an offered tool is a call; what follows the last call, or the whole answer if the
+        first value is none, is text."""
+        bodies: list[str] = []
+        start = 0
+        while True:
+            i = len(rest) - len(rest[start:].lstrip())
+            fenced = rest.startswith("```", i)
+            j = (rest.find("\n", i) + 1 or len(rest)) if fenced else i  # past the fence's ```json line
+            found: list[str] = []
+            while (end := _next_value(rest, j)) is not None and self._names_offered(rest[j:end]):
+                found.append(rest[j:end].strip())
+                j = end
+                if not fenced:
+                    break
+            if not found:
+                break
+            if fenced and rest.startswith("```", k := len(rest) - len(rest[j:].lstrip())):
+                j = k + 3
+            bodies, start = bodies + found, j
+        if not bodies:
+            return self._text(rest)
+        out: list[str | ToolCallEvent] = []
+        for body in bodies:
+            out += self._calls(body)
+        return out + self._text(rest[start:])
 
     def _calls(self, body: str) -> list[ToolCallEvent]:
         calls = [call.model_copy(update={"arguments": coerce_arguments(call.arguments, self.schemas[call.name])})

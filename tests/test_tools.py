@@ -116,6 +116,28 @@ def test_parser_never_loses_plain_text_or_leaks_a_whole_tag(pieces: list[str]) -
         assert text.strip() == "".join(pieces).strip()
 
 
+def test_every_bare_call_is_read_and_text_after_them_is_kept() -> None:
+    """A bare-JSON answer was read as one value: a second call and any prose after the call were
+    silently lost."""
+    paris = '{"name": "get_weather", "arguments": {"location": "Paris"}}'
+    rome = paris.replace("Paris", "Rome")
+    for deltas in ([paris + "\n" + rome], list(paris + "\n" + rome)):
+        text, calls = run_parser(deltas)
+        assert (text, [c.arguments["location"] for c in calls]) == ("", ["Paris", "Rome"])
+        assert [c.index for c in calls] == [0, 1]
+    text, calls = run_parser(list(paris + " Then I will summarise."))
+    assert (text, [c.name for c in calls]) == ("Then I will summarise.", ["get_weather"])
+    text, calls = run_parser(["```json\n" + paris + "\n```\nDone."])  # a fenced call, then prose
+    assert (text, [c.arguments for c in calls]) == ("Done.", [{"location": "Paris"}])
+    text, calls = run_parser(["{'name': 'get_weather', 'arguments': {'location': 'Oslo'}} ok"])  # repaired
+    assert (text, [c.arguments for c in calls]) == ("ok", [{"location": "Oslo"}])
+    # JSON that is no call stays text, whole, even when a call follows it
+    answer = '{"city": "Oslo"} ' + paris
+    assert run_parser(list(answer)) == (answer, [])
+    text, calls = run_parser([paris + ' {"city": "Oslo"}'])  # a call, then JSON that is no call: text
+    assert (text, len(calls)) == ('{"city": "Oslo"}', 1)
+
+
 def test_tool_choice_normalisation() -> None:
     names = ["get_weather", "other"]
     assert forced_tool(None, names) is None and forced_tool("auto", names) is None
