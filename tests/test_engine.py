@@ -323,3 +323,35 @@ def test_method_single_loads_its_drafter_only() -> None:
         # the weights of an ensemble run (a profile's) leave the drafter alone as it is
         assert EnsembleEngine(["transformers:no-such/model", name], method="single", drafter=name,
                               weights=[1.0, 0.0]).generate("Sofia", max_new_tokens=5).text
+
+
+@pytest.mark.parametrize("method", ["single", "safe"])
+def test_a_constraint_dead_end_keeps_the_tokens_drafted_before_it(monkeypatch: pytest.MonkeyPatch,
+                                                                  method: str) -> None:
+    """Where the JSON constraint leaves the drafter no token (a dead end after its 4th token here),
+    the answer ends after the tokens drafted before it: the round set the finish first and then
+    committed nothing of its draft, so the answer depended on the draft length."""
+    import shared_engine.decoding.round as round_module
+    from shared_engine.events import FormatRetryEvent
+
+    real = round_module.constrained_token
+
+    def first_attempts(draft_length: int) -> str:
+        calls = 0
+
+        def dead_end_after_three(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            nonlocal calls
+            calls += 1
+            return None if calls == 4 else real(*args, **kwargs)
+
+        monkeypatch.setattr(round_module, "constrained_token", dead_end_after_three)
+        members = [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
+        engine = EnsembleEngine(members[: 1 if method == "single" else 2], method=method,
+                                draft_length=draft_length, draft_schedule="fixed", drafter_confidence=None)
+        for event in engine.stream("Hello", max_new_tokens=12, response_format={"type": "json_object"}):
+            if isinstance(event, FormatRetryEvent):
+                return event.text
+        raise AssertionError("the first attempt ended valid")
+
+    whole = first_attempts(1)
+    assert len(whole) >= 3 and first_attempts(5) == whole

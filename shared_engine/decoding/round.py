@@ -49,7 +49,7 @@ from functools import lru_cache
 import torch
 
 from ..alignment import EOS_KEY, TokenTable, is_char_boundary
-from ..events import Event, VerifiedPosition, VerifyEvent
+from ..events import Event, TokenEvent, VerifiedPosition, VerifyEvent
 from ..fusion import (
     HEUR_DRAFTER_TOP,
     Fuser,
@@ -250,10 +250,10 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
             draft = await drafter.member.run(_draft, state, DraftBase.of(state),
                                              min(chosen, state.max_new_tokens - state.stats.tokens),
                                              sampler, policy.draft.stop_below)
-    if draft.ended:
-        state.finish_reason = "stop"
     if not draft.ids:
-        return  # the constraint ended the answer
+        if draft.ended:
+            state.finish_reason = "stop"  # the constraint left the drafter no token: the answer ends
+        return
     count_draft(state.stats, len(draft.ids), chosen, draft.loop_breaks)
     count_turn_markers(state.stats, draft.turn_markers)
     if len(draft.ids) > 1:
@@ -261,14 +261,14 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
 
     if len(state.members) == 1 or not policy.needs_verification(draft.logits[0]):
         state.draft_length = policy.draft.after(chosen, kept_whole=True)
-        for event in state.commit(draft.ids, "draft"):
+        for event in _commit_whole(state, draft):
             yield event
         return
     drafter_probs = _drafter_probs(state, draft, policy)
     if policy.drafter_decides_alone(drafter_probs):
         count_unverified_round(state.stats)
         state.draft_length = policy.draft.after(chosen, kept_whole=True)
-        for event in state.commit(draft.ids, "draft"):
+        for event in _commit_whole(state, draft):
             yield event
         return
 
@@ -331,7 +331,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
             offset += len(drafter.table.pieces[token]) if token not in drafter.eos_ids else 0
         state.draft_length = policy.draft.after(chosen, kept_whole=True)
         yield VerifyEvent(positions=checked)
-        for event in state.commit(draft.ids, "draft"):
+        for event in _commit_whole(state, draft):
             yield event
         if ahead is not None and not state.finish_reason:
             await ahead.settle(keep=True)
@@ -340,6 +340,16 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
         uncount_fusions_past(state.stats, fused, state.stats.tokens + (state.finish_reason == "eos"))
         if ahead is not None:
             await ahead.settle(keep=False)  # diverged, finished or failed: stop it, throw it away
+
+
+def _commit_whole(state: RequestState, draft: Draft) -> list[TokenEvent]:
+    """Commit the whole draft; where the constraint left the drafter no token after it, the answer
+    ends there (after the draft: finishing first dropped the draft's tokens, so the answer
+    depended on the draft length)."""
+    events = state.commit(draft.ids, "draft")
+    if draft.ended and not state.finish_reason:
+        state.finish_reason = "stop"
+    return events
 
 
 class _Ahead:
