@@ -15,7 +15,8 @@ import json
 import math
 import os
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 from tqdm import tqdm
 
@@ -79,7 +80,7 @@ def _at_least_one(value: str) -> int:
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = sub.add_parser("bench", help="drafter alone vs SAFE vs every-token vs AdaFuse on the same prompts")
     add_engine_args(bench)
-    bench.add_argument("--prompts", type=int, default=4, help="number of prompts (the first of the data)")
+    bench.add_argument("--prompts", type=_at_least_one, default=4, help="number of prompts (the first of the data)")
     bench.add_argument("--prompts-from", default=GSM8K_COT, metavar="NAME[:PAIR]",
                        help="gsm8k-cot (default: GSM8K questions with a step-by-step instruction), or an "
                             "eval benchmark's prompts as eval asks them, e.g. flores:de-en, triviaqa, bbh")
@@ -100,13 +101,32 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     bench.set_defaults(max_new_tokens=128)
 
 
+def _check_json_out(out: Path) -> None:
+    """``--json``'s file can be written: checked before minutes of measuring, not after."""
+    if out.is_dir():
+        raise InvalidRequestError(f"--json {out} is a folder: give the results' file name")
+    folder = out.parent
+    if not folder.is_dir():
+        raise InvalidRequestError(f"--json {out}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise InvalidRequestError(f"--json {out} cannot be written (permission denied)")
+
+
 def run(args: argparse.Namespace) -> int:
-    """Measure, print the results as JSON and write them to ``--json`` if given."""
-    text = json.dumps(run_bench(args), indent=2)
+    """Measure, print the results as JSON and write them to ``--json`` if given (checked first; the
+    results are printed before the file is written, so a failed write loses nothing)."""
     if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
-    print(text)
+        _check_json_out(Path(args.json))
+    text = json.dumps(run_bench(args), indent=2)
+    print(text, flush=True)
+    if args.json:
+        try:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+        except OSError as err:
+            print(f"error: cannot write the results to {args.json} ({err.strerror or err}); they are printed above",
+                  file=sys.stderr)
+            return 2
     return 0
 
 
@@ -211,6 +231,14 @@ def paired_ratios(variant: list[float], base: list[float]) -> dict[str, Any]:
             "faster_on": sum(r > 1 for r in ratios), "prompts": len(ratios)}
 
 
+class _EntryParser(argparse.ArgumentParser):
+    """Reads a ``--methods`` entry's flags; a bad one is one ``error:`` line (exit 2), as the command
+    line's own parser gives, not the whole usage block of the engine flags."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (`safe-ensemble bench --help` lists the flags)\n")
+
+
 def parse_method(entry: str, args: argparse.Namespace) -> tuple[str, argparse.Namespace]:
     """A ``--methods`` entry: ``safe``, or a variant with engine flags changed, e.g.
     ``safe:draft-schedule=adaptive`` or ``safe:draft-schedule=adaptive:drafter-confidence=0.5`` (the
@@ -222,7 +250,7 @@ def parse_method(entry: str, args: argparse.Namespace) -> tuple[str, argparse.Na
         if not sep:
             raise SystemExit(f"bench: {override!r} in --methods {entry!r} is not flag=value")
         flags += [f"--{key.strip().replace('_', '-')}", value.strip()]
-    parser = argparse.ArgumentParser(prog=f"safe-ensemble bench --methods {entry}", add_help=False)
+    parser = _EntryParser(prog=f"safe-ensemble bench --methods {entry}", add_help=False)
     add_engine_args(parser, members_required=False)
     return method.strip(), parser.parse_args(flags, namespace=copy.copy(args))  # unnamed flags keep args'
 
