@@ -22,7 +22,8 @@ from tqdm import tqdm
 
 from .data_paths import gsm8k_file
 from .decoding.report import mean_draft_length
-from .engine_args import add_engine_args, engine_from_args, method_default_flags
+from .engine import EnsembleEngine
+from .engine_args import add_engine_args, engine_from_args
 from .errors import InvalidRequestError
 from .evaluation.benchmarks import get_benchmark
 from .loading import load_with_notice
@@ -255,21 +256,50 @@ def parse_method(entry: str, args: argparse.Namespace) -> tuple[str, argparse.Na
     return method.strip(), parser.parse_args(flags, namespace=copy.copy(args))  # unnamed flags keep args'
 
 
+def _same_drafter(args: argparse.Namespace) -> tuple[argparse.Namespace, bool]:
+    """``args`` with the drafter pinned to the first member where neither ``--drafter`` nor ``--profile``
+    names one, and whether it was pinned. Single runs its drafter (the first member by default); SAFE's
+    default ``drafter="auto"`` picks one per prompt, on a few-shot prompt maybe another member: its ratio
+    to single would then divide two different models' speeds."""
+    if args.drafter is not None or args.profile is not None:
+        return args, False
+    pinned = copy.copy(args)
+    pinned.drafter = 0
+    return pinned, True
+
+
+def engine_settings(engine: EnsembleEngine) -> dict[str, Any]:
+    """What a method ran with, read from its engine (flags, a profile and the method's defaults applied):
+    the drafter (its label, or ``auto``: chosen per request), the weights (in member order, ``auto``, or
+    None: ``drafter_weight`` for the drafter, 1 for each other), and SAFE's ``drafter_confidence``."""
+    options = engine.options
+    settings: dict[str, Any] = {"drafter": "auto" if options.drafter == "auto" else engine.labels[0]}
+    if options.method != "single":
+        settings["weights"] = options.weights
+        if options.weights is None:
+            settings["drafter_weight"] = options.drafter_weight_for(len(engine.member_specs))
+    if options.method == "safe":
+        settings["drafter_confidence"] = options.drafter_confidence
+    if options.profile is not None:
+        settings["profile"] = options.profile
+    return settings
+
+
 def _run_backend(args: argparse.Namespace, backend: str | None) -> tuple[dict[str, Any], dict[str, list[str]]]:
     """One backend's results, and each method's answers (for comparing backends)."""
     prompts, stop, source = bench_prompts(args)
     if len(prompts) < args.prompts:
         print(f"bench: {source} has only {len(prompts)} prompts", file=sys.stderr)
     entries = [m.strip() for m in args.methods.split(",") if m.strip()]
-    safe = EngineOptions(method="safe", **method_default_flags(args))  # what SAFE runs with: flags, else its defaults
+    args, pinned = _same_drafter(args)
     results: dict[str, Any] = {"models": args.models, "backend": backend or "default", "prompts": len(prompts),
                                "prompts_from": getattr(args, "prompts_from", None) or GSM8K_COT,
                                "data": source, "stop": stop,
                                "max_new_tokens": args.max_new_tokens, "draft_length": args.draft_length,
                                "draft_schedule": args.draft_schedule,
                                "fusion": args.fusion, "sharpen": args.sharpen,
-                               "drafter_confidence": safe.drafter_confidence,
-                               "drafter_weight": safe.drafter_weight_for(len(args.models)),
+                               "drafter": None, "drafter_confidence": None, "drafter_weight": None,
+                               "weights": None, "profile": args.profile,
                                "methods": {}}
     runs = [(entry, *parse_method(entry, args)) for entry in entries]  # a bad entry fails before any run
     engines = {}
@@ -277,6 +307,16 @@ def _run_backend(args: argparse.Namespace, backend: str | None) -> tuple[dict[st
         engines[entry] = engine_from_args(method_args, method, backend)
         load_with_notice(engines[entry])
         engines[entry].generate("Say hi.", max_new_tokens=4)  # warm-up: loads members, builds token tables
+    settings = {entry: engine_settings(engine) for entry, engine in engines.items()}
+    # the run's settings as the engines hold them (flags, else the profile, else the method's defaults):
+    # SAFE's where it runs, else the first method's
+    reported = settings.get("safe") or settings[next(iter(settings))]
+    results.update({key: reported.get(key) for key in ("drafter", "drafter_confidence", "drafter_weight", "weights")})
+    if pinned:
+        results["drafter_note"] = (
+            "no --drafter or --profile: every method drafts with the first member, as single does, so the ratios "
+            "compare methods drafting with the same model (SAFE's own default, drafter=auto, picks the drafter per "
+            "prompt; measure it with a method entry such as safe:drafter=auto)")
     totals = {entry: _Totals() for entry in engines}
     answers: dict[str, list[str]] = {entry: [] for entry in engines}
     rates: dict[str, list[float]] = {entry: [] for entry in engines}  # tokens/s per prompt, for paired ratios
@@ -299,7 +339,7 @@ def _run_backend(args: argparse.Namespace, backend: str | None) -> tuple[dict[st
             for entry, values in tokens_s.items():
                 rates[entry].append(sum(values) / len(values))
     for entry in engines:
-        results["methods"][entry] = totals[entry].row(engines[entry].options)
+        results["methods"][entry] = {**totals[entry].row(engines[entry].options), **settings[entry]}
     results["repeats"] = repeats
     for entry, method, _ in runs:  # a variant against its method with the run's flags
         if entry != method and method in answers:

@@ -11,8 +11,14 @@ from typing import Any
 import pytest
 
 from shared_engine import bench
-from shared_engine.bench import parse_method
+from shared_engine.bench import parse_method, run_bench
 from shared_engine.cli import build_parser, main
+from shared_engine.profile import EnsembleProfile, FitInfo
+from tests.toy import registered_members, toy_member
+
+
+def members() -> list:
+    return [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
 
 
 def bench_args(*flags: str) -> argparse.Namespace:
@@ -72,3 +78,56 @@ def test_a_bad_methods_entry_is_one_error_line(capsys: pytest.CaptureFixture[str
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and says in err
         assert err.count("\n") == 1 and "usage:" not in err
+
+
+def drafters_run(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Each method's drafter option, as its engine answered the bench's prompts."""
+    from shared_engine import EnsembleEngine as Engine
+
+    seen: dict[str, Any] = {}
+    generate = Engine.generate
+
+    def recording(self: Any, prompt: Any, **params: Any) -> Any:
+        seen[self.options.method] = self.options.drafter
+        return generate(self, prompt, **params)
+
+    monkeypatch.setattr(Engine, "generate", recording)
+    return seen
+
+
+def test_every_method_drafts_with_singles_drafter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SAFE's default drafter='auto' picks a drafter per prompt (on a few-shot prompt maybe the second
+    member), single runs the first: safe_vs_single divided two models' speeds. Unless --drafter or a
+    profile names one, the bench pins every method to single's drafter and says so."""
+    seen = drafters_run(monkeypatch)
+    with registered_members(members()):
+        results = run_bench(bench_args("--methods", "single,safe,every-token"))
+    assert seen == {"single": 0, "safe": 0, "every-token": 0}
+    assert results["drafter"] == "a" and "drafter_note" in results
+    assert {row["drafter"] for row in results["methods"].values()} == {"a"}
+    seen.clear()
+    with registered_members(members()):  # a drafter given is used as given, by every method
+        results = run_bench(bench_args("--methods", "single,safe", "--drafter", "b"))
+    assert seen == {"single": "b", "safe": "b"} and results["drafter"] == "b" and "drafter_note" not in results
+    with registered_members(members()):  # an entry may still measure the per-prompt choice
+        results = run_bench(bench_args("--methods", "safe,safe:drafter=auto"))
+    assert results["methods"]["safe:drafter=auto"]["drafter"] == "auto" and results["methods"]["safe"]["drafter"] == "a"
+
+
+def test_bench_reports_the_settings_its_engines_ran_with(tmp_path: Path) -> None:
+    """With --profile the results showed SAFE's defaults (drafter_confidence 0.5, drafter_weight 2) and
+    no profile: they are read from the engines now, per method."""
+    path = tmp_path / "profile.json"
+    EnsembleProfile(members=["a", "b"], weights=[0.1, 0.9], drafter="b", drafter_confidence=0.9,
+                    fitted=FitInfo(bench="gsm8k", data="train.jsonl", questions=1, method="t")).save(str(path))
+    with registered_members(members()):
+        results = run_bench(bench_args("--methods", "single,safe", "--profile", str(path)))
+    assert results["drafter_confidence"] == 0.9 and results["weights"] == [0.1, 0.9]
+    assert results["drafter"] == "b" and results["drafter_weight"] is None and results["profile"] == str(path)
+    safe, single = results["methods"]["safe"], results["methods"]["single"]
+    assert (safe["drafter"], safe["drafter_confidence"], safe["weights"], safe["profile"]) == ("b", 0.9, [0.1, 0.9],
+                                                                                                str(path))
+    assert single["drafter"] == "b" and "drafter_confidence" not in single
+    with registered_members(members()):  # no profile: SAFE's defaults, as its engine holds them
+        results = run_bench(bench_args("--methods", "safe", "--drafter-confidence", "0.3"))
+    assert (results["drafter_confidence"], results["drafter_weight"], results["weights"]) == (0.3, 2.0, None)
