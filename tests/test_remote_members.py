@@ -6,9 +6,13 @@ against loopback servers that fail in each way."""
 from __future__ import annotations
 
 import math
+import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 import torch
@@ -194,6 +198,91 @@ def test_a_server_that_never_answers_fails_within_the_deadline() -> None:
     # two attempts of 0.5 s and one backoff (a load can only lengthen it); the upper bound catches a hang
     assert 0.9 < elapsed < 30.0
     assert url in str(err.value) and "2 attempt" in str(err.value)
+
+
+
+@contextmanager
+def trickling(answered: int, part: str) -> Iterator[tuple[str, list[int]]]:
+    """A keep-alive server that answers the first ``answered`` requests of a connection with ``{}``
+    and the next one with its ``part`` (headers or body) one byte every 0.2 s, forever. Yields its
+    URL and the number of connections it accepted."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    stop, accepted = threading.Event(), [0]
+
+    def read_request(conn: socket.socket) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += conn.recv(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        while len(body) < length:
+            body += conn.recv(65536)
+
+    def talk(conn: socket.socket) -> None:
+        with conn:
+            try:
+                for _ in range(answered):
+                    read_request(conn)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+                read_request(conn)
+                conn.sendall(b"HTTP/1.1 200 OK\r\n")
+                if part == "body":
+                    conn.sendall(b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+                while not stop.is_set():
+                    conn.sendall(b"X" if part == "headers" else b" ")
+                    time.sleep(0.2)
+            except OSError:
+                pass
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            accepted[0] += 1
+            threading.Thread(target=talk, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}", accepted
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+
+
+@pytest.mark.parametrize(("answered", "part"), [(0, "headers"), (1, "headers"), (0, "body")])
+def test_a_server_that_trickles_its_answer_fails_at_the_deadline(answered: int, part: str) -> None:
+    """The deadline holds from connect to last byte: httpx's timeouts bound each socket read, and a
+    byte every 0.2 s never trips them (the headers case hung forever), on a new connection and on a
+    kept-alive one alike."""
+    with trickling(answered, part) as (url, accepted):
+        client = JsonClient("m", url, HttpSettings(timeout_s=1.0, retries=0))
+        for _ in range(answered):
+            assert client.get("/props") == {}
+        outcome: list[Any] = []
+
+        def call() -> None:
+            started = time.monotonic()
+            try:
+                client.post("/completion", {"prompt": [1]})
+            except MemberError as err:
+                outcome.extend([err, time.monotonic() - started])
+
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        caller.join(8)
+        assert not caller.is_alive(), "the request outlived its deadline"
+        client.close()
+    err, elapsed = outcome
+    assert "1 s" in str(err) and 0.9 < elapsed < 5
+    assert accepted[0] == 1  # the answered requests kept their connection
 
 
 def test_a_refused_connection_is_retried_then_named() -> None:

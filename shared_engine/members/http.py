@@ -3,8 +3,10 @@
 Every call a member makes is a pure read (tokenize, score a sequence), so every call is idempotent
 and may be retried. Rules:
 
-- a hard per-request deadline (``timeout_s``, checked while the body streams in too): a server
-  that accepts a connection and never answers, or trickles bytes forever, cannot hang a request;
+- a hard per-request deadline (``timeout_s``, connect to last byte): a server that accepts a
+  connection and never answers, or trickles bytes forever (headers or body), cannot hang a request.
+  httpx's own timeouts bound each socket operation, not the request, so every socket operation of
+  the client's connections is given what is left of its request's deadline (``_DeadlineBackend``);
 - transport failures (refused, reset, closed mid-answer, timed out) and 429/502/503/504 are retried
   ``retries`` times with exponential backoff; other 4xx/5xx and non-JSON bodies fail at once;
 - every failure surfaces as ``MemberError`` naming the member and the URL (a URL httpx cannot
@@ -18,9 +20,11 @@ member has; members still run concurrently because ``run`` is awaited with ``asy
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
+import httpcore
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -50,6 +54,85 @@ class _Retryable(Exception):
     pass
 
 
+class _Deadline(threading.local):
+    """The deadline of the request this thread is sending (a blocking client sends a request's every
+    byte from the calling thread, whichever pooled connection carries it)."""
+
+    at: float | None = None
+
+    def bound(self, timeout: float | None, late: type[Exception]) -> float | None:
+        """``timeout`` cut to what is left of the deadline; ``late`` raised once nothing is left."""
+        if self.at is None:
+            return timeout
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise late("the request's deadline passed")
+        return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read, write and TLS handshake ends by its request's deadline."""
+
+    def __init__(self, stream: httpcore.NetworkStream, deadline: _Deadline) -> None:
+        self._stream, self._deadline = stream, deadline
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, self._deadline.bound(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, self._deadline.bound(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:
+        stream = self._stream.start_tls(ssl_context, server_hostname,
+                                        self._deadline.bound(timeout, httpcore.ConnectTimeout))
+        return _DeadlineStream(stream, self._deadline)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's blocking sockets, each operation bounded by the request's deadline."""
+
+    def __init__(self, deadline: _Deadline) -> None:
+        self._backend = httpcore.SyncBackend()
+        self._deadline = deadline
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options: Any = None) -> httpcore.NetworkStream:
+        stream = self._backend.connect_tcp(host, port, self._deadline.bound(timeout, httpcore.ConnectTimeout),
+                                           local_address, socket_options)
+        return _DeadlineStream(stream, self._deadline)
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Any = None) -> httpcore.NetworkStream:
+        stream = self._backend.connect_unix_socket(path, self._deadline.bound(timeout, httpcore.ConnectTimeout),
+                                                   socket_options)
+        return _DeadlineStream(stream, self._deadline)
+
+    def sleep(self, seconds: float) -> None:
+        self._backend.sleep(seconds)
+
+
+def _bound_by_deadline(client: httpx.Client, deadline: _Deadline) -> None:
+    """Make ``client``'s connection pools (the default one and any proxy's) open their connections
+    through ``_DeadlineBackend``. httpx has no public hook for a network backend; its transports keep
+    an httpcore pool in ``_pool``, which creates every connection with ``_network_backend``."""
+    backend = _DeadlineBackend(deadline)
+    transports = [client._transport, *client._mounts.values()]
+    pools = [getattr(t, "_pool", None) for t in transports]
+    bounded = [pool for pool in pools if isinstance(pool, httpcore.ConnectionPool)]
+    if not bounded or not hasattr(bounded[0], "_network_backend"):
+        raise RuntimeError(f"httpx {httpx.__version__} keeps its connections where this client cannot bound "
+                           "them by a deadline (members/http.py, _bound_by_deadline)")
+    for pool in bounded:
+        pool._network_backend = backend
+
+
 class JsonClient:
     """JSON over HTTP for one member on one server."""
 
@@ -64,6 +147,8 @@ class JsonClient:
             self._client = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
         except (InvalidRequestError, httpx.InvalidURL) as exc:
             raise self.error(str(exc)) from None
+        self._deadline = _Deadline()
+        _bound_by_deadline(self._client, self._deadline)
 
     def close(self) -> None:
         self._client.close()
@@ -90,14 +175,10 @@ class JsonClient:
         raise self.error(f"{method} {path} failed after {attempts} attempt(s): {last}")
 
     def _once(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
-        deadline = time.monotonic() + self.settings.timeout_s
+        self._deadline.at = time.monotonic() + self.settings.timeout_s
         try:
             with self._client.stream(method, path, json=body) as response:
-                chunks = []
-                for chunk in response.iter_bytes():
-                    chunks.append(chunk)
-                    if time.monotonic() > deadline:
-                        raise _Retryable(f"no complete answer within {self.settings.timeout_s:g} s")
+                chunks = list(response.iter_bytes())
                 status = response.status_code
         except httpx.TimeoutException as exc:
             raise _Retryable(f"timed out after {self.settings.timeout_s:g} s ({type(exc).__name__})") from exc
@@ -111,6 +192,8 @@ class JsonClient:
             if not self._client.is_closed:
                 raise
             raise self.error(f"{method} {path}: the member is closed") from exc
+        finally:
+            self._deadline.at = None
         text = b"".join(chunks).decode("utf-8", "replace")
         if status in RETRY_STATUS:
             raise _Retryable(f"HTTP {status}: {text[:200]}")
