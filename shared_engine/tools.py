@@ -351,6 +351,18 @@ def _next_value(text: str, start: int) -> int | None:
     return len(text) if end is None else end
 
 
+def _complete(body: str) -> bool:
+    """Whether ``body`` is one whole, strict JSON value (in a code fence or not)."""
+    body = body.strip()
+    if body.startswith("```"):
+        body = body[body.find("\n") + 1 if "\n" in body else len(body):].removesuffix("```")
+    try:
+        json.loads(body)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
 def _partial_suffix(text: str, token: str) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of ``token``."""
     for n in range(min(len(token) - 1, len(text)), 0, -1):
@@ -386,8 +398,10 @@ class ToolCallParser:
     ``ToolCallEvent``s); ``close`` releases the rest. Text that may be the start of ``<tool_call>``
     is held back; an answer that *starts* with ``{`` or a code fence is held to the end, because
     small models often drop the tags and answer with the bare JSON object (a call only when it
-    names an offered tool; several in a row are several calls, and text after them is text). Whitespace next to calls is dropped, so an answer of calls only has
-    empty text.
+    names an offered tool; several in a row are several calls, and text after them is text). A
+    ``</tool_call>`` inside one of a call's JSON strings is part of its arguments, not its end
+    (unless the string is never closed: then the answer's end decides). Whitespace next to calls
+    is dropped, so an answer of calls only has empty text.
     """
 
     def __init__(self, names: Sequence[str], schemas: Mapping[str, Mapping[str, Any]] | None = None) -> None:
@@ -400,6 +414,9 @@ class ToolCallParser:
         self.num_calls = 0
         self._after_call = False
         self._pending_ws = ""  # trailing whitespace, held until we know whether text follows
+        self._scan = _JsonScan()  # where the open call's strings are, up to _scan_pos in the buffer
+        self._scan_pos = 0
+        self._in_string: list[int] = []  # where close tags inside the call's strings start
 
     def _text(self, text: str) -> list[str | ToolCallEvent]:
         text = self._pending_ws + text
@@ -417,7 +434,7 @@ class ToolCallParser:
         self.buffer += delta
         while True:
             if self.in_call:
-                end = self.buffer.find(TOOL_CALL_CLOSE)
+                end = self._close_tag()
                 if end < 0:
                     break
                 out += self._calls(self.buffer[:end])
@@ -429,6 +446,7 @@ class ToolCallParser:
                 out += self._text(self.buffer[:start])
                 self._pending_ws = ""
                 self.buffer, self.in_call = self.buffer[start + len(TOOL_CALL_OPEN):], True
+                self._scan, self._scan_pos, self._in_string = _JsonScan(), 0, []
                 continue
             if self.hold_all:
                 break
@@ -448,6 +466,12 @@ class ToolCallParser:
         """Release everything: an unterminated call (cut by a stop string or the length limit) is
         still parsed; a held bare-JSON answer becomes a call only if it names an offered tool."""
         out = self.feed("")
+        while self.in_call and self._in_string and not _complete(self.buffer):
+            # a string never closed (or the call was cut): its first close tag ends the call after all
+            end = self._in_string[0]
+            out += self._calls(self.buffer[:end])
+            self.buffer, self.in_call = self.buffer[end + len(TOOL_CALL_CLOSE):], False
+            out += self.feed("")
         rest, self.buffer = self.buffer, ""
         if self.in_call:
             out += self._calls(rest)
@@ -458,6 +482,26 @@ class ToolCallParser:
         if not self.num_calls and self.started and self._pending_ws:
             out.append(self._pending_ws)  # trailing whitespace of a plain answer is kept
         return out
+
+    def _close_tag(self) -> int:
+        """Where the open call's close tag starts in the buffer (-1: not yet). A close tag inside one
+        of the call's JSON strings (code that prints it) is part of the arguments, not the end."""
+        buffer, scan, close = self.buffer, self._scan, TOOL_CALL_CLOSE
+        while (i := self._scan_pos) < len(buffer):
+            if buffer[i] == "<":
+                if buffer.startswith(close, i):
+                    if not scan.quote:
+                        return i
+                    self._in_string.append(i)
+                    for char in close:
+                        scan.step(char)
+                    self._scan_pos += len(close)
+                    continue
+                if len(buffer) - i < len(close) and close.startswith(buffer[i:]):
+                    return -1  # maybe the start of a close tag: wait for more
+            scan.step(buffer[i])
+            self._scan_pos += 1
+        return -1
 
     def _names_offered(self, body: str) -> bool:
         obj = _loads(body)

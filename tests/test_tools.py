@@ -138,6 +138,20 @@ def test_every_bare_call_is_read_and_text_after_them_is_kept() -> None:
     assert (text, len(calls)) == ('{"city": "Oslo"}', 1)
 
 
+def test_a_close_tag_inside_a_string_argument_does_not_end_the_call() -> None:
+    """``</tool_call>`` written inside a JSON string (code that prints it) was taken as the end of
+    the call: the call was cut there and the rest of it leaked into the text."""
+    call = '<tool_call>{"name": "get_weather", "arguments": {"location": "print(\'</tool_call>\')"}}</tool_call>'
+    for deltas in ([call + " after"], list(call + " after")):
+        text, calls = run_parser(deltas)
+        assert (text, [c.arguments for c in calls]) == ("after", [{"location": "print('</tool_call>')"}])
+    escaped = '<tool_call>{"name": "get_weather", "arguments": {"location": "a \\"</tool_call>\\" b"}}</tool_call>'
+    assert run_parser(list(escaped))[1][0].arguments == {"location": 'a "</tool_call>" b'}
+    # a string the model never closed: the tag still ends the call once the answer is over
+    text, calls = run_parser(list('<tool_call>{"name": "get_weather", "arguments": {"location": "Ber</tool_call> Hi'))
+    assert (text, [c.arguments for c in calls]) == ("Hi", [{"location": "Ber"}])
+
+
 def test_tool_choice_normalisation() -> None:
     names = ["get_weather", "other"]
     assert forced_tool(None, names) is None and forced_tool("auto", names) is None
