@@ -355,3 +355,27 @@ def test_a_constraint_dead_end_keeps_the_tokens_drafted_before_it(monkeypatch: p
 
     whole = first_attempts(1)
     assert len(whole) >= 3 and first_attempts(5) == whole
+
+
+@pytest.mark.parametrize("method", ["every-token", "safe"])
+def test_a_verifier_never_reads_past_its_context_window(monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+    """max_new_tokens counts the drafter's tokens (checked against every window at the start); a
+    verifier that spells the answer in more of its own read past its window mid-answer (an n_ctx
+    error on llama.cpp, an index error on a transformers model): the answer now ends ('length')
+    where every member can still read it."""
+    from shared_engine.members import hf
+
+    longest: list[int] = [0]
+    real = hf.HFSession.rows_at
+
+    def spy(self: hf.HFSession, target: list[int], positions: list[int]) -> dict[int, torch.Tensor]:
+        longest[0] = max(longest[0], len(target))
+        return real(self, target, positions)
+
+    monkeypatch.setattr(hf.HFSession, "rows_at", spy)
+    verifier = copy.copy(toy_member("b", "metaspace", "gpt2", 2))
+    window = len(verifier.prompt_ids([{"role": "user", "content": "Hello"}])) + 40
+    verifier.context_window = window  # the drafter's answer of 40 tokens takes the verifier past it
+    answer = EnsembleEngine([toy_member("a", "byte_level", "llama", 1), verifier], method=method).generate(
+        "Hello", max_new_tokens=40)
+    assert answer.finish_reason == "length" and 0 < longest[0] <= window

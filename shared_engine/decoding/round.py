@@ -197,6 +197,12 @@ def _guarded_token(state: RequestState, sampler: Sampler, logits: torch.Tensor, 
     return chosen, True
 
 
+class _ContextFull(Exception):
+    """A verifier's window cannot hold the answer with this draft: ``max_new_tokens`` counts the
+    drafter's tokens (checked against every window at the start), and a verifier may spell the same
+    text in more of its own."""
+
+
 async def _verify(state: RequestState, text: bytes, start: int, ends_with_eos: bool,
                   draft_ids: list[int], needed: set[int] | None = None) -> list[VerifierView]:
     """Every verifier reads ``text`` (re-tokenized incrementally, see ``RequestState.reading``),
@@ -204,6 +210,9 @@ async def _verify(state: RequestState, text: bytes, start: int, ends_with_eos: b
     verifiers run concurrently. ``needed``: the byte offsets whose rows can be used (None: every
     one): a backend that pays a decode step per row (llama.cpp) computes only those."""
     readings = [state.reading(i, text, draft_ids) for i in range(1, len(state.members))]
+    for verifier, tokens in zip(state.verifiers, readings):
+        if len(verifier.prompt_ids) + len(tokens.ids) > verifier.member.context_window:
+            raise _ContextFull(verifier.label)
     jobs, layouts = [], []
     for verifier, tokens in zip(state.verifiers, readings):
         first, prompt = tokens.first_token_from(start), verifier.prompt_ids
@@ -279,8 +288,12 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     fused: list[FusionDecision] = []  # this round's fusions, counted as they run
     try:
         with timed(state.stats, "verify"):
-            views = await _verify(state, text, start, ends_with_eos and policy.verify_draft, draft.ids,
-                                  _undecided_offsets(state, draft, drafter_probs, policy, start))
+            try:
+                views = await _verify(state, text, start, ends_with_eos and policy.verify_draft, draft.ids,
+                                      _undecided_offsets(state, draft, drafter_probs, policy, start))
+            except _ContextFull:  # the answer ends where every member can still read it
+                state.finish_reason = "length"
+                return
             if ahead is not None and not sampler.greedy:
                 await ahead.wait()  # fusion samples below: the early draft's draws come first
         for sync_event in state.sync_events():
