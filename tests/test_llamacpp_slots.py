@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import aclosing, contextmanager
 from typing import Any
@@ -214,6 +216,56 @@ def test_slots_come_back_when_a_request_fails_or_is_cancelled() -> None:
         assert member.slots.leased == 0
         asyncio.run(cancel())
         assert member.slots.leased == 0 and engine.live_requests == 0
+
+
+
+def _wait_for(condition, timeout_s: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_a_session_closed_during_a_call_keeps_its_slot_until_the_call_ends_and_starts_no_other() -> None:
+    with stand_in(slots=2, delay_s=0.4) as (member, server):
+        session = member.new_session()
+        ids = _prompt_ids(member, PROMPTS[0])
+        caller = threading.Thread(target=session.sync, args=(ids, len(ids)))
+        caller.start()
+        assert _wait_for(lambda: server.slot_of_call == [0])
+        session.close()  # the call is still running in slot 0
+        other = member.new_session()
+        assert member.slots.leased == 2 and other.slot == 1
+        caller.join()
+        assert member.slots.leased == 1  # slot 0 came back when the call ended
+        with pytest.raises(MemberError, match="closed session"):
+            session.step(5)
+        assert len(server.slot_of_call) == 1
+        other.close()
+        assert member.slots.leased == 0
+
+
+def test_the_next_request_never_gets_the_slot_of_a_cancelled_request_whose_call_still_runs() -> None:
+    with stand_in(slots=2, delay_s=0.6) as (member, server):
+        engine = EnsembleEngine([member], method="single")
+
+        async def cancel_then_ask() -> None:
+            task = asyncio.create_task(engine.agenerate(PROMPTS[0], max_new_tokens=4))
+            while not server.slot_of_call:
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0.1)  # the first call (slot 0) is in flight in a worker thread
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert member.slots.leased == 1  # slot 0 is still busy with the cancelled call
+            await engine.agenerate(PROMPTS[1], max_new_tokens=2)
+
+        asyncio.run(cancel_then_ask())
+        assert server.slot_of_call[0] == 0 and set(server.slot_of_call[1:]) == {1}
+        assert server.collisions == 0
+        assert _wait_for(lambda: member.slots.leased == 0)
 
 
 def test_safe_over_two_llamacpp_members_gives_every_request_a_slot_in_each() -> None:

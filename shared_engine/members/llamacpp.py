@@ -16,7 +16,9 @@
 - Slots, one per active request: each session leases a slot of the server (``SlotPool``) and sends
   it as ``id_slot`` in every ``/completion``, so its prefix cache stays its own and the server
   batches the requests' slots in one decode. The lease returns when the session closes (the engine
-  closes a request's sessions however it ends) or, failing that, when it is garbage collected.
+  closes a request's sessions however it ends) or, failing that, when it is garbage collected; a
+  session closed while a call of it still runs (a cancelled request: its worker thread goes on)
+  keeps the slot until that call ends, and starts no other call.
   More requests than slots: the extra sessions lease nothing and send no ``id_slot``, so the server
   runs each of their calls in whichever slot is idle. They are answered, but each such call may
   land in a leased slot and evict that request's prefix cache (recomputed on its next call), so the
@@ -154,7 +156,8 @@ class SlotPool:
 
 
 class LlamaCppSession(RemoteSession):
-    """A request's session on a llama.cpp member: it holds one server slot for its whole life."""
+    """A request's session on a llama.cpp member: it holds one server slot for its whole life, and
+    that life lasts until it is closed and its last call has ended (no two requests in one slot)."""
 
     member: LlamaCppMember
 
@@ -166,16 +169,38 @@ class LlamaCppSession(RemoteSession):
         # returns the slot when closed, or when collected if a caller never closes the session
         self._release = (weakref.finalize(self, member.slots.give_back, self.slot)
                          if self.slot is not None else None)
+        self._lock = threading.Lock()
+        self._calls = 0  # calls of this session running in its slot now
+        self._closed = False
 
     def _score_at(self, ids: list[int], positions: list[int]) -> list[TopK]:
-        entries = self.member.score_at(ids, positions, slot=self.slot, fresh=self.fresh)
+        with self._lock:
+            if self._closed:  # its request ended (cancelled) while its worker thread went on
+                raise self.member.client.error("a call of a closed session (its request has ended)")
+            self._calls += 1
+        try:
+            entries = self.member.score_at(ids, positions, slot=self.slot, fresh=self.fresh)
+        finally:
+            with self._lock:
+                self._calls -= 1
+                last = self._closed and self._calls == 0
+            if last:
+                self._give_back()
         self.fresh = False
         return entries
 
     def close(self) -> None:
-        """Give the slot back (idempotent)."""
+        """Give the slot back, now or, with a call still running in it, when that call ends; start
+        no other call (idempotent)."""
+        with self._lock:
+            self._closed = True
+            idle = self._calls == 0
+        if idle:
+            self._give_back()
+
+    def _give_back(self) -> None:
         if self._release is not None:
-            self._release()
+            self._release()  # a finalizer runs once
 
 
 class LlamaCppMember(RemoteMember):
