@@ -96,10 +96,10 @@ def prefill_nlls(session: Session, prompt_ids: Sequence[int], chunk: int = PREFI
 
 def prompt_fit(member: Member, session: Session, prompt_ids: Sequence[int], contents: Sequence[str]) -> TextFit:
     """Blocking: prefill and measure how well ``member`` predicts the messages' contents."""
-    lengths = [len(member.table.pieces[t]) for t in prompt_ids]
-    spans = content_spans(member.table.to_bytes(list(prompt_ids)), contents)
+    pieces = [member.table.pieces[t] for t in prompt_ids]
+    spans = content_spans(b"".join(pieces), contents)
     nlls = prefill_nlls(session, prompt_ids)
-    return fit_of(nlls, lengths, tokens_inside(lengths, spans))
+    return fit_of(nlls, [len(p) for p in pieces], tokens_inside(pieces, spans))
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,9 +145,9 @@ def example_answers(messages: Sequence[Message]) -> list[str]:
 def answer_tokens(member: Member, prompt_ids: Sequence[int], answers: Sequence[str],
                   budget: int = ANSWER_TOKENS) -> list[int]:
     """Indices of ``member``'s prompt tokens lying wholly inside the example answers (at most ``budget``)."""
-    lengths = [len(member.table.pieces[t]) for t in prompt_ids]
-    spans = content_spans(member.table.to_bytes(list(prompt_ids)), answers)
-    return tokens_inside(lengths, spans)[:budget]
+    pieces = [member.table.pieces[t] for t in prompt_ids]
+    spans = content_spans(b"".join(pieces), answers)
+    return tokens_inside(pieces, spans)[:budget]
 
 
 class FitCache:

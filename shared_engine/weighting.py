@@ -70,15 +70,21 @@ def content_spans(rendered: bytes, contents: Sequence[str]) -> list[tuple[int, i
     return spans
 
 
-def tokens_inside(piece_lengths: Sequence[int], spans: Sequence[tuple[int, int]]) -> list[int]:
-    """Indices of the tokens (never the first: nothing predicts it) lying wholly inside a span."""
+def tokens_inside(pieces: Sequence[bytes], spans: Sequence[tuple[int, int]]) -> list[int]:
+    """Indices of the tokens (never the first: nothing predicts it) whose bytes lie inside a span,
+    the whitespace a token starts with aside: the first word of a message is " Hello" in a plain
+    "User: Hello" prompt and "▁Hello" in SentencePiece, and every member must score every word."""
     inside, start = [], 0
-    for i, length in enumerate(piece_lengths):
-        end = start + length
-        if i > 0 and length > 0 and any(a <= start and end <= b for a, b in spans):
+    for i, piece in enumerate(pieces):
+        end = start + len(piece)
+        first = start + len(piece) - len(piece.lstrip(_WHITESPACE))
+        if i > 0 and first < end and any(a <= first and end <= b for a, b in spans):
             inside.append(i)
         start = end
     return inside
+
+
+_WHITESPACE = b" \t\n\r"
 
 
 def fit_of(nlls: torch.Tensor, piece_lengths: Sequence[int], scored: Sequence[int]) -> TextFit:

@@ -3,6 +3,9 @@ tokenizer it has; the prefill is not repeated; the weights are reported in the f
 
 from __future__ import annotations
 
+import copy
+import math
+
 import pytest
 import torch
 
@@ -11,7 +14,7 @@ from shared_engine.auto_weights import prefill_nlls
 from shared_engine.members import HFMember
 from shared_engine.members.chat import normalize_messages
 from shared_engine.weighting import content_spans, packllm_weights, tokens_inside
-from tests.toy import fitted_member, toy_member
+from tests.toy import byte_level_tokenizer, fitted_member, tiny_llama, toy_member
 
 PROMPT = "Sofia counted 42 apples; Maria counted 17 books."
 
@@ -38,8 +41,9 @@ def test_auto_weights_match_packllm_on_the_measured_losses() -> None:
     # The reference unit: bytes per drafter token over the drafter's tokens inside the content.
     drafter = members[0]
     ids = drafter.prompt_ids(normalize_messages(PROMPT))
-    lengths = [len(drafter.table.pieces[t]) for t in ids]
-    scored = tokens_inside(lengths, content_spans(drafter.table.to_bytes(ids), [PROMPT]))
+    pieces = [drafter.table.pieces[t] for t in ids]
+    lengths = [len(p) for p in pieces]
+    scored = tokens_inside(pieces, content_spans(drafter.table.to_bytes(ids), [PROMPT]))
     bytes_per_token = sum(lengths[i] for i in scored) / len(scored)
     expected = packllm_weights([v * bytes_per_token for v in per_byte], temperature=20.0)
     assert [stats.member_weights["a"], stats.member_weights["b"]] == pytest.approx(expected, abs=1e-4)
@@ -146,3 +150,23 @@ def test_a_member_failing_while_scoring_the_prompt_is_handled_by_the_round() -> 
 
     with pytest.raises(MemberError, match="connection refused"):
         EnsembleEngine(members, weights="auto").generate(PROMPT, max_new_tokens=3)
+
+
+def test_every_member_scores_the_first_word_of_a_message() -> None:
+    """A token carrying the space before the content (" Sofia" after "User:", SentencePiece's
+    "▁Sofia") lay not wholly inside it and was never scored: the members scored different words, and
+    a one-word message fell back to the configured weights (nan per byte)."""
+    plain_tokenizer = copy.deepcopy(byte_level_tokenizer())
+    plain_tokenizer.chat_template = None  # a base model: the plain "User: ..." prompt
+    members = [toy_member("a", "byte_level", "llama", 1), HFMember("plain", tiny_llama(byte_level_tokenizer(), 3),
+                                                                    plain_tokenizer),
+               toy_member("b", "metaspace", "gpt2", 2)]
+    for member in members:
+        ids = member.prompt_ids(normalize_messages("Hello Sofia counted apples"))
+        pieces = [member.table.pieces[t] for t in ids]
+        scored = b"".join(pieces[i] for i in tokens_inside(pieces, content_spans(b"".join(pieces),
+                                                                                  ["Hello Sofia counted apples"])))
+        assert scored.strip() == b"Hello Sofia counted apples", (member.name, scored)
+    stats = EnsembleEngine(members[:2], weights="auto").generate("Sofia", max_new_tokens=1).stats
+    assert all(math.isfinite(v) for v in stats.prompt_nll_per_byte.values())
+    assert stats.member_weights["plain"] not in (pytest.approx(1 / 3), pytest.approx(2 / 3))  # not the fallback

@@ -54,9 +54,13 @@ def test_content_spans_and_tokens_inside_skip_template_markup() -> None:
     rendered = b"<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n"
     spans = content_spans(rendered, ["  Hello there ", "missing"])
     assert spans == [(17, 28)]
-    # tokens: "<|im_start|>"(12) "user"(4) "\n"(1) "Hello"(5) " there"(6) "<|im_end|>"(10) ...
-    lengths = [12, 4, 1, 5, 6, 10, 1, 12, 9, 1]
-    assert tokens_inside(lengths, spans) == [3, 4]
+    pieces = [b"<|im_start|>", b"user", b"\n", b"Hello", b" there", b"<|im_end|>", b"\n", b"<|im_start|>",
+              b"assistant", b"\n"]
+    lengths = [len(p) for p in pieces]
+    assert tokens_inside(pieces, spans) == [3, 4]
+    # a token that carries the space before the content ("User: Hello", SentencePiece's "▁Hello") counts
+    plain = [b"User", b":", b" Hello", b" there", b"\n"]
+    assert tokens_inside(plain, content_spans(b"".join(plain), ["Hello there"])) == [2, 3]
     nlls = torch.arange(1.0, 10.0)  # token i's NLL is i
     fit = fit_of(nlls, lengths, [3, 4])
     assert (fit.nll, fit.num_bytes, fit.num_tokens) == (7.0, 11, 2)
