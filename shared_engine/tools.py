@@ -400,8 +400,10 @@ class ToolCallParser:
     small models often drop the tags and answer with the bare JSON object (a call only when it
     names an offered tool; several in a row are several calls, and text after them is text). A
     ``</tool_call>`` inside one of a call's JSON strings is part of its arguments, not its end
-    (unless the string is never closed: then the answer's end decides). Whitespace next to calls
-    is dropped, so an answer of calls only has empty text.
+    (unless the string is never closed: then the answer's end decides). Whitespace-only text next
+    to calls is dropped, so an answer of calls only has empty text, but text before calls and text
+    after them keep one separator between them (the whitespace written after the calls, else the
+    one written before them), so their sentences do not run together.
     """
 
     def __init__(self, names: Sequence[str], schemas: Mapping[str, Mapping[str, Any]] | None = None) -> None:
@@ -414,6 +416,7 @@ class ToolCallParser:
         self.num_calls = 0
         self._after_call = False
         self._pending_ws = ""  # trailing whitespace, held until we know whether text follows
+        self._separator = ""  # the whitespace between the text and the calls after it
         self._scan = _JsonScan()  # where the open call's strings are, up to _scan_pos in the buffer
         self._scan_pos = 0
         self._in_string: list[int] = []  # where close tags inside the call's strings start
@@ -422,8 +425,11 @@ class ToolCallParser:
         text = self._pending_ws + text
         body = text.rstrip()
         self._pending_ws = text[len(body):]
-        if self._after_call:
-            body = body.lstrip()
+        if self._after_call:  # text after calls: one separator from the text before them, if any
+            stripped = body.lstrip()
+            if stripped and self.started:
+                stripped = (body[:len(body) - len(stripped)] or self._separator) + stripped
+            body = stripped
         if not body:
             return []
         self.started, self._after_call = True, False
@@ -444,7 +450,6 @@ class ToolCallParser:
             if start >= 0:  # a tagged call ends a held bare-JSON guess: what came before is text
                 self.hold_all = False
                 out += self._text(self.buffer[:start])
-                self._pending_ws = ""
                 self.buffer, self.in_call = self.buffer[start + len(TOOL_CALL_OPEN):], True
                 self._scan, self._scan_pos, self._in_string = _JsonScan(), 0, []
                 continue
@@ -541,6 +546,8 @@ class ToolCallParser:
                  if call.name in self.schemas and call.arguments else call
                  for call in parse_calls(body, self.num_calls)]
         self.num_calls += len(calls)
+        if not self._after_call:
+            self._separator = self._pending_ws
         self._pending_ws, self._after_call = "", True
         return list(calls)
 

@@ -152,6 +152,23 @@ def test_a_close_tag_inside_a_string_argument_does_not_end_the_call() -> None:
     assert (text, [c.arguments for c in calls]) == ("Hi", [{"location": "Ber"}])
 
 
+def test_text_on_both_sides_of_a_call_keeps_one_separator() -> None:
+    """Whitespace next to a call was dropped, so the text before and after it ran together
+    ("Let me check.Then I answer."); whitespace-only text around calls is still dropped."""
+    call = '<tool_call>{"name": "get_weather", "arguments": {"location": "Oslo"}}</tool_call>'
+    cases = {
+        f"Let me check. {call} Then I answer.": "Let me check. Then I answer.",
+        f"Let me check.\n{call}\nThen I answer.\n": "Let me check.\nThen I answer.",
+        f"A\n{call}\n\n{call} B": "A B",  # the separator written after the last call
+        f"A\n{call}{call}B": "A\nB",  # none after it: the one written before the first
+        f"{call}\n Then.": "Then.",  # no text before: nothing to separate
+        f"First. {call}\n": "First.",  # no text after: nothing to separate
+    }
+    for answer, expected in cases.items():
+        for deltas in ([answer], list(answer)):
+            assert run_parser(deltas)[0] == expected, (answer, deltas[:1])
+
+
 def test_tool_choice_normalisation() -> None:
     names = ["get_weather", "other"]
     assert forced_tool(None, names) is None and forced_tool("auto", names) is None
