@@ -76,6 +76,7 @@ from shared_engine import (
 from shared_engine.engine import iterate_sync
 from shared_engine.events import Event, FinishEvent
 from shared_engine.options import Method, validated
+from shared_engine.profile import profile_digest
 from shared_engine.tools import forced_tool
 
 EVENT_TYPES = ("token", "draft", "verify", "ensemble", "adafuse", "cache_sync", "tool_call", "format_retry", "finish")
@@ -106,17 +107,20 @@ _PENDING_RELEASES: collections.deque[tuple[Any, ...]] = collections.deque()
 """Chat models closed or collected whose count-off has not been applied yet (see ``_release_engine``)."""
 
 
-def _engine_key(members: Sequence[str | MemberConfig], method: str, options: dict[str, Any]) -> tuple[Any, ...]:
+def _engine_key(members: Sequence[str | MemberConfig], method: str, options: dict[str, Any],
+                profile: str | None = None) -> tuple[Any, ...]:
+    """``profile``: the digest of the profile file the options name (a profile re-fitted to the same
+    path is another configuration)."""
     described = tuple(m if isinstance(m, str) else m.model_dump_json(exclude_none=True) for m in members)
-    return (described, method, json.dumps(options, sort_keys=True, default=str))
+    return (described, method, json.dumps(options, sort_keys=True, default=str), profile)
 
 
-def _shared_engine(members: Sequence[str | MemberConfig], method: str, options: dict[str, Any], *,
-                   hold: bool = False) -> EnsembleEngine:
+def _shared_engine(members: Sequence[str | MemberConfig], method: str, options: dict[str, Any],
+                   profile: str | None = None, *, hold: bool = False) -> EnsembleEngine:
     """One engine per configuration among the live chat models: constructing ``ChatEnsemble``
     stays cheap, and members (weights) are loaded on first use by ``load_member``. ``hold``:
     count one more chat model using it (``_release_engine`` counts it off)."""
-    key = _engine_key(members, method, options)
+    key = _engine_key(members, method, options, profile)
     with _ENGINES_LOCK:
         entry = _ENGINES.get(key)
         if entry is None:
@@ -247,6 +251,7 @@ class ChatEnsemble(BaseChatModel):
     tool again instead of answering. Off by default: it discourages multi-step tool chains."""
 
     _release: Any = PrivateAttr(default=None)  # weakref.finalize that gives the shared engine back
+    _profile_digest: str | None = PrivateAttr(default=None)  # what engine_options' profile held (profile_digest)
 
     @model_validator(mode="before")
     @classmethod
@@ -293,6 +298,8 @@ class ChatEnsemble(BaseChatModel):
         if self.members and self.models != [m.model for m in self.members]:
             raise InvalidRequestError("give models or members, not both")
         validated(MemberDefaults, **self.member_options)
+        profile = self.engine_options.get("profile")  # read once: the values this model's engine holds
+        self._profile_digest = profile_digest(profile) if profile is not None else None
         _hold_shared_engine(*self._engine_config())
         self._release = weakref.finalize(self, _release_engine, _engine_key(*self._engine_config()))
         defaults = {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed, "stop": self.stop}
@@ -353,6 +360,7 @@ class ChatEnsemble(BaseChatModel):
         return {"models": list(self.models), "method": self.method, "max_tokens": self.max_tokens,
                 "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
                 **self.engine_options, **self.member_options,
+                **({"profile_digest": self._profile_digest} if self._profile_digest is not None else {}),
                 **({"members": [m.model_dump(exclude_none=True) for m in self.members]} if self.members else {})}
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
@@ -461,9 +469,11 @@ class ChatEnsemble(BaseChatModel):
         params.update(kwargs)  # tools, tool_choice, response_format, ...: the engine checks the names
         return _Request(to_engine_messages(messages), params)
 
-    def _engine_config(self) -> tuple[Sequence[str | MemberConfig], str, dict[str, Any]]:
-        """What identifies the shared engine: members, method, and engine plus placement options."""
-        return self.members or self.models, self.method, {**self.member_options, **self.engine_options}
+    def _engine_config(self) -> tuple[Sequence[str | MemberConfig], str, dict[str, Any], str | None]:
+        """What identifies the shared engine: members, method, engine plus placement options, and
+        what the profile they name held when this model was made."""
+        return (self.members or self.models, self.method, {**self.member_options, **self.engine_options},
+                self._profile_digest)
 
     def _engine(self) -> EnsembleEngine:
         return _shared_engine(*self._engine_config())

@@ -8,6 +8,7 @@ members; an engine whose members are not the same models (in any order) refuses 
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -81,6 +82,15 @@ class EnsembleProfile(BaseModel):
         except ValidationError as err:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in err.errors())
             raise InvalidRequestError(f"{path} is not a valid profile: {problems}") from None
+
+
+def profile_digest(path: str | Path) -> str:
+    """What a profile file holds, as a short digest: a cache keyed on the path alone (an adapter's
+    shared engine, LangChain's response cache) would keep a re-fitted profile's old values."""
+    try:
+        return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()[:16]
+    except OSError:
+        return "unreadable"  # the engine refuses it with the reason
 
 
 def member_key(spec: str | MemberConfig | Member) -> str:

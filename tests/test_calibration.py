@@ -290,3 +290,21 @@ def test_a_loaded_members_key_is_its_names_key() -> None:
     surfaces "name", and each refused the other's profile."""
     member = toy_member("org/tiny", "byte_level", "llama", 1)
     assert member_key(member) == member_key("org/tiny") == "tiny"
+
+
+def test_a_profile_refitted_to_the_same_path_is_read_again_by_langchain(tmp_path: Path) -> None:
+    """ChatEnsemble shares an engine per configuration and keyed the profile by its path: while an
+    earlier chat model lived, a profile re-fitted to the same path kept its old weights (LangChain's
+    response cache, keyed on the identifying params, too)."""
+    pytest.importorskip("langchain_core")
+    from langchain_ensemble import ChatEnsemble
+
+    members = [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
+    with registered_members(members) as names:
+        path = _profile(tmp_path, ["a", "b"], [0.9, 0.1], drafter="a")
+        first = ChatEnsemble(models=names, profile=str(path), max_tokens=2)
+        assert first._engine().options.weights == [0.9, 0.1]
+        _profile(tmp_path, ["a", "b"], [0.2, 0.8], drafter="a")  # calibrate again, the same --out
+        second = ChatEnsemble(models=names, profile=str(path), max_tokens=2)
+        assert second._engine().options.weights == [0.2, 0.8]
+        assert first._identifying_params != second._identifying_params
