@@ -328,3 +328,10 @@ def test_quoted_numbers_and_booleans_take_the_type_the_tool_schema_asks_for() ->
     out += parser.close()
     calls = [c for c in out if not isinstance(c, str)]
     assert [c.arguments for c in calls] == [{"a": 1234, "name": "b"}]
+
+
+def test_text_json_repair_fails_on_is_read_as_text() -> None:
+    """json_repair raised its own AssertionError on some garbage (the server answered 500); it is text."""
+    garbage = '{"```json\n\\{```json\n```json\n<tool\n"name": "get_weather"\''
+    text, calls = run_parser([garbage])
+    assert text.strip() and calls == []
