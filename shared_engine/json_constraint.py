@@ -23,6 +23,17 @@ Where the lm-format-enforcer parser is stricter than JSON Schema (its defaults: 
 settings relax it (``_CONFIG``); the validation with ``jsonschema`` after the answer stays, so a
 schema keyword the parser does not enforce (``minimum``, ``format``, ...) is still checked and
 retried (``tools.py``).
+
+The parser takes only part of JSON Schema, and much of what it does not take it accepts when built
+and then raises when decoding reaches it (an untyped value, ``allOf``, ``not``, a ``const`` number, an
+``enum`` holding ``true``, ``additionalProperties: true``, ...); ``oneOf`` it reads as a union of
+objects only. So a schema is first rewritten into the part it takes (``_parser_schema``): ``oneOf``
+becomes ``anyOf`` (exclusivity is left to the validation), ``const`` and ``enum`` a union per JSON
+type, and what it cannot enforce is left free (an untyped value, ``not``, ``if``: any JSON value;
+an unsupported ``pattern``: any string); a schema it cannot approximate that way (several typed
+``allOf`` parts, a ``$ref`` outside ``$defs``) is not constrained at all. Should the parser still
+raise mid-answer, the constraint is dropped for the rest of that answer (``JsonPrefix.parser``
+None), which is then validated as usual.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ from lmformatenforcer import (
     CharacterLevelParser,
     CharacterLevelParserConfig,
     JsonSchemaParser,
+    RegexParser,
     SequenceParser,
     StringParser,
     UnionParser,
@@ -65,6 +77,147 @@ _SAMPLE_TRIES = 32
 
 _GREEDY_FIRST = 64
 """Greedy: the drafter's top tokens checked first, before the whole vocabulary in order."""
+
+
+_ANY: dict[str, Any] = {"anyOf": [{"type": t} for t in ("object", "array", "string", "number", "boolean", "null")]}
+"""Any JSON value, as the parser takes it (its own reading of no schema)."""
+
+
+class _Unsupported(Exception):
+    """A schema the parser cannot be given even approximately."""
+
+
+class _Rewrite:
+    """A JSON schema rewritten into what the parser takes (see the module's doc): every subschema
+    is rebuilt from the keywords the parser reads, so what it would ignore is dropped, and what it
+    would raise on becomes a form it takes or a looser one. Looser only where that keeps a valid
+    answer writable; the validation after the answer checks the rest."""
+
+    def __init__(self, root: Mapping[str, Any]) -> None:
+        # The parser looks a $ref's last segment up in "definitions" if the root has it, else "$defs".
+        self.defs_key = "definitions" if "definitions" in root else "$defs"
+        defs = root.get(self.defs_key)
+        self.defs: Mapping[str, Any] = defs if isinstance(defs, Mapping) else {}
+
+    def root(self, schema: Mapping[str, Any]) -> dict[str, Any]:
+        out = self.schema(schema)
+        if self.defs:
+            out[self.defs_key] = {name: self.schema(sub) for name, sub in self.defs.items()}
+        return out
+
+    def schema(self, schema: Any) -> dict[str, Any]:
+        if schema is True:
+            return dict(_ANY)
+        if not isinstance(schema, Mapping):  # false (no value at all) or no schema
+            raise _Unsupported(schema)
+        if "$ref" in schema:
+            return self._ref(schema["$ref"])
+        own = self._own(schema)
+        branches = schema.get("anyOf") or schema.get("oneOf")  # oneOf: one branch only is the validation's
+        if isinstance(branches, list) and branches:
+            options = [self.schema(branch) for branch in branches]
+            if own is not None and all(option == _ANY for option in options):
+                return own  # e.g. {"type": "object", ..., "anyOf": [{"required": ["a"]}, ...]}
+            return {"anyOf": options}
+        parts = schema.get("allOf")
+        if isinstance(parts, list) and parts:
+            typed = [part for part in (self.schema(p) for p in parts) if part != _ANY]
+            typed += [own] if own is not None else []
+            if len(typed) > 1:  # the parser's merge (the last part, with every part's properties) is no approximation
+                raise _Unsupported(schema)
+            return typed[0] if typed else dict(_ANY)
+        return own if own is not None else dict(_ANY)  # untyped ({}, {"title": ...}, "not", "if"): any value
+
+    def _ref(self, ref: Any) -> dict[str, Any]:
+        parts = ref.split("/") if isinstance(ref, str) else []
+        if len(parts) != 3 or parts[0] != "#" or parts[1] != self.defs_key or parts[2] not in self.defs:
+            raise _Unsupported(ref)  # the parser resolves "#/<defs>/<name>" only
+        return {"$ref": ref}
+
+    def _own(self, schema: Mapping[str, Any]) -> dict[str, Any] | None:
+        """What ``schema`` itself says (its combinators aside), or None if nothing the parser reads."""
+        if "const" in schema:
+            return _enum_schema([schema["const"]])
+        if "enum" in schema:
+            return _enum_schema(list(schema["enum"]))
+        kind = schema.get("type", "object" if "properties" in schema else None)
+        if kind is None:
+            return None
+        if isinstance(kind, list):
+            options = [self._typed(schema, k) for k in kind]
+            return options[0] if len(options) == 1 else {"anyOf": options}
+        return self._typed(schema, kind)
+
+    def _typed(self, schema: Mapping[str, Any], kind: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": kind}
+        if kind in ("integer", "number", "boolean", "null"):
+            return out
+        if kind == "string":
+            pattern = schema.get("pattern")
+            if isinstance(pattern, str) and _regex_ok(pattern):
+                out["pattern"] = pattern  # the parser takes a pattern or lengths, not both
+                return out
+            low, high = schema.get("minLength"), schema.get("maxLength")
+            if isinstance(low, int) and isinstance(high, int) and low > high:
+                raise _Unsupported(schema)  # no string at all (and the parser asserts)
+            out.update({k: v for k, v in (("minLength", low), ("maxLength", high)) if isinstance(v, int)})
+            return out
+        if kind == "array":
+            items = schema.get("items")
+            if isinstance(items, Mapping) and (item := self.schema(items)) != _ANY:
+                out["items"] = item  # a list of items (tuples) or prefixItems: any items
+            out.update({k: schema[k] for k in ("minItems", "maxItems") if isinstance(schema.get(k), int)})
+            return out
+        if kind != "object":
+            raise _Unsupported(schema)
+        required = [key for key in schema.get("required", []) if isinstance(key, str)]
+        properties, extra = schema.get("properties"), schema.get("additionalProperties")
+        if isinstance(properties, Mapping) or extra is False:
+            # Given properties, the parser takes no other key; a required key not among them stays writable.
+            props = properties if isinstance(properties, Mapping) else {}
+            out["properties"] = {key: self.schema(sub) for key, sub in props.items() if sub is not False}
+            out["properties"].update({key: dict(_ANY) for key in required if key not in out["properties"]})
+        elif isinstance(extra, Mapping) and (value := self.schema(extra)) != _ANY:
+            out["additionalProperties"] = value
+        if required:
+            out["required"] = required
+        return out
+
+
+def _enum_schema(values: list[Any]) -> dict[str, Any]:
+    """``enum`` (or ``const``) as the parser takes it: its strings, its numbers, and any boolean /
+    null / object / array where it holds one (the parser takes strings or numbers only)."""
+    strings = [v for v in values if isinstance(v, str)]
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    options: list[dict[str, Any]] = [{"type": "string", "enum": strings}] if strings else []
+    options += [{"enum": numbers}] if numbers else []
+    for kind, python in (("boolean", bool), ("null", type(None)), ("object", dict), ("array", list)):
+        if any(isinstance(v, python) for v in values):
+            options.append({"type": kind})
+    if not options:
+        raise _Unsupported(values)
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def _regex_ok(pattern: str) -> bool:
+    """Whether the parser can follow ``pattern`` (it reads it without the anchors)."""
+    try:
+        RegexParser(pattern.removeprefix("^").removesuffix("$"), _CONFIG)
+    except Exception:  # noqa: BLE001 - interegular rejects what it does not support
+        return False
+    return True
+
+
+def _parser_schema(schema: Mapping[str, Any], *, object_only: bool = False) -> dict[str, Any] | None:
+    """``schema`` rewritten into what the parser takes (``_Rewrite``), None if it cannot be.
+    ``object_only``: a tool's arguments, an object whatever the schema leaves open."""
+    try:
+        out = _Rewrite(schema).root(schema)
+    except (_Unsupported, TypeError, ValueError, AttributeError):
+        return None
+    if object_only and out.get("anyOf") == _ANY["anyOf"]:
+        out = {"type": "object", **{k: v for k, v in out.items() if k != "anyOf"}}
+    return out
 
 
 def _free_text(parser: CharacterLevelParser) -> bool:
@@ -110,44 +263,68 @@ def _split_utf8(data: bytes) -> tuple[str, bytes] | None:
 class JsonPrefix:
     """The answer so far, as a JSON (schema) parser state: immutable, so drafts can branch off."""
 
-    parser: CharacterLevelParser
+    parser: CharacterLevelParser | None  # None: the parser failed mid-answer, the rest is free
     pending: bytes = b""  # the start of a character the next bytes complete
 
     @classmethod
-    def start(cls, schema: Mapping[str, Any] | None) -> JsonPrefix:
-        """Before the first character; ``schema`` None: any JSON value."""
-        return cls(JsonSchemaParser(dict(schema) if schema else None, config=_CONFIG))
+    def start(cls, schema: Mapping[str, Any] | None) -> JsonPrefix | None:
+        """Before the first character; ``schema`` None: any JSON value; None if the parser
+        cannot take ``schema``."""
+        parsed = _parser_schema(schema) if schema else None
+        if schema and parsed is None:
+            return None
+        return cls(JsonSchemaParser(parsed, config=_CONFIG))
 
     def after(self, piece: bytes) -> JsonPrefix | None:
         """The state once ``piece`` is appended, or None if no valid JSON starts this way."""
+        if self.parser is None:
+            return self
         split = _split_utf8(self.pending + piece)
         if split is None:
             return None
         text, pending = split
         parser: CharacterLevelParser | None = self.parser
-        for char in text:
-            parser = _feed(parser, char)
-            if parser is None:
-                return None
-        if pending and not _free_text(parser):
-            return None  # a non-ASCII character can only come inside a string
+        try:
+            for char in text:
+                parser = _feed(parser, char)
+                if parser is None:
+                    return None
+            if pending and not _free_text(parser):
+                return None  # a non-ASCII character can only come inside a string
+        except Exception:  # noqa: BLE001 - the parser raised on a schema it took: the answer goes on unconstrained
+            return JsonPrefix(None)
         return JsonPrefix(parser, pending)
 
     @property
     def complete(self) -> bool:
-        """The answer may end here: a whole value that satisfies the schema."""
-        return not self.pending and self.parser.can_end()
+        """The answer may end here: a whole value that satisfies the schema (unconstrained: anywhere)."""
+        if self.parser is None:
+            return True
+        try:
+            return not self.pending and self.parser.can_end()
+        except Exception:  # noqa: BLE001 - see after()
+            return True
 
     @property
     def finished(self) -> bool:
         """Complete, and nothing but whitespace could follow: the answer is over."""
-        return self.complete and not self.parser.get_allowed_characters().strip()
+        if self.parser is None:
+            return False
+        try:
+            return self.complete and not self.parser.get_allowed_characters().strip()
+        except Exception:  # noqa: BLE001 - see after()
+            return False
 
     def first_byte_ok(self, first: int) -> bool:
         """A cheap necessary condition for a piece starting with byte ``first`` (no pending bytes)."""
-        if first < 0x80:
-            return chr(first) in self.parser.get_allowed_characters()
-        return _free_text(self.parser)
+        if self.parser is None:
+            return True
+        try:
+            if first < 0x80:
+                return chr(first) in self.parser.get_allowed_characters()
+            return _free_text(self.parser)
+        except Exception:  # noqa: BLE001 - after() then drops the constraint
+            return True
 
 
 def start_state(schema: Mapping[str, Any] | None, prefix: str) -> JsonPrefix | None:
@@ -157,7 +334,7 @@ def start_state(schema: Mapping[str, Any] | None, prefix: str) -> JsonPrefix | N
         state = JsonPrefix.start(schema)
     except Exception:  # noqa: BLE001 - the parser's schema model rejects what it does not support
         return None
-    return state.after(prefix.encode("utf-8"))
+    return None if state is None else state.after(prefix.encode("utf-8"))
 
 
 def call_start_state(tools: Mapping[str, Mapping[str, Any]], forced: str) -> JsonPrefix | None:
@@ -168,7 +345,10 @@ def call_start_state(tools: Mapping[str, Mapping[str, Any]], forced: str) -> Jso
     (``</tool_call>`` then follows as the stop string). None when the parser cannot take a schema."""
     def arguments_then_close(schema: Mapping[str, Any]) -> list[CharacterLevelParser]:
         # No parameters given: any object (OpenAI's reading of an empty schema).
-        return [JsonSchemaParser(dict(schema) or {"type": "object"}, config=_CONFIG), StringParser("}")]
+        parsed = _parser_schema(schema or {"type": "object"}, object_only=True)
+        if parsed is None:
+            raise _Unsupported(schema)
+        return [JsonSchemaParser(parsed, config=_CONFIG), StringParser("}")]
 
     try:
         if forced != "any":

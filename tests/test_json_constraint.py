@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import Annotated, Literal, Union
 
 import jsonschema
 import pytest
 import torch
+from lmformatenforcer import CharacterLevelParser
+from pydantic import BaseModel, Field
 
 from shared_engine import EnsembleEngine
 from shared_engine.decoding.round import FusionSettings, _fuse
@@ -31,6 +34,16 @@ CHECK_FORMAT = {"type": "json_object", "json_schema": {"name": "check", "schema"
 bounded (a random toy would write digits forever), so only the whitespace the toys love between
 tokens (at most 16 characters in a row; the metaspace toy writes them one by one) varies the
 length: 96 tokens finish every case below."""
+
+
+class Cat(BaseModel):
+    kind: Literal["cat"]
+    meows: bool
+
+
+class Dog(BaseModel):
+    kind: Literal["dog"]
+    barks: int
 
 
 def feed(state: JsonPrefix | None, text: str | bytes) -> JsonPrefix | None:
@@ -81,6 +94,102 @@ def test_a_character_split_across_pieces_is_held_until_complete() -> None:
 def test_a_prefix_that_is_no_json_start_or_an_unsupported_schema_gives_no_constraint() -> None:
     assert start_state(PERSON, "Sure: {") is None
     assert start_state(PERSON, "{") is not None
+
+
+# -- schemas the parser takes only in part ---------------------------------------------------------
+
+def _holding(sub: object) -> dict:
+    return {"type": "object", "properties": {"x": sub}, "required": ["x"]}
+
+
+@pytest.mark.parametrize("sub, value", [
+    ({"title": "Extra"}, '"any"'),                          # pydantic's Any: no "type"
+    ({}, "[1, {}]"),
+    ({"description": "no type"}, "null"),
+    (True, "1"),
+    ({"allOf": [{"type": "integer"}, {"minimum": 0}]}, "5"),
+    ({"not": {"type": "string"}}, "5"),
+    ({"if": {"type": "integer"}, "then": {"minimum": 0}}, "5"),
+    ({"const": 5}, "5"),
+    ({"type": "integer", "const": 5}, "5"),
+    ({"const": True}, "true"),
+    ({"enum": [True, None]}, "null"),
+    ({"enum": ["a", 1, False]}, "1"),
+    ({"type": "object", "additionalProperties": True}, '{"a": 1}'),  # pydantic's dict[str, Any]
+    ({"type": "object", "additionalProperties": {}}, '{"a": 1}'),
+    ({"type": "array", "items": True}, "[1]"),
+    ({"type": "array", "prefixItems": [{"type": "integer"}], "items": False}, "[1]"),
+    ({"type": "string", "pattern": "^a+$", "maxLength": 3}, '"aa"'),
+    ({"type": ["object", "null"], "properties": {"a": {"type": "integer"}}}, '{"a": 2}'),
+    ({"oneOf": [{"type": "string"}, {"type": "number"}]}, "5"),  # a scalar oneOf let "{" through only
+    ({"oneOf": [{"type": "string"}, {"type": "number"}]}, '"five"'),
+])
+def test_a_schema_the_parser_raises_on_or_misreads_is_rewritten_so_valid_answers_stay_writable(
+        sub: object, value: str) -> None:
+    schema = _holding(sub)
+    text = '{"x": ' + value + "}"
+    jsonschema.validate(json.loads(text), schema)
+    state = feed(start_state(schema, ""), text)
+    assert state is not None and state.finished
+
+
+class Pet(BaseModel):
+    pet: Annotated[Union[Cat, Dog], Field(discriminator="kind")]  # noqa: UP007 - pydantic's oneOf
+
+
+def test_a_pydantic_oneOf_is_enforced_as_its_union() -> None:
+    schema = Pet.model_json_schema()
+    assert "oneOf" in json.dumps(schema)
+    for valid in ('{"pet": {"kind": "cat", "meows": true}}', '{"pet": {"kind": "dog", "barks": 3}}'):
+        assert feed(start_state(schema, ""), valid).finished  # type: ignore[union-attr]
+    for invalid in ('{"pet": {"anything": 1}}', '{"pet": {}}', '{"pet": {"kind": "cat", "barks": 3}}'):
+        assert feed(start_state(schema, ""), invalid) is None  # before: any object went
+
+
+def test_a_forced_call_whose_parameters_hold_an_untyped_value_is_constrained_not_crashed() -> None:
+    params = {"type": "object", "properties": {"value": {"description": "anything"}}, "required": ["value"]}
+    state = call_start_state({"store": params}, "store")
+    assert feed(state, ' {"value": [5, "x"]}}').finished  # type: ignore[union-attr]
+    assert feed(state, ' {"other": 1}}') is None
+    untyped = call_start_state({"f": {"properties": {"a": {"type": "integer"}}}}, "f")  # no "type": an object
+    assert feed(untyped, ' {"a": 1}}').finished and feed(untyped, " 5}") is None  # type: ignore[union-attr]
+
+
+def test_a_schema_that_cannot_be_approximated_is_not_constrained() -> None:
+    both = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+                      {"type": "object", "properties": {"b": {"type": "integer"}}}]}
+    assert start_state(both, "{") is None
+    assert start_state(_holding({"$ref": "#"}), "{") is None  # the parser resolves "#/$defs/<name>" only
+    assert call_start_state({"f": both}, "f") is None
+
+
+class _Raising(CharacterLevelParser):
+    """A parser that takes "{" and then raises, as lm-format-enforcer does on what it took but cannot follow."""
+
+    def add_character(self, new_character: str) -> CharacterLevelParser:
+        raise ValueError("Unsupported type None")
+
+    def get_allowed_characters(self) -> str:
+        return "{"
+
+    def can_end(self) -> bool:
+        return False
+
+
+def test_a_parser_that_raises_mid_answer_leaves_the_rest_of_the_answer_free() -> None:
+    free = JsonPrefix(_Raising()).after(b"{")
+    assert free is not None and free.parser is None
+    assert free.after(b"anything at all") is free and free.complete and not free.finished
+    assert JsonPrefix(_Raising()).after(b"[") is None  # what the parser says before it raises still holds
+
+
+def test_a_request_whose_schema_the_parser_raised_on_is_decoded_under_it() -> None:
+    schema = {"type": "object", "properties": {"flag": {"enum": [True, None]}, "size": {"const": 5}},
+              "required": ["flag", "size"], "additionalProperties": False}
+    fmt = {"type": "json_object", "json_schema": {"name": "s", "schema": schema}}
+    result = _engine("bpe", "sp").generate("Check.", response_format=fmt)  # raised from the parser before
+    assert result.stats.constrained and result.format_error is None
+    jsonschema.validate(json.loads(result.text), schema)
 
 
 # -- the drafter's constrained choice ------------------------------------------------------------
