@@ -16,6 +16,9 @@ Cache layout (root from :func:`cache_dir`)::
     tokenizers/<name>/          the tokenizer alone, read from the GGUF (:func:`tokenizer_dir`)
     locks/<key>.lock            fcntl lock so two processes don't install, assemble or convert at once
 
+Files and folders are made as ``open`` / ``mkdir`` make them, by the umask (temp files are
+chmod-ed to that before they are published), so a shared cache stays readable by others.
+
 Licenses of the zoo models (the weights, not this code):
 
 * SmolLM2-135M-Instruct (HuggingFaceTB): Apache-2.0.
@@ -220,6 +223,25 @@ def _log(message: str, enabled: bool = True) -> None:
         print(f"{_LOG_PREFIX} {message}", file=sys.stderr, flush=True)
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where Linux tells it (/proc), else set and restored."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _as_created(path: Path, folder: bool = False) -> None:
+    """Give a mkstemp file (0600) or mkdtemp folder (0700) the mode ``open`` / ``mkdir`` would have given
+    it: 0666 / 0777 less the umask, so the published cache is as readable as the user's files are."""
+    os.chmod(path, (0o777 if folder else 0o666) & ~_umask())
+
+
 # ------------------------------------------------------------------------ packages
 
 
@@ -385,6 +407,7 @@ def _concatenate(spec: ZooSpec, sources: list[Path], target: Path, progress: boo
     fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
     tmp = Path(tmp_name)
     try:
+        _as_created(tmp)
         with os.fdopen(fd, "wb") as dst, _progress_bar(spec.size, f"assembling {spec.name}", progress) as bar:
             size, sha256 = _copy_hashing(sources, dst, bar)
             dst.flush()
@@ -569,6 +592,7 @@ def _convert(gguf: Path, dest: Path, source: dict[str, Any], progress: bool) -> 
     _remove_leftovers(dest)
     tmp_dir = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
     try:
+        _as_created(tmp_dir, folder=True)
         _log(f"dequantizing {gguf.name} into a transformers folder ... (one-time, ~40 s)", progress)
         started = time.monotonic()
         _dequantize_to(gguf, tmp_dir, progress)
@@ -670,6 +694,7 @@ def tokenizer_dir(name: str, progress: bool = True) -> Path:
                 _remove_leftovers(dest)
                 tmp_dir = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
                 try:
+                    _as_created(tmp_dir, folder=True)
                     with _transformers_bars(progress):
                         AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(tmp_dir)
                     marker = {"gguf_sha256": spec.sha256, "zoo_name": spec.name, "tokenizer_only": True}

@@ -1,5 +1,6 @@
-"""The zoo's cache as several processes share it: the assembly lock, leftovers of killed assemblies
-and a new pin's re-assembly. Fake zoo specs (tests/test_zoo.py's), a temporary cache, pip faked: fast."""
+"""The zoo's cache as several processes and users share it: the assembly lock, leftovers of killed
+assemblies, file modes and a new pin's re-assembly. Fake zoo specs (tests/test_zoo.py's), a temporary
+cache, pip faked: fast."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +131,50 @@ def test_a_killed_assemblys_partial_file_is_removed(fake_spec: ZooSpec, tmp_cach
     other.write_bytes(b"x")
     path = assemble_gguf(fake_spec, progress=False)
     assert sorted(p.name for p in gguf.iterdir()) == sorted([path.name, f"{path.name}.sha256", other.name])
+
+
+# ---------------------------------------------------------------------------- file modes
+
+
+@pytest.fixture
+def umask() -> Iterator[Any]:
+    previous = os.umask(0o022)
+    try:
+        yield os.umask
+    finally:
+        os.umask(previous)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_cache_files_follow_the_umask(mask: int, umask: Any, fake_spec: ZooSpec, tmp_cache: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """mkstemp / mkdtemp made the assembled GGUF 0600 and the hf/ and tokenizers/ folders 0700
+    whatever the umask: a cache shared by a group (or a server's user) was unreadable to the others."""
+    umask(mask)
+
+    def dequantize(gguf: Path, out: Path, progress: bool) -> None:
+        (out / "config.json").write_text("{}")
+
+    class FakeTokenizer:
+        @classmethod
+        def from_pretrained(cls, *args: object, **kwargs: object) -> FakeTokenizer:
+            return cls()
+
+        def save_pretrained(self, folder: Path) -> None:
+            (Path(folder) / "tokenizer.json").write_text("{}")
+
+    monkeypatch.setattr(zoo, "_dequantize_to", dequantize)
+    monkeypatch.setattr("transformers.AutoTokenizer", FakeTokenizer)
+    monkeypatch.setitem(zoo.ZOO, fake_spec.name, fake_spec)
+    tokenizers = zoo.tokenizer_dir(fake_spec.name, progress=False)
+    converted = zoo._resolve_spec(fake_spec, progress=False).path
+    assert mode(zoo._assembled_path(fake_spec)) == 0o666 & ~mask
+    assert mode(converted) == mode(tokenizers) == 0o777 & ~mask
+    assert mode(converted / "config.json") == mode(tokenizers / "tokenizer.json") == 0o666 & ~mask
 
 
 # --------------------------------------------------------------------------------- a new pin
