@@ -113,7 +113,8 @@ def loopy() -> dict[str, object]:
 
 
 CASES = [(("bpe",), "single"), (("sp",), "single"), (("bpe", "sp"), "safe"), (("sp", "bpe"), "safe"),
-         (("bpe", "sp"), "every-token"), (("sp", "bpe"), "adafuse")]
+         (("bpe", "sp"), "every-token"), (("sp", "bpe"), "adafuse"), (("sp", "bpe"), "adafuse:uncertain")]
+"""``adafuse:uncertain``: vote='uncertain', where a sure member wrote alone and the guard never reached it."""
 
 
 @pytest.mark.parametrize("names, method", CASES)
@@ -129,9 +130,11 @@ def test_toys_that_loop_to_the_cap_stop_repeating_at_the_guard(loopy: dict, name
         return {p: run for p, run in longest_runs(text.encode()).items()
                 if run >= max(2 * p, GUARD) + longest_piece}
 
-    free = EnsembleEngine(members, method=method, max_new_tokens=64).generate("Tell me about cats.")
+    method, _, vote = method.partition(":")
+    options = {"vote": vote} if vote else {}
+    free = EnsembleEngine(members, method=method, max_new_tokens=64, **options).generate("Tell me about cats.")
     assert free.finish_reason == "length" and too_long(free.text)  # without the guard: the loop to the cap
-    guarded = EnsembleEngine(members, method=method, max_new_tokens=64, loop_guard=GUARD)
+    guarded = EnsembleEngine(members, method=method, max_new_tokens=64, loop_guard=GUARD, **options)
     result = guarded.generate("Tell me about cats.")
     assert not too_long(result.text) and result.stats.loop_breaks > 0, result.text
     for seed in range(3):  # sampled answers (which may also end early) obey the same bound

@@ -260,14 +260,16 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
     count_span_round(state.stats)
     count_turn_markers(state.stats, outlook.turn_markers)
     voted = settings.vote == "always" or not settings.is_sure(outlook.measures[outlook.leader])
+    if not voted:  # vote="uncertain" and the leader is sure: it writes alone, unless its span loops
+        proposals = await _leader_writes(state, outlook, settings, sampler)
+        voted = _ends_in_loop(state, proposals[outlook.leader][0].key)  # then the vote and its guard decide
     if voted:
         proposals = await _propose_spans(state, outlook, settings, sampler)
         keys, ruled_out = _candidate_keys(state, outlook, proposals)
         nlls = await _score_candidates(state, outlook, proposals, keys)
         chosen, candidates = _vote(state, keys, proposals, nlls, sampler)
-    else:  # vote="uncertain" and the leader is sure: it writes alone (the loop guard does not reach it)
+    else:
         ruled_out = 0
-        proposals = await _leader_writes(state, outlook, settings, sampler)
         chosen, candidates = _leader_span(state, outlook.leader, proposals)
     labels = [m.label for m in state.members]
     decision = SpanDecision(
@@ -323,6 +325,13 @@ def _candidate_keys(state: RequestState, outlook: _Outlook, proposals: Proposals
     tail = state.loop_tail() or b""  # the answer's end is all a loop check reads, not a copy of the whole answer
     free = [k for k in keys if k == EOS_KEY or state.loop_at(state.loop_tail(tail + k)) is None]
     return (free or [_loop_free_token(state, outlook.firsts[0])]), len(keys) - len(free)
+
+
+def _ends_in_loop(state: RequestState, key: bytes) -> bool:
+    """Whether the answer would end in a loop the guard stops (repetition.py) after span ``key``."""
+    if state.loop_guard is None or key == EOS_KEY:
+        return False
+    return state.loop_at(state.loop_tail((state.loop_tail() or b"") + key)) is not None
 
 
 def _loop_free_token(state: RequestState, logits: torch.Tensor) -> bytes:
