@@ -265,6 +265,10 @@ class JsonPrefix:
 
     parser: CharacterLevelParser | None  # None: the parser failed mid-answer, the rest is free
     pending: bytes = b""  # the start of a character the next bytes complete
+    lexer: tuple[bool, bool, str] = (False, False, "")
+    """Where the answer is, read as JSON text: inside a string, right after a backslash in one, and
+    the last character outside strings but whitespace (the parser lets ``}`` or ``]`` follow ``,``
+    in an object with keys left to write: ``{"a": 1,}``; this rules it out)."""
 
     @classmethod
     def start(cls, schema: Mapping[str, Any] | None) -> JsonPrefix | None:
@@ -284,8 +288,18 @@ class JsonPrefix:
             return None
         text, pending = split
         parser: CharacterLevelParser | None = self.parser
+        in_string, escaped, last = self.lexer
         try:
             for char in text:
+                if in_string:
+                    in_string = escaped or char != '"'
+                    escaped = not escaped and char == "\\"
+                elif char in "}]" and last == ",":
+                    return None  # a trailing comma
+                else:
+                    in_string = char == '"'
+                if not in_string and not char.isspace():
+                    last = char
                 parser = _feed(parser, char)
                 if parser is None:
                     return None
@@ -293,7 +307,7 @@ class JsonPrefix:
                 return None  # a non-ASCII character can only come inside a string
         except Exception:  # noqa: BLE001 - the parser raised on a schema it took: the answer goes on unconstrained
             return JsonPrefix(None)
-        return JsonPrefix(parser, pending)
+        return JsonPrefix(parser, pending, (in_string, escaped, last))
 
     @property
     def complete(self) -> bool:
@@ -355,7 +369,7 @@ def call_start_state(tools: Mapping[str, Mapping[str, Any]], forced: str) -> Jso
             return JsonPrefix(SequenceParser(arguments_then_close(tools[forced])))
         return JsonPrefix(UnionParser([SequenceParser([StringParser(f'{json.dumps(name)[1:]}, "arguments":'),
                                                        *arguments_then_close(schema)])
-                                       for name, schema in tools.items()]))
+                                       for name, schema in tools.items()]), lexer=(True, False, ""))  # in the name
     except Exception:  # noqa: BLE001 - the parser's schema model rejects what it does not support
         return None
 

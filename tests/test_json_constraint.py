@@ -96,6 +96,24 @@ def test_a_prefix_that_is_no_json_start_or_an_unsupported_schema_gives_no_constr
     assert start_state(PERSON, "{") is not None
 
 
+@pytest.mark.parametrize("schema, text", [
+    (None, '{"a": 1,}'),
+    (None, '{"a": [1, 2] , \n}'),
+    ({"type": "object", "properties": {"o": {"type": "object"}}, "required": ["o"]}, '{"o": {"k": 2,}}'),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}, '{"a": 1,}'),
+])
+def test_a_trailing_comma_is_rejected(schema: dict | None, text: str) -> None:
+    assert feed(start_state(schema, ""), text) is None  # the parser took it: "complete", then invalid JSON
+    assert feed(start_state(schema, ""), text[:text.rindex(",")] + text[text.rindex(",") + 1:]).finished  # type: ignore[union-attr]
+
+
+def test_a_trailing_comma_is_rejected_in_a_calls_arguments_but_not_inside_strings() -> None:
+    assert feed(call_start_state({"f": {}}, "f"), ' {"x": 1,}}') is None
+    assert feed(call_start_state({"f": {}}, "any"), 'f", "arguments": {"x": 1,}}') is None
+    assert feed(call_start_state({"f": {}}, "any"), 'f", "arguments": {"x": ",}\\",]"}}').finished  # type: ignore[union-attr]
+    assert feed(start_state(None, ""), '{"a,": "\\",}"}').finished  # type: ignore[union-attr]
+
+
 # -- schemas the parser takes only in part ---------------------------------------------------------
 
 def _holding(sub: object) -> dict:
