@@ -5,7 +5,9 @@ against loopback servers that fail in each way."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import os
 import socket
 import threading
 import time
@@ -392,6 +394,51 @@ def test_remote_verifiers_are_scored_concurrently() -> None:
                  for n, s in (("v1", 1), ("v2", 2))]
     EnsembleEngine([drafter, *verifiers], method="safe", draft_length=4).generate("Hi Sofia", max_new_tokens=4)
     assert all(v.met for v in verifiers) and not barrier.broken  # both first requests were in flight together
+
+
+
+class Offline(RemoteMember):
+    """A server member whose server is never asked (for what ``run`` does)."""
+
+    def wire_capabilities(self) -> dict[str, bool]:
+        return {"block_scoring": True, "prefix_cache": False, "token_id_prompts": True}
+
+    def score(self, ids: list[int], first_row: int) -> list[TopK]:  # pragma: no cover - never called
+        raise AssertionError
+
+    def server_tokenize(self, text: str) -> list[int]:  # pragma: no cover - never called
+        raise AssertionError
+
+
+def test_a_server_members_calls_are_not_capped_by_asyncios_shared_thread_pool() -> None:
+    """More calls at once than asyncio's default pool has threads (``min(32, cores + 4)``, shared by
+    every member: 6 on a 2-core machine) all run together: each waits at a barrier that opens only
+    when all of them are in flight. Cancelling an await leaves its call running, as before; a closed
+    member runs no more calls."""
+    calls = min(32, (os.cpu_count() or 1) + 4) + 1
+    member = Offline("m", "http://127.0.0.1:9", toy_tokenizer(), check_tokenizer=False)
+    barrier = threading.Barrier(calls, timeout=5)
+    finished = threading.Event()
+
+    def slow() -> None:
+        time.sleep(0.3)
+        finished.set()
+
+    async def main() -> None:
+        await asyncio.gather(*(member.run(barrier.wait) for _ in range(calls)))
+        task = asyncio.create_task(member.run(slow))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not finished.is_set()
+
+    asyncio.run(main())
+    assert not barrier.broken
+    assert finished.wait(5)  # the cancelled call ran to its end in its thread
+    member.close()
+    with pytest.raises(MemberError, match="closed"):
+        asyncio.run(member.run(time.sleep, 0))
 
 
 def test_connecting_by_spec_finds_the_model_and_checks_the_tokenizer(tmp_path) -> None:  # noqa: ANN001

@@ -51,7 +51,15 @@ from typing import Any
 
 from ..options import DEFAULT_MAX_ACTIVE
 from .http import HttpSettings
-from .remote import DEFAULT_TOP_K, LocalTokenizer, MemberTokenizer, RemoteMember, RemoteSession
+from .remote import (
+    CALLS_IN_FLIGHT,
+    DEFAULT_TOP_K,
+    LocalTokenizer,
+    MemberTokenizer,
+    RemoteMember,
+    RemoteSession,
+    member_executor,
+)
 from .server_tokenizer import llamacpp_tokenize
 from .topk import TopK
 
@@ -69,6 +77,10 @@ HOST_PROMPT_CACHE_MIB = 0
 keeps its own slot (sticky ``id_slot``), so its prefix lives in that slot's KV cache and the RAM
 copies only grow. Measured: an eval process with three in-process servers grew to 11 GB RSS with
 the default over 100 FLORES questions and pushed the 24 GB machine into swap."""
+
+
+SPARE_CALLS = 16
+"""Threads a llama.cpp member has beyond one per slot (requests without a slot, orphaned calls)."""
 
 
 def _llamacpp_build() -> str:
@@ -220,6 +232,9 @@ class LlamaCppMember(RemoteMember):
         if context_window is None:
             self.context_window = _server_context(props, default=self.context_window)
         self.slots = SlotPool(server.slots if server is not None else _server_slots(props))
+        if self.slots.size + SPARE_CALLS > CALLS_IN_FLIGHT:  # a call per slot, and some without one
+            self.executor.shutdown()
+            self.executor = member_executor(name, self.slots.size + SPARE_CALLS)
         if server is not None:  # its threads take the same cores as the other members (Capabilities)
             self.capabilities = self.capabilities.model_copy(update={"computes_apart": False})
 

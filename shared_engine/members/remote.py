@@ -18,9 +18,12 @@ one) and ``server_tokenize(text)``; ``RemoteSession`` turns that into the ``Sess
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,6 +44,12 @@ PROBE_TEXT = "Hello, world! Grüße aus Köln, 東京 🙂.\n    def f(x):\n    
 
 DEFAULT_TOP_K = 20
 """Top-K asked of servers: vLLM's default --max-logprobs cap; >= UniTE's top-10."""
+
+CALLS_IN_FLIGHT = 64
+"""Blocking calls one server member runs at once, each in a thread of the member's own pool (started
+as needed). Generous: a call mostly waits for its server, which batches what it is sent; asyncio's
+shared default pool (``min(32, cores + 4)`` threads: 6 on a 2-core machine) capped every server
+member of the process together at that many calls."""
 
 
 class MemberTokenizer(Protocol):
@@ -134,6 +143,7 @@ class RemoteMember(ABC):
         self.url = url.rstrip("/")
         self.top_k = top_k
         self.client = JsonClient(name, self.url, http)
+        self.executor = member_executor(name, CALLS_IN_FLIGHT)
         self.tokenizer = tokenizer
         self.table = tokenizer.token_table()
         self.context_window = int(context_window or tokenizer.context_window or 2048)
@@ -187,15 +197,30 @@ class RemoteMember(ABC):
         return RemoteSession(self)
 
     async def run(self, fn: Callable[..., R], *args: Any) -> R:
-        """Blocking HTTP in a worker thread; the server serialises or batches the work itself."""
-        return await asyncio.to_thread(fn, *args)
+        """Blocking HTTP in a thread of this member's own pool (as ``asyncio.to_thread`` would, with
+        its context; cancelling the await leaves the call to finish in its thread); the server
+        serialises or batches the work itself."""
+        call = functools.partial(contextvars.copy_context().run, fn, *args)
+        try:
+            future = asyncio.get_running_loop().run_in_executor(self.executor, call)
+        except RuntimeError as exc:  # the pool is shut down
+            raise self.client.error("the member is closed") from exc
+        return await future
 
     def close(self) -> None:
+        """Let go of the pool (calls still running end on their own, failing on the closed client),
+        the HTTP client and the tokenizer."""
+        self.executor.shutdown(wait=False)
         self.client.close()
         self.tokenizer.close()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, {self.url!r}, top_k={self.top_k})"
+
+
+def member_executor(name: str, threads: int) -> ThreadPoolExecutor:
+    """The pool a server member runs its blocking calls in (``RemoteMember.run``)."""
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"member-{name}")
 
 
 class RemoteSession(PrefixSession):
