@@ -206,3 +206,100 @@ def test_a_stale_file_raises_only_if_its_new_assembly_fails(
     assert "reinstall them" in str(info.value)
     assert target.read_bytes() == PAYLOAD  # the failed assembly replaced nothing
     assert sorted(p.name for p in target.parent.iterdir()) == [target.name]
+
+
+# ------------------------------------------------------------------- the tokenizer alone
+
+
+def write_gguf(path: Path, vocab_size: int | None = None) -> Path:
+    """A GGUF header as llama.cpp's converter writes it (the gguf package's writer), no tensors."""
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_name("tiny")
+    writer.add_context_length(8192)
+    writer.add_float32("llama.rope.freq_base", 10000.0)
+    writer.add_bool("tokenizer.ggml.add_bos_token", True)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"tok{i}" for i in range(300)] + ["héllo", ""])
+    writer.add_token_types([1] * 302)
+    writer.add_token_merges(["t o", "to k"])
+    writer.add_array("test.nested", [[1, 2], [3]])
+    writer.add_eos_token_id(2)
+    writer.add_bos_token_id(1)
+    if vocab_size is not None:
+        writer.add_vocab_size(vocab_size)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_gguf_metadata_reads_the_header_as_the_gguf_package_does(tmp_path: Path) -> None:
+    from gguf import GGUFReader
+
+    path = write_gguf(tmp_path / "tiny.gguf")
+    metadata = zoo.gguf_metadata(path)
+    fields = {k: f for k, f in GGUFReader(str(path)).fields.items() if not k.startswith("GGUF.")}  # its own
+    assert list(metadata) == list(fields)
+    for key, field in fields.items():
+        if key == "test.nested":  # the reader flattens an array of arrays; it holds 2
+            assert metadata[key] == 2
+            continue
+        value = field.contents()
+        assert metadata[key] == (len(value) if isinstance(value, list) else value), key
+    assert metadata["tokenizer.ggml.tokens"] == 302 and metadata["llama.context_length"] == 8192
+    (tmp_path / "not.gguf").write_bytes(b"PK\x03\x04" + bytes(40))
+    with pytest.raises(ZooError, match="not a GGUF file"):
+        zoo.gguf_metadata(tmp_path / "not.gguf")
+    (tmp_path / "cut.gguf").write_bytes(path.read_bytes()[:200])
+    with pytest.raises(ZooError, match="unreadable GGUF header"):
+        zoo.gguf_metadata(tmp_path / "cut.gguf")
+
+
+@pytest.mark.parametrize("vocab_size", [None, 320])
+def test_tokenizer_info_needs_no_conversion(vocab_size: int | None, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch, tmp_cache: Path) -> None:
+    """llama.cpp members read their tokenizer through zoo.resolve: the full fp32 conversion (15-45 s,
+    ~2 GB for Qwen), silent, for a tokenizer. tokenizer_info gives what they need from the GGUF."""
+    payload = write_gguf(tmp_path / "model.gguf", vocab_size).read_bytes()
+    spec = _fake_spec(_fake_packages(tmp_path, monkeypatch, [payload]), payload)
+    monkeypatch.setitem(zoo.ZOO, spec.name, spec)
+    read: list[str] = []
+
+    class FakeTokenizer:
+        @classmethod
+        def from_pretrained(cls, folder: str, gguf_file: str) -> FakeTokenizer:
+            read.append(gguf_file)
+            return cls()
+
+        def save_pretrained(self, folder: Path) -> None:
+            (Path(folder) / "tokenizer.json").write_text("{}")
+
+    def no_conversion(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the weights must not be converted for a tokenizer")
+
+    monkeypatch.setattr("transformers.AutoTokenizer", FakeTokenizer)
+    monkeypatch.setattr(zoo, "_convert", no_conversion)
+    info = zoo.tokenizer_info(spec.name, progress=False)
+    assert info.path == tmp_cache / "tokenizers" / spec.name and (info.path / "tokenizer.json").is_file()
+    assert info.eos_token_ids == {2} and info.context_length == 8192
+    assert info.vocab_size == (vocab_size or 302)
+    assert zoo.tokenizer_info(spec.name, progress=False) == info and len(read) == 1  # cached
+    with pytest.raises(zoo.UnknownModelError):
+        zoo.tokenizer_info("no-such-model")
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("name", sorted(zoo.ZOO))
+def test_tokenizer_info_agrees_with_the_converted_model(name: str) -> None:
+    """The numbers the GGUF's header gives are those the conversion wrote (the user's cache)."""
+    info = zoo.tokenizer_info(name, progress=False)
+    converted = zoo.resolve(name, progress=False).path
+    config = json.loads((converted / "config.json").read_text())
+    generation = json.loads((converted / "generation_config.json").read_text())
+    eos = generation.get("eos_token_id", config.get("eos_token_id"))
+    assert info.eos_token_ids == frozenset(eos if isinstance(eos, list) else [eos])
+    assert info.vocab_size == config["vocab_size"]
+    assert info.context_length == config["max_position_embeddings"]
