@@ -46,7 +46,7 @@ from .evaluation.datasets import Record
 from .fusion import MemberDist, make_fuser
 from .members import Member, Session, load_member, with_backend
 from .members.topk import TopK, topk_rows
-from .profile import EnsembleProfile, FitInfo, member_key
+from .profile import EnsembleProfile, FitInfo, local_sources, member_keys
 from .weighting import best_threshold, mixture_weights, segment_logprobs, token_nlls
 
 _log = logging.getLogger(__name__)
@@ -263,11 +263,12 @@ def calibrate(models: Sequence[str | Member], bench: str = "gsm8k", data: str | 
         raise InvalidRequestError("calibrate needs at least one question")
     path, records, benchmark = calibration_records(bench, data, limit)
     members = [load_member(with_backend(m, backend)) if isinstance(m, str) else m for m in models]
-    names = [member_key(m) for m in models]
+    names = member_keys(models)
     if len(set(names)) != len(names):
         raise InvalidRequestError(f"calibrate needs distinct members, got {names}")
     evidence = collect(members, bench, records, benchmark, progress)
-    return fit_profile(members, names, evidence, bench, path, len(records))
+    profile = fit_profile(members, names, evidence, bench, path, len(records))
+    return profile.model_copy(update={"sources": local_sources(models)})
 
 
 # --------------------------------------------------------------------------- command line

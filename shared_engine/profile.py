@@ -9,6 +9,7 @@ members; an engine whose members are not the same models (in any order) refuses 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .errors import InvalidRequestError
 from .members import Member, MemberConfig, parse_member_spec
+
+log = logging.getLogger(__name__)
 
 
 class FitInfo(BaseModel):
@@ -47,6 +50,10 @@ class EnsembleProfile(BaseModel):
     drafter: str = Field(description="The member that drafts.")
     drafter_confidence: float | None = Field(None, gt=0.0, le=1.0)
     fitted: FitInfo
+    sources: list[str | None] | None = Field(
+        None, description="Where each member was read from, for members that are local folders or files "
+                          "(None: a zoo name, hub id or server): a member of the same name read from "
+                          "elsewhere is warned about. Absent in profiles written before it.")
 
     @model_validator(mode="after")
     def _consistent(self) -> EnsembleProfile:
@@ -113,6 +120,44 @@ def member_key(spec: str | MemberConfig | Member) -> str:
     return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
 
 
+def member_keys(specs: Sequence[str | MemberConfig | Member]) -> list[str]:
+    """Each member's ``member_key``; where two different paths share a last part (``run1/final``,
+    ``run2/final``), as many of their last parts as tell them apart. The same model twice keeps
+    one key (a repeated name pairs in order)."""
+    keys = [member_key(s) for s in specs]
+    paths = [_local_path(s) for s in specs]
+    for key in set(keys):
+        same = [i for i, k in enumerate(keys) if k == key and paths[i] is not None]
+        if len({paths[i] for i in same}) < 2:
+            continue
+        parts = {i: Path(str(paths[i])).parts for i in same}
+        depth = 2
+        while len({parts[i][-depth:] for i in same}) < len({paths[i] for i in same}) and \
+                depth < max(len(p) for p in parts.values()):
+            depth += 1
+        for i in same:
+            keys[i] = "/".join(parts[i][-depth:-1] + (key,))
+    return keys
+
+
+def local_sources(specs: Sequence[str | MemberConfig | Member]) -> list[str | None]:
+    """Each member's resolved local folder or file (None where it is not one): a profile's ``sources``."""
+    return [str(p) if (p := _local_path(s)) is not None else None for s in specs]
+
+
+def _local_path(spec: str | MemberConfig | Member) -> Path | None:
+    """The resolved folder or file a spec names on this machine (None: a zoo name, hub id, server)."""
+    target = spec.model if isinstance(spec, MemberConfig) else spec
+    if not isinstance(target, str):
+        return None
+    try:
+        parsed = parse_member_spec(target)
+    except InvalidRequestError:
+        return None
+    path = Path(parsed.target).expanduser()
+    return path.resolve() if not parsed.is_url and path.exists() else None
+
+
 def apply_profile(specs: Sequence[str | MemberConfig | Member], options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` with the profile named by ``options["profile"]`` filling weights and drafter where
     they are absent or None, and drafter_confidence where it is absent (an explicit None asks for the
@@ -125,11 +170,17 @@ def apply_profile(specs: Sequence[str | MemberConfig | Member], options: Mapping
         raise InvalidRequestError(f"profile must be a path to a profile JSON, got {type(path).__name__}")
     merged["profile"] = str(path)
     profile = EnsembleProfile.load(path)
-    keys = [member_key(s) for s in specs]
+    keys = member_keys(specs)
     if sorted(keys) != sorted(profile.members):
         raise InvalidRequestError(f"profile {path} was fitted for members {profile.members}, "
                                   f"but this ensemble has {keys}; calibrate again for these members")
     order = _match(keys, profile.members)
+    if profile.sources is not None and len(profile.sources) == len(profile.members):
+        for spec, key, j in zip(specs, keys, order):
+            here, fitted = _local_path(spec), profile.sources[j]
+            if here is not None and fitted is not None and str(here) != fitted:
+                log.warning("profile %s: member %r was fitted from %s, this ensemble reads it from %s",
+                            path, key, fitted, here)
     if merged.get("weights") is None:
         merged["weights"] = [profile.weights[j] for j in order]
     if merged.get("drafter") is None:

@@ -308,3 +308,32 @@ def test_a_profile_refitted_to_the_same_path_is_read_again_by_langchain(tmp_path
         second = ChatEnsemble(models=names, profile=str(path), max_tokens=2)
         assert second._engine().options.weights == [0.2, 0.8]
         assert first._identifying_params != second._identifying_params
+
+
+def test_two_checkpoints_with_the_same_folder_name_are_two_members(train_file: Path, tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """run1/final and run2/final were one member to profiles (keyed by the last part): calibrate
+    refused them as not distinct, and a profile fitted with run1/final was applied to run2/final
+    without a word."""
+    from shared_engine.members import register_member, unregister_member
+
+    first, second = tmp_path / "run1" / "final", tmp_path / "run2" / "final"
+    first.mkdir(parents=True)
+    second.mkdir(parents=True)
+    members = {str(first): toy_member("x1", "byte_level", "llama", 1),
+               str(second): toy_member("x2", "byte_level", "llama", 5),
+               "other": toy_member("other", "metaspace", "gpt2", 2)}
+    for name, member in members.items():
+        register_member(member, name)
+    try:
+        both = calibrate([str(first), str(second)], "gsm8k", str(train_file), limit=1, progress=False)
+        assert both.members == ["run1/final", "run2/final"]
+        one = calibrate([str(first), "other"], "gsm8k", str(train_file), limit=1, progress=False)
+        assert one.members == ["final", "other"] and one.sources == [str(first.resolve()), None]
+        one.save(tmp_path / "p.json")
+        with caplog.at_level("WARNING"):
+            EnsembleEngine([str(second), "other"], profile=str(tmp_path / "p.json"))
+        assert "was fitted from" in caplog.text and str(second.resolve()) in caplog.text
+    finally:
+        for name in members:
+            unregister_member(name)
