@@ -69,8 +69,10 @@ _CONFIG = CharacterLevelParserConfig(alphabet=_ALPHABET, max_consecutive_whitesp
 small model's whitespace loop is still cut short); arrays as long as the schema or max_new_tokens allow."""
 
 _STAND_IN = "a"
-"""What the parser is fed for a non-ASCII character inside a free-text string: one ordinary
-character, so lengths (minLength/maxLength) still count right."""
+"""What the parser is fed for a non-ASCII character or a space inside a free-text string: one
+ordinary character, so lengths (minLength/maxLength) still count right, and a space is not counted
+among the whitespace the parser caps (``max_consecutive_whitespaces``, meant for the whitespace
+between tokens: a string could hold no more than 16 spaces in a row)."""
 
 _SAMPLE_TRIES = 32
 """Rejection draws before a sampled constrained token is drawn from the checked valid set."""
@@ -232,11 +234,25 @@ def _free_text(parser: CharacterLevelParser) -> bool:
 
 def _feed(parser: CharacterLevelParser, char: str) -> CharacterLevelParser | None:
     """``parser`` after ``char``, or None if ``char`` cannot come next."""
+    if isinstance(parser, UnionParser):  # each option on its own: one may be in a free-text string, another not
+        options = [fed for option in parser.parsers if (fed := _feed(option, char)) is not None]
+        return None if not options else options[0] if len(options) == 1 else UnionParser(options)
+    if isinstance(parser, SequenceParser) and len(parser.parsers) > 1 and not parser.parsers[0].can_end():
+        first = _feed(parser.parsers[0], char)  # what SequenceParser.add_character does here
+        return None if first is None else SequenceParser([first, *parser.parsers[1:]])
+    if (char == " " or ord(char) > 127) and _free_text(parser):  # JSON strings take any non-ASCII character
+        char = _STAND_IN
     if char in parser.get_allowed_characters():
         return parser.add_character(char)
-    if ord(char) > 127 and _free_text(parser):  # JSON strings take any non-ASCII character
-        return parser.add_character(_STAND_IN)
     return None
+
+
+def _may_start(parser: CharacterLevelParser, head: bytes) -> bool:
+    """Whether a character that can come next starts with the bytes ``head`` (of a character split
+    across pieces): inside a free-text string any, elsewhere one the parser allows (a key's or an
+    enum's "é", spelled b"\\xc3", b"\\xa9" by a byte-level vocabulary)."""
+    return _free_text(parser) or any(ord(c) > 127 and c.encode("utf-8").startswith(head)
+                                     for c in parser.get_allowed_characters())
 
 
 def _split_utf8(data: bytes) -> tuple[str, bytes] | None:
@@ -303,8 +319,8 @@ class JsonPrefix:
                 parser = _feed(parser, char)
                 if parser is None:
                     return None
-            if pending and not _free_text(parser):
-                return None  # a non-ASCII character can only come inside a string
+            if pending and not _may_start(parser, pending):
+                return None
         except Exception:  # noqa: BLE001 - the parser raised on a schema it took: the answer goes on unconstrained
             return JsonPrefix(None)
         return JsonPrefix(parser, pending, (in_string, escaped, last))
@@ -336,7 +352,7 @@ class JsonPrefix:
         try:
             if first < 0x80:
                 return chr(first) in self.parser.get_allowed_characters()
-            return _free_text(self.parser)
+            return _may_start(self.parser, bytes([first]))
         except Exception:  # noqa: BLE001 - after() then drops the constraint
             return True
 

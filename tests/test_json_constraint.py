@@ -244,6 +244,52 @@ def test_sampled_choice_follows_the_drafters_distribution_restricted_to_valid_to
     assert 0.68 < counts[quote] / 800 < 0.82  # 0.75 expected; 4 standard deviations either side
 
 
+CAFE = {"type": "object", "properties": {"e": {"enum": ["café", "tea"]}, "naïve": {"type": "integer"},
+                                       "code": {"type": "string"}}, "required": ["e"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("tokenizer", ["byte_level", "metaspace"])
+@pytest.mark.parametrize("text", ['"e": "café"}',                      # "é" in two byte tokens
+                                  '"naïve": 1, "e": "tea"}',
+                                  '"e": "tea", "code": "if x:\\n' + " " * 24 + 'return 1"}'])  # spaces in a string
+def test_the_drafter_can_write_every_valid_answer(tokenizer: str, text: str) -> None:
+    """The drafter wants ``text``, one longest vocabulary piece at a time: the constraint lets it."""
+    table = toy_member("toy", tokenizer).table
+    state = start_state(CAFE, "{")
+    rest = text.encode()
+    while rest:
+        piece = max((p for p in table.pieces if p and rest.startswith(p)), key=len)
+        logits = torch.zeros(table.vocab_size)
+        logits[_piece_id(table, piece)] = 30.0
+        assert state is not None
+        token, state = constrained_token(Sampler(), logits, None, table, state)  # type: ignore[misc]
+        assert table.pieces[token] == piece, (rest, table.pieces[token])
+        rest = rest[len(piece):]
+    assert state.finished
+
+
+def test_a_string_holds_any_run_of_spaces_and_counts_them() -> None:
+    strings = {"type": "object", "properties": {"s": {"type": "string", "minLength": 3, "maxLength": 40}}}
+    assert feed(start_state(strings, "{"), '"s": "' + " " * 40 + '"}').finished  # type: ignore[union-attr]
+    assert feed(start_state(strings, "{"), '"s": "   "}').finished  # type: ignore[union-attr] - 3 long
+    assert feed(start_state(strings, "{"), '"s": "' + " " * 41) is None  # too long
+    assert feed(start_state(None, "{"), " " * 16) is not None and feed(start_state(None, "{"), " " * 17) is None
+    echo = {"type": "object", "properties": {"text": {"type": "string"}}}
+    spaced = '{"text": "' + " " * 30 + 'x"}}'
+    assert feed(call_start_state({"echo": echo}, "echo"), " " + spaced).finished  # type: ignore[union-attr]
+    assert feed(call_start_state({"echo": echo, "f": {}}, "any"), 'echo", "arguments": ' + spaced).finished  # type: ignore[union-attr]
+
+
+def test_a_non_ascii_character_of_an_enum_or_key_may_come_in_byte_pieces() -> None:
+    state = start_state(CAFE, '{"e": "caf')
+    assert state is not None and state.first_byte_ok(0xC3) and not state.first_byte_ok(0xE6)
+    half = state.after(b"\xc3")
+    assert half is not None and half.pending and half.after(b"\xa9")
+    assert state.after("è".encode()[:1]) is not None and state.after("è".encode()) is None  # é or è: the bytes decide
+    key = start_state(CAFE, '{"na')
+    assert key is not None and key.after("ï".encode()[:1]) is not None and key.after("ś".encode()[:1]) is None
+
+
 # -- fusion never commits a schema-breaking candidate --------------------------------------------
 
 def test_fusion_picks_the_best_valid_candidate_and_else_keeps_the_drafted_token() -> None:
