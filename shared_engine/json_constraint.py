@@ -65,8 +65,9 @@ few (``|``, ``~``); non-ASCII characters are handled by ``_feed``."""
 
 _CONFIG = CharacterLevelParserConfig(alphabet=_ALPHABET, max_consecutive_whitespaces=16,
                                      max_json_array_length=10_000)
-"""16 whitespace characters in a row (indented JSON nests deeper than the default 12 allows; a
-small model's whitespace loop is still cut short); arrays as long as the schema or max_new_tokens allow."""
+"""16 whitespace characters in a row between tokens (indented JSON nests deeper than the default 12
+allows; a small model's whitespace loop is still cut short; a string's spaces are not counted, see
+``_STAND_IN``); arrays as long as the schema or max_new_tokens allow."""
 
 _STAND_IN = "a"
 """What the parser is fed for a non-ASCII character or a space inside a free-text string: one
