@@ -13,13 +13,16 @@ a transformers member does not set itself and do not touch other backends.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import InvalidRequestError
-from ..options import DEFAULT_MAX_ACTIVE, validated
+from ..options import validated
 from . import devices
 from .devices import DType
 from .http import HttpSettings
@@ -36,9 +39,35 @@ LLAMACPP_FIELDS = ("threads", "slots", "n_ctx", "poll")
 LLAMACPP_CLIENT_FIELDS = ("reuse_prompt_cache",)
 """Options of any llama.cpp member, in this process or at a URL."""
 
-_LOADER_DEFAULTS: dict[str, object] = {"device": "cpu", "dtype": "float32", "compile": False,
-                                      "slots": DEFAULT_MAX_ACTIVE, "reuse_prompt_cache": False}
-"""What a member loads with when these are not set (transformers placement, llama.cpp slots)."""
+_UNSET_MEANS: dict[str, object] = {"device": "cpu", "dtype": "float32", "http": HttpSettings()}
+"""What a loader does with an option left at None (its signature's default)."""
+
+
+def _loader(spec: MemberSpec) -> Callable[..., Any]:
+    """The function ``members._build`` loads ``spec`` with (whose keywords are ``backend_options``)."""
+    from .hf import HFMember
+    from .llamacpp import LlamaCppMember
+    from .sglang import SGLangMember
+    from .vllm import VLLMMember
+
+    if spec.backend == "transformers":
+        return HFMember.from_pretrained
+    if spec.backend == "llamacpp":
+        return LlamaCppMember.__init__ if spec.is_url else LlamaCppMember.from_gguf
+    return VLLMMember.__init__ if spec.backend == "vllm" else SGLangMember.__init__
+
+
+@functools.cache
+def loader_defaults(spec: MemberSpec) -> dict[str, object]:
+    """What ``spec``'s member loads with when an option is not set, as ``model_dump(mode="json")``
+    writes it: read from its loader's own signature (n_ctx=4096, top_k=20, slots, ...), so the two
+    cannot drift apart."""
+    names = PLACEMENT_FIELDS + SERVER_FIELDS + LLAMACPP_FIELDS + LLAMACPP_CLIENT_FIELDS
+    parameters = inspect.signature(_loader(spec)).parameters
+    defaults = {name: parameters[name].default for name in names if name in parameters}
+    defaults = {name: _UNSET_MEANS.get(name) if value is None else value for name, value in defaults.items()}
+    return {name: value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+            for name, value in defaults.items() if value is not None and value is not inspect.Parameter.empty}
 
 
 class MemberDefaults(BaseModel):
@@ -175,8 +204,9 @@ class MemberConfig(MemberDefaults):
         """Registry key: the spec, plus the options that differ from the loader's defaults (a
         bfloat16 copy of a model is another member than its float32 copy; ``device="cpu"`` is the
         plain one; two engines asking for the same config share one member)."""
+        defaults = loader_defaults(self.spec)
         options = {k: v for k, v in self.model_dump(mode="json", include=set(self.backend_options())).items()
-                   if _LOADER_DEFAULTS.get(k) != v}
+                   if defaults.get(k) != v}
         return str(self.spec) + (f"?{json.dumps(options, sort_keys=True)}" if options else "")
 
     def with_defaults(self, defaults: MemberDefaults | None, backend: str | None = None) -> MemberConfig:
