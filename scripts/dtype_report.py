@@ -86,9 +86,9 @@ def member_report(models: list[str], tokens: int) -> list[dict]:
 
 def gsm8k_report(models: list[str], max_new_tokens: int) -> dict:
     from shared_engine import EnsembleEngine
-    from shared_engine.bench import default_data_dir
+    from shared_engine.data_paths import gsm8k_file
 
-    with (default_data_dir() / "gsm8k" / "test.jsonl").open() as f:
+    with gsm8k_file().open() as f:  # the data folder's test split, else the sample shipped in the package
         item = json.loads(f.readline())
     question = item["question"] + "\nSolve it step by step."
     gold = item["answer"].split("####")[-1].strip()

@@ -26,8 +26,10 @@ Zoo names run as in-process llama.cpp members by default, as on every other surf
 ``--models`` does the same per member); their servers get one slot per
 request the server admits (``--max-active``), so concurrent requests are batched by llama.cpp.
 
-Writes ``load.json`` and ``load.png`` into ``--out``. Percentiles over few requests are coarse
-(linear interpolation between the samples); the JSON keeps the sample count.
+Writes ``load.json`` and ``load.png`` into ``--out`` (default ``./load-bench``, ignored by git: a
+smoke run does not overwrite the runs kept under ``docs/load``, each written with its ``--out``).
+Percentiles over few requests are coarse (linear interpolation between the samples); the JSON keeps
+the sample count.
 """
 
 from __future__ import annotations
@@ -457,7 +459,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1, help="requests before the first level (not counted)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per request")
     parser.add_argument("--startup-timeout", type=float, default=600.0)
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "load")
+    parser.add_argument("--out", type=Path, default=Path("load-bench"),
+                        help="folder for load.json and load.png (default: ./load-bench, ignored by git; the "
+                             "measurements kept in the repository are written with --out docs/load/...)")
     parser.add_argument("--replot", type=Path, metavar="LOAD_JSON",
                         help="only redraw the plot and the table of an earlier run's load.json (into --out)")
     args = parser.parse_args(argv)
