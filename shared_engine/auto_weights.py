@@ -127,7 +127,13 @@ async def auto_weights(members: Sequence[Member], sessions: Sequence[Session], p
         reason = f"weights='auto' fell back to the configured weights: {err} (its prompt shows no message content)"
         log.warning(reason)
         return AutoWeights(None, per_byte, reason)
-    return AutoWeights(torch.tensor(packllm_weights(losses, temperature), dtype=torch.float32), per_byte)
+    try:
+        weights = packllm_weights(losses, temperature)
+    except ValueError as err:  # a NaN fit (a member's NaN logits)
+        reason = f"weights='auto' fell back to the configured weights: {err}"
+        log.warning(reason)
+        return AutoWeights(None, per_byte, reason)
+    return AutoWeights(torch.tensor(weights, dtype=torch.float32), per_byte)
 
 
 # --------------------------------------------------------------------------- drafter="auto"

@@ -110,8 +110,9 @@ def packllm_weights(losses: Sequence[float], temperature: float = PACKLLM_TEMPER
     if temperature <= 0:
         raise ValueError("temperature must be > 0")
     values = torch.tensor(list(losses), dtype=torch.float64)
-    if not torch.isfinite(values).all():
-        raise ValueError(f"losses must be finite, got {list(losses)}")
+    # +inf: a member that gave a prompt token no probability at all (a top-K backend) weighs nothing
+    if values.isnan().any() or (values == -math.inf).any() or not torch.isfinite(values).any():
+        raise ValueError(f"losses must be finite (or +inf for some), got {list(losses)}")
     return torch.softmax(-values / temperature, dim=0).tolist()
 
 

@@ -170,3 +170,20 @@ def test_every_member_scores_the_first_word_of_a_message() -> None:
     stats = EnsembleEngine(members[:2], weights="auto").generate("Sofia", max_new_tokens=1).stats
     assert all(math.isfinite(v) for v in stats.prompt_nll_per_byte.values())
     assert stats.member_weights["plain"] not in (pytest.approx(1 / 3), pytest.approx(2 / 3))  # not the fallback
+
+
+def test_a_member_with_a_nan_fit_falls_back_to_the_configured_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NaN prompt fit (a member's NaN logits) raised out of weights='auto' and failed the request."""
+    import shared_engine.auto_weights as auto
+    from shared_engine.weighting import TextFit
+
+    real = auto.prompt_fit
+
+    def nan_for_b(member, *args):  # noqa: ANN001, ANN002, ANN202
+        fit = real(member, *args)
+        return TextFit(math.nan, fit.num_bytes, fit.num_tokens) if member.name == "b" else fit
+
+    monkeypatch.setattr(auto, "prompt_fit", nan_for_b)
+    members = [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
+    stats = EnsembleEngine(members, weights="auto").generate(PROMPT, max_new_tokens=2).stats
+    assert stats.member_weights == pytest.approx({"a": 2 / 3, "b": 1 / 3}, abs=1e-4)

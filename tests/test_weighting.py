@@ -32,6 +32,10 @@ def test_packllm_weights_are_a_softmax_of_minus_loss_over_temperature() -> None:
         packllm_weights([1.0, 2.0], temperature=0.0)
     with pytest.raises(ValueError):
         packllm_weights([1.0, math.nan])
+    # a member that gave a prompt token no probability (+inf loss) weighs nothing; it failed the request
+    assert packllm_weights([1.0, math.inf]) == [1.0, 0.0]
+    with pytest.raises(ValueError):
+        packllm_weights([math.inf, math.inf])
 
 
 def test_reference_losses_compare_the_same_bytes_per_reference_token() -> None:
