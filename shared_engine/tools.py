@@ -188,7 +188,7 @@ def template_renders_tools(tokenizer: Any) -> bool:
 def tool_call_text(name: str, arguments: Mapping[str, Any] | str | None) -> str:
     """An earlier tool call, written the way the members are asked to write one."""
     if isinstance(arguments, str):
-        loaded = json_repair.loads(arguments) if arguments.strip() else {}
+        loaded = _loads(arguments)
         arguments = loaded if isinstance(loaded, dict) else {}
     body = json.dumps({"name": name, "arguments": dict(arguments or {})}, ensure_ascii=False)
     return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
@@ -266,7 +266,10 @@ def _loads(text: str) -> Any:
         return json.JSONDecoder().raw_decode(text)[0]  # the common, clean case; trailing text ignored
     except json.JSONDecodeError:
         pass
-    loaded = json_repair.loads(text)
+    try:
+        loaded = json_repair.loads(text)
+    except Exception:  # noqa: BLE001 - json_repair's own failures (an AssertionError on some garbage): no JSON
+        return None
     return loaded if isinstance(loaded, dict | list) and loaded else None
 
 
