@@ -244,3 +244,29 @@ def test_a_server_with_embeddings_returns_every_prompt_tokens_hidden_state_and_s
         assert len(row.ids) == member.top_k
     finally:
         member.close()
+
+
+@pytest.mark.parametrize("name", [SMOL, QWEN, "gemma-3-270m"])
+def test_a_llamacpp_members_tokenizer_needs_no_conversion_and_matches_the_converted_folder(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """load_tokenizer(zoo name) went through zoo.resolve: the full fp32 conversion of the weights
+    (15-45 s, ~2 GB for Qwen, nothing printed) for a tokenizer. It reads the tokenizer folder and the
+    GGUF header now, and gives what the converted folder gives."""
+    from shared_engine import zoo
+    from shared_engine.members.remote import LocalTokenizer, load_tokenizer
+
+    converted = zoo.resolve(name, progress=False).path  # the reference (converted on an earlier run)
+    def no_conversion(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a llama.cpp member's tokenizer converted the weights")
+
+    monkeypatch.setattr(zoo, "resolve", no_conversion)
+    monkeypatch.setattr(zoo, "_convert", no_conversion)
+    fast = load_tokenizer(name)
+    monkeypatch.undo()
+    reference = load_tokenizer(str(converted))
+    assert isinstance(fast, LocalTokenizer)
+    assert (fast.vocab_size, fast.eos_ids, fast.context_window) == (
+        reference.vocab_size, reference.eos_ids, reference.context_window)
+    text = "Sofia walked to the café: 17 + 25 = 42.\n\tDone! 你好 🙂"
+    assert fast.tokenizer(text)["input_ids"] == reference.tokenizer(text)["input_ids"]
+    assert fast.tokenizer.chat_template == reference.tokenizer.chat_template
