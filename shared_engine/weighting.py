@@ -70,14 +70,15 @@ def content_spans(rendered: bytes, contents: Sequence[str]) -> list[tuple[int, i
     return spans
 
 
-def tokens_inside(pieces: Sequence[bytes], spans: Sequence[tuple[int, int]]) -> list[int]:
+def tokens_inside(pieces: Sequence[bytes], spans: Sequence[tuple[int, int]], whole: bool = False) -> list[int]:
     """Indices of the tokens (never the first: nothing predicts it) whose bytes lie inside a span,
     the whitespace a token starts with aside: the first word of a message is " Hello" in a plain
-    "User: Hello" prompt and "▁Hello" in SentencePiece, and every member must score every word."""
+    "User: Hello" prompt and "▁Hello" in SentencePiece, and every member must score every word.
+    ``whole``: only tokens wholly inside, their leading whitespace too (drafter='auto''s measured rule)."""
     inside, start = [], 0
     for i, piece in enumerate(pieces):
         end = start + len(piece)
-        first = start + len(piece) - len(piece.lstrip(_WHITESPACE))
+        first = start if whole else start + len(piece) - len(piece.lstrip(_WHITESPACE))
         if i > 0 and first < end and any(a <= first and end <= b for a, b in spans):
             inside.append(i)
         start = end

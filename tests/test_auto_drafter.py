@@ -338,3 +338,16 @@ def test_eval_keeps_its_fits_beside_its_answers_and_out_of_its_config(tmp_path: 
     assert seen["engine"].options.fit_cache == str(tmp_path / "shared.sqlite")
     assert main([*common, "--out", str(tmp_path / "run3"), "--drafter", "0"]) == 0
     assert seen["engine"].options.fit_cache is None  # no choice, nothing to keep
+
+
+def test_the_drafter_choice_scores_an_example_answer_from_its_second_word_where_a_space_leads_it() -> None:
+    """The rule Results measured: a token wholly inside an example answer, its leading whitespace too.
+    weights='auto' scores the first word as well (dd3bf7e); applied to the drafter choice it flipped
+    SQuAD's drafter from Qwen (alone 51%) to Gemma-3-270m (alone 21%), a default never measured."""
+    from shared_engine.auto_weights import answer_tokens
+
+    member = toy_member("a", "byte_level", "llama", 1)
+    ids = member.table.encode_fragment("User: Question?\nAssistant: Sofia walked to the park\n")
+    pieces = [member.table.pieces[t] for t in ids]
+    scored = b"".join(pieces[i] for i in answer_tokens(member, ids, ["Sofia walked to the park"]))
+    assert scored.strip() == b"walked to the park"

@@ -65,6 +65,9 @@ def test_content_spans_and_tokens_inside_skip_template_markup() -> None:
     # a token that carries the space before the content ("User: Hello", SentencePiece's "▁Hello") counts
     plain = [b"User", b":", b" Hello", b" there", b"\n"]
     assert tokens_inside(plain, content_spans(b"".join(plain), ["Hello there"])) == [2, 3]
+    # drafter='auto' keeps its measured rule: wholly inside, so that " Hello" is left out (the first word
+    # scored too flips SQuAD's choice from Qwen to Gemma-3-270m: auto_weights.answer_tokens)
+    assert tokens_inside(plain, content_spans(b"".join(plain), ["Hello there"]), whole=True) == [3]
     nlls = torch.arange(1.0, 10.0)  # token i's NLL is i
     fit = fit_of(nlls, lengths, [3, 4])
     assert (fit.nll, fit.num_bytes, fit.num_tokens) == (7.0, 11, 2)
