@@ -119,3 +119,36 @@ def test_every_member_reads_the_first_answer_token_as_its_tokenizer_would(key: s
     whole = tokenizer(_prompt_text(tokenizer, messages) + answer,
                       add_special_tokens=not tokenizer.chat_template)["input_ids"]
     assert prompt_ids + table.encode_fragment(answer) == list(whole)
+
+
+STRICT_TEMPLATE = (  # Gemma-3-it's rules: a system turn only first, then user and assistant alternating
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+    "{{ '<start_of_turn>system\n' + messages[0]['content'] + '<end_of_turn>\n' }}"
+    "{% else %}{% set loop_messages = messages %}{% endif %}"
+    "{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{{ '<start_of_turn>' + message['role'] + '\n' + message['content'] + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
+
+
+def test_a_strict_template_takes_the_engines_own_turns() -> None:
+    """A structured-output retry ([user, system, assistant, user]) and a tool-result hint (two user
+    turns) made a template that wants alternating turns (Gemma-3-it, Mistral) raise a raw jinja error
+    (the server answered 500); the turns are joined as such a template takes them."""
+    from shared_engine.tools import OutputOptions, OutputPlan
+
+    tokenizer = copy.deepcopy(toy.byte_level_tokenizer())
+    tokenizer.chat_template = STRICT_TEMPLATE
+    retry = OutputPlan(OutputOptions(response_format={"type": "json_object"})).messages(
+        [{"role": "user", "content": "Give me JSON."}], [("{", "unterminated")])
+    assert [m["role"] for m in retry] == ["user", "system", "assistant", "user"]
+    text = tokenizer.decode(render_prompt_ids(tokenizer, retry))
+    assert text.count("<start_of_turn>user") == 2 and "Give me JSON.\n\nAnswer with one JSON object" in text
+    hint = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "Let me look."},
+            {"role": "user", "content": "sunny"}, {"role": "user", "content": "Answer in plain text."}]
+    assert "sunny\n\nAnswer in plain text." in tokenizer.decode(render_prompt_ids(tokenizer, hint))
+    # a conversation no joining makes acceptable is refused readably, not as a jinja error
+    from shared_engine.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="chat template refuses"):
+        render_prompt_ids(tokenizer, [{"role": "assistant", "content": "Hi."}])

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from ..errors import InvalidRequestError
@@ -106,8 +107,37 @@ def render_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mes
     if tools and not template_renders_tools(tokenizer):
         messages, tools = with_tools_system(messages, tools), None
     if getattr(tokenizer, "chat_template", None):
-        encoded: Any = tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=True,
-                                                     add_generation_prompt=True, return_dict=True,
-                                                     tools=[dict(t) for t in tools] if tools else None)
-        return list(encoded["input_ids"])
+        try:
+            return _templated(tokenizer, [dict(m) for m in messages], tools)
+        except TemplateError as refused:
+            # Gemma-3-it, Mistral, Llama-2: a system turn only first, user and assistant alternating;
+            # the engine's own turns (a format reminder, a retry's feedback, a tool-result hint) break that
+            try:
+                return _templated(tokenizer, alternating(messages), tools)
+            except TemplateError:
+                raise InvalidRequestError(f"the member's chat template refuses these messages: {refused}") from None
     return list(tokenizer(render_plain(messages))["input_ids"])
+
+
+def _templated(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]],
+               tools: Sequence[Mapping[str, Any]] | None) -> list[int]:
+    encoded: Any = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                 return_dict=True, tools=[dict(t) for t in tools] if tools else None)
+    return list(encoded["input_ids"])
+
+
+def alternating(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """``messages`` as a strict template takes them: a system message after the first turn is read as
+    the user's, and consecutive turns of one role (text only) are joined into one, a blank line apart."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        turn = dict(message)
+        if turn["role"] == "system" and out:
+            turn["role"] = "user"
+        last = out[-1] if out else None
+        if last is not None and last["role"] == turn["role"] and isinstance(last.get("content"), str) \
+                and isinstance(turn.get("content"), str) and not last.get("tool_calls") and not turn.get("tool_calls"):
+            last["content"] = f"{last['content']}\n\n{turn['content']}"
+        else:
+            out.append(turn)
+    return out
