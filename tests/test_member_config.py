@@ -425,3 +425,16 @@ def test_gpu_check_runs_the_device_path_on_the_cpu(toy_folders: list[Path]) -> N
         refused = subprocess.run([sys.executable, script, "--models", models],  # default device: cuda
                                  check=False, capture_output=True, text=True, timeout=120, env=env)
         assert refused.returncode == 2 and "no CUDA device" in refused.stderr
+
+
+def test_cuda_and_cuda_0_share_one_memory_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """'cuda' and 'cuda:0' (the same GPU) were two devices to the fit check, each against the whole
+    free memory: two 10 GiB members on a 15 GiB GPU passed and failed later, out of memory."""
+    import torch
+
+    from shared_engine.members import devices
+
+    monkeypatch.setattr(devices, "available_bytes", lambda device: 15 * 2**30)
+    with pytest.raises(InvalidRequestError, match="do not fit on cuda:0"):
+        devices.check_fits([("a", torch.device("cuda"), 10 * 2**30), ("b", torch.device("cuda:0"), 10 * 2**30)])
+    devices.check_fits([("a", torch.device("cuda:0"), 10 * 2**30), ("b", torch.device("cuda:1"), 10 * 2**30)])

@@ -141,6 +141,14 @@ def placement_device(device: str | None, device_map: str | dict[str, Any] | None
     return torch.device(device or "cpu")
 
 
+def _indexed(device: torch.device) -> torch.device:
+    """``cuda`` as the device it means (``cuda:0`` unless another is current): one GPU, one budget."""
+    if device.type == "cpu" or device.index is not None:
+        return device
+    current = torch.cuda.current_device() if device.type == "cuda" and torch.cuda.is_available() else 0
+    return torch.device(device.type, current)
+
+
 def check_fits(planned: list[tuple[str, torch.device, int]]) -> None:
     """Refuse members that together cannot fit on their device, before loading any of them.
 
@@ -148,7 +156,7 @@ def check_fits(planned: list[tuple[str, torch.device, int]]) -> None:
     activations come on top), so this catches the impossible, not the tight."""
     by_device: dict[torch.device, list[tuple[str, int]]] = {}
     for name, device, size in planned:
-        by_device.setdefault(device, []).append((name, size))
+        by_device.setdefault(_indexed(device), []).append((name, size))
     for device, members in by_device.items():
         need = sum(size for _, size in members)
         have = available_bytes(device)
