@@ -208,10 +208,33 @@ class TokenTable:
         out: list[int] = []
         for run, literal in _normalisation_runs(text):
             ids = [] if literal else self.encode_fragment(run)
-            if literal or self.to_bytes(ids) != run.encode("utf-8"):
-                ids = [self._byte_token(b) for b in run.encode("utf-8")]
+            if literal:
+                ids = self._bytewise(run)
+            elif self.to_bytes(ids) != run.encode("utf-8"):
+                ids = self._spell_around(run)
             out += ids
         return out
+
+    def _bytewise(self, text: str) -> list[int]:
+        return [self._byte_token(b) for b in text.encode("utf-8")]
+
+    def _spell_around(self, run: str) -> list[int]:
+        """A run the tokenizer does not give back: only the characters it changes on their own
+        (SentencePiece reads a literal "▁" as a space) are spelled byte by byte, the text between
+        them canonically (the whole run byte by byte made a sentence with one "▁" 5x longer)."""
+        ids: list[int] = []
+        plain = ""
+        for char in run:
+            if self.to_bytes(self.encode_fragment(char)) == char.encode("utf-8"):
+                plain += char
+                continue
+            ids += self._canonical_or_bytewise(plain) + self._bytewise(char)
+            plain = ""
+        return ids + self._canonical_or_bytewise(plain)
+
+    def _canonical_or_bytewise(self, text: str) -> list[int]:
+        ids = self.encode_fragment(text)
+        return ids if self.to_bytes(ids) == text.encode("utf-8") else self._bytewise(text)
 
     def spell_covering(self, text: str) -> tuple[list[int], list[int], int]:
         """``spell`` for a verifier, which must hold *any* committed text: characters this
