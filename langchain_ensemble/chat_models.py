@@ -75,6 +75,7 @@ from shared_engine import (
 )
 from shared_engine.engine import iterate_sync
 from shared_engine.events import Event, FinishEvent
+from shared_engine.members.chat import join_text_parts
 from shared_engine.options import Method, validated
 from shared_engine.profile import profile_digest
 from shared_engine.tools import forced_tool
@@ -644,7 +645,7 @@ def _text(content: str | list[Any], where: str) -> str:
             kind = block.get("type") if isinstance(block, dict) else type(block).__name__
             raise InvalidRequestError(f"{where}: content blocks of type {kind!r} are not supported "
                                       "(the ensemble reads text only)")
-    return "".join(parts)
+    return join_text_parts(parts)
 
 
 def _assistant_message(message: AIMessage, where: str) -> dict[str, Any]:

@@ -57,7 +57,7 @@ from shared_engine import EnsembleEngine, InvalidRequestError, MemberConfig, Mem
 from shared_engine.engine import iterate_sync
 from shared_engine.events import Event, FinishEvent
 from shared_engine.members import Member
-from shared_engine.members.chat import normalize_messages
+from shared_engine.members.chat import join_text_parts, normalize_messages
 from shared_engine.options import GenerationParams, validated
 
 from .events import EnsembleDecisionEvent, EnsembleFinishEvent, EnsembleSpanEvent, EnsembleStepEvent, dispatcher
@@ -517,7 +517,7 @@ def to_engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             args = function.get("arguments") if isinstance(function, Mapping) else getattr(function, "arguments", {})
             if name:
                 calls.append({"type": "function", "function": {"name": name, "arguments": args or {}}})
-        entry: dict[str, Any] = {"role": role, "content": "\n".join(t for t in texts if t.strip()) or "".join(texts)}
+        entry: dict[str, Any] = {"role": role, "content": join_text_parts(texts)}
         if calls and role == "assistant":
             entry["tool_calls"] = calls
         if role == "tool" and message.additional_kwargs.get("tool_call_id"):

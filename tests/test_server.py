@@ -94,7 +94,7 @@ def test_streamed_and_whole_answers_match_the_engine(base_url: str) -> None:
 
 def test_text_parts_and_the_developer_role_are_read_like_plain_messages(base_url: str) -> None:
     plain = post(base_url, {"model": MODEL, "max_tokens": 6, "messages": [
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sofia walked to the park"}]})
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sofia walked \nto the park"}]})
     parts = post(base_url, {"model": MODEL, "max_tokens": 6, "messages": [
         {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
         {"role": "user", "content": [{"type": "text", "text": "Sofia walked "},
@@ -104,7 +104,7 @@ def test_text_parts_and_the_developer_role_are_read_like_plain_messages(base_url
     # OpenAI's neutral defaults, which some clients always send, change nothing (non-zero ones are a 400)
     neutral = post(base_url, {"model": MODEL, "max_tokens": 6, "frequency_penalty": 0, "presence_penalty": 0.0,
                               "logit_bias": {}, "messages": [{"role": "system", "content": "Be brief."},
-                                                             {"role": "user", "content": "Sofia walked to the park"}]})
+                                                             {"role": "user", "content": "Sofia walked \nto the park"}]})
     assert neutral.status_code == 200 and neutral.json()["choices"] == plain.json()["choices"]
 
 

@@ -95,6 +95,13 @@ def render_plain(messages: Sequence[Message]) -> str:
     return "".join(parts) + ASSISTANT_TURN
 
 
+def join_text_parts(texts: Sequence[str]) -> str:
+    """A message's text parts (OpenAI content parts, LangChain text blocks, LlamaIndex TextBlocks) as
+    one content, a newline apart, as vLLM reads them; empty parts add nothing. One rule for every
+    surface: the same message reads the same through the server and both adapters."""
+    return "\n".join(text for text in texts if text)
+
+
 def render_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message],
                       tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
     """Prompt token ids for ``messages`` in this tokenizer's own format, ready for generation:

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 from ..events import AdaFuseEvent, EnsembleEvent, OpenAIFinishReason, Stats, ToolCallEvent, Usage
+from ..members.chat import join_text_parts
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -63,8 +64,8 @@ class ChatMessage(BaseModel):
 
     def as_engine_message(self) -> dict[str, Any]:
         """The engine's message form: ``developer`` is OpenAI's newer name for ``system``."""
-        content = self.content if isinstance(self.content, str) else "".join(
-            part.text for part in self.content or [])
+        content = self.content if isinstance(self.content, str) else join_text_parts(
+            [part.text for part in self.content or []])
         message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content}
         if self.tool_calls:
             message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
