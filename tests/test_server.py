@@ -103,8 +103,9 @@ def test_text_parts_and_the_developer_role_are_read_like_plain_messages(base_url
     assert parts.json()["choices"] == plain.json()["choices"]
     # OpenAI's neutral defaults, which some clients always send, change nothing (non-zero ones are a 400)
     neutral = post(base_url, {"model": MODEL, "max_tokens": 6, "frequency_penalty": 0, "presence_penalty": 0.0,
-                              "logit_bias": {}, "messages": [{"role": "system", "content": "Be brief."},
-                                                             {"role": "user", "content": "Sofia walked \nto the park"}]})
+                              "logit_bias": {}, "messages": [
+                                  {"role": "system", "content": "Be brief."},
+                                  {"role": "user", "content": "Sofia walked \nto the park"}]})
     assert neutral.status_code == 200 and neutral.json()["choices"] == plain.json()["choices"]
 
 

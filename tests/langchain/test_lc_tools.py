@@ -38,7 +38,7 @@ def test_message_conversion_with_tool_history() -> None:
     ]
     out = to_engine_messages(messages)
     assert [m["role"] for m in out] == ["system", "user", "assistant", "tool", "tool", "assistant"]
-    assert out[1]["content"] == "weather in Paris?"
+    assert out[1]["content"] == "weather \nin Paris?"  # text parts a newline apart (join_text_parts)
     assert out[2]["tool_calls"] == [{"id": "1", "type": "function",
                                      "function": {"name": "get_weather", "arguments": {"location": "Paris"}}}]
     assert (out[3]["content"], out[3]["tool_call_id"]) == ("sunny", "1")
