@@ -23,7 +23,7 @@ from tqdm import tqdm
 from .data_paths import gsm8k_file
 from .decoding.report import mean_draft_length
 from .engine import EnsembleEngine
-from .engine_args import add_engine_args, engine_from_args
+from .engine_args import add_engine_args, check_output_file, engine_from_args
 from .errors import InvalidRequestError
 from .evaluation.benchmarks import get_benchmark
 from .loading import load_with_notice
@@ -102,22 +102,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     bench.set_defaults(max_new_tokens=128)
 
 
-def _check_json_out(out: Path) -> None:
-    """``--json``'s file can be written: checked before minutes of measuring, not after."""
-    if out.is_dir():
-        raise InvalidRequestError(f"--json {out} is a folder: give the results' file name")
-    folder = out.parent
-    if not folder.is_dir():
-        raise InvalidRequestError(f"--json {out}: the folder {folder} does not exist")
-    if not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise InvalidRequestError(f"--json {out} cannot be written (permission denied)")
-
-
 def run(args: argparse.Namespace) -> int:
     """Measure, print the results as JSON and write them to ``--json`` if given (checked first; the
     results are printed before the file is written, so a failed write loses nothing)."""
     if args.json:
-        _check_json_out(Path(args.json))
+        check_output_file(Path(args.json), "--json", "results'")
     text = json.dumps(run_bench(args), indent=2)
     print(text, flush=True)
     if args.json:

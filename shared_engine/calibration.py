@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
 import sys
 from collections.abc import Sequence
@@ -39,6 +38,7 @@ from tqdm import tqdm
 
 from .alignment import EOS_KEY, TokenizedText, shared_boundaries
 from .data_paths import find_data_dir
+from .engine_args import check_output_file
 from .errors import EnsembleError, InvalidRequestError
 from .evaluation import prompts
 from .evaluation.benchmarks import Benchmark, get_benchmark
@@ -274,16 +274,6 @@ def calibrate(models: Sequence[str | Member], bench: str = "gsm8k", data: str | 
 # --------------------------------------------------------------------------- command line
 
 
-def _check_writable(out: Path) -> None:
-    if out.is_dir():
-        raise InvalidRequestError(f"--out {out} is a folder: give the profile's file name")
-    folder = out.parent
-    if not folder.is_dir():
-        raise InvalidRequestError(f"--out {out}: the folder {folder} does not exist")
-    if not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise InvalidRequestError(f"--out {out} cannot be written (permission denied)")
-
-
 def _models(value: str) -> list[str]:
     models = [m.strip() for m in value.split(",") if m.strip()]
     if len(models) < 2:
@@ -315,7 +305,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     """Fit, save, print a summary; 2 on a clear error (the CLI's convention)."""
     try:
-        _check_writable(Path(args.out))  # before minutes of fitting, not after
+        check_output_file(Path(args.out), "--out", "profile's")  # before minutes of fitting, not after
         profile = calibrate(args.models, args.bench, args.data, args.limit, args.backend, not args.no_progress)
     except EnsembleError as err:
         print(f"error: {err}", file=sys.stderr)

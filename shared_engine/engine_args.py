@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .engine import EnsembleEngine
+from .errors import InvalidRequestError
 from .member_flags import add_member_args, member_configs
 
 
@@ -137,3 +140,14 @@ def engine_from_args(args: argparse.Namespace, method: str, backend: str | None 
                           uncertainty=args.uncertainty, threshold=args.threshold, max_words=args.max_words,
                           num_candidates=args.num_candidates, candidate_temperature=args.candidate_temperature,
                           vote=args.vote)
+
+
+def check_output_file(out: Path, flag: str, what: str) -> None:
+    """``flag``'s file (``what`` it holds) can be written: checked before minutes of work, not after."""
+    if out.is_dir():
+        raise InvalidRequestError(f"{flag} {out} is a folder: give the {what} file name")
+    folder = out.parent
+    if not folder.is_dir():
+        raise InvalidRequestError(f"{flag} {out}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise InvalidRequestError(f"{flag} {out} cannot be written (permission denied)")
