@@ -42,8 +42,10 @@ test: setup browser lint
 test-fast: setup
 	$(PY) -m pytest -q -rs -m "not zoo"
 
+# the speed issue's pair (Qwen drafts, SmolLM2 verifies); `make bench BENCH_MODELS=...` measures others
+BENCH_MODELS ?= qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct
 bench: setup
-	$(VENV)/bin/safe-ensemble bench --models qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct --prompts 4 --json bench.json
+	$(VENV)/bin/safe-ensemble bench --models $(BENCH_MODELS) --prompts 4 --json bench.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache
