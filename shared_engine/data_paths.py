@@ -50,6 +50,9 @@ def gsm8k_file(path: str | Path | None = None) -> Path:
     test split when the data folder is there, else the packaged sample."""
     if path is not None:
         given = Path(path).expanduser()
+        for inside in (given / "gsm8k" / "test.jsonl", given / "test.jsonl"):  # a folder, as eval's --data
+            if given.is_dir() and inside.is_file():
+                return inside
         if not given.is_file():
             raise InvalidRequestError(f"GSM8K file not found: {given}")
         return given

@@ -43,3 +43,7 @@ def test_a_data_folder_is_preferred_and_an_explicit_file_must_exist(monkeypatch:
     assert gsm8k_questions(None, 5)[0].startswith("Q?")  # fewer questions than asked: what there is
     with pytest.raises(InvalidRequestError, match="not found"):
         data_paths.gsm8k_file(tmp_path / "missing.jsonl")
+    # `bench --data FOLDER` takes the data folder or the benchmark's folder, as eval's --data does
+    assert data_paths.gsm8k_file(tmp_path) == full and data_paths.gsm8k_file(tmp_path / "gsm8k") == full
+    with pytest.raises(InvalidRequestError, match="not found"):
+        data_paths.gsm8k_file(tmp_path / "empty-folder")
