@@ -233,3 +233,32 @@ def test_adafuse_stats_say_whose_text_each_span_is(vote: str) -> None:
     assert 0 <= stats.accepted_tokens <= stats.drafted_tokens
     if vote == "always":  # every span voted on, the drafter proposing each time: chosen = changed
         assert stats.chosen_tokens == stats.changed_tokens
+
+
+def test_no_member_reads_past_its_context_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """max_new_tokens counts the drafter's tokens; a member that spells the answer in more of its own
+    (or writes a span past the cap) read past its window mid-answer. The answer now ends ('length')
+    while every member can still read a whole round."""
+    import copy
+
+    from shared_engine.members import hf
+
+    longest = [0]
+    real_sync, real_step = hf.HFSession.sync, hf.HFSession.step
+
+    def sync(self: hf.HFSession, target: list[int], first_row: int) -> torch.Tensor:
+        longest[0] = max(longest[0], len(target))
+        return real_sync(self, target, first_row)
+
+    def step(self: hf.HFSession, token: int) -> torch.Tensor:
+        longest[0] = max(longest[0], len(self.ids) + 1)
+        return real_step(self, token)
+
+    monkeypatch.setattr(hf.HFSession, "sync", sync)
+    monkeypatch.setattr(hf.HFSession, "step", step)
+    verifier = copy.copy(toy_member("b", "metaspace", "gpt2", 2))
+    window = len(verifier.prompt_ids([{"role": "user", "content": "Hello"}])) + 120
+    verifier.context_window = window
+    answer = EnsembleEngine([toy_member("a", "byte_level", "llama", 1), verifier], method="adafuse").generate(
+        "Hello", max_new_tokens=120)
+    assert answer.finish_reason == "length" and 0 < longest[0] <= window

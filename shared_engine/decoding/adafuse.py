@@ -256,6 +256,9 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
                         sampler: Sampler) -> AsyncGenerator[Event, None]:
     """One AdaFuse round; yields events and leaves the state advanced (or finished)."""
     start, position = len(state.answer), state.stats.tokens
+    if _window_full(state, settings):
+        state.finish_reason = "length"  # the answer ends where every member can still read a round
+        return
     outlook = await _look(state, settings)
     count_span_round(state.stats)
     count_turn_markers(state.stats, outlook.turn_markers)
@@ -288,6 +291,15 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
     count_span(state.stats, decision, state.stats.tokens - before)
     count_span_source(state.stats, own=chosen == decision.drafter_proposal, voted=voted,
                       committed=state.stats.tokens - before)
+
+
+def _window_full(state: RequestState, settings: AdaFuseSettings) -> bool:
+    """Whether a member's window could not hold another round: max_new_tokens counts the drafter's
+    tokens (checked against every window at the start), a member may spell the answer in more of its
+    own, and a round writes a span of up to ``TOKENS_PER_WORD * (max_words + 1)`` tokens and scores the
+    others' spans (room for twice that, in its own tokens)."""
+    room = 2 * TOKENS_PER_WORD * (settings.max_words + 1)
+    return any(len(state.member_context(i)) + room > m.member.context_window for i, m in enumerate(state.members))
 
 
 async def _look(state: RequestState, settings: AdaFuseSettings) -> _Outlook:
