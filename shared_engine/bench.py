@@ -16,14 +16,14 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from tqdm import tqdm
 
 from .data_paths import gsm8k_file
 from .decoding.report import mean_draft_length
 from .engine import EnsembleEngine
-from .engine_args import add_engine_args, check_output_file, engine_from_args
+from .engine_args import OneLineErrorParser, add_engine_args, check_output_file, engine_from_args
 from .errors import InvalidRequestError
 from .evaluation.benchmarks import get_benchmark
 from .loading import load_with_notice
@@ -221,14 +221,6 @@ def paired_ratios(variant: list[float], base: list[float]) -> dict[str, Any]:
             "faster_on": sum(r > 1 for r in ratios), "prompts": len(ratios)}
 
 
-class _EntryParser(argparse.ArgumentParser):
-    """Reads a ``--methods`` entry's flags; a bad one is one ``error:`` line (exit 2), as the command
-    line's own parser gives, not the whole usage block of the engine flags."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (`safe-ensemble bench --help` lists the flags)\n")
-
-
 def parse_method(entry: str, args: argparse.Namespace) -> tuple[str, argparse.Namespace]:
     """A ``--methods`` entry: ``safe``, or a variant with engine flags changed, e.g.
     ``safe:draft-schedule=adaptive`` or ``safe:draft-schedule=adaptive:drafter-confidence=0.5`` (the
@@ -240,7 +232,8 @@ def parse_method(entry: str, args: argparse.Namespace) -> tuple[str, argparse.Na
         if not sep:
             raise SystemExit(f"bench: {override!r} in --methods {entry!r} is not flag=value")
         flags += [f"--{key.strip().replace('_', '-')}", value.strip()]
-    parser = _EntryParser(prog=f"safe-ensemble bench --methods {entry}", add_help=False)
+    parser = OneLineErrorParser(prog=f"safe-ensemble bench --methods {entry}", add_help=False)
+    parser.help_command = "safe-ensemble bench --help"  # the entry's flags are bench's
     add_engine_args(parser, members_required=False)
     return method.strip(), parser.parse_args(flags, namespace=copy.copy(args))  # unnamed flags keep args'
 

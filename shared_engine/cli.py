@@ -13,10 +13,10 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Callable
-from typing import NoReturn, cast
+from typing import cast
 
 from . import bench, calibration
-from .engine_args import add_engine_args, default_method, engine_from_args
+from .engine_args import OneLineErrorParser, add_engine_args, default_method, engine_from_args
 from .errors import EnsembleError
 from .evaluation import cli as eval_command
 from .loading import load_with_notice
@@ -77,17 +77,9 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    """One ``error:`` line for a mistyped flag or value, not the whole usage block above it (the
-    subcommands' parsers are of this class too: ``add_subparsers`` makes them of the parent's)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="safe-ensemble", description=__doc__.split("\n\n")[0])
-    # the subcommands' parsers are _Parsers; the modules adding them need only ArgumentParser's API
+    parser = OneLineErrorParser(prog="safe-ensemble", description=__doc__.split("\n\n")[0])
+    # the subcommands' parsers are OneLineErrorParsers; the modules adding them need only ArgumentParser's API
     sub = cast("argparse._SubParsersAction[argparse.ArgumentParser]",
                parser.add_subparsers(dest="command", required=True))
     _add_run_parser(sub)

@@ -12,11 +12,23 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .engine import EnsembleEngine
 from .errors import InvalidRequestError
 from .member_flags import add_member_args, member_configs
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """One ``error:`` line for a mistyped flag or value, not the whole usage block above it (the
+    subcommands' parsers are of this class too: ``add_subparsers`` makes them of the parent's).
+    ``help_command``: where the options are listed (default: this parser's own ``--help``)."""
+
+    help_command: str | None = None
+
+    def error(self, message: str) -> NoReturn:
+        where = self.help_command or f"{self.prog} --help"
+        self.exit(2, f"{self.prog}: error: {message} (`{where}` lists the options)\n")
 
 
 def weights_arg(value: str) -> list[float] | str:

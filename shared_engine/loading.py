@@ -16,12 +16,11 @@ def load_with_notice(engine: EnsembleEngine, notice: bool = True) -> None:
     are loaded). A member that cannot load raises here. Blocking: an async caller runs it in a thread."""
     if engine.loaded:
         return
-    if not notice:
-        engine.members  # noqa: B018 - loads them
-        return
-    names = [m.name or m.model if isinstance(m, MemberConfig) else m.name for m in engine.decoding_specs]
-    print(f"loading {len(names)} member{'s' if len(names) > 1 else ''} ({', '.join(names)}) ...",
-          file=sys.stderr, flush=True)
+    if notice:
+        names = [m.name or m.model if isinstance(m, MemberConfig) else m.name for m in engine.decoding_specs]
+        print(f"loading {len(names)} member{'s' if len(names) > 1 else ''} ({', '.join(names)}) ...",
+              file=sys.stderr, flush=True)
     started = time.perf_counter()
     engine.members  # noqa: B018 - loads them
-    print(f"loaded in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    if notice:
+        print(f"loaded in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)

@@ -256,10 +256,11 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
                         sampler: Sampler) -> AsyncGenerator[Event, None]:
     """One AdaFuse round; yields events and leaves the state advanced (or finished)."""
     start, position = len(state.answer), state.stats.tokens
-    if _window_full(state, settings):
+    contexts = [state.member_context(i) for i in range(len(state.members))]
+    if _window_full(state, settings, contexts):
         state.finish_reason = "length"  # the answer ends where every member can still read a round
         return
-    outlook = await _look(state, settings)
+    outlook = await _look(state, contexts, settings)
     count_span_round(state.stats)
     count_turn_markers(state.stats, outlook.turn_markers)
     voted = settings.vote == "always" or not settings.is_sure(outlook.measures[outlook.leader])
@@ -293,18 +294,18 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
                       committed=state.stats.tokens - before)
 
 
-def _window_full(state: RequestState, settings: AdaFuseSettings) -> bool:
+def _window_full(state: RequestState, settings: AdaFuseSettings, contexts: list[list[int]]) -> bool:
     """Whether a member's window could not hold another round: max_new_tokens counts the drafter's
     tokens (checked against every window at the start), a member may spell the answer in more of its
     own, and a round writes a span of up to ``TOKENS_PER_WORD * (max_words + 1)`` tokens and scores the
     others' spans (room for twice that, in its own tokens)."""
     room = 2 * TOKENS_PER_WORD * (settings.max_words + 1)
-    return any(len(state.member_context(i)) + room > m.member.context_window for i, m in enumerate(state.members))
+    return any(len(context) + room > m.member.context_window for context, m in zip(contexts, state.members))
 
 
-async def _look(state: RequestState, settings: AdaFuseSettings) -> _Outlook:
-    """Every member's next-token distribution after the answer, its uncertainty, and the leader."""
-    contexts = [state.member_context(i) for i in range(len(state.members))]
+async def _look(state: RequestState, contexts: list[list[int]], settings: AdaFuseSettings) -> _Outlook:
+    """Every member's next-token distribution after the answer (``contexts``: prompt + answer in
+    each member's ids), its uncertainty, and the leader."""
     answer = bytes(state.answer)
     shared = SharedEnds(answer, state.canonical_texts())
     raw = await gather_all(*(m.member.run(_next_logits, m.session, c) for m, c in zip(state.members, contexts)))
@@ -335,15 +336,17 @@ def _candidate_keys(state: RequestState, outlook: _Outlook, proposals: Proposals
     if state.loop_guard is None:
         return keys, 0
     tail = state.loop_tail() or b""  # the answer's end is all a loop check reads, not a copy of the whole answer
-    free = [k for k in keys if k == EOS_KEY or state.loop_at(state.loop_tail(tail + k)) is None]
+    free = [k for k in keys if not _ends_in_loop(state, k, tail)]
     return (free or [_loop_free_token(state, outlook.firsts[0])]), len(keys) - len(free)
 
 
-def _ends_in_loop(state: RequestState, key: bytes) -> bool:
-    """Whether the answer would end in a loop the guard stops (repetition.py) after span ``key``."""
+def _ends_in_loop(state: RequestState, key: bytes, tail: bytes | None = None) -> bool:
+    """Whether the answer would end in a loop the guard stops (repetition.py) after span ``key``
+    (``tail``: the answer's end, ``state.loop_tail()``, where the caller has it)."""
     if state.loop_guard is None or key == EOS_KEY:
         return False
-    return state.loop_at(state.loop_tail((state.loop_tail() or b"") + key)) is not None
+    tail = (state.loop_tail() or b"") if tail is None else tail
+    return state.loop_at(state.loop_tail(tail + key)) is not None
 
 
 def _loop_free_token(state: RequestState, logits: torch.Tensor) -> bytes:
