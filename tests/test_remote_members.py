@@ -287,6 +287,35 @@ def test_a_server_that_trickles_its_answer_fails_at_the_deadline(answered: int, 
     assert accepted[0] == 1  # the answered requests kept their connection
 
 
+def test_looking_up_the_servers_name_ends_by_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """getaddrinfo takes no timeout: a resolver that hangs held the request past its deadline (3 s for
+    a 0.5 s deadline here). A name's addresses are tried in turn, as socket.create_connection does."""
+    real, release = socket.getaddrinfo, threading.Event()
+
+    def resolver(host: str, port: object, *args: Any, **kwargs: Any) -> Any:
+        if host == "hung.test":
+            release.wait(3)
+            return real("127.0.0.1", port, *args, **kwargs)
+        if host == "two.test":  # nothing listens on 127.0.0.2, the server on 127.0.0.1
+            return real("127.0.0.2", port, *args, **kwargs) + real("127.0.0.1", port, *args, **kwargs)
+        if host == "missing.test":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    with serve(lambda method, path, body: (200, b'{"ok": true}')) as (url, _):
+        port = url.rsplit(":", 1)[1]
+        client = JsonClient("m", f"http://hung.test:{port}", HttpSettings(timeout_s=0.5, retries=0))
+        started = time.monotonic()
+        with pytest.raises(MemberError, match="timed out after 0.5 s"):
+            client.get("/props")
+        assert time.monotonic() - started < 2
+        release.set()
+        assert JsonClient("m", f"http://two.test:{port}", FAST).get("/props") == {"ok": True}
+    with pytest.raises(MemberError, match="ConnectError: .*not known"):
+        JsonClient("m", "http://missing.test:8000", HttpSettings(retries=0)).get("/props")
+
+
 def test_a_refused_connection_is_retried_then_named() -> None:
     with silent_socket() as url:
         pass  # the port is closed again: connections are refused

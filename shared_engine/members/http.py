@@ -6,7 +6,8 @@ and may be retried. Rules:
 - a hard per-request deadline (``timeout_s``, connect to last byte): a server that accepts a
   connection and never answers, or trickles bytes forever (headers or body), cannot hang a request.
   httpx's own timeouts bound each socket operation, not the request, so every socket operation of
-  the client's connections is given what is left of its request's deadline (``_DeadlineBackend``);
+  the client's connections is given what is left of its request's deadline (``_DeadlineBackend``),
+  the lookup of the server's name included (``_lookup``: ``getaddrinfo`` takes no timeout);
 - transport failures (refused, reset, closed mid-answer, timed out) and 429/502/503/504 are retried
   ``retries`` times with exponential backoff; other 4xx/5xx and non-JSON bodies fail at once;
 - every failure surfaces as ``MemberError`` naming the member and the URL (a URL httpx cannot
@@ -19,7 +20,9 @@ member has; members still run concurrently because ``run`` is awaited with ``asy
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import socket
 import threading
 import time
 from typing import Any
@@ -104,9 +107,18 @@ class _DeadlineBackend(httpcore.NetworkBackend):
 
     def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
                     socket_options: Any = None) -> httpcore.NetworkStream:
-        stream = self._backend.connect_tcp(host, port, self._deadline.bound(timeout, httpcore.ConnectTimeout),
-                                           local_address, socket_options)
-        return _DeadlineStream(stream, self._deadline)
+        """The host's name looked up within the connect timeout and the deadline (``_lookup``), then
+        its addresses tried in turn, as ``socket.create_connection`` tries them."""
+        failed: httpcore.ConnectError | None = None
+        for address in _lookup(host, port, self._deadline.bound(timeout, httpcore.ConnectTimeout)):
+            try:
+                bound = self._deadline.bound(timeout, httpcore.ConnectTimeout)
+                stream = self._backend.connect_tcp(address, port, bound, local_address, socket_options)
+            except httpcore.ConnectError as exc:
+                failed = exc
+                continue
+            return _DeadlineStream(stream, self._deadline)
+        raise failed or httpcore.ConnectError(f"{host} has no address")
 
     def connect_unix_socket(self, path: str, timeout: float | None = None,
                             socket_options: Any = None) -> httpcore.NetworkStream:
@@ -116,6 +128,34 @@ class _DeadlineBackend(httpcore.NetworkBackend):
 
     def sleep(self, seconds: float) -> None:
         self._backend.sleep(seconds)
+
+
+def _lookup(host: str, port: int, timeout: float | None) -> list[str]:
+    """The addresses of ``host``, in ``getaddrinfo``'s order, or ConnectTimeout after ``timeout``.
+    ``getaddrinfo`` (which ``socket.create_connection`` calls) takes no timeout and cannot be
+    interrupted, so a hung resolver held a request far past its deadline; the lookup runs in a
+    thread of its own, left to end by itself when the request stops waiting for it."""
+    try:
+        return [str(ipaddress.ip_address(host))]
+    except ValueError:
+        pass
+    answer: list[Any] = []
+    done = threading.Event()
+
+    def look_up() -> None:
+        try:
+            answer.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as exc:
+            answer.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=look_up, name=f"lookup-{host}", daemon=True).start()
+    if not done.wait(timeout):
+        raise httpcore.ConnectTimeout(f"looking up {host} took over {timeout:g} s")
+    if isinstance(answer[0], OSError):
+        raise httpcore.ConnectError(str(answer[0])) from answer[0]
+    return list(dict.fromkeys(str(sockaddr[0]) for *_, sockaddr in answer[0]))
 
 
 def _bound_by_deadline(client: httpx.Client, deadline: _Deadline) -> None:
