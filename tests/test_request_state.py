@@ -101,3 +101,35 @@ def test_fusions_past_a_stop_string_are_not_counted() -> None:
         assert 0 <= stats.changed_tokens <= stats.ensembled_tokens
         checked += 1
     assert checked >= 2
+
+
+def test_no_fusion_is_reported_past_a_stop_string() -> None:
+    # The decisions a client sees (the server's `decisions`, the live page's cards, LangChain's custom
+    # events) describe the answer it receives: a fusion at a position a stop string cut off was streamed
+    # before the stop was known (a card for a token no one received).
+    from shared_engine import EnsembleEngine, EnsembleEvent, FinishEvent, TokenEvent
+    from tests.toy import toy_member
+
+    members = [toy_member("a", "byte_level", "llama", 0), toy_member("b", "metaspace", "gpt2", 1)]
+    options = {"method": "safe", "max_new_tokens": 40, "drafter": 0, "drafter_confidence": None,
+               "draft_schedule": "fixed", "draft_length": 12}
+    cut = 0
+    for prompt in ("Hello Sofia", "What is 2+2?", "Tell me about Paris", "def add(a, b):"):
+        full = [e for e in EnsembleEngine(members, **options).stream(prompt) if isinstance(e, EnsembleEvent)]
+        text = EnsembleEngine(members, **options).generate(prompt).text
+        for i in range(2, len(text) - 2):
+            stop = text[i:i + 2]
+            if "\ufffd" in stop or text.find(stop) != i:
+                continue
+            events = list(EnsembleEngine(members, **options).stream(prompt, stop=[stop]))
+            finish = next(e for e in events if isinstance(e, FinishEvent))
+            fusions = [e for e in events if isinstance(e, EnsembleEvent)]
+            end = finish.stats.tokens  # the stop string ends it (its first occurrence in the answer)
+            assert all(e.position < end for e in fusions), (prompt, stop, [e.position for e in fusions], end)
+            assert len(fusions) == finish.stats.ensembled_tokens
+            assert sum(isinstance(e, TokenEvent) for e in events) > 0
+            cut += len([e for e in full if e.position >= end]) > 0
+            break
+        if cut:
+            break
+    assert cut >= 1  # the case happened: the unstopped answer had fusions past where the stop ends it

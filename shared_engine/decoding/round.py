@@ -326,33 +326,42 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
                                  may_end=not at_answer_start(text, offset))
                 count_fusion(state.stats, decision)
                 fused.append(decision)
-                yield fusion_event(decision)
                 if decision.changed:  # the draft diverges here
                     state.draft_length = policy.draft.after(chosen, kept_whole=False)
-                    yield VerifyEvent(positions=checked)
-                    for event in state.commit(draft.ids[:j], "draft"):
-                        yield event
-                    if state.finish_reason:
-                        return
-                    if decision.chosen == EOS_KEY:
+                    tokens = state.commit(draft.ids[:j], "draft")
+                    if not state.finish_reason and decision.chosen == EOS_KEY:
                         state.finish_reason = "eos"
-                        return
-                    for event in state.commit(state.ids_for_piece(decision.chosen), "ensemble"):
+                    elif not state.finish_reason:
+                        tokens += state.commit(state.ids_for_piece(decision.chosen), "ensemble")
+                    for event in _round_events(state, fused, checked, tokens):
                         yield event
                     return
                 # fusion kept the drafted token: every member's context is unchanged, scan on
             offset += len(drafter.table.pieces[token]) if token not in drafter.eos_ids else 0
         state.draft_length = policy.draft.after(chosen, kept_whole=True)
-        yield VerifyEvent(positions=checked)
-        for event in _commit_whole(state, draft):
+        for event in _round_events(state, fused, checked, _commit_whole(state, draft)):
             yield event
         if ahead is not None and not state.finish_reason:
             await ahead.settle(keep=True)
     finally:
         # a stop string (or the length cap) may end the answer before positions fusion already ran at
-        uncount_fusions_past(state.stats, fused, state.stats.tokens + (state.finish_reason == "eos"))
+        uncount_fusions_past(state.stats, fused, _answer_end(state))
         if ahead is not None:
             await ahead.settle(keep=False)  # diverged, finished or failed: stop it, throw it away
+
+
+def _round_events(state: RequestState, fused: list[FusionDecision], checked: list[VerifiedPosition],
+                  tokens: list[TokenEvent]) -> list[Event]:
+    """A verified round's events once its tokens are committed: the fusions the answer reached (a
+    stop string or the length cap may end it before positions already fused, whose decisions would
+    describe tokens no one receives), the verification, then the tokens."""
+    reached: list[Event] = [fusion_event(d) for d in fused if d.position < _answer_end(state)]
+    return [*reached, VerifyEvent(positions=checked), *tokens]
+
+
+def _answer_end(state: RequestState) -> int:
+    """Positions the answer holds: its tokens, plus the EOS that ended it."""
+    return state.stats.tokens + (state.finish_reason == "eos")
 
 
 def _commit_whole(state: RequestState, draft: Draft) -> list[TokenEvent]:
