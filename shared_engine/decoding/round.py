@@ -333,14 +333,14 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
                         state.finish_reason = "eos"
                     elif not state.finish_reason:
                         tokens += state.commit(state.ids_for_piece(decision.chosen), "ensemble")
-                    for event in _round_events(state, fused, checked, tokens):
-                        yield event
+                    for round_event in _round_events(state, fused, checked, tokens):
+                        yield round_event
                     return
                 # fusion kept the drafted token: every member's context is unchanged, scan on
             offset += len(drafter.table.pieces[token]) if token not in drafter.eos_ids else 0
         state.draft_length = policy.draft.after(chosen, kept_whole=True)
-        for event in _round_events(state, fused, checked, _commit_whole(state, draft)):
-            yield event
+        for round_event in _round_events(state, fused, checked, _commit_whole(state, draft)):
+            yield round_event
         if ahead is not None and not state.finish_reason:
             await ahead.settle(keep=True)
     finally:
