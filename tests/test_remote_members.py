@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 import pytest
 import torch
 
@@ -384,6 +385,62 @@ def test_a_body_httpx_cannot_decode_and_a_closed_client_fail_as_member_errors_at
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_member_that_fails_to_start_closes_what_it_opened(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server member whose start failed (its /tokenize disagrees, its /props fails, its vocabulary
+    cannot be read) kept its HTTP client open (connections held while the error was kept, a
+    ResourceWarning when collected); it closes its client, its tokenizer and an in-process server."""
+    from shared_engine.members import http, remote, server_tokenizer
+    from shared_engine.members.llamacpp import LlamaCppMember
+
+    clients: list[JsonClient] = []
+
+    class Recorded(JsonClient):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            clients.append(self)
+
+    class Tokenizer(LocalTokenizer):
+        def close(self) -> None:
+            closed.append("tokenizer")
+
+    class Server:
+        slots = 2
+
+        def close(self) -> None:
+            closed.append("server")
+
+    monkeypatch.setattr(remote, "JsonClient", Recorded)
+    monkeypatch.setattr(server_tokenizer, "JsonClient", Recorded)
+    tok, closed = toy.byte_level_tokenizer(), []
+    failing = HttpSettings(retries=0)
+
+    def handler(method: str, path: str, body: object) -> tuple[int, bytes]:
+        return (500, b"no") if path == "/props" else (200, b'{"tokens": [1, 2, 3]}')
+
+    with serve(handler) as (url, _):
+        with pytest.raises(MemberError, match="disagree"):
+            SGLangMember("sg", url, Tokenizer(tok, len(tok), frozenset(), 512), http=failing)
+        with pytest.raises(MemberError, match="HTTP 500"):
+            LlamaCppMember("ll", url, Tokenizer(tok, len(tok), frozenset(), 512), http=failing,
+                           server=Server(), check_tokenizer=False)  # type: ignore[arg-type]
+        with pytest.raises(MemberError, match="HTTP 500"):
+            server_tokenizer.LlamaCppServerTokenizer(url, failing)
+    assert len(clients) == 3 and all(client._client.is_closed for client in clients)
+    assert closed == ["tokenizer", "tokenizer", "server"]
+    made: list[httpx.Client] = []
+
+    class Client(httpx.Client):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(httpx, "Client", Client)
+    monkeypatch.setattr(http, "_bound_by_deadline", lambda client, deadline: 1 / 0)
+    with pytest.raises(ZeroDivisionError):  # an httpx whose pools it cannot bound
+        JsonClient("m", "http://127.0.0.1:9")
+    assert made[0].is_closed
 
 
 def test_cli_backend_applies_to_names_without_a_prefix() -> None:

@@ -188,7 +188,11 @@ class JsonClient:
         except (InvalidRequestError, httpx.InvalidURL) as exc:
             raise self.error(str(exc)) from None
         self._deadline = _Deadline()
-        _bound_by_deadline(self._client, self._deadline)
+        try:
+            _bound_by_deadline(self._client, self._deadline)
+        except BaseException:
+            self._client.close()
+            raise
 
     def close(self) -> None:
         self._client.close()

@@ -227,8 +227,12 @@ class LlamaCppMember(RemoteMember):
         self._partial_ids: list[int] | None = None
         self._partial_lock = threading.Lock()
         super().__init__(name, url, tokenizer, top_k=top_k, context_window=context_window, http=http,
-                         check_tokenizer=check_tokenizer)
-        props = self.client.get("/props") if server is None or context_window is None else {}
+                         check_tokenizer=check_tokenizer)  # closes all (the server too) if it fails
+        try:
+            props = self.client.get("/props") if server is None or context_window is None else {}
+        except BaseException:
+            self.close()  # the server, the connections and the tokenizer: nothing outlives a failed start
+            raise
         if context_window is None:
             self.context_window = _server_context(props, default=self.context_window)
         self.slots = SlotPool(server.slots if server is not None else _server_slots(props))

@@ -142,21 +142,25 @@ class RemoteMember(ABC):
     def __init__(self, name: str, url: str, tokenizer: MemberTokenizer, *, top_k: int = DEFAULT_TOP_K,
                  context_window: int | None = None, http: HttpSettings | None = None,
                  check_tokenizer: bool = True) -> None:
-        if top_k < 1:
-            raise ValueError("top_k must be >= 1")
         self.name = name
         self.url = url.rstrip("/")
         self.top_k = top_k
-        self.client = JsonClient(name, self.url, http)
+        self.tokenizer = tokenizer  # the member's own: closed with it
+        self.client = JsonClient(name, self.url, http)  # fails only on a URL no request could reach
         self.executor = member_executor(name, CALLS_IN_FLIGHT)
-        self.tokenizer = tokenizer
-        self.table = tokenizer.token_table()
-        self.context_window = int(context_window or tokenizer.context_window or 2048)
-        self.stop_strings: tuple[str, ...] = () if tokenizer.has_chat_template else PLAIN_TEMPLATE_STOPS
-        self.capabilities = Capabilities(distribution="top_k", k=top_k, computes_apart=True,
-                                         **self.wire_capabilities())
-        if check_tokenizer and not tokenizer.from_server:
-            self.check_tokenizer()
+        try:
+            if top_k < 1:
+                raise ValueError("top_k must be >= 1")
+            self.table = tokenizer.token_table()
+            self.context_window = int(context_window or tokenizer.context_window or 2048)
+            self.stop_strings: tuple[str, ...] = () if tokenizer.has_chat_template else PLAIN_TEMPLATE_STOPS
+            self.capabilities = Capabilities(distribution="top_k", k=top_k, computes_apart=True,
+                                             **self.wire_capabilities())
+            if check_tokenizer and not tokenizer.from_server:
+                self.check_tokenizer()
+        except BaseException:
+            self.close()  # a member that fails to start (its server's /tokenize) keeps no connection open
+            raise
 
     # ----------------------------------------------------------------- backend-specific
     @abstractmethod

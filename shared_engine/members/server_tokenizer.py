@@ -50,17 +50,21 @@ class LlamaCppServerTokenizer:
 
     def __init__(self, url: str, http: HttpSettings | None = None, name: str | None = None) -> None:
         self.client = JsonClient(name or url, url, http)
-        props = self.client.get("/props")
-        props = props if isinstance(props, dict) else {}
-        self.context_window: int | None = None  # the member asks the server's /props itself
-        self.bos_token: str = props.get("bos_token") or ""
-        self.pieces = self._vocabulary()
-        self.special_ids = {i for i, piece in enumerate(self.pieces) if not piece}
-        self.eos_ids = {i for text in {props.get("eos_token") or "", *END_OF_TURN_TOKENS} if text
-                        for i in [self._control_token(text)] if i is not None}
-        template = props.get("chat_template") or ""
-        self.has_chat_template = bool(template) and (
-            "<|im_start|>" not in template or self._control_token("<|im_start|>") is not None)
+        try:
+            props = self.client.get("/props")
+            props = props if isinstance(props, dict) else {}
+            self.context_window: int | None = None  # the member asks the server's /props itself
+            self.bos_token: str = props.get("bos_token") or ""
+            self.pieces = self._vocabulary()
+            self.special_ids = {i for i, piece in enumerate(self.pieces) if not piece}
+            self.eos_ids = {i for text in {props.get("eos_token") or "", *END_OF_TURN_TOKENS} if text
+                            for i in [self._control_token(text)] if i is not None}
+            template = props.get("chat_template") or ""
+            self.has_chat_template = bool(template) and (
+                "<|im_start|>" not in template or self._control_token("<|im_start|>") is not None)
+        except BaseException:
+            self.client.close()  # a server that cannot give its vocabulary keeps no connection of ours
+            raise
 
     def _vocabulary(self) -> list[bytes]:
         """The exact bytes of every id, from one completion that lists the whole vocabulary."""
