@@ -25,9 +25,9 @@ the constraint.
 
 Parsing (``ToolCallParser``) is incremental, so tool markup never reaches the token stream, and
 lenient through ``json_repair`` (code fences, single quotes, unquoted keys, truncated JSON,
-arguments given as a JSON string); a bare JSON answer counts as a call only when it names an
-offered tool; a tagged block that still cannot be read is reported as an invalid call, never
-guessed at.
+arguments given as a JSON string); a bare JSON answer (an object, or a list of them as some
+models write several calls) counts as calls only when each names an offered tool; a tagged block
+that still cannot be read is reported as an invalid call, never guessed at.
 
 Structured output (``response_format`` json_object / json_schema): the members are asked for JSON
 (json_schema: with the schema), the answer is prefilled with ``{`` and **decoded under a
@@ -399,14 +399,15 @@ class ToolCallParser:
 
     ``feed`` takes text deltas and returns what can be released now (``str`` pieces and
     ``ToolCallEvent``s); ``close`` releases the rest. Text that may be the start of ``<tool_call>``
-    is held back; an answer that *starts* with ``{`` or a code fence is held to the end, because
-    small models often drop the tags and answer with the bare JSON object (a call only when it
-    names an offered tool; several in a row are several calls, and text after them is text). A
-    ``</tool_call>`` inside one of a call's JSON strings is part of its arguments, not its end
-    (unless the string is never closed: then the answer's end decides). Whitespace-only text next
-    to calls is dropped, so an answer of calls only has empty text, but text before calls and text
-    after them keep one separator between them (the whitespace written after the calls, else the
-    one written before them), so their sentences do not run together.
+    is held back; an answer that *starts* with ``{``, a list of objects (``[{``) or a code fence is
+    held to the end, because small models often drop the tags and answer with the bare JSON object
+    or a list of them (calls only when each names an offered tool; several in a row are several
+    calls, and text after them is text). A ``</tool_call>`` inside one of a call's JSON strings is
+    part of its arguments, not its end (unless the string is never closed: then the answer's end
+    decides). Whitespace-only text next to calls is dropped, so an answer of calls only has empty
+    text, but text before calls and text after them keep one separator between them (the
+    whitespace written after the calls, else the one written before them), so their sentences do
+    not run together.
     """
 
     def __init__(self, names: Sequence[str], schemas: Mapping[str, Mapping[str, Any]] | None = None) -> None:
@@ -459,9 +460,13 @@ class ToolCallParser:
             if self.hold_all:
                 break
             head = self.buffer.lstrip()
-            if not self.started and not self.num_calls and head[:1] in ("{", "`"):
-                self.hold_all = True
-                break
+            if not self.started and not self.num_calls and head[:1] in ("{", "[", "`"):
+                after = head[1:].lstrip()
+                if head[0] != "[" or after[:1] == "{":  # a list may be a list of calls
+                    self.hold_all = True
+                    break
+                if not after:
+                    break  # "[" alone: undecided
             if not self.started and not head:
                 break  # only whitespace so far: undecided
             keep = _partial_suffix(self.buffer, TOOL_CALL_OPEN)
@@ -518,8 +523,8 @@ class ToolCallParser:
 
     def _bare(self, rest: str) -> list[str | ToolCallEvent]:
         """A held answer that starts with JSON: each value in a row (bare or in a code fence) that
-        names an offered tool is a call; what follows the last call, or the whole answer if the
-        first value is none, is text."""
+        names an offered tool is a call (a list: each of its items); what follows the last call, or
+        the whole answer if the first value is none, is text."""
         bodies: list[str] = []
         start = 0
         while True:

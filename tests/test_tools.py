@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 from hypothesis import example, given, settings
@@ -96,7 +97,7 @@ def test_bare_json_answer_is_a_call_only_when_it_names_an_offered_tool() -> None
 
 
 @settings(derandomize=os.environ.get("HYPOTHESIS_EXPLORE") != "1", database=None)
-@given(st.lists(st.sampled_from(["<tool_call>", "</tool_call>", "<tool", "_call>", "`", "\n", " ", "{", "}",
+@given(st.lists(st.sampled_from(["<tool_call>", "</tool_call>", "<tool", "_call>", "`", "\n", " ", "{", "}", "[",
                                  '"name": "get_weather"', "word", "é"]), max_size=12))
 @example(pieces=["<tool", "<tool_call>", "</tool_call>", "_call>"])  # text "<tool" + a call + "_call>"
 def test_parser_never_loses_plain_text_or_leaks_a_whole_tag(pieces: list[str]) -> None:
@@ -112,7 +113,7 @@ def test_parser_never_loses_plain_text_or_leaks_a_whole_tag(pieces: list[str]) -
             runs.append(current)
             current = ""
     assert not any("<tool_call>" in run for run in [*runs, current])
-    if "<tool_call>" not in "".join(pieces) and not "".join(pieces).lstrip().startswith(("{", "`")):
+    if "<tool_call>" not in "".join(pieces) and not re.match(r"\s*(\{|`|\[\s*\{)", "".join(pieces)):
         assert text.strip() == "".join(pieces).strip()
 
 
@@ -136,6 +137,21 @@ def test_every_bare_call_is_read_and_text_after_them_is_kept() -> None:
     assert run_parser(list(answer)) == (answer, [])
     text, calls = run_parser([paris + ' {"city": "Oslo"}'])  # a call, then JSON that is no call: text
     assert (text, len(calls)) == ('{"city": "Oslo"}', 1)
+
+
+def test_a_bare_list_of_calls_is_read_as_those_calls() -> None:
+    """Some models answer with a JSON list of calls and no tags: it stayed text."""
+    paris = '{"name": "get_weather", "arguments": {"location": "Paris"}}'
+    listed = f'[{paris}, {paris.replace("Paris", "Rome")}]'
+    for answer in (listed, f" [\n  {listed[1:-1]}\n]\nDone.", f"```json\n{listed}\n```"):
+        for deltas in ([answer], list(answer)):
+            text, calls = run_parser(deltas)
+            assert [c.arguments["location"] for c in calls] == ["Paris", "Rome"], answer
+            assert text == ("Done." if "Done" in answer else "") and [c.index for c in calls] == [0, 1]
+    answer = '[{"city": "Oslo"}, ' + paris + "]"  # not every item is a call: text, whole
+    assert run_parser(list(answer)) == (answer, [])
+    parser = ToolCallParser(["get_weather"])  # a list that cannot hold calls is streamed, not held
+    assert parser.feed("[") == [] and parser.feed("1] See the notes.") == ["[1] See the notes."]
 
 
 def test_a_close_tag_inside_a_string_argument_does_not_end_the_call() -> None:
