@@ -138,9 +138,10 @@ def test_registry_keys_tell_dtypes_apart_and_treat_the_defaults_as_plain() -> No
 @pytest.mark.parametrize("model", ["llamacpp:smollm2-135m-instruct", "llamacpp:http://127.0.0.1:1",
                                    "vllm:http://127.0.0.1:1#t", "sglang:http://127.0.0.1:1#t"])
 def test_a_config_that_spells_out_the_loaders_defaults_is_the_same_member(model: str) -> None:
-    """top_k=20, n_ctx=4096 and http=HttpSettings() are what the loaders use unset: the same registry
-    member (a second in-process llama.cpp server, a second copy of the GGUF, before); the defaults
-    are read from the loaders' signatures, so changing one there changes the key with it."""
+    """top_k=20, n_ctx=4096, http=HttpSettings(), threads=<cores> and poll=50 are what the loaders use
+    unset: the same registry member (a second in-process llama.cpp server, a second copy of the GGUF,
+    before); the defaults are read from the loaders' signatures (and what an unset one runs with), so
+    changing one there changes the key with it."""
     import inspect
 
     from shared_engine.members.http import HttpSettings
@@ -148,14 +149,17 @@ def test_a_config_that_spells_out_the_loaders_defaults_is_the_same_member(model:
 
     plain = MemberConfig(model=model)
     spelled: dict[str, object] = {"top_k": 20, "http": HttpSettings()}
-    if not plain.spec.is_url:
+    if not plain.spec.is_url:  # threads and poll unset: every core, llama.cpp's own poll (50)
         spelled["n_ctx"] = inspect.signature(LlamaCppMember.from_gguf).parameters["n_ctx"].default
+        spelled.update(threads=max(1, os.cpu_count() or 1), poll=50)
     assert plain.key == model
     assert MemberConfig(model=model, **spelled).key == MemberConfig(model=model, http={}).key == model
     assert MemberConfig(model=model, top_k=10).key != model
     assert MemberConfig(model=model, http={"timeout_s": 30}).key != model
     if not plain.spec.is_url:
         assert MemberConfig(model=model, n_ctx=2048).key != model
+        assert MemberConfig(model=model, threads=(os.cpu_count() or 1) + 1).key != model
+        assert MemberConfig(model=model, poll=0).key != model
 
 
 # -- the device helper -----------------------------------------------------------------------

@@ -40,7 +40,8 @@ LLAMACPP_CLIENT_FIELDS = ("reuse_prompt_cache",)
 """Options of any llama.cpp member, in this process or at a URL."""
 
 _UNSET_MEANS: dict[str, object] = {"device": "cpu", "dtype": "float32", "http": HttpSettings()}
-"""What a loader does with an option left at None (its signature's default)."""
+"""What a loader does with an option left at None (its signature's default); an in-process
+llama.cpp server's own (threads, poll) are added by ``loader_defaults``."""
 
 
 def _loader(spec: MemberSpec) -> Callable[..., Any]:
@@ -60,12 +61,18 @@ def _loader(spec: MemberSpec) -> Callable[..., Any]:
 @functools.cache
 def loader_defaults(spec: MemberSpec) -> dict[str, object]:
     """What ``spec``'s member loads with when an option is not set, as ``model_dump(mode="json")``
-    writes it: read from its loader's own signature (n_ctx=4096, top_k=20, slots, ...), so the two
+    writes it: read from its loader's own signature (n_ctx=4096, top_k=20, slots, ...) and, for an
+    option the loader leaves at None, from what it then runs with (threads: every core), so the two
     cannot drift apart."""
     names = PLACEMENT_FIELDS + SERVER_FIELDS + LLAMACPP_FIELDS + LLAMACPP_CLIENT_FIELDS
     parameters = inspect.signature(_loader(spec)).parameters
+    unset = dict(_UNSET_MEANS)
+    if spec.backend == "llamacpp" and not spec.is_url:
+        from .llamacpp import unset_server_options
+
+        unset.update(unset_server_options())
     defaults = {name: parameters[name].default for name in names if name in parameters}
-    defaults = {name: _UNSET_MEANS.get(name) if value is None else value for name, value in defaults.items()}
+    defaults = {name: unset.get(name) if value is None else value for name, value in defaults.items()}
     return {name: value.model_dump(mode="json") if isinstance(value, BaseModel) else value
             for name, value in defaults.items() if value is not None and value is not inspect.Parameter.empty}
 

@@ -93,6 +93,20 @@ def _llamacpp_build() -> str:
         return "unknown"
 
 
+def default_threads() -> int:
+    """The CPU threads of an in-process server that sets none: every core."""
+    return max(1, os.cpu_count() or 1)
+
+
+def unset_server_options() -> dict[str, int]:
+    """What a ``LocalLlamaServer`` option left at None runs with (``threads``: every core; ``poll``:
+    llama.cpp's own default, read from its parameters), so the member registry takes a config that
+    spells one out for the same server (members/config.py)."""
+    import xllamacpp as xlc
+
+    return {"threads": default_threads(), "poll": int(xlc.CommonParams().cpuparams.poll)}
+
+
 class LocalLlamaServer:
     """A llama.cpp server for one GGUF inside this process (xllamacpp), on a free loopback port.
 
@@ -112,7 +126,7 @@ class LocalLlamaServer:
         params.n_ctx = n_ctx * slots  # split evenly over the slots: each gets n_ctx
         params.n_parallel = slots
         params.port = 0  # the OS picks a free port; the server reports it
-        threads = threads or max(1, os.cpu_count() or 1)
+        threads = threads or default_threads()
         params.cpuparams.n_threads = threads
         params.cpuparams_batch.n_threads = threads
         if poll is not None:  # busy-waiting after a job (llama.cpp's default 50)
