@@ -17,11 +17,14 @@ what Qwen's template does.
 
 Forcing a call (``tool_choice`` "required"/"any"/True or a tool's name) adds a closing system turn
 ("Answer with a call to ...") and prefills the answer with ``<tool_call>\\n{"name": "`` (plus the
-name when it is known), so a small model only writes the arguments; generation stops at
-``</tool_call>``. The rest of a forced call is decoded under a constraint (``json_constraint.py``):
-an offered tool's name (for "any"), then arguments that match that tool's parameter schema, then
-the closing ``}``. An answer prefix of the caller's own (``prefix=``) works the same way, without
-the constraint.
+name when it is known), so a small model only writes the arguments. The rest of a forced call is
+decoded under a constraint (``json_constraint.py``): an offered tool's name (for "any"), then
+arguments that match that tool's parameter schema, then the closing ``}``, where the answer ends.
+An answer prefix of the caller's own (``prefix=``) works the same way, without the constraint.
+A forced call, or any call with ``parallel_tool_calls=False``, is the answer's only call: generation
+stops at a ``</tool_call>`` that starts a line (``CALL_END``; a JSON string cannot hold a raw line
+break, so the tag written inside an argument is no stop), and what follows the first call is
+dropped (where the tag follows the call on its line, no stop ends the answer early).
 
 Parsing (``ToolCallParser``) is incremental, so tool markup never reaches the token stream, and
 lenient through ``json_repair`` (code fences, single quotes, unquoted keys, truncated JSON,
@@ -63,6 +66,10 @@ from .json_constraint import JsonPrefix, call_start_state, start_state
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
+CALL_END = "\n" + TOOL_CALL_CLOSE
+"""The stop string of an answer of one call: a close tag at the start of a line, as the format
+writes it, and never inside the call's JSON strings (``</tool_call>`` alone cut an argument that
+held it)."""
 DEFAULT_SYSTEM = "You are a helpful assistant."
 """System text put before the tools block when the conversation has no system message."""
 FORMAT_ATTEMPTS = 3
@@ -602,7 +609,9 @@ class OutputPlan:
         self.prefix = options.prefix or call_prefix(self.forced) or ("{" if self.response_format else "")
         self._own_prefix = bool(options.prefix)
         self.tool_result_hint = options.tool_result_hint if tools else None
-        self.stops = [TOOL_CALL_CLOSE] if self.forced or (self.tools and options.parallel_tool_calls is False) else []
+        self.one_call = bool(self.forced or (self.tools and options.parallel_tool_calls is False))
+        """The answer holds one call at most: generation stops after it, what follows is dropped."""
+        self.stops = [CALL_END] if self.one_call else []
 
     def constraint(self) -> JsonPrefix | None:
         """The decoding constraint after the prefix: of a JSON answer, or of a forced call's name
@@ -701,6 +710,8 @@ class AnswerShaper:
     def _pieces(self, pieces: list[str | ToolCallEvent], token: TokenEvent) -> list[Event]:
         out: list[Event] = []
         for piece in pieces:
+            if self.calls and self.plan.one_call:
+                break  # one call asked for; what follows it was written past a close tag that was no stop
             if isinstance(piece, str):
                 if piece:
                     self.text += piece

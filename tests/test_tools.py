@@ -8,12 +8,15 @@ import os
 import re
 
 import pytest
+import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shared_engine import EnsembleEngine, InvalidRequestError
 from shared_engine.events import FinishEvent, Stats, TokenEvent, ToolCallEvent
+from shared_engine.members import HFMember
 from shared_engine.members.chat import normalize_messages
+from shared_engine.members.session import PrefixSession
 from shared_engine.tools import (
     OutputOptions,
     OutputPlan,
@@ -26,7 +29,7 @@ from shared_engine.tools import (
     tool_history_as_text,
     with_tools_system,
 )
-from tests.toy import toy_member
+from tests.toy import byte_level_tokenizer, tiny_llama, toy_member
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather at a place.",
                                            "parameters": {"type": "object",
@@ -245,7 +248,7 @@ def test_tool_result_hint_follows_tool_results_only_when_tools_are_offered() -> 
 def test_plan_for_a_forced_call_and_for_json() -> None:
     plan = OutputPlan(OutputOptions(tools=TOOLS, tool_choice="required"))
     assert plan.forced == "get_weather" and plan.prefix == call_prefix("get_weather")
-    assert plan.stops == ["</tool_call>"]
+    assert plan.stops == ["\n</tool_call>"] and plan.one_call
     assert plan.messages([{"role": "user", "content": "hi"}])[-1]["content"] == \
         "Answer with a call to the function get_weather."
     assert OutputPlan(OutputOptions(tools=TOOLS, tool_choice="none")).tools is None
@@ -326,6 +329,70 @@ def test_bad_tool_options_are_typed_errors(engine: EnsembleEngine) -> None:
         engine.generate("hi", tools=[{"type": "function", "function": {"name": "has space"}}])
     with pytest.raises(InvalidRequestError, match="response_format"):
         engine.generate("hi", response_format={"type": "xml"})
+
+
+class _ScriptedSession(PrefixSession):
+    """Logits that put all the mass on the script's next token (EOS after it), from the first
+    position the session is asked about (the end of the prompt)."""
+
+    def __init__(self, member: ScriptedMember) -> None:
+        super().__init__()
+        self.member, self.start = member, None
+
+    def _compute(self, target: list[int], first_row: int, common: int) -> torch.Tensor:
+        if self.start is None:
+            self.start = len(target)
+        self.last_sync, self.ids = (common, len(self.ids) - common), list(target)
+        self.num_forwards += 1
+        script, eos = self.member.script, min(self.member.eos_ids)
+        rows = torch.full((len(target) - first_row + 1, len(self.member.table.pieces)), -30.0)
+        for row, written in enumerate(range(first_row - self.start, len(target) - self.start + 1)):
+            rows[row, script[written] if written < len(script) else eos] = 30.0
+        return rows
+
+
+class ScriptedMember(HFMember):
+    """A member that writes ``script`` whatever it is asked (the byte-level toy's tokens): a chosen
+    answer through the engine's whole decoding (stop strings, constraint, parsing)."""
+
+    def __init__(self, script: str) -> None:
+        tokenizer = byte_level_tokenizer()
+        super().__init__("scripted", tiny_llama(tokenizer), tokenizer)
+        self.context_window = 4096  # the tools block alone is ~500 toy tokens
+        self.script = tokenizer.encode(script, add_special_tokens=False)
+
+    def new_session(self) -> _ScriptedSession:  # type: ignore[override]
+        return _ScriptedSession(self)
+
+
+ECHO_TOOLS = [{"type": "function", "function": {"name": "echo", "parameters": {
+    "type": "object", "properties": {"text": {"type": "string"}}}}},
+              {"type": "function", "function": {"name": "noop", "parameters": {}}}]
+
+
+def test_a_close_tag_inside_an_argument_does_not_end_a_call_of_one() -> None:
+    """A forced call (and any call with parallel_tool_calls=False) stopped at ``</tool_call>``, so
+    the tag written inside a JSON string cut the call there ({"text": "use"}). A call of one still
+    stops at the tag on a line of its own; a tag on the call's line is no stop, and what follows
+    the first call is dropped."""
+    arguments = {"text": "use </tool_call> here"}
+    body = json.dumps(arguments)
+    call = json.dumps({"name": "echo", "arguments": arguments})
+    noop = '<tool_call>{"name": "noop", "arguments": {}}</tool_call>'
+    cases = [  # (options, what the member writes after the prefill, the answer's text, how it ends)
+        ({"tool_choice": "echo"}, f" {body}}}", "", "stop"),
+        ({"tool_choice": "required"}, f'echo", "arguments": {body}}}', "", "stop"),
+        ({"parallel_tool_calls": False}, f"Sure.\n<tool_call>\n{call}\n</tool_call>\nMore.", "Sure.", "stop"),
+        ({"parallel_tool_calls": False}, f"<tool_call>{call}</tool_call> {noop} Bye.", "", "eos"),
+    ]
+    for options, script, text, reason in cases:
+        result = EnsembleEngine([ScriptedMember(script)], method="single", max_new_tokens=200).generate(
+            "Echo it.", tools=ECHO_TOOLS, **options)
+        assert [(c.name, c.arguments) for c in result.tool_calls] == [("echo", arguments)], options
+        assert (result.text, result.finish_reason) == (text, reason), options
+    both = EnsembleEngine([ScriptedMember(cases[-1][1])], method="single", max_new_tokens=200).generate(
+        "Echo it.", tools=ECHO_TOOLS)  # parallel calls allowed: both, and the text after them
+    assert ([c.name for c in both.tool_calls], both.text) == (["echo", "noop"], "Bye.")
 
 
 def test_quoted_numbers_and_booleans_take_the_type_the_tool_schema_asks_for() -> None:
