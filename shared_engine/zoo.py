@@ -197,12 +197,22 @@ ZOO: dict[str, ZooSpec] = {
 # --------------------------------------------------------------------------- paths
 
 
+_RELATIVE_CACHES: dict[str, Path] = {}
+"""A relative ``$SAFE_ENSEMBLE_CACHE`` -> the folder it named in the directory the process first read it from."""
+
+
 def cache_dir() -> Path:
-    """Root of everything we write; ``$SAFE_ENSEMBLE_CACHE`` or ``~/.cache/safe-ensemble``."""
+    """Root of everything we write; ``$SAFE_ENSEMBLE_CACHE`` or ``~/.cache/safe-ensemble``. A relative
+    ``$SAFE_ENSEMBLE_CACHE`` is made absolute the first time it is read, so a later change of the
+    working directory (a server, a library caller) does not move the cache and every path handed out
+    (GGUF files, model folders) is absolute."""
     override = os.environ.get(CACHE_ENV)
-    if override:
-        return Path(override).expanduser()
-    return Path.home() / ".cache" / "safe-ensemble"
+    if not override:
+        return Path.home() / ".cache" / "safe-ensemble"
+    path = Path(override).expanduser()
+    if path.is_absolute():
+        return path
+    return _RELATIVE_CACHES.setdefault(str(path), Path(os.path.abspath(path)))
 
 
 def known_models() -> list[str]:

@@ -126,6 +126,20 @@ def test_cache_dir_default_and_env_override(tmp_path: Path, monkeypatch: pytest.
     assert cache_dir() == tmp_path / "home" / "c"
 
 
+def test_a_relative_cache_is_where_it_was_first_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative $SAFE_ENSEMBLE_CACHE named a folder of whatever directory the process was in at each
+    call: a model prepared from one folder was prepared again (and its files missed) from another."""
+    monkeypatch.setattr(zoo, "_RELATIVE_CACHES", {})
+    (tmp_path / "first").mkdir()
+    (tmp_path / "later").mkdir()
+    monkeypatch.chdir(tmp_path / "first")
+    monkeypatch.setenv(zoo.CACHE_ENV, "models/cache")
+    assert cache_dir() == tmp_path / "first" / "models" / "cache"
+    monkeypatch.chdir(tmp_path / "later")
+    assert cache_dir() == tmp_path / "first" / "models" / "cache"
+    assert zoo._hf_dir("m").is_absolute()
+
+
 def test_local_hf_folder_is_returned_as_is(tmp_path: Path) -> None:
     folder = tmp_path / "my-model"
     folder.mkdir()
