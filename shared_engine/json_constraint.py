@@ -27,18 +27,21 @@ retried (``tools.py``).
 The parser takes only part of JSON Schema, and much of what it does not take it accepts when built
 and then raises when decoding reaches it (an untyped value, ``allOf``, ``not``, a ``const`` number, an
 ``enum`` holding ``true``, ``additionalProperties: true``, ...); ``oneOf`` it reads as a union of
-objects only. So a schema is first rewritten into the part it takes (``_parser_schema``): ``oneOf``
-becomes ``anyOf`` (exclusivity is left to the validation), ``const`` and ``enum`` a union per JSON
-type, and what it cannot enforce is left free (an untyped value, ``not``, ``if``: any JSON value;
-an unsupported ``pattern``: any string); a schema it cannot approximate that way (several typed
-``allOf`` parts, a ``$ref`` outside ``$defs``) is not constrained at all. Should the parser still
-raise mid-answer, the constraint is dropped for the rest of that answer (``JsonPrefix.parser``
-None), which is then validated as usual.
+objects only, and it compares a fixed string (an enum or const value, a property name) with the
+text as written, escapes and all. So a schema is first rewritten into the part it takes
+(``_parser_schema``): ``oneOf`` becomes ``anyOf`` (exclusivity is left to the validation), ``const``
+and ``enum`` a union per JSON type, a fixed string its JSON spelling (``_as_parsed``), and what it
+cannot enforce is left free (an untyped value, ``not``, ``if``: any JSON value; an unsupported
+``pattern``: any string); a schema it cannot approximate that way (several typed ``allOf`` parts, a
+``$ref`` outside ``$defs``) is not constrained at all. Should the parser still raise mid-answer, the
+constraint is dropped for the rest of that answer (``JsonPrefix.parser`` None), which is then
+validated as usual.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -178,19 +181,26 @@ class _Rewrite:
         if isinstance(properties, Mapping) or extra is False:
             # Given properties, the parser takes no other key; a required key not among them stays writable.
             props = properties if isinstance(properties, Mapping) else {}
-            out["properties"] = {key: self.schema(sub) for key, sub in props.items() if sub is not False}
-            out["properties"].update({key: dict(_ANY) for key in required if key not in out["properties"]})
+            out["properties"] = {}
+            for key, sub in props.items():
+                if sub is False:
+                    continue
+                name, value = _as_parsed(key), self.schema(sub)
+                seen = out["properties"].get(name)  # two keys the parser reads alike: either one's value
+                out["properties"][name] = value if seen is None else {"anyOf": [seen, value]}
+            out["properties"].update({_as_parsed(key): dict(_ANY) for key in required
+                                      if _as_parsed(key) not in out["properties"]})
         elif isinstance(extra, Mapping) and (value := self.schema(extra)) != _ANY:
             out["additionalProperties"] = value
         if required:
-            out["required"] = required
+            out["required"] = [_as_parsed(key) for key in required]
         return out
 
 
 def _enum_schema(values: list[Any]) -> dict[str, Any]:
     """``enum`` (or ``const``) as the parser takes it: its strings, its numbers, and any boolean /
     null / object / array where it holds one (the parser takes strings or numbers only)."""
-    strings = [v for v in values if isinstance(v, str)]
+    strings = [_as_parsed(v) for v in values if isinstance(v, str)]
     numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
     options: list[dict[str, Any]] = [{"type": "string", "enum": strings}] if strings else []
     options += [{"enum": numbers}] if numbers else []
@@ -200,6 +210,20 @@ def _enum_schema(values: list[Any]) -> dict[str, Any]:
     if not options:
         raise _Unsupported(values)
     return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+_ESCAPE = re.compile(r"\\(?:u[0-9a-fA-F]{4}|.)")
+
+
+def _as_parsed(value: str) -> str:
+    """A fixed string (an enum or const value, a property name) as the parser compares it with what
+    is written: JSON-escaped (given raw, a ``"`` in it closed the string early and a line break was
+    written raw: invalid JSON), each escape sequence then read as its backslash alone (the parser
+    reads what follows a backslash apart, as any valid escape). So ``"a\\"b"`` is writable for
+    ``a"b`` and ``"a"`` is not; the escape after the backslash may be any valid one (``"a\\nb"``
+    is another value: a JSON answer's validation refuses it, a forced call's arguments are not
+    validated)."""
+    return _ESCAPE.sub(lambda _: "\\", json.dumps(value, ensure_ascii=False)[1:-1])
 
 
 def _regex_ok(pattern: str) -> bool:
@@ -372,8 +396,8 @@ def call_start_state(tools: Mapping[str, Mapping[str, Any]], forced: str) -> Jso
     """The constraint of a forced tool call, after its prefill (``tools.call_prefix``): ``forced``
     names the tool (the prefill ends after ``"arguments":``) or is "any" (the prefill ends inside
     ``"name": "``, so the name must be one of ``tools``, each followed by its own arguments). The
-    arguments must match the tool's parameter schema, and the call object closes with ``}``
-    (``</tool_call>`` then follows as the stop string). None when the parser cannot take a schema."""
+    arguments must match the tool's parameter schema, and the call object closes with ``}``, where
+    the answer ends. None when the parser cannot take a schema."""
     def arguments_then_close(schema: Mapping[str, Any]) -> list[CharacterLevelParser]:
         # No parameters given: any object (OpenAI's reading of an empty schema).
         parsed = _parser_schema(schema or {"type": "object"}, object_only=True)

@@ -290,6 +290,25 @@ def test_a_non_ascii_character_of_an_enum_or_key_may_come_in_byte_pieces() -> No
     assert key is not None and key.after("ï".encode()[:1]) is not None and key.after("ś".encode()[:1]) is None
 
 
+@pytest.mark.parametrize("value", ['a"b', "c\\d", "two\nlines", "tab\there", "bell\x07", 'say "é"'])
+def test_an_enum_const_or_key_holding_a_quote_backslash_or_control_character_is_written_escaped(value: str) -> None:
+    """Fixed strings were given to the parser raw: for ``a"b`` the quote closed the string, so
+    ``{"x": "a"}`` passed as complete and ``"a\\"b"`` was refused; a line break was written raw
+    (invalid JSON). Their JSON spelling is what is written now, in a value and in a key."""
+    spelled = json.dumps(value, ensure_ascii=False)
+    keyed = {"type": "object", "properties": {value: {"type": "integer"}}, "required": [value]}
+    for schema, text in ((_holding({"enum": ["other", value]}), '{"x": ' + spelled + "}"),
+                         (_holding({"const": value}), '{"x": ' + spelled + "}"),
+                         (keyed, "{" + spelled + ": 1}")):
+        state = feed(start_state(schema, ""), text)
+        assert state is not None and state.finished, (schema, text)
+        jsonschema.validate(json.loads(text), schema)
+        assert feed(start_state(schema, ""), text.replace(spelled, f'"{value}"')) is None  # written raw
+        special = next(i for i, c in enumerate(value) if c in '"\\' or ord(c) < 32)
+        assert feed(start_state(schema, ""), text.replace(spelled, f'"{value[:special]}"')) is None  # cut there
+    assert feed(call_start_state({"f": _holding({"enum": [value]})}, "f"), f' {{"x": {spelled}}}}}').finished  # type: ignore[union-attr]
+
+
 # -- fusion never commits a schema-breaking candidate --------------------------------------------
 
 def test_fusion_picks_the_best_valid_candidate_and_else_keeps_the_drafted_token() -> None:
