@@ -13,6 +13,8 @@ Cache layout (root from :func:`cache_dir`)::
     gguf/<name>.gguf            assembled GGUF (multi-part models only)
     gguf/<name>.gguf.sha256     stamp: size + mtime + sha256, so we hash once
     hf/<name>/                  dequantized HF folder, ``.complete`` written last
+    hf/gguf-<key>/              the same for a user's .gguf file (key: its path, size and mtime; the
+                                folder of an earlier version of the file is removed by the next conversion)
     tokenizers/<name>/          the tokenizer alone, read from the GGUF (:func:`tokenizer_dir`)
     locks/<key>.lock            fcntl lock so two processes don't install, assemble or convert at once
 
@@ -501,18 +503,22 @@ def _assemble_locked(spec: ZooSpec, progress: bool) -> Path:
 
 
 @contextlib.contextmanager
-def _file_lock(key: str, progress: bool) -> Iterator[None]:
-    """Exclusive inter-process lock, so concurrent first runs convert a model only once."""
+def _file_lock(key: str, progress: bool, wait: bool = True) -> Iterator[bool]:
+    """Exclusive inter-process lock, so concurrent first runs convert a model only once. Yields
+    whether it is held: with ``wait=False``, False at once (nothing held) where another process holds it."""
     lock_path = cache_dir() / "locks" / f"{key}.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with lock_path.open("a") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            if not wait:
+                yield False
+                return
             _log(f"waiting for another process that is preparing {key} ...", progress)
             fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            yield
+            yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
@@ -651,7 +657,34 @@ def _resolve_gguf_file(path: Path, progress: bool = True) -> ResolvedModel:
         with _file_lock(key, progress):
             if not _is_complete(dest):
                 _convert(path, dest, {"source_path": str(path)}, progress)
+                _remove_earlier_conversions(path, dest, progress)
     return ResolvedModel(name=path.stem, path=dest, spec=None)
+
+
+def _remove_earlier_conversions(path: Path, kept: Path, progress: bool) -> None:
+    """Drop the conversions of earlier versions of the user GGUF ``path``: its file changed, so their
+    keys (path, size, mtime) name it no more and each version's full float32 copy stayed in the cache.
+    Only ``gguf-<key>`` folders this module made (their marker names ``path`` as the source), each
+    under its own lock, taken without waiting (one another process holds is left for a later sweep),
+    and moved aside before it is deleted (an interrupted delete leaves no marked, half-empty folder)."""
+    for folder in kept.parent.glob("gguf-*"):
+        if folder == kept or not _converted_from(folder, path):
+            continue
+        with _file_lock(folder.name, progress, wait=False) as held:
+            if held and _converted_from(folder, path):
+                trash = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+                os.replace(folder, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+                _log(f"removed {folder}, the conversion of an earlier version of {path}", progress)
+
+
+def _converted_from(folder: Path, path: Path) -> bool:
+    """Whether ``folder`` is a complete conversion of the user GGUF ``path`` (its marker says so)."""
+    try:
+        marker = json.loads((folder / COMPLETE_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("source_path") == str(path)
 
 
 def _unknown(name_or_path: str) -> UnknownModelError:

@@ -353,6 +353,34 @@ def test_gguf_path_is_converted_into_a_keyed_folder(
     assert calls == [gguf]
 
 
+def test_a_changed_ggufs_earlier_conversion_is_removed(
+    tmp_path: Path, tmp_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each version of a user's GGUF (its key: path, size, mtime) got a full float32 folder, and the
+    earlier ones stayed in the cache forever. The next conversion removes them: only conversions of
+    that file (not another file's, not a folder this module did not make), not one another process
+    holds the lock of."""
+    calls: list[Path] = []
+    monkeypatch.setattr(zoo, "_dequantize_to", _fake_dequantize(calls))
+    gguf, other = tmp_path / "mine.gguf", tmp_path / "other.gguf"
+    other.write_bytes(PAYLOAD)
+    kept = {resolve(str(other), progress=False).path.name}
+    foreign = tmp_cache / "hf" / "gguf-0123456789abcdef"
+    foreign.mkdir()
+    kept.add(foreign.name)
+    gguf.write_bytes(PAYLOAD)
+    busy = resolve(str(gguf), progress=False).path
+    gguf.write_bytes(PAYLOAD + b"1")
+    with zoo._file_lock(busy.name, progress=False):  # another process holds its lock: left for later
+        second = resolve(str(gguf), progress=False).path
+    assert {p.name for p in (tmp_cache / "hf").iterdir()} == kept | {busy.name, second.name}
+    gguf.write_bytes(PAYLOAD + b"22")
+    latest = resolve(str(gguf), progress=False).path
+    assert len({busy, second, latest}) == 3 and len(calls) == 4
+    assert {p.name for p in (tmp_cache / "hf").iterdir()} == kept | {latest.name}
+    assert resolve(str(gguf), progress=False).path == latest and len(calls) == 4
+
+
 def test_lock_serialises_and_is_released(tmp_cache: Path) -> None:
     import fcntl
 
