@@ -511,7 +511,10 @@ def _file_lock(key: str, progress: bool, wait: bool = True) -> Iterator[bool]:
     with lock_path.open("a") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            free = True
         except BlockingIOError:
+            free = False
+        if not free:
             if not wait:
                 yield False
                 return
