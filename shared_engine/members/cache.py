@@ -4,7 +4,11 @@ transformers changed the cache API inside 5.x (see the project's reference, ense
 the forward kwarg became ``cache=`` on 5.24 (``past_key_values=`` before), outputs carry ``.cache``
 instead of ``.past_key_values``, and ``Cache.crop`` only accepts a *negative* count (a positive one
 raises on 5.24, and meant an absolute length before 5.15). Everything that touches a cache goes
-through these four functions so that the rest of the engine never sees those differences.
+through these functions so that the rest of the engine never sees those differences.
+
+``bound_sliding`` is the one place that reaches into a cache layer's private fields: transformers has
+no public way to keep *some* recorded past of a sliding-window layer (``crop(0)`` drops all of it).
+It checks those fields first and raises if a transformers version changed them.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import inspect
 from typing import Any
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+import transformers
+from transformers import DynamicCache, PreTrainedModel, cache_utils
 
 from .devices import input_device, to_host
 
@@ -56,6 +61,44 @@ def enable_rollback(cache: Any) -> None:
     activate = getattr(cache, "activate_past_recording", None)
     if activate is not None:
         activate()
+
+
+_SLIDING_LAYER: type | None = getattr(cache_utils, "DynamicSlidingWindowLayer", None)
+_SLIDING_FIELDS = ("sliding_window", "cumulative_length", "keys", "values", "is_initialized")
+"""What ``bound_sliding`` reads of a recording sliding-window layer (transformers 5.24's
+``DynamicSlidingWindowLayer``: it attends to the last ``sliding_window - 1`` cached positions and the
+new ones, so positions before those serve only a later ``crop``)."""
+
+
+def bound_sliding(cache: Any, depth: int) -> int:
+    """Drop what no rollback of at most ``depth`` positions can need from every sliding-window layer
+    that records its past (``enable_rollback``): it keeps ``window - 1 + depth`` positions, enough
+    for ``crop`` to rebuild its window ``depth`` back. Recording keeps every position until a crop,
+    so a long answer that never rolls back grew these layers to its whole length. Returns the most
+    positions a sliding layer holds afterwards (0: none records)."""
+    held = 0
+    layers: list[Any] = list(getattr(cache, "layers", None) or ())
+    for layer in layers:
+        if not (getattr(layer, "is_sliding", False) and getattr(layer, "record_past", False)):
+            continue
+        missing = [f for f in _SLIDING_FIELDS if not hasattr(layer, f)]
+        known = _SLIDING_LAYER is not None and isinstance(layer, _SLIDING_LAYER)
+        if not known or missing:
+            raise RuntimeError(f"transformers {transformers.__version__} changed its sliding-window cache layer "
+                               f"({type(layer).__name__}, missing {missing or 'nothing'}): "
+                               "shared_engine/members/cache.py bound_sliding must be updated for it")
+        if not layer.is_initialized:
+            continue
+        length, window = int(layer.keys.shape[-2]), int(layer.sliding_window)
+        if length > int(layer.cumulative_length):
+            raise RuntimeError(f"transformers {transformers.__version__}: a sliding-window layer holds {length} "
+                               f"positions of {layer.cumulative_length}; shared_engine/members/cache.py "
+                               "bound_sliding must be updated for this version")
+        keep = window - 1 + max(depth, 0)
+        if layer.cumulative_length >= window and length > keep:  # below the window crop keeps them all
+            layer.keys, layer.values = layer.keys[..., -keep:, :], layer.values[..., -keep:, :]
+        held = max(held, int(layer.keys.shape[-2]))
+    return held
 
 
 def is_croppable(cache: Any) -> bool:

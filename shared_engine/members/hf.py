@@ -35,6 +35,14 @@ from .base import FULL_LOCAL, Capabilities, R
 from .chat import PLAIN_TEMPLATE_STOPS, Message, render_prompt_ids
 from .session import PrefixSession
 
+ROLLBACK_DEPTH = 256
+"""How far back a sliding-window layer keeps what a rollback needs (positions), besides the latest
+forward's feed: the engine rolls a session back over what it has not committed, a draft and the
+overlapped draft after it (``max_draft_length`` <= 64 each), a verifier's reading of them in its own
+tokens, an AdaFuse span (8 tokens a word, ``max_words`` <= 16); a scorer back to the row before its
+latest forward (calibration, auto weights) whatever its length. A deeper rollback re-prefills, exact
+as always."""
+
 _COMPUTE_THREADS: dict[tuple[int, str], ThreadPoolExecutor] = {}
 _COMPUTE_THREADS_LOCK = threading.Lock()
 
@@ -68,6 +76,7 @@ class HFMember:
         self.cache_kwarg = kv.cache_kwarg_name(model)
         self.sliding_window = kv.sliding_window(model)
         self.context_window = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
+        self.rollback_depth = ROLLBACK_DEPTH  # sliding-window layers keep what a rollback this deep needs
         self.stop_strings: tuple[str, ...] = () if tokenizer.chat_template else PLAIN_TEMPLATE_STOPS
         self.lock = threading.Lock()  # held during each forward: whoever must wait for the one in flight
         self.devices = "+".join(sorted({str(p.device) for p in model.parameters()}))
@@ -167,12 +176,20 @@ class HFSession(PrefixSession):
         logits, self.cache = kv.forward_logits(self.member.model, self.member.cache_kwarg,
                                                self.cache, feed, rows)
         self.num_forwards += 1
-        self.ids = self.ids + list(feed)
+        start, self.ids = len(self.ids), self.ids + list(feed)
+        window = self.member.sliding_window
         if self._fresh:
             self._fresh = False
             kv.enable_rollback(self.cache)
-            window = self.member.sliding_window
             self._rollback_floor = len(self.ids) if window and len(self.ids) >= window else 0
+        elif window:
+            # Recording keeps every position of a sliding layer until a crop: keep only what a rollback
+            # to the row before this feed (a scorer's next text), or ``rollback_depth`` back, needs;
+            # deeper ones re-prefill.
+            floor = max(self._rollback_floor, min(start - 1, len(self.ids) - self.member.rollback_depth))
+            if len(self.ids) >= window:
+                self._rollback_floor = floor
+            kv.bound_sliding(self.cache, len(self.ids) - floor)
         return logits
 
     def _truncate(self, keep: int) -> int:
