@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpcore
 import httpx
 import pytest
 import torch
@@ -290,20 +291,29 @@ def test_a_server_that_trickles_its_answer_fails_at_the_deadline(answered: int, 
 
 def test_looking_up_the_servers_name_ends_by_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     """getaddrinfo takes no timeout: a resolver that hangs held the request past its deadline (3 s for
-    a 0.5 s deadline here). A name's addresses are tried in turn, as socket.create_connection does."""
+    a 0.5 s deadline here). A name's addresses are tried in turn, past a refused or a silent one, as
+    socket.create_connection tries them."""
     real, release = socket.getaddrinfo, threading.Event()
 
     def resolver(host: str, port: object, *args: Any, **kwargs: Any) -> Any:
         if host == "hung.test":
             release.wait(3)
             return real("127.0.0.1", port, *args, **kwargs)
-        if host == "two.test":  # nothing listens on 127.0.0.2, the server on 127.0.0.1
-            return real("127.0.0.2", port, *args, **kwargs) + real("127.0.0.1", port, *args, **kwargs)
+        if host == "two.test":  # nothing listens on 127.0.0.2, 127.0.0.3 is silent, the server is on 127.0.0.1
+            return [entry for ip in ("127.0.0.2", "127.0.0.3", "127.0.0.1")
+                    for entry in real(ip, port, *args, **kwargs)]
         if host == "missing.test":
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
         return real(host, port, *args, **kwargs)
 
+    def connect(backend: httpcore.SyncBackend, host: str, *args: Any, **kwargs: Any) -> httpcore.NetworkStream:
+        if host == "127.0.0.3":
+            raise httpcore.ConnectTimeout("timed out")
+        return real_connect(backend, host, *args, **kwargs)
+
+    real_connect = httpcore.SyncBackend.connect_tcp
     monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    monkeypatch.setattr(httpcore.SyncBackend, "connect_tcp", connect)
     with serve(lambda method, path, body: (200, b'{"ok": true}')) as (url, _):
         port = url.rsplit(":", 1)[1]
         client = JsonClient("m", f"http://hung.test:{port}", HttpSettings(timeout_s=0.5, retries=0))

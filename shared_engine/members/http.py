@@ -109,12 +109,12 @@ class _DeadlineBackend(httpcore.NetworkBackend):
                     socket_options: Any = None) -> httpcore.NetworkStream:
         """The host's name looked up within the connect timeout and the deadline (``_lookup``), then
         its addresses tried in turn, as ``socket.create_connection`` tries them."""
-        failed: httpcore.ConnectError | None = None
+        failed: httpcore.ConnectError | httpcore.ConnectTimeout | None = None
         for address in _lookup(host, port, self._deadline.bound(timeout, httpcore.ConnectTimeout)):
+            bound = self._deadline.bound(timeout, httpcore.ConnectTimeout)  # raises once the deadline passed
             try:
-                bound = self._deadline.bound(timeout, httpcore.ConnectTimeout)
                 stream = self._backend.connect_tcp(address, port, bound, local_address, socket_options)
-            except httpcore.ConnectError as exc:
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:  # refused, or a silent address
                 failed = exc
                 continue
             return _DeadlineStream(stream, self._deadline)
