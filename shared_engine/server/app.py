@@ -3,8 +3,8 @@
     app = create_app(EnsembleEngine(["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]))
     uvicorn.run(app, port=8000)          # or: safe-ensemble serve --models a,b
 
-Routes: ``POST /v1/chat/completions`` (streamed or not), ``GET /v1/models``, ``GET /health`` and
-``GET /`` (the live page). Every error is an OpenAI-style ``{"error": {message, type, param,
+Routes: ``POST /v1/chat/completions`` (streamed or not), ``GET /v1/models`` (and ``/v1/models/{id}``),
+``GET /health`` and ``GET /`` (the live page). Every error is an OpenAI-style ``{"error": {message, type, param,
 code}}`` body. With ``api_key`` set, every route but the page and ``/health`` wants ``Authorization: Bearer <key>``
 (else a 401 ``invalid_api_key``); ``/health`` and the page stay open. Requests share the engine
 (each has its own sessions; a transformers member runs one forward at a time, a llama.cpp server
@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing, asynccontextmanager
@@ -66,7 +67,7 @@ class ApiError(Exception):
 def _engine_error(err: InvalidRequestError) -> ApiError:
     if isinstance(err, ContextLengthError):
         return ApiError(400, str(err), param="messages", code="context_length_exceeded")
-    return ApiError(400, str(err))
+    return ApiError(400, str(err), param=_param_of(str(err)))
 
 
 def _validation_error(err: ValidationError) -> ApiError:
@@ -81,13 +82,43 @@ def _validation_error(err: ValidationError) -> ApiError:
     return ApiError(400, message, param=param, code=code)
 
 
+def _too_large() -> ApiError:
+    return ApiError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes", code="request_too_large")
+
+
+async def _read_body(request: Request) -> bytes:
+    """The body, refused with a 413 once past ``MAX_BODY_BYTES``: read as it arrives, so that a
+    chunked body (no Content-Length) is cut off at the limit, not buffered whole first."""
+    if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
+        raise _too_large()
+    raw = bytearray()
+    async for part in request.stream():
+        raw += part
+        if len(raw) > MAX_BODY_BYTES:
+            raise _too_large()
+    return bytes(raw)
+
+
+def _param_of(message: str) -> str | None:
+    """The request field an engine error names, so that the 400 says which ``param`` was wrong, as
+    OpenAI's do: ``options.validated``'s "invalid parameters: <field>: ...", or a message that
+    starts with a field's name ("tool_choice 'g' is not ...")."""
+    if match := re.match(r"invalid parameters: ([A-Za-z_][\w.]*): ", message):
+        return match.group(1)
+    first = re.match(r"\w+", message)
+    return first.group(0) if first and first.group(0) in ChatCompletionRequest.model_fields else None
+
+
 async def _parse(request: Request) -> ChatCompletionRequest:
     """The request body as a validated ``ChatCompletionRequest``, or an ``ApiError`` saying why not."""
-    if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes", code="request_too_large")
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes", code="request_too_large")
+    raw = await _read_body(request)
+    try:
+        return _validated_request(raw)
+    except RecursionError:  # json's and pydantic's nesting limits
+        raise ApiError(400, "the request body is not valid JSON: nested too deeply", code="invalid_json") from None
+
+
+def _validated_request(raw: bytes) -> ChatCompletionRequest:
     try:
         body = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
@@ -98,6 +129,13 @@ async def _parse(request: Request) -> ChatCompletionRequest:
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, not {type(body).__name__}",
                        code="invalid_type")
+    try:
+        # JSON's "\ud800" escapes decode to lone surrogates, which are not text: refused here once,
+        # wherever they stand (a tool's description, a call's arguments, a schema's keys, the model).
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ApiError(400, f"the request body is not valid Unicode: {err.reason} (a lone surrogate escape)",
+                       code="invalid_encoding") from None
     try:
         return ChatCompletionRequest.model_validate(body)
     except ValidationError as err:
@@ -187,9 +225,21 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
         return JSONResponse({"status": "ok", "model": name, "method": engine.options.method,
                              "members": members(), "drafter": drafter, "load": admission.load().model_dump()})
 
+    def card() -> ModelCard:
+        return ModelCard(id=name, created=created, method=engine.options.method, members=members())
+
+    def unknown_model(model: str) -> ApiError:
+        return ApiError(404, f"The model `{model}` does not exist; this server serves `{name}` (GET /v1/models)",
+                        param="model", code="model_not_found")
+
     async def models(request: Request) -> JSONResponse:
-        card = ModelCard(id=name, created=created, method=engine.options.method, members=members())
-        return JSONResponse(ModelList(data=[card]).model_dump())
+        return JSONResponse(ModelList(data=[card()]).model_dump())
+
+    async def model(request: Request) -> JSONResponse:
+        """``GET /v1/models/{id}`` (``client.models.retrieve``): the card, or OpenAI's 404."""
+        if request.path_params["model_id"] != name:
+            raise unknown_model(request.path_params["model_id"])
+        return JSONResponse(card().model_dump())
 
     async def page(request: Request) -> HTMLResponse:
         return HTMLResponse(_page())
@@ -197,10 +247,11 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
     async def chat_completions(request: Request) -> Response:
         req = await _parse(request)
         if req.model != name:
-            raise ApiError(404, f"The model `{req.model}` does not exist; this server serves `{name}` "
-                                f"(GET /v1/models)", param="model", code="model_not_found")
+            raise unknown_model(req.model)
         if problem := req.unsupported():
             raise ApiError(400, f"{problem[0]}: {problem[1]}", param=problem[0], code="unsupported_parameter")
+        if problem := req.conflict():
+            raise ApiError(400, f"{problem[0]}: {problem[1]}", param=problem[0], code="invalid_value")
         try:
             messages = normalize_messages([m.as_engine_message() for m in req.messages])
             params = req.generation_params()
@@ -210,6 +261,8 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
             params.update(output)
         except InvalidRequestError as err:
             raise _engine_error(err) from None
+        except RecursionError:  # e.g. a JSON schema nested past what the engine's readers recurse through
+            raise ApiError(400, "the request is nested too deeply to be read", code="invalid_value") from None
         try:
             ticket = admission.admit()
         except Overloaded as err:
@@ -224,7 +277,7 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
                 result = await cancel_on_disconnect(request.receive, collect(
                     events, completion_id=cid, model=name, method=engine.options.method, members=members(),
                     ensemble_events=req.ensemble_events))
-                return JSONResponse(result.model_dump(exclude_none=True))
+                return JSONResponse(result.model_dump())  # OpenAI's nulls kept: content, logprobs
             # Wait for a slot and the first event before answering 200, so that a request the
             # engine rejects (e.g. too long for a member's context) still gets a proper 400.
             first = await cancel_on_disconnect(request.receive, _first(events))
@@ -259,6 +312,7 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
         Route("/", page, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     ]
     guard = [Middleware(ApiKeyGuard, api_key=api_key)] if api_key else []

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
+from collections.abc import Callable
+from contextlib import suppress
 
 from ..engine_args import add_engine_args, engine_from_args
 from ..loading import load_with_notice
@@ -14,18 +17,48 @@ from ..members import LOCAL_BACKENDS
 from ..options import DEFAULT_MAX_ACTIVE, METHODS
 
 
+def _int_from(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer from ``low`` (to ``high``), else a one-line usage error, not a
+    traceback once the models have loaded."""
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+        if number < low or (high is not None and number > high):
+            raise argparse.ArgumentTypeError(f"must be {low} or more" if high is None else
+                                             f"must be from {low} to {high}, got {number}")
+        return number
+    return parse
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the models load: a port in use (or a host that is no
+    address of this machine) is reported at once, not after loading and "serving on ..."."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn decides
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server with a live page at /")
     add_engine_args(serve)
     serve.add_argument("--method", choices=METHODS, default="safe")
     serve.add_argument("--backend", choices=LOCAL_BACKENDS, help=BACKEND_HELP)
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=_int_from(0, 65535), default=8000,
+                       help="0: any free port (the address printed names the one bound)")
     serve.add_argument("--served-model-name", help="the `model` clients send (default: <method>-ensemble)")
-    serve.add_argument("--max-active", type=int, default=DEFAULT_MAX_ACTIVE,
+    serve.add_argument("--max-active", type=_int_from(1), default=DEFAULT_MAX_ACTIVE,
                        help=f"requests generating at once (default {DEFAULT_MAX_ACTIVE}); also the slots of "
                             "each in-process llama.cpp member that sets none, one per active request")
-    serve.add_argument("--max-waiting", type=int, default=16, help="requests queued beyond those (then 429)")
+    serve.add_argument("--max-waiting", type=_int_from(0), default=16, help="requests queued beyond those (then 429)")
     serve.add_argument("--api-key", default=os.environ.get("SAFE_ENSEMBLE_API_KEY"),
                        help="require 'Authorization: Bearer KEY' on every /v1 route (default: "
                             "$SAFE_ENSEMBLE_API_KEY; unset: open)")
@@ -40,12 +73,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {err.name} is missing; install the server extra: pip install 'safe-ensemble[server]'",
               file=sys.stderr)
         return 2
-    engine = engine_from_args(args, args.method)
-    app = create_app(engine, model_name=args.served_model_name, max_active=args.max_active,
-                     max_waiting=args.max_waiting, api_key=args.api_key)
-    load_with_notice(engine)  # before the address is printed: the server answers once it is ready
-    print(f"serving `{app.state.model_name}` ({args.method}: {', '.join(args.models)}) on "
-          f"http://{args.host}:{args.port}/  (OpenAI base_url: http://{args.host}:{args.port}/v1)",
-          file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=5)
-    return 0
+    try:
+        sock = _listening_socket(args.host, args.port)
+    except OSError as err:
+        print(f"error: cannot listen on {args.host}:{args.port}: {err.strerror or err}", file=sys.stderr)
+        return 1
+    with sock:
+        engine = engine_from_args(args, args.method)
+        app = create_app(engine, model_name=args.served_model_name, max_active=args.max_active,
+                         max_waiting=args.max_waiting, api_key=args.api_key)
+        load_with_notice(engine)  # before the address is printed: the server answers once it is ready
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        address = f"http://{host}:{sock.getsockname()[1]}"
+        print(f"serving `{app.state.model_name}` ({args.method}: {', '.join(args.models)}) on "
+              f"{address}/  (OpenAI base_url: {address}/v1)", file=sys.stderr, flush=True)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5))
+        with suppress(KeyboardInterrupt):  # Ctrl+C: uvicorn shuts down, then re-raises the signal
+            server.run(sockets=[sock])
+    return 0 if server.started else 1

@@ -8,6 +8,7 @@ otherwise they show only in the stats (``spans - fused_spans``) and in the chunk
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Literal
@@ -53,10 +54,13 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
 
     Closing this iterator closes ``events`` (and so the engine stream under it)."""
 
+    created = int(time.time())  # one value for the whole response, as OpenAI sends it
+
     def chunk(delta: Delta, finish: FinishEvent | None = None, ensemble: EnsembleDelta | None = None) -> str:
+        # ensemble_events only decides which decisions are listed (``pending``); the extension's
+        # source/position and the final chunk's stats, format_error and failed_members always come.
         choice = ChunkChoice(delta=delta, finish_reason=finish.openai_finish_reason if finish else None)
-        body = ChatCompletionChunk(id=completion_id, model=model, choices=[choice],
-                                   ensemble=ensemble if ensemble_events else None)
+        body = ChatCompletionChunk(id=completion_id, created=created, model=model, choices=[choice], ensemble=ensemble)
         return sse(body.model_dump_json(exclude={"ensemble"} if body.ensemble is None else None))
 
     pending: list[Decision] = []
@@ -83,9 +87,11 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
                         yield chunk(Delta(content=unreadable_call_text(event)))
                 elif event.type == "finish":
                     yield chunk(Delta(), event, EnsembleDelta(decisions=pending, stats=event.stats,
-                                                              format_error=event.format_error))
+                                                              format_error=event.format_error,
+                                                              failed_members=event.failed_members))
                     if include_usage:
-                        usage = ChatCompletionChunk(id=completion_id, model=model, choices=[], usage=event.usage)
+                        usage = ChatCompletionChunk(id=completion_id, created=created, model=model, choices=[],
+                                                    usage=event.usage)
                         yield sse(usage.model_dump_json(exclude={"ensemble"}))
         except Exception as err:  # noqa: BLE001 - the status line is sent; report in-stream
             error = ErrorBody(error=ErrorDetail(message=f"generation failed: {err}", type="server_error"))
@@ -119,4 +125,4 @@ async def collect(events: AsyncIterator[Event], *, completion_id: str, model: st
         choices=[Choice(message=message, finish_reason=finish.openai_finish_reason)],
         usage=finish.usage,
         ensemble=EnsembleSummary(method=method, members=members, decisions=decisions, stats=finish.stats,
-                                 format_error=finish.format_error))
+                                 format_error=finish.format_error, failed_members=finish.failed_members))

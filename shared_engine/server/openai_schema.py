@@ -19,7 +19,15 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+)
 
 from ..events import AdaFuseEvent, EnsembleEvent, OpenAIFinishReason, Stats, ToolCallEvent, Usage
 from ..members.chat import join_text_parts
@@ -79,6 +87,11 @@ class StreamOptions(BaseModel):
 
     include_usage: bool = False
 
+    @field_validator("include_usage", mode="before")
+    @classmethod
+    def _null_is_false(cls, value: object) -> object:
+        return False if value is None else value
+
 
 _NO_PENALTY = ("repetition penalties are not applied by the ensemble (its members tokenize the answer "
                "differently); omit it or send 0, and use the loop_guard extension (a byte limit on exact "
@@ -125,6 +138,13 @@ class ChatCompletionRequest(BaseModel):
         True, description="Extension: send ensemble decisions along; 'all' adds AdaFuse's confident "
                           "(not voted) spans.")
 
+    @field_validator("stream", "ensemble_events", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, value: object, info: ValidationInfo) -> object:
+        """Null is the default: OpenAI's spec makes ``stream`` nullable (clients that send unset
+        options as null do), and the extension follows it."""
+        return cls.model_fields[str(info.field_name)].default if value is None else value
+
     @field_validator("stop")
     @classmethod
     def _stops_non_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
@@ -138,6 +158,14 @@ class ChatCompletionRequest(BaseModel):
         extra = self.model_extra or {}
         # a falsy value (OpenAI's neutral 0, {}, false) changes nothing and is accepted
         return next(((param, why) for param, why in UNSUPPORTED.items() if extra.get(param)), None)
+
+    def conflict(self) -> tuple[str, str] | None:
+        """(param, message) for fields that only make sense together, refused as OpenAI refuses them."""
+        if self.tool_choice not in (None, "auto", "none") and not self.tools:
+            return "tool_choice", "tool_choice is only allowed when tools are specified"
+        if self.stream_options is not None and not self.stream:
+            return "stream_options", "stream_options is only allowed when stream is true"
+        return None
 
     def generation_params(self) -> dict[str, Any]:
         """The engine's per-request parameters; unset ones fall back to the engine's defaults."""
@@ -213,7 +241,8 @@ class EnsembleDelta(BaseModel):
 
     ``decisions`` lists the ensemble decisions made since the previous chunk; a decision arrives
     on the chunk of the text it concerns or an earlier one (match a token decision by
-    ``position``, a span decision by ``span``). ``stats`` is set on the final chunk only."""
+    ``position``, a span decision by ``span``). ``stats``, ``format_error`` and ``failed_members``
+    are set on the final chunk only, whatever ``ensemble_events`` says (it lists decisions only)."""
 
     source: Literal["draft", "ensemble", "prefix"] | None = Field(
         None, description="'ensemble': this text was chosen by fusion (a fused token or a voted "
@@ -226,6 +255,9 @@ class EnsembleDelta(BaseModel):
     format_error: str | None = Field(
         None, description="Final chunk, response_format given: why the answer is still not the JSON asked "
                           "for after every attempt (OpenAI has no field for it; the answer is sent as written).")
+    failed_members: dict[str, str] | None = Field(
+        None, description="Final chunk: the members dropped mid-answer (on_member_failure='degrade'): "
+                          "member -> the error; {} when none was.")
 
 
 class EnsembleSummary(BaseModel):
@@ -238,6 +270,9 @@ class EnsembleSummary(BaseModel):
     format_error: str | None = Field(
         None, description="response_format given: why the answer is still not the JSON asked for after every "
                           "attempt (OpenAI has no field for it; the answer is sent as written).")
+    failed_members: dict[str, str] = Field(
+        default_factory=dict, description="The members dropped mid-answer (on_member_failure='degrade'): "
+                                          "member -> the error.")
 
 
 class Delta(BaseModel):
@@ -278,6 +313,14 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = Field(description="None when the answer is tool calls only, as with OpenAI.")
     tool_calls: list[ToolCallOut] | None = None
+
+    @model_serializer(mode="wrap")
+    def _calls_when_any(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """OpenAI leaves ``tool_calls`` out of a message without calls, but sends ``content: null``."""
+        data: dict[str, Any] = handler(self)
+        if data.get("tool_calls") is None:
+            data.pop("tool_calls", None)
+        return data
 
 
 class Choice(BaseModel):
