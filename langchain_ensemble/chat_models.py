@@ -42,6 +42,7 @@ from langchain_core.callbacks import (
     adispatch_custom_event,
     dispatch_custom_event,
 )
+from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput, ModelProfile
 from langchain_core.language_models.chat_models import agenerate_from_stream, generate_from_stream
 from langchain_core.messages import (
@@ -59,7 +60,14 @@ from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.output_parsers.openai_tools import JsonOutputKeyToolsParser, PydanticToolsParser
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough, ensure_config
+from langchain_core.runnables import (
+    Runnable,
+    RunnableConfig,
+    RunnableLambda,
+    RunnableMap,
+    RunnablePassthrough,
+    ensure_config,
+)
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
@@ -439,7 +447,10 @@ class ChatEnsemble(BaseChatModel):
                 spec = convert_to_openai_tool(schema)["function"]
                 fmt = {"type": "json_object", "json_schema": {"name": spec["name"], "schema": spec["parameters"]}}
             llm = self.bind(response_format=fmt, ls_structured_output_format=ls_format)
-            parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
+            # JsonOutputParser reads cut or invalid JSON leniently ({} or part of a dict): an answer
+            # the engine marked invalid must fail here, as a parsing error
+            parser = RunnableLambda(_valid_answer) | (
+                PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser())
         if not include_raw:
             return llm | parser
         parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
@@ -572,6 +583,15 @@ class ChatEnsemble(BaseChatModel):
     ) -> ChatResult:
         chunks = self._astream(messages, stop, run_manager=run_manager, **kwargs)
         return await agenerate_from_stream(_aannounce(chunks, run_manager) if run_manager else chunks)
+
+
+def _valid_answer(message: AIMessage) -> AIMessage:
+    """A structured answer the engine found invalid (``format_error``, after its retries) is an
+    ``OutputParserException``, so ``include_raw=True`` fills ``parsing_error``."""
+    error = message.response_metadata.get("format_error")
+    if error:
+        raise OutputParserException(f"the answer is not the JSON asked for: {error}", llm_output=str(message.text))
+    return message
 
 
 def _announce(chunks: Iterator[ChatGenerationChunk], run_manager: CallbackManagerForLLMRun

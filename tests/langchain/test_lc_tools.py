@@ -250,3 +250,29 @@ def test_structured_output_decodes_under_the_schema_on_toy_members(method: str) 
         llm.close()
     assert isinstance(out["parsed"], Check), out
     assert out["raw"].response_metadata["ensemble"]["constrained"]
+
+
+class InvalidJsonEngine:
+    """Answers with JSON the engine marked invalid after its retries (cut by max_tokens)."""
+
+    async def astream(self, messages: list[dict], **params: object):
+        yield TokenEvent(text='{"name": "An', source="draft", position=0)
+        yield FinishEvent(reason="length", text='{"name": "An', stats=Stats(),
+                          format_error="not valid JSON (Unterminated string at character 9)")
+
+
+@pytest.mark.parametrize("method", ["json_schema", "json_mode"])
+def test_an_answer_the_engine_marked_invalid_is_a_parsing_error(monkeypatch: pytest.MonkeyPatch,
+                                                                 method: str) -> None:
+    """LangChain's lenient JSON parser handed back {} or a cut dict, with parsing_error None."""
+    from langchain_core.exceptions import OutputParserException
+
+    monkeypatch.setattr(chat_models, "_shared_engine", lambda *args: InvalidJsonEngine())
+    schema = Person.model_json_schema()
+    llm = ChatEnsemble(models=MODELS)
+    out = llm.with_structured_output(schema, method=method, include_raw=True).invoke("Ann is 3.")
+    assert out["parsed"] is None and isinstance(out["parsing_error"], OutputParserException)
+    assert "Unterminated string" in str(out["parsing_error"])
+    assert out["parsing_error"].llm_output == '{"name": "An'
+    with pytest.raises(OutputParserException, match="not valid JSON"):
+        llm.with_structured_output(schema, method=method).invoke("Ann is 3.")
