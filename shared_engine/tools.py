@@ -606,7 +606,10 @@ class OutputPlan:
         self.schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in self.tools or []}
         """Each offered tool's parameter schema: what a forced call is constrained to and what parsed
         arguments are typed by."""
-        self.prefix = options.prefix or call_prefix(self.forced) or ("{" if self.response_format else "")
+        # no "{" beside offered tools: it would shut out a <tool_call> (an agent's tools plus its
+        # answer schema); the answer is then validated only, and a call is no JSON answer to check
+        self.prefix = options.prefix or call_prefix(self.forced) or (
+            "{" if self.response_format and not self.tools else "")
         self._own_prefix = bool(options.prefix)
         self.tool_result_hint = options.tool_result_hint if tools else None
         self.one_call = bool(self.forced or (self.tools and options.parallel_tool_calls is False))

@@ -418,3 +418,25 @@ def test_text_json_repair_fails_on_is_read_as_text() -> None:
     garbage = '{"```json\n\\{```json\n```json\n<tool\n"name": "get_weather"\''
     text, calls = run_parser([garbage])
     assert text.strip() and calls == []
+
+
+def test_tools_beside_a_json_format_can_still_be_called_and_a_text_answer_is_still_checked() -> None:
+    """An agent with tools and an answer schema (LangChain's create_agent(response_format=...) binds
+    both) never called its tools: the answer was prefilled with "{", which shuts out a <tool_call>."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "echoed", "schema": {
+        "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
+    plan = OutputPlan(OutputOptions(tools=ECHO_TOOLS, response_format=fmt))
+    assert plan.prefix == "" and plan.constraint() is None and plan.attempts == 3
+
+    def answer(script: str) -> tuple[object, list[str]]:
+        result = EnsembleEngine([ScriptedMember(script)], method="single", max_new_tokens=200).generate(
+            "Echo it.", tools=ECHO_TOOLS, response_format=fmt, keep_events=True)
+        return result, [e.type for e in result.events]
+
+    call, types = answer('<tool_call>\n{"name": "echo", "arguments": {"text": "hi"}}\n</tool_call>')
+    assert [(c.name, c.arguments) for c in call.tool_calls] == [("echo", {"text": "hi"})]
+    assert call.text == "" and call.format_error is None and "format_retry" not in types  # a call, not retried
+    valid, types = answer('{"text": "hi"}')
+    assert (valid.text, valid.tool_calls, valid.format_error) == ('{"text": "hi"}', [], None)
+    invalid, types = answer("Just words.")
+    assert types.count("format_retry") == 2 and "not valid JSON" in invalid.format_error
