@@ -620,7 +620,10 @@ class _Translator:
         if event.type == "token":
             return [ChatGenerationChunk(message=AIMessageChunk(content=event.text))] if event.text else []
         if event.type == "tool_call":
-            chunk = tool_call_chunk(name=event.name, args=event.arguments_json, id=event.id, index=event.index)
+            # an unreadable call's raw text as a JSON string: LangChain reads args that are no
+            # object as an invalid_tool_call (raw JSON object text would pass as a call named '')
+            args = json.dumps(event.raw, ensure_ascii=False) if event.error else event.arguments_json
+            chunk = tool_call_chunk(name=event.name, args=args, id=event.id, index=event.index)
             return [ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[chunk]))]
         if event.type == "finish":
             self.model._after_request()
@@ -646,6 +649,9 @@ class _Translator:
 _ROLE_OF = {"human": "user", "user": "user", "ai": "assistant", "assistant": "assistant",
             "system": "system", "developer": "system", "tool": "tool", "function": "tool"}
 _CALL_BLOCKS = ("tool_use", "tool_call", "function_call")
+_SKIPPED_BLOCKS = _CALL_BLOCKS + ("tool_call_chunk", "invalid_tool_call", "server_tool_call", "server_tool_call_chunk",
+                                  "server_tool_result", "reasoning", "thinking")
+"""Blocks of an earlier answer that are not its text (LangChain v1 content blocks included): skipped."""
 
 
 def _text(content: str | list[Any], where: str) -> str:
@@ -659,7 +665,7 @@ def _text(content: str | list[Any], where: str) -> str:
             parts.append(block)
         elif isinstance(block, dict) and block.get("type") == "text":
             parts.append(str(block.get("text", "")))
-        elif isinstance(block, dict) and block.get("type") in _CALL_BLOCKS + ("reasoning", "thinking"):
+        elif isinstance(block, dict) and block.get("type") in _SKIPPED_BLOCKS:
             continue
         else:
             kind = block.get("type") if isinstance(block, dict) else type(block).__name__

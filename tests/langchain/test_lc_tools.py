@@ -3,6 +3,8 @@ input and engine lifetime: no model is loaded (tool parsing itself is tested in 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from langchain_core.messages import (
     AIMessage,
@@ -276,3 +278,35 @@ def test_an_answer_the_engine_marked_invalid_is_a_parsing_error(monkeypatch: pyt
     assert out["parsing_error"].llm_output == '{"name": "An'
     with pytest.raises(OutputParserException, match="not valid JSON"):
         llm.with_structured_output(schema, method=method).invoke("Ann is 3.")
+
+
+def test_an_unreadable_call_is_an_invalid_tool_call_and_history_blocks_are_skipped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unreadable <tool_call> (JSON, but no {"name", "arguments"}) reached LangChain as a valid
+    call named ''; an earlier answer holding v1 invalid/server tool blocks raised InvalidRequestError."""
+    raw = '{"tool": "get_weather", "city": "Paris"}'
+
+    class BadCallEngine:
+        async def astream(self, messages: list[dict], **params: object):
+            call = ToolCallEvent(index=0, id="call_1", raw=raw, error="no function name")
+            yield call
+            yield FinishEvent(reason="stop", text="", stats=Stats(), tool_calls=[call])
+
+    monkeypatch.setattr(chat_models, "_shared_engine", lambda *args: BadCallEngine())
+    llm = ChatEnsemble(models=MODELS).bind_tools(TOOLS)
+    message = llm.invoke("Weather?")
+    chunks = list(llm.stream("Weather?"))
+    streamed = chunks[0]
+    for chunk in chunks[1:]:
+        streamed += chunk
+    for answer in (message, streamed):
+        assert answer.tool_calls == []
+        [invalid] = answer.invalid_tool_calls
+        assert (invalid["id"], json.loads(invalid["args"])) == ("call_1", raw)
+    history = [HumanMessage("Weather?"), AIMessage(content=[
+        {"type": "text", "text": "Let me look."},
+        {"type": "invalid_tool_call", "id": "c0", "name": None, "args": raw, "error": "unreadable"},
+        {"type": "server_tool_call", "id": "s1", "name": "web_search", "args": {"q": "Paris"}},
+        {"type": "server_tool_result", "tool_call_id": "s1", "status": "success", "output": "sunny"}]),
+        HumanMessage("And now?")]
+    assert to_engine_messages(history)[1] == {"role": "assistant", "content": "Let me look."}
