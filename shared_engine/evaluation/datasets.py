@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import InvalidRequestError
+from .scoring import usable_aliases
 
 LETTERS = "ABCDEFGHIJ"
 
@@ -149,8 +150,9 @@ def load_arc(path: Path) -> Dataset:
 
 # --- MMLU-Redux ----------------------------------------------------------------------------------
 
-MMLU_SKIPPED_ERRORS = frozenset({"wrong groundtruth"})
-"""Annotated error types whose gold answer is known to be wrong: those questions are not scored."""
+MMLU_SKIPPED_ERRORS = frozenset({"wrong groundtruth", "no correct answer"})
+"""Annotated error types whose gold answer is known to be wrong (with no correct option, the gold
+letter is wrong too): those questions are not scored."""
 
 
 def normalize_error_type(label: str | None) -> str:
@@ -227,24 +229,45 @@ def load_bbh(path: Path) -> Dataset:
     files = sorted(path.glob("*.json")) if path.is_dir() else [_need_file(path)]
     if not files:
         raise InvalidRequestError(f"no BBH task .json files in {path}")
-    per_task = []
+    per_task, skipped = [], Counter[str]()
     for file in files:
         data = json.loads(file.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or "examples" not in data:
             raise InvalidRequestError(f"{file}: not a BBH task file (no 'examples')")
-        per_task.append([Record(id=f"{file.stem}/{i}", question=ex["input"], answers=[str(ex["target"])],
-                                group=file.stem)
-                         for i, ex in enumerate(data["examples"])])
-    return Dataset(name="bbh", source=str(path), records=_interleave(per_task))
+        records = []
+        for i, ex in enumerate(data["examples"]):
+            if is_option_text(ex["input"], str(ex["target"])):
+                skipped[BBH_OPTION_TEXT] += 1
+                continue
+            records.append(Record(id=f"{file.stem}/{i}", question=ex["input"], answers=[str(ex["target"])],
+                                  group=file.stem))
+        per_task.append(records)
+    return Dataset(name="bbh", source=str(path), records=_interleave(per_task), skipped=dict(skipped))
+
+
+BBH_OPTION_TEXT = "gold is an option's text, not its letter"
+
+
+def is_option_text(question: str, target: str) -> bool:
+    """A target that is an option's text where the question lists lettered options: three BBH rows
+    (movie_recommendation/163, ruin_names/99 and /144, whose options were split at commas upstream)
+    that no answer can match, so they are not scored."""
+    return "\n(A) " in question and not re.fullmatch(r"\([A-R]\)", target.strip())
 
 
 # --- Open QA and translation ----------------------------------------------------------------------
+
+QA_NO_ALIAS = "no alias left once normalised"
+
 
 def load_qa(path: Path, name: str) -> Dataset:
     """NQ-open, TriviaQA, SQuAD: ``question`` and ``answer`` (one string or a list of aliases)."""
     records, skipped = [], Counter[str]()
     for i, row in _rows(path, ("question", "answer"), skipped):
         answers = row["answer"] if isinstance(row["answer"], list) else [row["answer"]]
+        if not usable_aliases([str(a) for a in answers]):
+            skipped[QA_NO_ALIAS] += 1  # e.g. NQ's "---": only an empty answer would match it
+            continue
         records.append(Record(id=str(i), question=row["question"], answers=[str(a) for a in answers]))
     return Dataset(name=name, source=str(path), records=records, skipped=dict(skipped))
 

@@ -75,6 +75,10 @@ def normalize_math(answer: str) -> str:
     s = re.sub(r"\^\s*\{?\\circ\}?", "", s).replace("°", "")
     s = s.replace("\\%", "").replace("%", "").replace("\\$", "").replace("$", "")
     s = re.sub(r"\s+", "", s)
+    s = re.sub(r"_\{(\w+)\}", r"_\1", s)                          # 52_{8} -> 52_8 (a base subscript)
+    set_braces = re.fullmatch(r"\\\{(.*)\\\}", s)
+    if set_braces:
+        s = set_braces.group(1)                                    # \{1,-2\} -> 1,-2 (a set, listed)
     s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)          # \frac12
     s = re.sub(r"\\frac\{([^{}]*)\}(\d)", r"\\frac{\1}{\2}", s)   # \frac{270}7
     s = re.sub(r"\\frac(\d)\{", r"\\frac{\1}{", s)                # \frac3{4}
@@ -106,7 +110,10 @@ def _to_sympy_text(s: str) -> str | None:
     if "\\" in t or not _ALLOWED.fullmatch(t) or len(t) > 120:
         return None
     words = set(re.findall(r"[a-z]{2,}", t))
-    return t if words <= _FUNCTIONS else None
+    if not words <= _FUNCTIONS:
+        return None
+    # a decimal is the exact rational it writes (0.000067 is 67/10^6): no float rounding to compare through
+    return re.sub(r"(\d*)\.(\d+)", lambda m: f"({int(m.group(1) + m.group(2))}/{10 ** len(m.group(2))})", t)
 
 
 _POW = r"(?:\^|\*\*)"
@@ -138,8 +145,12 @@ def _sympy_equal(a: str, b: str) -> bool:
         difference = sympy.simplify(ea - eb)
         if difference == 0:
             return True
-        value = complex(difference.evalf()) if not difference.free_symbols else None
-        return value is not None and abs(value) < 1e-6 * max(1.0, abs(complex(eb.evalf())))
+        if difference.free_symbols:
+            return False
+        # equal values simplify cannot show equal (nested radicals): at 50 digits they differ by rounding
+        # only, far below any real difference (1e-6 relative accepted 11111111110 for 11111111100)
+        value = complex(difference.evalf(50))
+        return abs(value) < 1e-30 * max(1.0, abs(complex(eb.evalf(50))))
     except Exception:  # noqa: BLE001 - anything sympy cannot read is simply "not shown equal"
         return False
 

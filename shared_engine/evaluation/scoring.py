@@ -29,26 +29,48 @@ class Score(BaseModel):
 
 _NUMBER = r"-?\$?\s*\d[\d,]*(?:\.\d+)?|-?\.\d+"
 # Markdown bold around the answer ("The answer is **18**.") is read through, as BBH's scorer does
-_ANSWER_IS = re.compile(r"answer is[:\s*]*\$?\s*(?:\\boxed\{)?\s*(" + _NUMBER + ")", re.IGNORECASE)
+_ANSWER_IS = re.compile(r"answer is[:\s*]*([^\n]*)", re.IGNORECASE)
+_SENTENCE_END = re.compile(r"\.(?!\d)")
+_MINUS = str.maketrans({"\u2212": "-"})  # a Unicode minus sign ("−3") is a sign, not text
 
 
 def parse_number(text: str) -> Fraction | None:
     """``$1,234.50`` -> 1234.5 exactly (Fractions: ``0.1 + 0.2`` style errors cannot flip a verdict)."""
-    cleaned = text.replace(",", "").replace("$", "").replace(" ", "").rstrip(".")
+    cleaned = text.translate(_MINUS).replace(",", "").replace("$", "").replace(" ", "").rstrip(".")
     try:
         return Fraction(cleaned)
     except (ValueError, ZeroDivisionError):
         return None
 
 
+def _stated_number(output: str) -> str | None:
+    """The number stated after the last 'answer is' that states one: its sentence (to the line's end
+    or a full stop), after its last '=' where it shows a calculation ("The answer is $2 * 13 = $26."
+    is 26, not 2), else its first number (``\\(18\\)``, ``\\$18`` and ``**18**`` read through)."""
+    for sentence in reversed(_ANSWER_IS.findall(output)):
+        sentence = _SENTENCE_END.split(sentence, 1)[0]
+        number = re.search(_NUMBER, sentence.rsplit("=", 1)[-1])
+        if number:
+            return number.group(0)
+    return None
+
+
+def _clean(number: str) -> str:
+    return number.replace("$", "").replace(" ", "").rstrip(".")
+
+
 def extract_number(output: str) -> str | None:
     """The final answer: after 'The answer is', else after '####', else in \\boxed{}, else the last number."""
-    for pattern in (_ANSWER_IS, re.compile(r"####\s*(" + _NUMBER + ")"), re.compile(r"\\boxed\{\s*(" + _NUMBER + ")")):
+    output = output.translate(_MINUS)
+    stated = _stated_number(output)
+    if stated is not None:
+        return _clean(stated)
+    for pattern in (re.compile(r"####\s*(" + _NUMBER + ")"), re.compile(r"\\boxed\{\s*(" + _NUMBER + ")")):
         matches = pattern.findall(output)
         if matches:
-            return matches[-1].replace("$", "").replace(" ", "").rstrip(".")
+            return _clean(matches[-1])
     numbers = re.findall(_NUMBER, output)
-    return numbers[-1].replace("$", "").replace(" ", "").rstrip(".") if numbers else None
+    return _clean(numbers[-1]) if numbers else None
 
 
 def score_number(output: str, gold: str) -> Score:
@@ -61,18 +83,29 @@ def score_number(output: str, gold: str) -> Score:
 # --- multiple choice (ARC, MMLU-Redux, BBH options) ------------------------------------------------
 
 def extract_choice(output: str, labels: str) -> str | None:
-    """The chosen option letter among ``labels`` (capital letters only: "a" is an article): the last
-    'answer is (X)' / 'Answer: X', else the last '(X)', else a first line that is only the letter."""
+    """The chosen option letter among ``labels`` (capital letters only, but for one in parentheses or a
+    box after a cue: "a" is an article). The last explicit cue by position wins ('answer is (X)',
+    'Answer: X', '\\boxed{X}', 'the correct choice is X'), so a final answer beats an earlier one
+    and a later mention of another option does not; else the last 'option/choice X'; else a first
+    line that starts with the letter ("B. 4", then an explanation naming other options); else the
+    last bare '(X)'."""
     set_ = re.escape(labels)
-    patterns = [rf"(?i:answer is)\s*:?[\s*]*\(?\s*([{set_}])\b", rf"(?i:answer)\**\s*:[\s*]*\(?\s*([{set_}])\b",
-                rf"\(([{set_}])\)"]
-    for pattern in patterns:
-        matches = re.findall(pattern, output)
-        if matches:
-            return matches[-1]
+    low = re.escape(labels.lower())
+    # the letter after a cue: "X", "(X)", "(x)", "**X**", "option X"
+    letter = rf"[\s*]*(?:(?i:option|choice)\s*)?(?:\(\s*([{set_}{low}])\s*\)|([{set_}])\b)"
+    cues = [rf"(?i:(?:answer|choice|option)\s+is)\s*:?{letter}", rf"(?i:answer)\**\s*:{letter}",
+            rf"\\boxed\{{\s*(?:\\text\{{)?\(?([{set_}{low}])\)?\}}?\s*\}}"]
+    found = [(m.start(), next(g for g in m.groups() if g)) for pattern in cues for m in re.finditer(pattern, output)]
+    if not found:
+        found = [(m.start(), m.group(1)) for m in re.finditer(rf"(?i:\b(?:option|choice))\s*\(?([{set_}])\b", output)]
+    if found:
+        return max(found)[1].upper()
     first_line = output.strip().split("\n", 1)[0].strip()
-    lone = re.fullmatch(rf"\(?([{set_}])\)?[.:]?", first_line)
-    return lone.group(1) if lone else None
+    lead = re.match(rf"\**(?:\(([{set_}])\)\**(?=[\s.:]|$)|([{set_}])(?:[.:)]\**(?=\s|$)|\**$))", first_line)
+    if lead:
+        return lead.group(1) or lead.group(2)
+    bare = re.findall(rf"\(([{set_}])\)", output)
+    return bare[-1] if bare else None
 
 
 def score_choice(output: str, gold: str, labels: str) -> Score:
@@ -84,17 +117,25 @@ def score_choice(output: str, gold: str, labels: str) -> Score:
 # --- BBH -----------------------------------------------------------------------------------------
 
 def extract_bbh(output: str) -> str | None:
-    """The text after the last 'the answer is' (the cot-prompts end 'So the answer is X.')."""
-    matches = re.findall(r"answer is:?\s*(.+?)(?:\.\s*$|\.?\s*\n|$)", output, flags=re.IGNORECASE)
-    return matches[-1].strip().strip("*").strip() if matches else None
+    """The sentence after the last 'the answer is' (the cot-prompts end 'So the answer is X.'): to the
+    line's end or the first full stop before a space, so a reason given after it ("So the answer is
+    Yes. This is because ...") is not part of the answer, while 3.5 keeps its point."""
+    matches = re.findall(r"answer is:?\s*([^\n]*)", output, flags=re.IGNORECASE)
+    if not matches:
+        return None
+    return re.split(r"\.(?=\s|$)", matches[-1], maxsplit=1)[0].strip().strip("*").strip()
 
 
 def score_bbh(output: str, gold: str) -> Score:
-    """Option targets ``(B)`` compare by letter; the rest (True, valid, 8, word lists, dyck closings)
-    by exact string after trimming whitespace and a trailing period."""
+    """Option targets ``(B)`` compare by letter: the first ``(X)`` in the answer's sentence (another
+    option named after it is not the answer), else its letter as multiple choice reads it; the rest
+    (True, valid, 8, word lists, dyck closings) by exact string after trimming whitespace and a
+    trailing period."""
     option = re.fullmatch(r"\(([A-R])\)", gold.strip())
     if option:
-        extracted = extract_choice(extract_bbh(output) or output, "ABCDEFGHIJKLMNOPQR")
+        stated = extract_bbh(output)
+        first = re.search(r"\(([A-R])\)", stated or "")
+        extracted = first.group(1) if first else extract_choice(stated or output, "ABCDEFGHIJKLMNOPQR")
         correct = extracted == option.group(1)
         return Score(extracted=extracted, correct=correct, value=float(correct))
     extracted = extract_bbh(output)
@@ -134,11 +175,32 @@ def extract_short_answer(output: str) -> str:
     return ""
 
 
+def usable_aliases(golds: list[str]) -> list[str]:
+    """The aliases that say something once normalised (a row with none is not scored)."""
+    return [g for g in golds if normalize_answer(g)]
+
+
+def _as_written(text: str) -> str:
+    """An answer made of symbols (``A+``, ``+-*/``, ``@``), which SQuAD's normalisation empties: case,
+    spacing, quotes, bold and a final period aside."""
+    return " ".join(text.strip().strip("*\"'").rstrip(".").lower().split())
+
+
+def _alias_match(prediction: str, gold: str) -> tuple[bool, float]:
+    """(exact match, F1) against one alias. One that normalises to "" (NQ's ``---``, ``)``, ``A+``)
+    matched an empty or article-only answer; it is compared as written instead, never when empty."""
+    if normalize_answer(gold):
+        return normalize_answer(prediction) == normalize_answer(gold), token_f1(prediction, gold)
+    same = bool(_as_written(gold)) and _as_written(prediction) == _as_written(gold)
+    return same, float(same)
+
+
 def score_qa(output: str, golds: list[str]) -> Score:
     """Exact match / F1 against the best-matching alias (the answer counts if it matches any)."""
     extracted = extract_short_answer(output)
-    exact = any(normalize_answer(extracted) == normalize_answer(g) for g in golds)
-    f1 = max((token_f1(extracted, g) for g in golds), default=0.0)
+    matches = [_alias_match(extracted, g) for g in golds]
+    exact = any(m[0] for m in matches)
+    f1 = max((m[1] for m in matches), default=0.0)
     return Score(extracted=extracted, correct=exact, value=float(exact), f1=f1)
 
 

@@ -1,0 +1,108 @@
+"""Scoring fixes, each on the outputs that were scored wrong (no data folder needed: the real rows
+these come from are checked in tests/test_eval_data.py, which skips without it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shared_engine.evaluation.datasets import load_bbh, load_mmlu_redux, load_qa
+from shared_engine.evaluation.math_answers import math_equal, score_math
+from shared_engine.evaluation.scoring import extract_choice, extract_number, score_bbh, score_number, score_qa
+
+
+@pytest.mark.parametrize("output, gold", [
+    ("She sells the remainder for $2 per egg.\nThe answer is $2 * 13 = $26.", "26"),  # a real Qwen answer
+    ("The answer is 5 + 3 = 8.", "8"),
+    ("So she makes 9 * 2 = 18 dollars.\nThe answer is \\(18\\). She sells 16 - 3 - 4 = 9 eggs.", "18"),
+    ("The answer is \\$18. That is 9 eggs at $2 each.", "18"),
+    ("The answer is \u22123.", "-3"),                                   # a Unicode minus sign
+    ("The answer is 1,234.50.", "1234.5"),
+    ("The answer is:\n\n**18**", "18"),
+])
+def test_gsm8k_reads_the_stated_result_not_the_calculation(output: str, gold: str) -> None:
+    assert score_number(output, gold).correct, extract_number(output)
+
+
+def test_gsm8k_an_answer_sentence_without_a_number_falls_back() -> None:
+    assert extract_number("The answer is below.\n#### 42") == "42"
+    assert extract_number("The answer is 7. Earlier the answer is unclear.") == "7"
+
+
+@pytest.mark.parametrize("prediction, gold", [
+    ("11111111110", "11,\\! 111,\\! 111,\\! 100"), ("0.000067", ".0000672"), ("0.0000675", ".0000672"),
+    ("2^{20}+1", "1048576"), ("\\frac{1}{3}", "0.3333333"),
+])
+def test_math_numbers_compare_exactly(prediction: str, gold: str) -> None:
+    assert not math_equal(prediction, gold)
+
+
+@pytest.mark.parametrize("prediction, gold", [
+    ("52_{8}", "52_8"), ("2516_{8}", "2516_8"), ("1\\pm\\sqrt{5}, -2", "\\{1\\pm\\sqrt{5},-2\\}"),
+    ("11111111100", "11,\\! 111,\\! 111,\\! 100"), ("6.72\\times10^{-5}", ".0000672"), ("0.1", "\\frac{1}{10}"),
+    ("\\sqrt{2}+\\sqrt{3}", "\\sqrt{5+2\\sqrt{6}}"),
+])
+def test_math_equal_forms(prediction: str, gold: str) -> None:
+    assert math_equal(prediction, gold)
+    assert score_math(f"So it is $\\boxed{{{prediction}}}$.", gold).correct
+
+
+@pytest.mark.parametrize("output, gold", [
+    ("B. 4\n\nExplanation: 2 + 2 = 4; (A) 3 is wrong, (C) 5 is wrong.", "B"),
+    ("The answer is A. However, statement 2 is false. Final Answer: B", "B"),
+    ("**Final answer:** \\boxed{B}", "B"), ("So the correct choice is B.", "B"), ("The answer is (b).", "B"),
+    ("The answer is option B.", "B"), ("I pick option C.", "C"),
+    ("The answer is (C) the cell wall.", "C"),                   # the form Qwen answers in, unchanged
+    ("I think (B) is wrong. The answer is (C).", "C"), ("Option (A) is wrong. The answer is **B**.", "B"),
+])
+def test_choice_takes_the_last_stated_answer(output: str, gold: str) -> None:
+    assert extract_choice(output, "ABCD") == gold
+
+
+@pytest.mark.parametrize("output", ["Answer: a plant makes sugar.", "A crab is an animal.", "The answer is (E).",
+                                    "A man walks in."])
+def test_choice_articles_are_not_answers(output: str) -> None:
+    assert extract_choice(output, "ABCD") is None
+
+
+@pytest.mark.parametrize("output, gold", [
+    ("So the answer is (A). Option (B) is less likely.", "(A)"),
+    ("So the answer is Yes. This is because he intended it.", "Yes"),
+    ("So the answer is 8. That's all.", "8"), ("So the answer is 3.5.", "3.5"),
+    ("So the answer is ] ] ).", "] ] )"), ("So the answer is **(C)**.", "(C)"), ("So the answer is B.", "(B)"),
+])
+def test_bbh_answer_ends_at_its_sentence(output: str, gold: str) -> None:
+    assert score_bbh(output, gold).correct
+
+
+def test_qa_an_alias_that_normalises_to_nothing_matches_nothing(tmp_path: Path) -> None:
+    assert not score_qa("", ["---"]).correct and not score_qa("The.", [")"]).correct
+    assert not score_qa("A-", ["A+", "AB+"]).correct and score_qa("AB+", ["A+", "AB+"]).correct
+    assert score_qa("A+.", ["A+", "AB+"]).correct and score_qa("**@**", ["At sign", "@"]).correct  # as written
+    file = tmp_path / "test.jsonl"
+    file.write_text("".join(json.dumps(row) + "\n" for row in [
+        {"question": "q0", "answer": ["---"]}, {"question": "q1", "answer": ["Paris", ")"]}]))
+    data = load_qa(file, "nq")
+    assert [r.id for r in data.records] == ["1"] and data.skipped == {"no alias left once normalised": 1}
+
+
+def test_mmlu_no_correct_answer_is_skipped(tmp_path: Path) -> None:
+    (tmp_path / "mmlu_x.csv").write_text(
+        "question,choices,answer,error_type\n"
+        "q0,\"['a', 'b']\",0,ok\nq1,\"['a', 'b']\",1,No Correct Answer\nq2,\"['a', 'b']\",1,wrong_groundtruth\n")
+    data = load_mmlu_redux(tmp_path)
+    assert [r.id for r in data.records] == ["x/0"]
+    assert data.skipped == {"no correct answer": 1, "wrong groundtruth": 1}
+
+
+def test_bbh_gold_that_is_option_text_is_skipped(tmp_path: Path) -> None:
+    examples = [{"input": "Find a movie.\nOptions:\n(A) Monsters\n(B) Inc", "target": "Monsters, Inc"},
+                {"input": "Find a movie.\nOptions:\n(A) Up\n(B) Cars", "target": "(B)"},
+                {"input": "Is it valid?", "target": "valid"}]
+    (tmp_path / "movie.json").write_text(json.dumps({"examples": examples}))
+    data = load_bbh(tmp_path)
+    assert [r.id for r in data.records] == ["movie/1", "movie/2"]
+    assert data.skipped == {"gold is an option's text, not its letter": 1}
+
