@@ -383,12 +383,15 @@ class EnsembleLLM(FunctionCallingLLM):
             prepared["tool_choice"] = tool_choice
         if tool_required and tools:
             prepared["tool_required"] = True
+        if tools and not allow_parallel_tool_calls:  # the engine stops after one call: streams too
+            prepared["parallel_tool_calls"] = False
         return prepared
 
     def _validate_chat_with_tools_response(self, response: ChatResponse, tools: Sequence[BaseTool],
                                            allow_parallel_tool_calls: bool = False,
                                            **kwargs: Any) -> ChatResponse:
-        """Keep only the first tool call unless parallel calls are allowed (as the OpenAI adapter does)."""
+        """Keep only the first tool call unless parallel calls are allowed (as the OpenAI adapter
+        does; the engine was asked for one already, see ``_prepare_chat_with_tools``)."""
         if not allow_parallel_tool_calls:
             calls = [b for b in response.message.blocks if isinstance(b, ToolCallBlock)]
             for extra in calls[1:]:

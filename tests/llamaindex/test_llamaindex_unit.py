@@ -240,6 +240,20 @@ def test_single_tool_call_unless_parallel_allowed() -> None:
     assert len(llm.get_tool_calls_from_response(response)) == 2
 
 
+async def test_a_stream_with_parallel_calls_off_asks_the_engine_for_one_call() -> None:
+    """stream_chat_with_tools (FunctionAgent streams) ignored allow_parallel_tool_calls=False: only
+    the non-streaming path trimmed the extra calls, so an agent ran every call the members wrote."""
+    two = '<tool_call>{"name": "multiply", "arguments": {"a": 1, "b": 2}}</tool_call>' * 2
+    for allowed, expected in ((False, 1), (True, 2)):
+        llm, engine = scripted_llm([two])
+        *_, last = llm.stream_chat_with_tools([MULTIPLY], user_msg="x", allow_parallel_tool_calls=allowed)
+        assert len(llm.get_tool_calls_from_response(last)) == expected
+        stream = await llm.astream_chat_with_tools([MULTIPLY], user_msg="x", allow_parallel_tool_calls=allowed)
+        *_, last = [response async for response in stream]
+        assert len(llm.get_tool_calls_from_response(last)) == expected
+        assert [r[1].get("parallel_tool_calls") for r in engine.requests] == [False if not allowed else None] * 2
+
+
 async def test_function_agent_round_trip_with_scripted_answers() -> None:
     llm, engine = scripted_llm(['{"name": "multiply", "arguments": {"a": 6, "b": 7}}'], ["6 times 7 is ", "42."])
     agent = FunctionAgent(tools=[MULTIPLY], llm=llm)
