@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from shared_engine.evaluation.compare import compare_runs, paired
 from shared_engine.evaluation.datasets import load_bbh, load_mmlu_redux, load_qa
 from shared_engine.evaluation.math_answers import math_equal, score_math
 from shared_engine.evaluation.scoring import extract_choice, extract_number, score_bbh, score_number, score_qa
@@ -106,3 +107,37 @@ def test_bbh_gold_that_is_option_text_is_skipped(tmp_path: Path) -> None:
     assert [r.id for r in data.records] == ["movie/1", "movie/2"]
     assert data.skipped == {"gold is an option's text, not its letter": 1}
 
+
+def _run(folder: Path, bench: str, rows: list[tuple[str, str, list[str], bool]], question: str = "q") -> Path:
+    """A run folder as the runner writes it, with stored verdicts (id, output, gold, correct)."""
+    folder.mkdir()
+    samples = [{"id": i, "group": None, "prompt": [{"role": "user", "content": question}], "output": out, "gold": gold,
+                "extracted": None, "correct": correct, "value": float(correct), "finish_reason": "eos"}
+               for i, out, gold, correct in rows]
+    (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    n, right = len(rows), sum(r[3] for r in rows)
+    (folder / "summary.json").write_text(json.dumps({
+        "bench": bench, "models": [folder.name], "method": "single", "metric": "accuracy", "n": n,
+        "correct": right, "accuracy": right / n, "score": right / n, "ci95": [0, 1], "ensemble_rate": 0.0,
+        "tokens_per_s": 1.0, "mean_output_tokens": 1, "truncated": 0, "failures": 0, "max_new_tokens": 8}))
+    return folder
+
+
+def test_compare_rescores_stored_samples(tmp_path: Path) -> None:
+    """A run scored before a fix (its stored verdict wrong) and one after compare by the same rules."""
+    old = _run(tmp_path / "old", "gsm8k", [("0", "The answer is 5 + 3 = 8.", ["8"], False),
+                                           ("1", "The answer is 2.", ["3"], False)])
+    new = _run(tmp_path / "new", "gsm8k", [("0", "The answer is 8.", ["8"], True),
+                                           ("1", "The answer is 3.", ["3"], True)])
+    result = paired(old, new)
+    assert (result["both_right"], result["wins"], result["losses"]) == (1, 1, 0)
+    text = compare_runs([old, new], tmp_path / "plots")
+    assert "| gsm8k | single (old) | 2 | 50.0% |" in text
+    assert "single (old): 1 verdict(s) changed" in text and "single (new)" not in text.split("note:")[-1]
+
+
+def test_compare_drops_questions_no_longer_scored(tmp_path: Path) -> None:
+    question = "Find a movie.\nOptions:\n(A) Monsters\n(B) Inc"
+    old = _run(tmp_path / "old", "bbh", [("movie/1", "So the answer is (A).", ["Monsters, Inc"], False)], question)
+    text = compare_runs([old], tmp_path / "plots")
+    assert "single (old): 0 verdict(s) changed, 1 question(s) no longer scored" in text

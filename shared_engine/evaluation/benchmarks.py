@@ -7,10 +7,12 @@ looked for next to it first, then in the default data folder.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from ..data_paths import NOT_FOUND, find_data_dir
 from ..errors import InvalidRequestError
@@ -82,6 +84,43 @@ def is_translation(run_bench: str) -> bool:
     """Whether a run's benchmark (its config's ``bench``: ``flores-<pair>`` for translation) is
     scored by chrF, without loading its data (the folder may be read on a machine without it)."""
     return run_bench == "flores" or run_bench.startswith("flores-")
+
+
+def _asked(sample: dict[str, Any]) -> str:
+    """The question as a stored sample asked it: its prompt's last user message."""
+    users = [m.get("content", "") for m in sample.get("prompt") or [] if m.get("role") == "user"]
+    return users[-1] if users else ""
+
+
+def _stored_choice(output: str, sample: dict[str, Any]) -> Score:
+    labels = "".join(re.findall(r"^\(([A-J])\) ", _asked(sample), flags=re.MULTILINE)) or datasets.LETTERS
+    return scoring.score_choice(output, sample["gold"][0], labels)
+
+
+def _stored_bbh(output: str, sample: dict[str, Any]) -> Score | None:
+    return None if datasets.is_option_text(_asked(sample), sample["gold"][0]) else scoring.score_bbh(
+        output, sample["gold"][0])
+
+
+def _stored_qa(output: str, sample: dict[str, Any]) -> Score | None:
+    return scoring.score_qa(output, sample["gold"]) if scoring.usable_aliases(sample["gold"]) else None
+
+
+_STORED: dict[str, Callable[[str, dict[str, Any]], Score | None]] = {
+    "gsm8k": lambda out, s: scoring.score_number(out, s["gold"][0]),
+    "math500": lambda out, s: score_math(out, s["gold"][0]),
+    "arc-challenge": _stored_choice, "mmlu-redux": _stored_choice, "bbh": _stored_bbh,
+    "nq": _stored_qa, "triviaqa": _stored_qa, "squad": _stored_qa,
+}
+
+
+def stored_scorer(run_bench: str) -> Callable[[str, dict[str, Any]], Score | None] | None:
+    """How a stored sample (a samples.jsonl row: its output, gold and prompt) is scored now, without
+    the data folder: ``eval compare`` re-scores every run with it, so runs scored before a scoring fix
+    and after it are compared by the same rules. The scorer gives None for a question no longer scored
+    (a BBH gold that is an option's text, a QA row without a usable alias); translation has none
+    (chrF, whose extraction is unchanged, is left as stored: re-scoring it would be slow)."""
+    return _STORED.get(run_bench)
 
 
 def get_benchmark(name: str, data: str | None = None, pair: str = "en-de") -> Benchmark:

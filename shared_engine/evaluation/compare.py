@@ -4,7 +4,8 @@ also a paired count per run: questions it gets right that the baseline misses, a
 on small N the paired view says more than two overlapping intervals — with the score difference's
 95% interval (accuracy: Newcombe's for paired proportions; chrF: paired bootstrap), and a plot
 of those differences (``paired_difference_plot``, which ``scripts/standing_plot.py`` also draws the
-README's standing with)."""
+README's standing with). Every stored answer is scored again with the current scorer first
+(``rescored``), so runs scored before and after a scoring fix compare by the same rules."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any, NamedTuple
 from ..errors import EnsembleError, InvalidRequestError
 from ..members.spec import BACKENDS
 from ..options import METHOD_DEFAULTS
-from .benchmarks import is_translation
+from .benchmarks import is_translation, stored_scorer
 from .runner import CONFIG, SAMPLES, SUMMARY, sample_rows, wilson_interval
 
 BAR_LABEL_WIDTH = 22
@@ -195,10 +196,77 @@ def sign_test(wins: int, losses: int) -> tuple[float, float]:
     return two_sided, worse
 
 
+class Rescored(NamedTuple):
+    """A run's answers by question id, scored again with the current scorer (``benchmarks.stored_scorer``),
+    with how many stored verdicts that changed and how many questions are no longer scored."""
+
+    rows: dict[str, dict[str, Any]]
+    changed: int
+    dropped: int
+
+
+_RESCORED: dict[tuple[str, int, int], Rescored] = {}
+
+
+def _bench(folder: Path) -> str:
+    """A run's benchmark, from its summary, else (a run still going) its config."""
+    for name in (SUMMARY, CONFIG):
+        file = folder / name
+        if file.is_file():
+            return str(json.loads(file.read_text()).get("bench", ""))
+    return ""
+
+
+def rescored(folder: Path) -> Rescored:
+    """Every complete line of a run's samples (a run still going, or cut off, may end in a partial
+    one; a question asked again on resume stands at the end of the file), re-scored from its
+    ``output`` and ``gold``: samples store their verdict, so a run scored before a scoring fix would
+    otherwise be compared with one scored after it. Once per version of the file."""
+    file = folder / SAMPLES
+    stat = file.stat()
+    key = (str(file.resolve()), stat.st_mtime_ns, stat.st_size)
+    if key not in _RESCORED:
+        rows = {row["id"]: row for row in sample_rows(file)}
+        score = stored_scorer(_bench(folder))
+        changed = dropped = 0
+        if score is not None:
+            for i, row in list(rows.items()):
+                if row.get("error") is not None or not row.get("gold"):
+                    continue  # a failed answer stays wrong
+                new = score(row.get("output") or "", row)
+                if new is None:
+                    del rows[i]
+                    dropped += 1
+                    continue
+                changed += bool(new.correct) != bool(row.get("correct"))
+                rows[i] = {**row, "extracted": new.extracted, "correct": new.correct, "value": new.value,
+                           "f1": new.f1}
+        _RESCORED[key] = Rescored(rows, changed, dropped)
+    return _RESCORED[key]
+
+
 def _rows(folder: Path) -> dict[str, dict[str, Any]]:
-    """A run's answers by question id: every complete line (a run still going, or cut off, may end
-    in a partial one; a question asked again on resume stands at the end of the file)."""
-    return {row["id"]: row for row in sample_rows(folder / SAMPLES)}
+    """A run's answers by question id, re-scored (``rescored``)."""
+    return rescored(folder).rows
+
+
+def _rescore_summary(summary: dict[str, Any]) -> tuple[int, int]:
+    """The summary's score, interval and counts from its re-scored samples where re-scoring changed a
+    verdict or dropped a question; (verdicts changed, questions dropped)."""
+    folder = Path(summary["dir"])
+    if not (folder / SAMPLES).is_file() or summary.get("metric") == "chrf":
+        return 0, 0
+    result = rescored(folder)
+    if result.changed or result.dropped:
+        rows = list(result.rows.values())
+        n, correct = len(rows), sum(bool(r["correct"]) for r in rows)
+        low, high = wilson_interval(correct, n)
+        summary.update(n=n, correct=correct, accuracy=round(correct / n, 4) if n else None,
+                       ci95=[round(low, 4), round(high, 4)])
+        summary["score"] = summary["accuracy"]
+        if summary.get("metric") == "exact_match":
+            summary["f1"] = round(sum(r.get("f1") or 0.0 for r in rows) / n, 4) if n else None
+    return result.changed, result.dropped
 
 
 def paired(baseline: Path, other: Path) -> dict[str, Any]:
@@ -465,6 +533,7 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
     if by_group and baseline is None:
         raise InvalidRequestError("--by-group pairs each run with --baseline within each group: give --baseline")
     summaries = load_summaries(dirs)
+    rescoring = [_rescore_summary(s) for s in summaries]
     written = plot(summaries, plots)
     if json_out:
         Path(json_out).write_text(json.dumps(summaries, indent=2) + "\n")
@@ -480,7 +549,18 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
         written.extend(_paired_plot(base, pairs, plots))
     if by_group and baseline is not None:
         text += "\n\n" + group_tables(baseline, summaries)
-    return text + _mixed_prompts_note(summaries) + "\n\nplots: " + ", ".join(str(p) for p in written)
+    return (text + _mixed_prompts_note(summaries) + _rescored_note(summaries, rescoring)
+            + "\n\nplots: " + ", ".join(str(p) for p in written))
+
+
+def _rescored_note(summaries: list[dict[str, Any]], rescoring: list[tuple[int, int]]) -> str:
+    """One line where scoring the stored answers again with the current scorer changed something."""
+    parts = [f"{s['label']}: {changed} verdict(s) changed" + (f", {dropped} question(s) no longer scored" if dropped
+                                                              else "")
+             for s, (changed, dropped) in zip(summaries, rescoring) if changed or dropped]
+    if not parts:
+        return ""
+    return "\n\nnote: stored answers re-scored with the current scorer (the table uses these): " + "; ".join(parts)
 
 
 def _paired_plot(base: dict[str, Any], pairs: list[tuple[dict[str, Any], dict[str, Any]]],
