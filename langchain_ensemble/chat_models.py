@@ -16,8 +16,9 @@ engine event as a JSON-ready dict)::
 or in a callback handler's ``on_custom_event(name, data, *, run_id, ...)``. Inside a Runnable (a
 prompt, a LangGraph node) they belong to the enclosing run; ``invoke``/``ainvoke`` and a bare
 ``model.astream``/``stream``/``astream_events`` attribute them to the model's own run.
-(langchain-core's ``astream`` calls ``_astream`` without its run manager, so ``astream`` and
-``stream`` are wrapped to pass the model run's id and callbacks on; see ``_OwnRun``.)
+(langchain-core's ``astream``, and ``invoke``/``ainvoke``/``batch`` of a ``streaming=True`` model, call
+``_astream``/``_stream`` without its run manager, so ``astream``, ``stream``, ``invoke`` and ``ainvoke``
+are wrapped to pass the model run's id and callbacks on; see ``_OwnRun``.)
 """
 
 from __future__ import annotations
@@ -491,6 +492,26 @@ class ChatEnsemble(BaseChatModel):
         return _shared_engine(*self._engine_config())
 
     # -- streaming core -------------------------------------------------------------------
+    def invoke(self, input: LanguageModelInput, config: RunnableConfig | None = None, *,
+               stop: list[str] | None = None, **kwargs: Any) -> AIMessage:
+        """As LangChain's; ``streaming=True`` runs ``_stream`` with no run manager, so the model's
+        own run is passed on for its ensemble events (see ``astream``)."""
+        config, run = _own_run(config)
+        token = _OWN_RUN.set(run)
+        try:
+            return super().invoke(input, config, stop=stop, **kwargs)
+        finally:
+            _OWN_RUN.reset(token)
+
+    async def ainvoke(self, input: LanguageModelInput, config: RunnableConfig | None = None, *,
+                      stop: list[str] | None = None, **kwargs: Any) -> AIMessage:
+        config, run = _own_run(config)
+        token = _OWN_RUN.set(run)
+        try:
+            return await super().ainvoke(input, config, stop=stop, **kwargs)
+        finally:
+            _OWN_RUN.reset(token)
+
     async def astream(self, input: LanguageModelInput, config: RunnableConfig | None = None, *,
                       stop: list[str] | None = None, **kwargs: Any) -> AsyncIterator[AIMessageChunk]:
         config, run = _own_run(config)

@@ -151,6 +151,36 @@ async def test_a_bare_model_streams_its_events_as_its_own_run(scripted: Scripted
     assert "".join([c.content async for c in llm.astream("Hi")]) == "Hello there!"  # nobody listening
 
 
+async def test_a_streaming_model_sends_its_events_on_invoke_and_batch(scripted: ScriptedEngine) -> None:
+    """ChatEnsemble(streaming=True): langchain-core's invoke runs _stream with no run manager, and
+    invoke/ainvoke/batch sent no ensemble events at all."""
+
+    class RunRecorder(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.model_runs: list[Any] = []
+            self.events: list[tuple[str, Any]] = []
+
+        def on_chat_model_start(self, serialized: Any, messages: Any, *, run_id: Any, **kwargs: Any) -> None:
+            self.model_runs.append(run_id)
+
+        def on_custom_event(self, name: str, data: Any, *, run_id: Any, **kwargs: Any) -> None:
+            self.events.append((name, run_id))
+
+    llm = ChatEnsemble(models=MODELS, streaming=True)
+    calls = [lambda cb: llm.invoke("Hi", config={"callbacks": [cb]}),
+             lambda cb: llm.ainvoke("Hi", config={"callbacks": [cb]}),
+             lambda cb: llm.batch(["Hi"], config={"callbacks": [cb]}),
+             lambda cb: llm.abatch(["Hi"], config={"callbacks": [cb]})]
+    for call in calls:
+        handler = RunRecorder()
+        out = call(handler)
+        if asyncio.iscoroutine(out):
+            out = await out
+        assert [n for n, _ in handler.events] == ["ensemble.ensemble", "ensemble.finish"]
+        assert {run for _, run in handler.events} == set(handler.model_runs)  # the model's own run
+    assert chat_models._OWN_RUN.get() is None
+
+
 async def test_a_bare_stream_leaves_no_run_behind_in_the_callers_context(scripted: ScriptedEngine) -> None:
     llm = ChatEnsemble(models=MODELS)
     stream = llm.astream("Hi")
