@@ -33,6 +33,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, 
 from contextvars import ContextVar
 from dataclasses import dataclass
 from operator import itemgetter
+from pathlib import Path
 from typing import Any, Literal, cast
 
 from langchain_core.callbacks import (
@@ -85,9 +86,11 @@ from shared_engine import (
 from shared_engine.engine import iterate_sync
 from shared_engine.events import Event, FinishEvent
 from shared_engine.members.chat import join_text_parts
+from shared_engine.members.remote import load_tokenizer
 from shared_engine.options import Method, validated
 from shared_engine.profile import profile_digest
 from shared_engine.tools import forced_tool
+from shared_engine.zoo import ZOO
 
 EVENT_TYPES = ("token", "draft", "verify", "ensemble", "adafuse", "cache_sync", "tool_call", "format_retry", "finish")
 """Engine event types that can be forwarded as ``ensemble.<type>`` custom events."""
@@ -261,6 +264,7 @@ class ChatEnsemble(BaseChatModel):
     tool again instead of answering. Off by default: it discourages multi-step tool chains."""
 
     _release: Any = PrivateAttr(default=None)  # weakref.finalize that gives the shared engine back
+    _tokenizer: Any = PrivateAttr(default=None)  # the drafter's, for get_token_ids (read on first use)
     _profile_digest: str | None = PrivateAttr(default=None)  # what engine_options' profile held (profile_digest)
 
     @model_validator(mode="before")
@@ -355,6 +359,31 @@ class ChatEnsemble(BaseChatModel):
         engine = self._engine()
         if isinstance(engine, EnsembleEngine) and engine.loaded and "max_input_tokens" not in (self.profile or {}):
             self._note_context_window(engine.context_window)
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """Token ids in the drafter's tokenizer (what ``max_tokens`` and the usage count in), for
+        ``get_num_tokens`` and ``trim_messages(token_counter=llm)``: LangChain's default downloads
+        GPT-2's tokenizer (offline: minutes of retries, then 0)."""
+        if self._tokenizer is None:
+            self._tokenizer = self._drafter_tokenizer()
+        return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _drafter_tokenizer(self) -> Any:
+        """The drafter's tokenizer, read from its files when they are local (a zoo name, a folder, a
+        .gguf: no weights loaded), else from the loaded member (a hub id, a server, a registered member)."""
+        engine = self._engine()
+        drafter = engine.decoding_specs[0]
+        if not engine.loaded and isinstance(drafter, MemberConfig):
+            spec = drafter.spec
+            source = spec.tokenizer or spec.target
+            if not spec.is_url or spec.tokenizer:
+                if source in ZOO or Path(source).expanduser().exists():
+                    return load_tokenizer(source).tokenizer
+        tokenizer = engine.members[0].table.tokenizer
+        if tokenizer is None:  # a llama.cpp server's own tokenizer, read over HTTP
+            raise InvalidRequestError(f"cannot count tokens here: {self.models[0]}'s tokenizer is on its "
+                                      "server; add '#TOKENIZER' to its spec")
+        return tokenizer
 
     @property
     def _llm_type(self) -> str:

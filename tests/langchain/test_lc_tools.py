@@ -310,3 +310,53 @@ def test_an_unreadable_call_is_an_invalid_tool_call_and_history_blocks_are_skipp
         {"type": "server_tool_result", "tool_call_id": "s1", "status": "success", "output": "sunny"}]),
         HumanMessage("And now?")]
     assert to_engine_messages(history)[1] == {"role": "assistant", "content": "Let me look."}
+
+
+@pytest.fixture
+def no_gpt2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LangChain's default token counter downloads GPT-2's tokenizer (offline: minutes of retries)."""
+    import langchain_core.language_models.base as lc_base
+
+    def download(*args: object) -> None:
+        raise AssertionError("LangChain's GPT-2 tokenizer was asked for")
+
+    monkeypatch.setattr(lc_base, "get_tokenizer", download)
+
+
+def test_tokens_are_counted_with_the_drafters_tokenizer_without_loading_weights(
+        monkeypatch: pytest.MonkeyPatch, no_gpt2: None) -> None:
+    from shared_engine.members.remote import LocalTokenizer
+    from tests.toy import metaspace_tokenizer
+
+    tokenizer = metaspace_tokenizer()
+    asked: list[str] = []
+
+    def load_tokenizer(spec: str) -> LocalTokenizer:
+        asked.append(spec)
+        return LocalTokenizer(tokenizer, len(tokenizer), frozenset(), None)
+
+    monkeypatch.setattr(chat_models, "load_tokenizer", load_tokenizer, raising=False)
+    llm = ChatEnsemble(models=list(reversed(MODELS)), drafter=1)  # the drafter: Qwen, named second
+    text = "hello there, world"
+    assert llm.get_num_tokens(text) == len(tokenizer(text, add_special_tokens=False)["input_ids"]) > 0
+    assert asked == [MODELS[0]] and not llm._engine().loaded  # the zoo's tokenizer files, no weights
+    llm.get_num_tokens(text)
+    assert asked == [MODELS[0]]  # read once
+    llm.close()
+
+
+def test_trim_messages_counts_with_a_loaded_drafters_tokenizer(no_gpt2: None) -> None:
+    from langchain_core.messages import trim_messages
+
+    from tests.toy import registered_members, toy_member
+
+    toys = [toy_member("lc-count-sp", "metaspace"), toy_member("lc-count-bpe", "byte_level", seed=1)]
+    with registered_members(toys) as names:
+        llm = ChatEnsemble(models=names)
+        assert llm.get_num_tokens("hello world") == len(toys[0].tokenizer("hello world",
+                                                                          add_special_tokens=False)["input_ids"])
+        history = [HumanMessage("a b c " * 20), AIMessage("d e f " * 20), HumanMessage("and now?")]
+        kept = trim_messages(history, max_tokens=llm.get_num_tokens_from_messages(history[-1:]),
+                             token_counter=llm, strategy="last")
+        assert kept == history[-1:]
+        llm.close()
