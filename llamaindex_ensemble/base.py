@@ -145,13 +145,22 @@ class EnsembleLLM(FunctionCallingLLM):
 
     _engine: EnsembleEngine = PrivateAttr()
 
-    def __init__(self, models: Sequence[str | Member] | None = None, method: str = "safe", max_tokens: int = 256,
-                 temperature: float = 0.0, context_window: int | None = None, step_events: bool = False,
-                 members: Sequence[MemberConfig | dict[str, Any]] | None = None,
+    def __init__(self, models: Sequence[str | Member] | None = None, method: str = "safe",
+                 max_tokens: int | None = None, temperature: float = 0.0, context_window: int | None = None,
+                 step_events: bool = False, members: Sequence[MemberConfig | dict[str, Any]] | None = None,
                  member_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if (models is None) == (members is None):
             raise InvalidRequestError("give models or members (MemberConfig list), not both")
+        if "max_new_tokens" in kwargs:  # the engine's name for it (ChatEnsemble takes it too)
+            if max_tokens is not None:
+                raise InvalidRequestError("give max_tokens or max_new_tokens, not both")
+            max_tokens = kwargs.pop("max_new_tokens")
+        max_tokens = 256 if max_tokens is None else max_tokens
         engine_options = dict(kwargs.pop("engine_options", None) or {})
+        doubled = sorted(engine_options.keys() & {"max_new_tokens", "max_tokens", "temperature"})
+        if doubled:  # EnsembleLLM's own fields: the engine got them twice (a TypeError)
+            raise InvalidRequestError(f"engine_options {doubled}: set them as EnsembleLLM(max_tokens=..., "
+                                      "temperature=...)")
         fields = {k: kwargs.pop(k) for k in list(kwargs) if k in type(self).model_fields}
         engine_options.update(kwargs)  # whatever is not a field is an engine option
         placement = dict(member_options or {})

@@ -69,12 +69,22 @@ def test_constructor_splits_llm_fields_from_engine_options() -> None:
     assert meta.model_name == "safe(a+b)" and llm.class_name() == "EnsembleLLM"
 
 
+def test_max_new_tokens_is_max_tokens() -> None:
+    """The engine's name, which ChatEnsemble takes too, was a raw TypeError ("multiple values")."""
+    llm = EnsembleLLM(models=["a", "b"], max_new_tokens=8)
+    assert llm.max_tokens == 8 and llm.engine.options.max_new_tokens == 8 and llm.engine_options == {}
+    assert EnsembleLLM(models=["a", "b"]).max_tokens == 256
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"models": []}, "at least one member"),
     ({"models": ["a"]}, "at least two members"),
     ({"models": ["a", "b"], "method": "vote"}, "method"),
     ({"models": ["a", "b"], "draft_lenght": 3}, "draft_lenght"),
     ({"models": ["a", "b"], "weights": [1.0]}, "weights"),
+    ({"models": ["a", "b"], "engine_options": {"temperature": 0.5}}, r"engine_options \['temperature'\]"),
+    ({"models": ["a", "b"], "engine_options": {"max_new_tokens": 8}}, "max_new_tokens"),
+    ({"models": ["a", "b"], "max_new_tokens": 8, "max_tokens": 9}, "not both"),
 ])
 def test_bad_construction_is_a_clear_value_error(kwargs: dict, match: str) -> None:
     with pytest.raises(InvalidRequestError, match=match):
