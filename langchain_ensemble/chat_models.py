@@ -76,6 +76,7 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 
 from shared_engine import (
+    EngineClosedError,
     EngineOptions,
     EnsembleEngine,
     GenerationParams,
@@ -322,7 +323,8 @@ class ChatEnsemble(BaseChatModel):
         return self
 
     def close(self) -> None:
-        """Give the shared engine back now (also done when this model is garbage-collected)."""
+        """Give the shared engine back now (also done when this model is garbage-collected); a
+        closed model takes no more calls (``EngineClosedError``)."""
         if self._release is not None:
             self._release()
 
@@ -356,6 +358,8 @@ class ChatEnsemble(BaseChatModel):
 
     def _after_request(self) -> None:
         """A request ran, so the members are loaded: the profile gets ``max_input_tokens``."""
+        if self._closed:  # closed while the request ran
+            return
         engine = self._engine()
         if isinstance(engine, EnsembleEngine) and engine.loaded and "max_input_tokens" not in (self.profile or {}):
             self._note_context_window(engine.context_window)
@@ -518,7 +522,15 @@ class ChatEnsemble(BaseChatModel):
                 self._profile_digest)
 
     def _engine(self) -> EnsembleEngine:
+        """The shared engine this model holds; after ``close()`` an error (building or finding it
+        again would hold nothing: an engine no one counts off, its members loaded for good)."""
+        if self._closed:
+            raise EngineClosedError("this ChatEnsemble is closed (close() gave its engine back); make a new one")
         return _shared_engine(*self._engine_config())
+
+    @property
+    def _closed(self) -> bool:
+        return self._release is not None and not self._release.alive
 
     # -- streaming core -------------------------------------------------------------------
     def invoke(self, input: LanguageModelInput, config: RunnableConfig | None = None, *,

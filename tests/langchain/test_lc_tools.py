@@ -360,3 +360,23 @@ def test_trim_messages_counts_with_a_loaded_drafters_tokenizer(no_gpt2: None) ->
                              token_counter=llm, strategy="last")
         assert kept == history[-1:]
         llm.close()
+
+
+def test_a_closed_chat_model_takes_no_calls_and_leaks_no_engine() -> None:
+    """A call after close() built an engine no one held (users=0), which loaded the members and was
+    never released."""
+    from shared_engine import EngineClosedError
+    from tests.toy import registered_members, toy_member
+
+    toys = [toy_member("lc-closed-bpe", "byte_level"), toy_member("lc-closed-sp", "metaspace", seed=1)]
+    with registered_members(toys) as names:
+        llm = ChatEnsemble(models=names, max_tokens=2)
+        key = chat_models._engine_key(*llm._engine_config())
+        llm.invoke("Hi")
+        llm.close()
+        assert key not in chat_models._ENGINES
+        for use in (lambda: llm.invoke("Hi"), lambda: list(llm.stream("Hi")), lambda: llm.get_num_tokens("Hi"),
+                    lambda: llm.context_window):
+            with pytest.raises(EngineClosedError, match="closed"):
+                use()
+        assert key not in chat_models._ENGINES
