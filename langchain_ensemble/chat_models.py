@@ -313,8 +313,6 @@ class ChatEnsemble(BaseChatModel):
         if self.members and self.models != [m.model for m in self.members]:
             raise InvalidRequestError("give models or members, not both")
         validated(MemberDefaults, **self.member_options)
-        profile = self.engine_options.get("profile")  # read once: the values this model's engine holds
-        self._profile_digest = profile_digest(profile) if profile is not None else None
         _hold_shared_engine(*self._engine_config())
         self._release = weakref.finalize(self, _release_engine, _engine_key(*self._engine_config()))
         defaults = {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed, "stop": self.stop}
@@ -517,7 +515,12 @@ class ChatEnsemble(BaseChatModel):
 
     def _engine_config(self) -> tuple[Sequence[str | MemberConfig], str, dict[str, Any], str | None]:
         """What identifies the shared engine: members, method, engine plus placement options, and
-        what the profile they name held when this model was made."""
+        what the profile they name held when this model was made (read on the first call, which
+        may be langchain-core's profile validator, before ``_validate_engine``: an engine built
+        under another key would be held by no one)."""
+        profile = self.engine_options.get("profile")
+        if profile is not None and self._profile_digest is None:
+            self._profile_digest = profile_digest(profile)
         return (self.members or self.models, self.method, {**self.member_options, **self.engine_options},
                 self._profile_digest)
 

@@ -380,3 +380,22 @@ def test_a_closed_chat_model_takes_no_calls_and_leaks_no_engine() -> None:
             with pytest.raises(EngineClosedError, match="closed"):
                 use()
         assert key not in chat_models._ENGINES
+
+
+def test_a_profile_leaves_no_engine_behind(tmp_path) -> None:
+    """ChatEnsemble(profile=FILE): langchain-core's profile validator ran before the profile's digest
+    was read, and built a second engine, under a key without it, that no one held or released."""
+    from shared_engine.profile import EnsembleProfile, FitInfo
+    from tests.toy import registered_members, toy_member
+
+    toys = [toy_member("lc-prof-bpe", "byte_level"), toy_member("lc-prof-sp", "metaspace", seed=1)]
+    path = tmp_path / "profile.json"
+    with registered_members(toys) as names:
+        EnsembleProfile(members=names, weights=[0.4, 0.6], drafter=names[0],
+                        fitted=FitInfo(bench="gsm8k", data="train.jsonl", questions=1, method="test")).save(path)
+        before = set(chat_models._ENGINES)
+        llm = ChatEnsemble(models=names, profile=str(path), max_tokens=2)
+        [key] = set(chat_models._ENGINES) - before
+        assert key[3] is not None and chat_models._ENGINES[key].users == 1
+        llm.close()
+        assert set(chat_models._ENGINES) == before
