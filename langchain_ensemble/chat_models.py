@@ -438,14 +438,16 @@ class ChatEnsemble(BaseChatModel):
 
     def with_structured_output(
         self,
-        schema: dict[str, Any] | type,
+        schema: dict[str, Any] | type | None = None,
         *,
         include_raw: bool = False,
         method: Literal["function_calling", "json_schema", "json_mode"] = "function_calling",
         strict: bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
-        """Answers as ``schema`` (pydantic class, TypedDict, JSON schema or OpenAI tool dict).
+        """Answers as ``schema`` (pydantic class, TypedDict, JSON schema or OpenAI tool dict; the
+        JSON methods take a JSON schema without a "title", and ``json_mode`` takes ``None``: any
+        JSON object).
 
         ``method``: ``"function_calling"`` (default) forces a call of a tool shaped like the schema
         (the answer is prefilled with the call's start, and the arguments are decoded under the
@@ -467,17 +469,19 @@ class ChatEnsemble(BaseChatModel):
         ls_format = {"kwargs": {"method": method}, "schema": schema}
         parser: Runnable[Any, Any]
         if method == "function_calling":
+            if schema is None:
+                raise ValueError("method='function_calling' needs a schema (json_mode takes none: any JSON object)")
             llm = self.bind_tools([schema], tool_choice="any", ls_structured_output_format=ls_format)
             parser = (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_pydantic
                       else JsonOutputKeyToolsParser(key_name=convert_to_openai_tool(schema)["function"]["name"],
                                                     first_tool_only=True))
         else:
-            if method == "json_schema":
-                spec = convert_to_openai_tool(schema)["function"]
-                fmt = {"type": "json_schema", "json_schema": {"name": spec["name"], "schema": spec["parameters"]}}
-            else:  # the schema is not shown to the members (the prompt describes it), but checked
-                spec = convert_to_openai_tool(schema)["function"]
-                fmt = {"type": "json_object", "json_schema": {"name": spec["name"], "schema": spec["parameters"]}}
+            if schema is None and method == "json_schema":
+                raise ValueError("method='json_schema' needs a schema (json_mode takes none: any JSON object)")
+            # json_mode: the schema is not shown to the members (the prompt describes it), but checked
+            fmt: dict[str, Any] = {"type": "json_schema" if method == "json_schema" else "json_object"}
+            if schema is not None:
+                fmt["json_schema"] = _json_schema_format(schema)
             llm = self.bind(response_format=fmt, ls_structured_output_format=ls_format)
             # JsonOutputParser reads cut or invalid JSON leniently ({} or part of a dict): an answer
             # the engine marked invalid must fail here, as a parsing error
@@ -648,6 +652,17 @@ class ChatEnsemble(BaseChatModel):
     ) -> ChatResult:
         chunks = self._astream(messages, stop, run_manager=run_manager, **kwargs)
         return await agenerate_from_stream(_aannounce(chunks, run_manager) if run_manager else chunks)
+
+
+def _json_schema_format(schema: dict[str, Any] | type) -> dict[str, Any]:
+    """``response_format``'s ``json_schema`` for a pydantic class, TypedDict, titled JSON schema or
+    tool dict; a plain JSON schema without a top-level "title" (which langchain-core's tool
+    conversion needs for the name) is taken as it is, as ChatOllama takes it."""
+    if isinstance(schema, dict) and "title" not in schema and ("properties" in schema or "type" in schema) \
+            and "function" not in schema and "parameters" not in schema:
+        return {"name": "response", "schema": schema}
+    spec = convert_to_openai_tool(schema)["function"]
+    return {"name": spec["name"], "schema": spec["parameters"]}
 
 
 def _valid_answer(message: AIMessage) -> AIMessage:

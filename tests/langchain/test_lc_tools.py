@@ -399,3 +399,29 @@ def test_a_profile_leaves_no_engine_behind(tmp_path) -> None:
         assert key[3] is not None and chat_models._ENGINES[key].users == 1
         llm.close()
         assert set(chat_models._ENGINES) == before
+
+
+def test_a_schema_without_a_title_and_json_mode_without_a_schema_are_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both were refused before any request ("Unsupported function"), though ChatOllama takes them."""
+    seen: list[dict] = []
+
+    class JsonEngine:
+        async def astream(self, messages: list[dict], **params: object):
+            seen.append(params)
+            yield TokenEvent(text='{"ok": true}', source="draft", position=0)
+            yield FinishEvent(reason="eos", text='{"ok": true}', stats=Stats())
+
+    monkeypatch.setattr(chat_models, "_shared_engine", lambda *args: JsonEngine())
+    untitled = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    llm = ChatEnsemble(models=MODELS)
+    assert llm.with_structured_output(untitled, method="json_schema").invoke("ok?") == {"ok": True}
+    assert seen[-1]["response_format"] == {"type": "json_schema", "json_schema": {"name": "response",
+                                                                                  "schema": untitled}}
+    assert llm.with_structured_output(untitled, method="json_mode").invoke("ok?") == {"ok": True}
+    assert seen[-1]["response_format"]["type"] == "json_object"
+    assert seen[-1]["response_format"]["json_schema"]["schema"] == untitled  # checked, not shown
+    assert llm.with_structured_output(method="json_mode").invoke("ok?") == {"ok": True}
+    assert seen[-1]["response_format"] == {"type": "json_object"}
+    for method in ("json_schema", "function_calling"):
+        with pytest.raises(ValueError, match="needs a schema"):
+            llm.with_structured_output(None, method=method)
