@@ -205,10 +205,11 @@ WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "paramet
 
 
 def test_a_tool_call_beside_a_json_response_format_is_one_call_in_one_attempt() -> None:
-    # response_format prefills "{"; the members call the offered tool as bare JSON. That answer is a
-    # call, not a JSON answer to validate: before, it failed as JSON ("" left), was retried twice,
-    # and each attempt's call was already sent (three calls; OpenAI's client merged them into one).
-    call = '"name": "get_weather", "arguments": {"location": "Paris"}}'
+    # the members call the offered tool as bare JSON (no "{" prefill beside tools: it would shut out a
+    # <tool_call>). That answer is a call, not a JSON answer to validate: before, it failed as JSON
+    # ("" left), was retried twice, and each attempt's call was already sent (three calls; OpenAI's
+    # client merged them into one).
+    call = '{"name": "get_weather", "arguments": {"location": "Paris"}}'
     engine = ScriptedDecoding([call])
     options = {"tools": [WEATHER_TOOL], "response_format": {"type": "json_object"}}
     events = asyncio.run(_collect(engine.astream("Weather in Paris?", **options)))
@@ -217,7 +218,7 @@ def test_a_tool_call_beside_a_json_response_format_is_one_call_in_one_attempt() 
     assert [(c.name, c.arguments) for c in calls] == [("get_weather", {"location": "Paris"})]
     assert events[-1].tool_calls == calls and events[-1].format_error is None
     # with tools offered, a rejected attempt (no call, no valid JSON) shows nothing of itself
-    engine = ScriptedDecoding(['"a": 1,, x', '"ok": true}'])
+    engine = ScriptedDecoding(['{"a": 1,, x', '{"ok": true}'])
     events = asyncio.run(_collect(engine.astream("Weather in Paris?", **options)))
     assert [e.type for e in events if e.type != "token"] == ["format_retry", "finish"]
     assert "".join(e.text for e in events if e.type == "token") == events[-1].text == '{"ok": true}'
