@@ -387,7 +387,22 @@ class EnsembleEngine:
         """``drafter="auto"``: the member that best predicts the prompt's example answers drafts (auto_weights.py)."""
         if self.options.drafter != "auto" or len(state.members) < 2:
             return
-        records = state.members
+        # a member weighted 0 has no say, so it does not draft (the drafter_confidence gate would commit
+        # its sure tokens unfused): the choice is among the others
+        eligible = [i for i, m in enumerate(state.members) if m.weight > 0]
+        index = await self._choose_drafter(state, messages, eligible) if len(eligible) > 1 else None
+        index = eligible[0] if index is None else index
+        if not index:
+            return
+        state.make_drafter(index)
+        if not isinstance(self.options.weights, list):  # the default weights follow the drafter
+            state.set_weights(self._drafter_weighted(len(state.members)))
+
+    async def _choose_drafter(self, state: RequestState, messages: Sequence[Message],
+                              eligible: list[int]) -> int | None:
+        """The index (in ``state.members``) of the ``eligible`` member that best fits the prompt's example
+        answers, or None (no examples, a fit failed: the first eligible member drafts)."""
+        records = [state.members[i] for i in eligible]
         began = time.perf_counter()
         choice = await choose_drafter([m.member for m in records], [m.session for m in records],
                                       [m.prompt_ids for m in records], messages, self._answer_fits)
@@ -403,11 +418,7 @@ class EnsembleEngine:
                 "(drafter=NAME or an index) or pass a calibrated profile.",
                 state.stats.drafter_choice_s, ANSWER_TOKENS,
                 "" if self.options.fit_cache else " (fit_cache=FILE keeps them for the next process)")
-        if not choice.index:
-            return
-        state.make_drafter(choice.index)
-        if not isinstance(self.options.weights, list):  # the default weights follow the drafter
-            state.set_weights(self._drafter_weighted(len(records)))
+        return None if choice.index is None else eligible[choice.index]
 
     def _drafter_weighted(self, members: int) -> torch.Tensor:
         """The default weights (no list given) in decoding order: ``drafter_weight_for(members)`` for the
@@ -444,7 +455,10 @@ class EnsembleEngine:
             return lambda state, sampler: adafuse_round(state, settings, sampler)
         draft = (DraftSchedule.adaptive(opts.draft_length, opts.max_draft_length, opts.drafter_confidence)
                  if opts.draft_schedule == "adaptive" else DraftSchedule.fixed(opts.draft_length))
-        policy = make_policy(opts.method, draft, opts.gate_threshold, opts.drafter_confidence, opts.overlap)
+        # a named drafter weighted 0 only proposes: the others decide every token (no confidence gate)
+        weighted = not isinstance(opts.weights, list) or opts.weights[self._order[0]] > 0
+        policy = make_policy(opts.method, draft, opts.gate_threshold,
+                             opts.drafter_confidence if weighted else None, opts.overlap)
         fusion = FusionSettings(self.fuser, opts.sharpen, opts.plausibility)
         return lambda state, sampler: decode_round(state, policy, fusion, sampler)
 

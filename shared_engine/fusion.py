@@ -116,8 +116,11 @@ class UniteFusion:
     def __call__(self, dists: Sequence[MemberDist], weights: torch.Tensor) -> Fused:
         tops = [top_keys(d, self.top_k) for d in dists]
         keys: list[bytes] = []
-        for top in tops:  # dists[0] is the drafter: only what it can spell can be committed
-            keys.extend(k for k in top if k not in keys and dists[0].table.can_spell(k))
+        # dists[0] is the drafter: only what it can spell can be committed. A member weighted 0 has
+        # no say: its top-k would still change the others' normalisation over the union.
+        for top, weight in zip(tops, weights.tolist()):
+            if weight > 0:
+                keys.extend(k for k in top if k not in keys and dists[0].table.can_spell(k))
         rows = [_softmax_or_zero(torch.tensor(_union_logits(d, top, keys), dtype=torch.float32))
                 for d, top in zip(dists, tops)]
         member_probs = torch.stack(rows)

@@ -103,10 +103,11 @@ class EngineOptions(GenerationParams):
     overlap: Literal["auto", "on", "off"] = Field(
         "auto", description="safe: while the verifiers score a draft, the drafter drafts the next round as if "
                             "the draft stands; kept where it does, stopped and thrown away where fusion changes "
-                            "a token. The same answers, only the timing changes. 'auto': on where a member "
-                            "computes apart (a server reached at a URL: vLLM, SGLang, llama.cpp), off where "
-                            "every member runs in this process and shares its cores: measured level or "
-                            "slower there (docs/speed.md). True / False read as 'on' / 'off'.")
+                            "a token. The same greedy answers; with a seed, one answer per seed (not the same "
+                            "as without overlap). 'auto': on where a member computes apart (a server "
+                            "reached at a URL: vLLM, SGLang, llama.cpp), off where every member runs in this "
+                            "process and shares its cores: measured level or slower there (docs/speed.md). "
+                            "True / False read as 'on' / 'off'.")
 
     @field_validator("overlap", mode="before")
     @classmethod
@@ -126,7 +127,10 @@ class EngineOptions(GenerationParams):
     weights: list[float] | Literal["auto"] | None = Field(
         None, description="Member weights in member order (default: drafter_weight for the drafter, 1 for the "
                           "others), or 'auto': per request, "
-                          "from each member's fit of the prompt (PackLLM-sim, see auto_weights.py).")
+                          "from each member's fit of the prompt (PackLLM-sim, see auto_weights.py). A member "
+                          "weighted 0 has no say: it adds no fusion candidates, never leads an AdaFuse round and "
+                          "drafter='auto' never picks it; named as the drafter it only proposes (no "
+                          "drafter_confidence gate: the others decide every token).")
 
     @field_validator("weights")
     @classmethod

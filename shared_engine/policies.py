@@ -84,7 +84,8 @@ class Policy:
     its token is >= this (the released code uses 0.5). Fewer fusions with a weak verifier."""
     overlap: Literal["auto", "on", "off"] = "off"
     """While the verifiers score a draft, the drafter drafts the next round as if it stands
-    (round.py); the answer is the same, only the timing changes. ``auto``: where a member computes
+    (round.py); the same greedy answers (a seeded answer is one answer per seed, not the same as
+    without overlap: the early draft's draws come first). ``auto``: where a member computes
     apart (``Capabilities.computes_apart``: a server at a URL), i.e. where the two can run at the
     same time without taking each other's cores."""
 

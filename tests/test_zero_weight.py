@@ -1,0 +1,49 @@
+"""A member weighted 0 has no say in the answer: it adds no fusion candidates, is never the
+automatic drafter, does not commit its own tokens through the confidence gate, and never leads an
+AdaFuse round."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared_engine import EnsembleEngine
+from tests.test_auto_drafter import FEW_SHOT, answers_member
+from tests.toy import toy_member
+
+PROMPTS = ["Sofia visited Berlin", "Q: What is 3 + 4?", "Hello 😀 世界", "def add(a, b):", "Lena said:"]
+
+
+@pytest.mark.parametrize("method", ["every-token", "safe"])
+def test_a_member_weighted_0_adds_no_fusion_candidates(method: str) -> None:
+    a, b = toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)
+    c = toy_member("c", "metaspace", "llama", 5)
+    three = EnsembleEngine([a, b, c], method=method, drafter=0, weights=[1, 1, 0])
+    two = EnsembleEngine([a, b], method=method, drafter=0, weights=[1, 1])
+    for prompt in PROMPTS:
+        assert three.generate(prompt, max_new_tokens=40).text == two.generate(prompt, max_new_tokens=40).text
+
+
+def test_drafter_auto_never_picks_a_member_weighted_0() -> None:
+    good, plain = answers_member("fits", "metaspace"), toy_member("random", "byte_level", "llama", seed=2)
+    stats = EnsembleEngine([plain, good], weights=[1, 0]).generate(FEW_SHOT, max_new_tokens=4).stats
+    assert stats.drafter == "random"
+    stats = EnsembleEngine([good, plain], weights=[0, 1]).generate(FEW_SHOT, max_new_tokens=4).stats
+    assert stats.drafter == "random"  # also where no choice is made (one member has a say)
+
+
+def test_a_named_drafter_weighted_0_only_proposes() -> None:
+    """Its confidence gate is off: the others decide every token, as with drafter_confidence=None."""
+    good, plain = answers_member("fits", "metaspace"), toy_member("random", "byte_level", "llama", seed=2)
+    gated = EnsembleEngine([plain, good], drafter="fits", weights=[1, 0])
+    ungated = EnsembleEngine([plain, good], drafter="fits", weights=[1, 0], drafter_confidence=None)
+    result = gated.generate(FEW_SHOT, max_new_tokens=12)
+    assert result.text == ungated.generate(FEW_SHOT, max_new_tokens=12).text
+    assert result.stats.drafter == "fits"
+
+
+def test_a_member_weighted_0_never_leads_an_adafuse_round() -> None:
+    good, plain = answers_member("fits", "metaspace"), toy_member("random", "byte_level", "llama", seed=2)
+    engine = EnsembleEngine([plain, good], method="adafuse", vote="uncertain", drafter=0, weights=[1, 0])
+    result = engine.generate(FEW_SHOT, max_new_tokens=12, keep_events=True)
+    leaders = {e.leader for e in result.events if e.type == "adafuse"}
+    assert leaders == {"random"}
