@@ -464,3 +464,15 @@ async def test_a_member_that_cannot_load_fails_the_run_not_each_question(tmp_pat
     with pytest.raises(InvalidRequestError, match="unknown model"):
         await evaluate(broken, toy_bench(tmp_path), config(), tmp_path / "run", progress=False)
     assert not (tmp_path / "run" / SUMMARY).exists()
+
+
+async def test_compare_skips_its_own_plots_folder_when_a_glob_picks_it_up(tmp_path: Path) -> None:
+    """``eval compare runs/*`` writes ``runs/plots/``; the next ``runs/*`` glob must not fail on it."""
+    runs = tmp_path / "runs"
+    await evaluate(engine(), toy_bench(tmp_path, questions=2), config(), runs / "safe", progress=False)
+    compare_runs([runs / "safe"], runs / "plots")
+    text = compare_runs(sorted(runs.iterdir()), runs / "plots")
+    assert "| toy | safe (a+b) | 2 |" in text
+    assert f"note: skipped {runs / 'plots'} (no summary.json or config.json: not an eval run)" in text
+    with pytest.raises(InvalidRequestError, match="no summary.json in"):
+        compare_runs([runs / "plots"], runs / "plots")

@@ -532,6 +532,7 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
                  by_group: bool = False) -> str:
     if by_group and baseline is None:
         raise InvalidRequestError("--by-group pairs each run with --baseline within each group: give --baseline")
+    dirs, skipped = _runs_only(dirs)
     summaries = load_summaries(dirs)
     rescoring = [_rescore_summary(s) for s in summaries]
     written = plot(summaries, plots)
@@ -549,8 +550,23 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
         written.extend(_paired_plot(base, pairs, plots))
     if by_group and baseline is not None:
         text += "\n\n" + group_tables(baseline, summaries)
-    return (text + _mixed_prompts_note(summaries) + _rescored_note(summaries, rescoring)
+    skipped_note = (f"\n\nnote: skipped {', '.join(str(d) for d in skipped)} (no {SUMMARY} or {CONFIG}: "
+                    "not an eval run)") if skipped else ""
+    return (text + _mixed_prompts_note(summaries) + _rescored_note(summaries, rescoring) + skipped_note
             + "\n\nplots: " + ", ".join(str(p) for p in written))
+
+
+def _runs_only(dirs: list[Path]) -> tuple[list[Path], list[Path]]:
+    """The given folders less those that are no eval run at all (the plots folder, which the first
+    ``compare runs/*`` writes into ``runs/``, so the next ``runs/*`` glob picks it up), and those.
+    A run's folder without its summary (``config.json`` only: unfinished) still fails in load_summaries."""
+    keep, skipped = [], []
+    for folder in dirs:
+        not_a_run = folder.is_dir() and not (folder / SUMMARY).exists() and not (folder / CONFIG).exists()
+        (skipped if not_a_run else keep).append(folder)
+    if not keep:
+        raise InvalidRequestError(f"no {SUMMARY} in {', '.join(str(d) for d in dirs)}")
+    return keep, skipped
 
 
 def _rescored_note(summaries: list[dict[str, Any]], rescoring: list[tuple[int, int]]) -> str:
