@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from contextlib import suppress
 
-from ..engine_args import add_engine_args, engine_from_args
+from ..engine_args import add_engine_args, default_method, engine_from_args
 from ..loading import load_with_notice
 from ..member_flags import BACKEND_HELP
 from ..members import LOCAL_BACKENDS
@@ -49,7 +49,7 @@ def _listening_socket(host: str, port: int) -> socket.socket:
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server with a live page at /")
     add_engine_args(serve)
-    serve.add_argument("--method", choices=METHODS, default="safe")
+    serve.add_argument("--method", choices=METHODS, help="default: safe (single with one model)")
     serve.add_argument("--backend", choices=LOCAL_BACKENDS, help=BACKEND_HELP)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=_int_from(0, 65535), default=8000,
@@ -58,7 +58,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument("--max-active", type=_int_from(1), default=DEFAULT_MAX_ACTIVE,
                        help=f"requests generating at once (default {DEFAULT_MAX_ACTIVE}); also the slots of "
                             "each in-process llama.cpp member that sets none, one per active request")
-    serve.add_argument("--max-waiting", type=_int_from(0), default=16, help="requests queued beyond those (then 429)")
+    serve.add_argument("--max-waiting", type=_int_from(0), default=16,
+                       help="requests queued beyond those, then 429 (default 16)")
     serve.add_argument("--api-key", default=os.environ.get("SAFE_ENSEMBLE_API_KEY"),
                        help="require 'Authorization: Bearer KEY' on every /v1 route (default: "
                             "$SAFE_ENSEMBLE_API_KEY; unset: open)")
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         print(f"error: cannot listen on {args.host}:{args.port}: {err.strerror or err}", file=sys.stderr)
         return 1
+    args.method = args.method or default_method(args.models)  # as run / eval / bench: one model is single
     with sock:
         engine = engine_from_args(args, args.method)
         app = create_app(engine, model_name=args.served_model_name, max_active=args.max_active,
