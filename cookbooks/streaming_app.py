@@ -41,6 +41,18 @@ MEMBERS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
 QUESTION = "What is 17 + 25? Answer briefly."
 
 
+def server_root(url: str) -> str:
+    """The server's root: `serve` prints its OpenAI base_url (``.../v1``); the clients below add ``/v1``."""
+    url = url.rstrip("/")
+    return url.removesuffix("/v1").rstrip("/")
+
+
+def served_model(base_url: str) -> str:
+    """The model id the server answers to (``GET /v1/models``): ``<method>-ensemble`` unless
+    ``--served-model-name`` named it, so ``serve --method adafuse`` needs no ``--model`` here."""
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="not-needed").models.list().data[0].id
+
+
 def with_openai(base_url: str, model: str, max_tokens: int) -> None:
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="not-needed")
 
@@ -96,12 +108,13 @@ def with_langchain(base_url: str, model: str, max_tokens: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", help="a running server (default: start one here)")
-    parser.add_argument("--model", default="safe-ensemble")
+    parser.add_argument("--base-url", help="a running server: its root or the base_url `serve` prints "
+                                           "(a trailing /v1 is dropped; default: start one here)")
+    parser.add_argument("--model", help="the model id to send (default: the one GET /v1/models lists)")
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args()
     with ExitStack() as stack:
-        base_url = args.base_url
+        base_url = server_root(args.base_url) if args.base_url else None
         if base_url is None:
             from shared_engine import EnsembleEngine
             from shared_engine.server import create_app
@@ -109,10 +122,12 @@ def main() -> None:
 
             app = create_app(EnsembleEngine(MEMBERS, method="safe"), model_name=args.model)
             base_url = stack.enter_context(serve_in_background(app))
-            print(f"serving {args.model} at {base_url}/v1 (page: {base_url}/)")
-        with_openai(base_url, args.model, args.max_tokens)
-        with_curl(base_url, args.model, args.max_tokens)
-        with_langchain(base_url, args.model, args.max_tokens)
+        model = args.model or served_model(base_url)
+        if args.base_url is None:
+            print(f"serving {model} at {base_url}/v1 (page: {base_url}/)")
+        with_openai(base_url, model, args.max_tokens)
+        with_curl(base_url, model, args.max_tokens)
+        with_langchain(base_url, model, args.max_tokens)
 
 
 if __name__ == "__main__":
