@@ -69,6 +69,18 @@ def candidate_key(table: TokenTable, token_id: int) -> bytes | None:
     return table.pieces[token_id]
 
 
+def without_specials(logits: torch.Tensor, table: TokenTable) -> torch.Tensor:
+    """``logits`` (a copy) with the non-EOS special tokens ruled out, for a member that writes the
+    answer itself (a draft, an AdaFuse span): they are no candidates (``candidate_key``), and their
+    stored bytes are a literal name such as '<pad>', never answer text."""
+    ids = [i for i in table.special_ids - table.eos_ids if i < logits.shape[-1]]
+    if not ids:
+        return logits
+    out = logits.clone()
+    out[..., ids] = float("-inf")
+    return out
+
+
 def key_token(table: TokenTable, key: bytes) -> tuple[int | None, bool]:
     """The id through which a member scores a candidate string, and whether it is an exact match:
     the token with exactly these bytes if one exists, else the first sub-token of the member's own

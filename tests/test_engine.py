@@ -379,3 +379,14 @@ def test_a_verifier_never_reads_past_its_context_window(monkeypatch: pytest.Monk
     answer = EnsembleEngine([toy_member("a", "byte_level", "llama", 1), verifier], method=method).generate(
         "Hello", max_new_tokens=40)
     assert answer.finish_reason == "length" and 0 < longest[0] <= window
+
+
+@pytest.mark.parametrize("method", ["single", "adafuse"])
+def test_methods_that_write_without_fusion_never_commit_a_special_tokens_name(method: str) -> None:
+    """A drafted (or AdaFuse-written) special token such as '<pad>' is no answer text: its stored
+    bytes are its literal name. Fusion never offers one (candidate_key); these methods must not pick one."""
+    a, b = toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)
+    engine = EnsembleEngine([a] if method == "single" else [a, b], method=method, drafter=0)
+    for prompt in ["def f(x):\n\t\treturn x\r\n", "   spaces   ", "Sofia", "Maria went"]:
+        text = engine.generate(prompt, max_new_tokens=40).text
+        assert not any(name in text for name in ("<pad>", "<s>", "<|im_start|>")), text

@@ -37,6 +37,7 @@ import torch
 
 from ..alignment import EOS_KEY, TokenTable, valid_prefix_length
 from ..events import Event
+from ..fusion import without_specials
 from ..gather import gather_all
 from ..members import Session
 from ..members.base import exact_support
@@ -166,7 +167,7 @@ def _write(session: Session, context: list[int], first: torch.Tensor, token: int
             if _has_end(cont.data, wanted, boundaries):
                 break
         logits = session.sync(context + cont.ids, len(context) + len(cont.ids))[-1]
-        token = pick(logits)
+        token = pick(without_specials(logits, table))  # its own log-prob (``cont.add``) from the whole row
     if not cont.data and cont.eos:
         return Span(EOS_KEY, cont.ids, -cont.logprobs[0], 1)
     if boundaries is None:  # re-tokenizing for every member is the costly part: once per stop
@@ -187,7 +188,8 @@ def _propose(session: Session, context: list[int], first: torch.Tensor, table: T
     as many words as its sureness gives (the released code's candidate); unsure: one-word
     branches over its top first tokens (test-time scaling)."""
     if settings.is_sure(settings.measure(first)):
-        return [_write(session, context, first, _argmax(first), table, settings, _argmax, None, shared)]
+        return [_write(session, context, first, _argmax(without_specials(first, table)), table, settings, _argmax,
+                       None, shared)]
     return _branches(session, context, first, table, settings, shared, seed, support)
 
 
@@ -203,7 +205,8 @@ def _branches(session: Session, context: list[int], first: torch.Tensor, table: 
         probs = torch.softmax(top.values / settings.candidate_temperature, dim=-1)
         return int(top.indices[int(torch.multinomial(probs, 1, generator=generator))])
 
-    tops = torch.topk(first, min(settings.num_candidates, first.shape[-1], support or first.shape[-1])).indices.tolist()
+    count = min(settings.num_candidates, first.shape[-1], support or first.shape[-1])
+    tops = torch.topk(without_specials(first, table), count).indices.tolist()
     return [_write(session, context, first, t, table, settings, pick if i else _argmax, 1, shared)
             for i, t in enumerate(tops)]
 
@@ -397,7 +400,8 @@ async def _leader_writes(state: RequestState, outlook: _Outlook, settings: AdaFu
         return sampler.from_logits(logits, support)
 
     first = outlook.firsts[outlook.leader]
-    span = await leader.member.run(_write, leader.session, outlook.contexts[outlook.leader], first, pick(first),
+    token = pick(without_specials(first, leader.table))
+    span = await leader.member.run(_write, leader.session, outlook.contexts[outlook.leader], first, token,
                                    leader.table, settings, pick, None, outlook.shared)
     proposals: Proposals = [[] for _ in state.members]
     proposals[outlook.leader] = [span]
@@ -417,4 +421,5 @@ def _span_ids(state: RequestState, outlook: _Outlook, chosen: bytes, proposals: 
     spelling of the span's bytes. An empty span (a member wrote only text-less tokens) still has to
     move the answer on: the drafter's most likely token."""
     own = next((sp.ids for sp in proposals[0] if sp.key == chosen and sp.ids), None)
-    return own or (state.ids_for_piece(chosen) if chosen else [int(torch.argmax(outlook.firsts[0]))])
+    return own or (state.ids_for_piece(chosen) if chosen
+                   else [int(torch.argmax(without_specials(outlook.firsts[0], state.drafter.table)))])

@@ -60,6 +60,7 @@ from ..fusion import (
     plausible,
     sharpen,
     top_keys,
+    without_specials,
 )
 from ..gather import gather_all
 from ..json_constraint import JsonPrefix, constrained_token
@@ -185,6 +186,8 @@ def _guarded_token(state: RequestState, sampler: Sampler, logits: torch.Tensor, 
     distribution without the loop's tokens; if every try continues the loop, the last one stands.
     Also says whether the guard turned the drafter off its first choice."""
     table, eos = state.drafter.table, state.drafter.eos_ids
+    if len(state.members) == 1:  # no verifier's fusion can replace a special token: the draft is the answer
+        logits = without_specials(logits, table)
     for tries in range(_LOOP_TRIES):
         if constraint is None:
             chosen: tuple[int, JsonPrefix | None] | None = (sampler.from_logits(logits, support), None)
