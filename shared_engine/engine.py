@@ -38,7 +38,7 @@ from typing_extensions import TypeIs
 
 from .auto_weights import ANSWER_TOKENS, FitCache, auto_weights, choose_drafter
 from .decoding import AdaFuseSettings, FusionSettings, RequestState, adafuse_round, decode_round, request_members
-from .decoding.adafuse import DEFAULT_THRESHOLD
+from .decoding.adafuse import DEFAULT_THRESHOLD, TOKENS_PER_WORD, round_room
 from .errors import ContextLengthError, EngineClosedError, InvalidRequestError, MemberError
 from .events import Event, FinishEvent, FormatRetryEvent, Stats, ToolCallEvent
 from .fusion import make_fuser
@@ -367,6 +367,14 @@ class EnsembleEngine:
                 raise ContextLengthError(
                     f"prompt ({len(ids)} tokens) + max_new_tokens ({gen.max_new_tokens}) exceed "
                     f"{member.name}'s context window of {member.context_window} tokens")
+            room = round_room(self.options.max_words)  # else AdaFuse's first round sees a full window: "" answer
+            if self.options.method == "adafuse" and len(ids) + room > member.context_window:
+                raise ContextLengthError(
+                    f"prompt ({len(ids)} tokens) leaves {member.name} {member.context_window - len(ids)} tokens of "
+                    f"its {member.context_window}-token context window; AdaFuse needs "
+                    f"{room} for one round (a span of up to max_words + 1 = "
+                    f"{self.options.max_words + 1} words, {TOKENS_PER_WORD} tokens each, and the scoring of the "
+                    f"others' spans): shorten the prompt or lower max_words")
         stops = tuple(gen.stop) + tuple(plan.stops) + tuple(s for m in members for s in m.stop_strings)
         # AdaFuse's spans are written by every member unconstrained: its JSON is validated and retried only.
         constraint = plan.constraint() if self.options.method != "adafuse" else None

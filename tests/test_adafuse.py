@@ -262,3 +262,21 @@ def test_no_member_reads_past_its_context_window(monkeypatch: pytest.MonkeyPatch
     answer = EnsembleEngine([toy_member("a", "byte_level", "llama", 1), verifier], method="adafuse").generate(
         "Hello", max_new_tokens=120)
     assert answer.finish_reason == "length" and 0 < longest[0] <= window
+
+
+def test_a_prompt_that_leaves_less_than_one_round_is_refused_not_answered_empty() -> None:
+    """AdaFuse's round needs room for a span and the scoring of the others' (``round_room``): a prompt
+    that fits max_new_tokens but not a round answered "" ('length'); it is refused like a prompt too long."""
+    import copy
+
+    from shared_engine import ContextLengthError
+    from shared_engine.decoding.adafuse import round_room
+
+    a, b = toy_member("a", "byte_level", "llama", 1), copy.copy(toy_member("b", "byte_level", "gpt2", 2))
+    prompt = [{"role": "user", "content": "Sofia"}]
+    b.context_window = len(b.prompt_ids(prompt)) + round_room(3) - 1
+    engine = EnsembleEngine([a, b], method="adafuse", drafter=0)
+    with pytest.raises(ContextLengthError, match="AdaFuse needs 64 for one round"):
+        engine.generate(prompt, max_new_tokens=20)
+    b.context_window += 1  # room for one round: an answer
+    assert engine.generate(prompt, max_new_tokens=20).stats.tokens > 0

@@ -302,8 +302,14 @@ def _window_full(state: RequestState, settings: AdaFuseSettings, contexts: list[
     tokens (checked against every window at the start), a member may spell the answer in more of its
     own, and a round writes a span of up to ``TOKENS_PER_WORD * (max_words + 1)`` tokens and scores the
     others' spans (room for twice that, in its own tokens)."""
-    room = 2 * TOKENS_PER_WORD * (settings.max_words + 1)
+    room = round_room(settings.max_words)
     return any(len(context) + room > m.member.context_window for context, m in zip(contexts, state.members))
+
+
+def round_room(max_words: int) -> int:
+    """Tokens a member's window must have left for one AdaFuse round (see ``_window_full``); the
+    engine refuses a prompt that leaves less (its answer would be empty)."""
+    return 2 * TOKENS_PER_WORD * (max_words + 1)
 
 
 async def _look(state: RequestState, contexts: list[list[int]], settings: AdaFuseSettings) -> _Outlook:
