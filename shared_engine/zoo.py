@@ -580,14 +580,29 @@ def _strip_gguf_quantizer(model: Any) -> None:
     model.is_quantized = False
 
 
+@contextlib.contextmanager
+def readable_gguf(path: Path) -> Iterator[None]:
+    """Reading ``path`` with transformers / gguf: a file that is no GGUF or is cut short (an
+    interrupted download) fails deep in their readers (a ValueError on the magic bytes, a numpy
+    reshape, a short read); say which file, in one error line, instead of a 55-line traceback."""
+    try:
+        yield
+    except EnsembleError:
+        raise
+    except (ValueError, OSError, EOFError, IndexError, struct.error) as err:
+        raise InvalidRequestError(f"{path} is not a readable GGUF file (a truncated download?): {err}") from err
+
+
 def _dequantize_to(gguf: Path, out_dir: Path, progress: bool) -> None:
     """Load a GGUF through transformers (dequantizing it) and save a plain HF folder."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with _transformers_bars(progress):
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        with readable_gguf(gguf):
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                         dtype=torch.float32)
         _strip_gguf_quantizer(model)
         model.save_pretrained(out_dir)
         tokenizer.save_pretrained(out_dir)

@@ -489,3 +489,21 @@ def test_the_user_cache_is_the_users_own(tmp_path: Path, tmp_cache: Path, monkey
     monkeypatch.setattr(sys.modules[__name__], "USER_CACHE", None)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert resolve_in_user_cache("x") == tmp_path / "home" / ".cache" / "safe-ensemble"
+
+
+def test_a_gguf_that_is_none_or_cut_short_is_one_error_line(tmp_path: Path, tmp_cache: Path) -> None:
+    """A junk or truncated .gguf failed deep in transformers' reader: a 55-line traceback, status 1."""
+    from shared_engine.errors import InvalidRequestError
+    from shared_engine.members.remote import load_tokenizer
+    from tests.test_zoo_cache import write_gguf
+
+    junk = tmp_path / "junk.gguf"
+    junk.write_text("not a gguf\n")
+    whole = write_gguf(tmp_path / "whole.gguf").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: len(whole) // 2])
+    for path in (junk, cut):
+        with pytest.raises(InvalidRequestError, match=f"{path} is not a readable GGUF file"):
+            resolve(str(path), progress=False)
+        with pytest.raises(InvalidRequestError, match="a truncated download"):
+            load_tokenizer(path)

@@ -103,7 +103,7 @@ class LocalTokenizer:
 
 def load_tokenizer(spec: str | Path) -> LocalTokenizer:
     """Tokenizer from a zoo name, an HF folder, a .gguf file or a hub id already in the local cache."""
-    from ..zoo import ZOO, hub_snapshot, is_hub_id, tokenizer_info
+    from ..zoo import ZOO, hub_snapshot, is_hub_id, readable_gguf, tokenizer_info
 
     spec = str(spec)
     if spec in ZOO:  # the tokenizer and the GGUF header's numbers: converting the weights took 15-45 s
@@ -115,7 +115,8 @@ def load_tokenizer(spec: str | Path) -> LocalTokenizer:
     if not path.exists() and is_hub_id(spec):
         path = hub_snapshot(spec)
     if path.is_file() and path.suffix.lower() == ".gguf":
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        with readable_gguf(path):
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         return LocalTokenizer(tokenizer, len(tokenizer), frozenset(), None)
     tokenizer = AutoTokenizer.from_pretrained(str(path) if path.is_dir() else spec)
     config = _json(path / "config.json") if path.is_dir() else {}
