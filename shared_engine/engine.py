@@ -235,11 +235,19 @@ class EnsembleEngine:
             self._release_later = held  # the last running (or starting) request lets go of them
 
     async def aclose(self, timeout_s: float = 30.0) -> None:
-        """``close()``, then wait (up to ``timeout_s``) until every running request has ended."""
-        self.close()
+        """``close()``, then wait (up to ``timeout_s``) until every running request has ended. A load
+        under way (minutes for a large model) is waited for off the event loop: ``close()`` takes the
+        load lock, and on the loop thread it froze every other coroutine until the load ended."""
+        self._closed = True  # no request starts and no load begins from here on
+        await asyncio.to_thread(self._wait_for_load)
+        self.close()  # the lock is free now (a later taker sees _closed and lets go at once)
         deadline = time.monotonic() + timeout_s
         while self.live_requests and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+
+    def _wait_for_load(self) -> None:
+        with self._load_lock:  # held by a request loading the members
+            pass
 
     def __enter__(self) -> EnsembleEngine:
         return self

@@ -390,3 +390,42 @@ def test_methods_that_write_without_fusion_never_commit_a_special_tokens_name(me
     for prompt in ["def f(x):\n\t\treturn x\r\n", "   spaces   ", "Sofia", "Maria went"]:
         text = engine.generate(prompt, max_new_tokens=40).text
         assert not any(name in text for name in ("<pad>", "<s>", "<|im_start|>")), text
+
+
+async def test_aclose_during_a_load_leaves_the_event_loop_running_and_releases_the_members(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """aclose() took the load lock on the loop thread: every coroutine froze until a slow load ended."""
+    import time
+
+    import shared_engine.engine as engine_module
+    from shared_engine import members as registry
+
+    real_acquire = engine_module.acquire_member
+
+    def slow_acquire(spec):  # noqa: ANN001, ANN202 - a load that takes a while (weights, a server start)
+        time.sleep(0.6)
+        return real_acquire(spec)
+
+    monkeypatch.setattr(engine_module, "acquire_member", slow_acquire)
+    gaps: list[float] = []
+
+    async def heartbeat() -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    toys = [toy_member("toy-close-x", "byte_level"), toy_member("toy-close-y", "metaspace", seed=1)]
+    with registered_members(toys) as names:
+        before = {name: registry._HOLDERS.get(f"transformers:{name}", 0) for name in names}
+        engine = EnsembleEngine(names, method="safe", max_new_tokens=10)
+        beat = asyncio.create_task(heartbeat())
+        request = asyncio.create_task(engine.agenerate("Sofia"))
+        await asyncio.sleep(0.2)  # the request is loading the members
+        await engine.aclose()
+        assert (await request).finish_reason == "cancelled"
+        beat.cancel()
+        assert max(gaps) < 0.5, max(gaps)  # frozen ~1 s before
+        assert {name: registry._HOLDERS.get(f"transformers:{name}", 0) for name in names} == before
