@@ -705,6 +705,16 @@ def _converted_from(folder: Path, path: Path) -> bool:
     return isinstance(marker, dict) and marker.get("source_path") == str(path)
 
 
+def _missing_path(name_or_path: str) -> UnknownModelError | None:
+    """``no such file or folder`` for a name written as a path (a .gguf, or ``/``, ``./``, ``../``,
+    ``~``) that does not exist: "unknown model ... a path to a .gguf file is accepted too" read as if
+    the path's form were wrong."""
+    looks_like_path = name_or_path.lower().endswith(".gguf") or name_or_path.startswith(("/", "./", "../", "~"))
+    if looks_like_path and not Path(name_or_path).expanduser().exists():
+        return UnknownModelError(f"no such file or folder: {name_or_path}")
+    return None
+
+
 def _unknown(name_or_path: str) -> UnknownModelError:
     return UnknownModelError(
         f"unknown model {name_or_path!r}. Known zoo models: {', '.join(known_models())}. "
@@ -730,6 +740,8 @@ def resolve(name_or_path: str, progress: bool = True) -> ResolvedModel:
         return ResolvedModel(name=path.name, path=path, spec=None)
     if path.is_file() and path.suffix.lower() == ".gguf":
         return _resolve_gguf_file(path.resolve(), progress)
+    if missing := _missing_path(name_or_path):
+        raise missing
     if is_hub_id(name_or_path) and not path.exists():
         return ResolvedModel(name=name_or_path, path=hub_snapshot(name_or_path), spec=None)
     raise _unknown(name_or_path)
@@ -918,6 +930,8 @@ def gguf_path(name_or_path: str, progress: bool = True) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         return path.resolve()
+    if missing := _missing_path(name_or_path):
+        raise missing
     raise UnknownModelError(
         f"the llama.cpp backend needs a zoo name ({', '.join(known_models())}) or a .gguf file, "
         f"got {name_or_path!r}")

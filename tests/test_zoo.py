@@ -507,3 +507,20 @@ def test_a_gguf_that_is_none_or_cut_short_is_one_error_line(tmp_path: Path, tmp_
             resolve(str(path), progress=False)
         with pytest.raises(InvalidRequestError, match="a truncated download"):
             load_tokenizer(path)
+
+
+@pytest.mark.parametrize("name", ["/nope/model.gguf", "./my-finetune", "../nope", "~/nope-model", "model.gguf"])
+def test_a_missing_path_says_no_such_file_not_unknown_model(name: str, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mistyped path read "unknown model ... a path to a .gguf file is accepted too": as if its form were wrong."""
+    from shared_engine.errors import InvalidRequestError
+    from shared_engine.zoo import gguf_path
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(InvalidRequestError, match=f"^no such file or folder: {name}$"):
+        resolve(name, progress=False)
+    with pytest.raises(InvalidRequestError, match=f"^no such file or folder: {name}$"):
+        gguf_path(name, progress=False)
+    with pytest.raises(InvalidRequestError, match="unknown model 'no-such-model'"):  # a name stays a name
+        resolve("no-such-model", progress=False)
