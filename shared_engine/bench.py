@@ -28,7 +28,7 @@ from .errors import InvalidRequestError
 from .evaluation.benchmarks import get_benchmark
 from .loading import load_with_notice
 from .members import LOCAL_BACKENDS
-from .options import EngineOptions
+from .options import METHODS, EngineOptions
 
 COT_INSTRUCTION = "Solve the problem step by step, then give the final number after '####'."
 GSM8K_COT = "gsm8k-cot"
@@ -235,7 +235,10 @@ def parse_method(entry: str, args: argparse.Namespace) -> tuple[str, argparse.Na
     parser = OneLineErrorParser(prog=f"safe-ensemble bench --methods {entry}", add_help=False)
     parser.help_command = "safe-ensemble bench --help"  # the entry's flags are bench's
     add_engine_args(parser, members_required=False)
-    return method.strip(), parser.parse_args(flags, namespace=copy.copy(args))  # unnamed flags keep args'
+    method = method.strip()
+    if method not in METHODS:  # before any member loads (run_bench parses every entry first)
+        parser.error(f"unknown method {method!r} in --methods (choose from {', '.join(METHODS)})")
+    return method, parser.parse_args(flags, namespace=copy.copy(args))  # unnamed flags keep args'
 
 
 def _same_drafter(args: argparse.Namespace) -> tuple[argparse.Namespace, bool]:
