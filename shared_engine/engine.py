@@ -331,7 +331,7 @@ class EnsembleEngine:
             if not self._closed:  # closed while starting: the loop below ends it as cancelled
                 await self._request_drafter(state, messages)
                 await self._request_weights(state, messages)
-            next_round = self._round_function()
+            next_round = self._round_function(state.drafter.weight)
             while not state.finish_reason:
                 if self._closed:
                     state.finish_reason = "cancelled"
@@ -452,6 +452,8 @@ class EnsembleEngine:
             state.stats.prompt_nll_per_byte = {m.label: round(v, 5) for m, v in zip(records, fitted.nll_per_byte)}
             if fitted.weights is not None:
                 state.set_weights(fitted.weights)
+                if self.options.drafter == "auto" and state.drafter.weight <= 0:  # no say (a +inf prompt loss):
+                    state.make_drafter(next(i for i, m in enumerate(records) if m.weight > 0))  # it does not draft
 
     def _degradable(self, state: RequestState, err: MemberError) -> int | None:
         """With ``on_member_failure="degrade"``: the index of the failed member if the request can
@@ -460,8 +462,9 @@ class EnsembleEngine:
             return None
         return next((i for i, m in enumerate(state.members) if m.member.name == err.member), None)
 
-    def _round_function(self) -> RoundFunction:
-        """The method's decoding round, bound to its settings: ``(state, sampler) -> events``."""
+    def _round_function(self, drafter_weight: float) -> RoundFunction:
+        """The method's decoding round, bound to its settings: ``(state, sampler) -> events``.
+        ``drafter_weight``: this request's; a drafter weighted 0 only proposes (no confidence gate)."""
         opts = self.options
         if opts.method == "adafuse":
             settings = AdaFuseSettings(
@@ -471,10 +474,9 @@ class EnsembleEngine:
             return lambda state, sampler: adafuse_round(state, settings, sampler)
         draft = (DraftSchedule.adaptive(opts.draft_length, opts.max_draft_length, opts.drafter_confidence)
                  if opts.draft_schedule == "adaptive" else DraftSchedule.fixed(opts.draft_length))
-        # a named drafter weighted 0 only proposes: the others decide every token (no confidence gate)
-        weighted = not isinstance(opts.weights, list) or opts.weights[self._order[0]] > 0
+        # a drafter weighted 0 (named so, or by weights='auto') only proposes: the others decide every token
         policy = make_policy(opts.method, draft, opts.gate_threshold,
-                             opts.drafter_confidence if weighted else None, opts.overlap)
+                             opts.drafter_confidence if drafter_weight > 0 else None, opts.overlap)
         fusion = FusionSettings(self.fuser, opts.sharpen, opts.plausibility)
         return lambda state, sampler: decode_round(state, policy, fusion, sampler)
 

@@ -47,3 +47,25 @@ def test_a_member_weighted_0_never_leads_an_adafuse_round() -> None:
     result = engine.generate(FEW_SHOT, max_new_tokens=12, keep_events=True)
     leaders = {e.leader for e in result.events if e.type == "adafuse"}
     assert leaders == {"random"}
+
+
+def test_weights_auto_that_give_the_drafter_0_follow_the_same_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """weights='auto' gives exactly 0 to a member with an infinite prompt loss (a top-K backend that
+    gave a prompt token no probability): drafter='auto' moves to a weighted member; a named drafter
+    only proposes (no confidence gate)."""
+    import torch
+
+    import shared_engine.engine as engine_module
+    from shared_engine.auto_weights import AutoWeights
+
+    async def drafter_weighs_nothing(members, *_):  # noqa: ANN001, ANN002, ANN202 - in decoding order
+        return AutoWeights(torch.tensor([0.0] + [1.0 / (len(members) - 1)] * (len(members) - 1)), [1.0] * len(members))
+
+    monkeypatch.setattr(engine_module, "auto_weights", drafter_weighs_nothing)
+    good, plain = answers_member("fits", "metaspace"), toy_member("random", "byte_level", "llama", seed=2)
+    stats = EnsembleEngine([plain, good], weights="auto").generate(FEW_SHOT, max_new_tokens=4).stats
+    assert stats.drafter == "random" and stats.member_weights == {"random": 1.0, "fits": 0.0}
+    gated = EnsembleEngine([plain, good], drafter="fits", weights="auto").generate(FEW_SHOT, max_new_tokens=12)
+    ungated = EnsembleEngine([plain, good], drafter="fits", weights="auto",
+                             drafter_confidence=None).generate(FEW_SHOT, max_new_tokens=12)
+    assert gated.text == ungated.text
