@@ -280,3 +280,18 @@ def test_a_prompt_that_leaves_less_than_one_round_is_refused_not_answered_empty(
         engine.generate(prompt, max_new_tokens=20)
     b.context_window += 1  # room for one round: an answer
     assert engine.generate(prompt, max_new_tokens=20).stats.tokens > 0
+
+
+def test_the_loop_free_fallback_never_offers_a_special_tokens_name() -> None:
+    """Every member proposed the loop: the drafter's most likely token that does not repeat it is the
+    only candidate; a special token ('<pad>') there would put its literal name in the answer."""
+    from types import SimpleNamespace
+
+    from shared_engine.alignment import TokenTable
+    from shared_engine.decoding.adafuse import _loop_free_token
+
+    table = TokenTable.from_bytes([b"<pad>", b"</s>", b"a", b" b"], special_ids={0, 1}, eos_ids={1},
+                                  encode=lambda text: [], name="fake")
+    state = SimpleNamespace(drafter=SimpleNamespace(table=table, eos_ids=table.eos_ids),
+                            loop_at=lambda tail: None, loop_tail=lambda: b"")
+    assert _loop_free_token(state, torch.tensor([9.0, 1.0, 2.0, 3.0])) == b" b"  # type: ignore[arg-type]

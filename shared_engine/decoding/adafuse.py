@@ -342,7 +342,7 @@ def _candidate_keys(state: RequestState, outlook: _Outlook, proposals: Proposals
     out: a span after which the answer would end in a loop (repetition.py), unless every span would."""
     keys = list(dict.fromkeys(sp.key for props in proposals for sp in props if sp.key))
     if not keys:  # nothing spellable came out (cannot happen with real text): take one token
-        keys = [state.drafter.table.pieces[int(torch.argmax(outlook.firsts[0]))]]
+        keys = [state.drafter.table.pieces[int(torch.argmax(without_specials(outlook.firsts[0], state.drafter.table)))]]
     if state.loop_guard is None:
         return keys, 0
     tail = state.loop_tail() or b""  # the answer's end is all a loop check reads, not a copy of the whole answer
@@ -363,7 +363,7 @@ def _loop_free_token(state: RequestState, logits: torch.Tensor) -> bytes:
     """Every member proposed the loop: the drafter's most likely token that does not repeat it
     (EOS counts as one), as the round's only candidate."""
     table, eos, unit = state.drafter.table, state.drafter.eos_ids, state.loop_at(state.loop_tail())
-    for token in torch.topk(logits, min(LOOP_FREE_TOP, logits.shape[-1])).indices.tolist():
+    for token in torch.topk(without_specials(logits, table), min(LOOP_FREE_TOP, logits.shape[-1])).indices.tolist():
         if token in eos:
             return EOS_KEY
         if table.pieces[token] and not continues_loop(unit, table.pieces[token]):
