@@ -8,6 +8,7 @@ import json
 import math
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,6 +104,18 @@ async def test_runs_refuse_to_mix(tmp_path: Path) -> None:
     changed = config().model_copy(update={"engine_options": {"draft_length": 4}})
     with pytest.raises(InvalidRequestError, match="draft_length"):
         await evaluate(engine(), bench, changed, tmp_path, resume=True, progress=False)
+
+
+async def test_a_resume_mismatch_names_only_the_engine_options_that_differ(tmp_path: Path) -> None:
+    """It printed both whole engine_options dicts (~1,000 characters) around the one changed key."""
+    bench = toy_bench(tmp_path, questions=1)
+    options = engine().options.model_dump()
+    ran = config().model_copy(update={"engine_options": options})
+    await evaluate(engine(), bench, ran, tmp_path, progress=False)
+    changed = config().model_copy(update={"engine_options": {**options, "draft_length": 4}})
+    with pytest.raises(InvalidRequestError) as info:
+        await evaluate(engine(), bench, changed, tmp_path, resume=True, progress=False)
+    assert str(info.value).endswith(f"{{'engine_options': {{'draft_length': ({options['draft_length']}, 4)}}}}")
 
 
 async def test_resume_asks_again_what_failed_for_a_passing_reason(tmp_path: Path) -> None:
@@ -476,3 +489,27 @@ async def test_compare_skips_its_own_plots_folder_when_a_glob_picks_it_up(tmp_pa
     assert f"note: skipped {runs / 'plots'} (no summary.json or config.json: not an eval run)" in text
     with pytest.raises(InvalidRequestError, match="no summary.json in"):
         compare_runs([runs / "plots"], runs / "plots")
+
+
+def test_a_profile_run_has_its_own_default_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default --out ignored --profile: a plain run and a --profile run collided (--resume refused)."""
+    from shared_engine.evaluation import cli
+    from shared_engine.profile import EnsembleProfile, FitInfo
+
+    profile = tmp_path / "tuned.json"
+    EnsembleProfile(members=["a", "b"], weights=[0.1, 0.9], drafter="b", drafter_confidence=0.9,
+                    fitted=FitInfo(bench="gsm8k", data="train.jsonl", questions=1, method="t")).save(str(profile))
+    folders: list[Path] = []
+
+    async def record(engine: Any, bench: Any, config: Any, out: Path, **kwargs: Any) -> dict[str, Any]:
+        folders.append(out)
+        raise KeyboardInterrupt  # nothing runs: the folder is all this checks
+
+    monkeypatch.setattr(cli, "evaluate", record)
+    parser = build_parser()
+    for extra in ([], ["--profile", str(profile)]):
+        args = parser.parse_args(["eval", "--bench", "gsm8k", "--models", "a,b", "--method", "safe",
+                                  "--data", str(_gsm8k_file(tmp_path)), *extra])
+        with pytest.raises(KeyboardInterrupt):
+            cli.run(args)
+    assert folders == [Path("eval-runs/gsm8k-safe-a+b"), Path("eval-runs/gsm8k-safe-a+b-tuned")]

@@ -35,7 +35,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--pair", choices=FLORES_PAIRS, default="en-de", help="flores language pair")
     parser.add_argument("--limit", type=int, help="first N questions (BBH / MMLU-Redux: interleaved over tasks)")
     parser.add_argument("--data", help="benchmark file or folder (default: $SAFE_ENSEMBLE_DATA or ../shared/data)")
-    parser.add_argument("--out", help="output folder (default: eval-runs/BENCH-METHOD-MODELS)")
+    parser.add_argument("--out", help="output folder (default: eval-runs/BENCH-METHOD-MODELS, "
+                                          "with -PROFILE (the file's name) after it under --profile)")
     parser.add_argument("--resume", action="store_true", help="continue a run: skip questions already answered")
     parser.add_argument("--no-progress", action="store_true")
     commands = parser.add_subparsers(dest="eval_command")
@@ -112,7 +113,9 @@ def run(args: argparse.Namespace) -> int:
     member_options = {c.model: c.model_dump(mode="json", exclude_none=True, exclude={"model"})
                       for c in member_configs(args, args.backend) if c.backend_options() or c.name}
     shown = [member_options.get(g, {}).get("name") or m for g, m in zip(given, models)]
-    out = Path(args.out or f"eval-runs/{bench.name}-{method}-{'+'.join(_short(m) for m in shown)}")
+    # a --profile run is another run than the plain one (other weights, drafter): its own folder
+    profile = f"-{Path(args.profile).stem}" if args.profile else ""
+    out = Path(args.out or f"eval-runs/{bench.name}-{method}-{'+'.join(_short(m) for m in shown)}{profile}")
     # drafter='auto' keeps its fits beside the answers, so a run resumed in another process (tiers) finds its
     # few-shot blocks scored (EngineOptions drops the file where no drafter is chosen)
     engine = single or engine_from_args(args, method, fit_cache=str(out / FITS))

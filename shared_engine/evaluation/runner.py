@@ -192,10 +192,22 @@ def _check_config(out: Path, config: RunConfig, resume: bool) -> None:
         previous.engine_options |= {k: v for k, v in config.engine_options.items()
                                     if k not in previous.engine_options and v == defaults.get(k)}
         if previous != config:
-            diff = {k: (v, getattr(config, k)) for k, v in previous.model_dump().items() if getattr(config, k) != v}
-            raise InvalidRequestError(f"cannot resume {out}: it was run with different settings {diff}")
+            raise InvalidRequestError(f"cannot resume {out}: it was run with different settings "
+                                      f"{_differences(previous.model_dump(), config.model_dump())}")
     out.mkdir(parents=True, exist_ok=True)
     config_file.write_text(config.model_dump_json(indent=2) + "\n")
+
+
+def _differences(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+    """Each differing setting as (before, now); within a dict setting (engine_options: ~30 keys) only
+    the keys that differ, so the one changed option is not lost in two whole dicts."""
+    diff: dict[str, Any] = {}
+    for key in before.keys() | now.keys():
+        old, new = before.get(key), now.get(key)
+        if old == new:
+            continue
+        diff[key] = _differences(old, new) if isinstance(old, dict) and isinstance(new, dict) else (old, new)
+    return dict(sorted(diff.items()))
 
 
 async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, out: Path, *,
