@@ -560,7 +560,8 @@ def _runs_only(dirs: list[Path]) -> tuple[list[Path], list[Path]]:
     """The given folders less those that are no eval run at all (the plots folder, which the first
     ``compare runs/*`` writes into ``runs/``, so the next ``runs/*`` glob picks it up), and those.
     A run's folder without its summary (``config.json`` only: unfinished) still fails in load_summaries."""
-    keep, skipped = [], []
+    keep: list[Path] = []
+    skipped: list[Path] = []
     for folder in dirs:
         not_a_run = folder.is_dir() and not (folder / SUMMARY).exists() and not (folder / CONFIG).exists()
         (skipped if not_a_run else keep).append(folder)
