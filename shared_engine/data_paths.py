@@ -19,7 +19,6 @@ from .errors import InvalidRequestError
 
 SAMPLE_DIR = Path(__file__).resolve().parent / "sample_data"
 GSM8K_SAMPLE = SAMPLE_DIR / "gsm8k_test_sample.jsonl"
-NOT_FOUND = "benchmark data not found: set SAFE_ENSEMBLE_DATA or pass --data"
 
 
 def _candidates() -> list[Path]:
@@ -37,11 +36,20 @@ def find_data_dir() -> Path | None:
     return None
 
 
+def not_found() -> InvalidRequestError:
+    """The error where there is no data folder, naming where it was looked for: a SAFE_ENSEMBLE_DATA
+    with a typo said only "set SAFE_ENSEMBLE_DATA", which the user had done."""
+    env = os.environ.get("SAFE_ENSEMBLE_DATA")
+    where = (f"SAFE_ENSEMBLE_DATA={env} is no folder" if env else
+             "looked in " + " and ".join(str(p) for p in _candidates()) + "; set SAFE_ENSEMBLE_DATA")
+    return InvalidRequestError(f"benchmark data not found ({where}) or pass --data")
+
+
 def data_dir() -> Path:
     """The full benchmark data folder; a readable error where there is none."""
     found = find_data_dir()
     if found is None:
-        raise InvalidRequestError(NOT_FOUND)
+        raise not_found()
     return found
 
 

@@ -25,6 +25,14 @@ def test_without_a_data_folder_the_bench_reads_the_packaged_sample(monkeypatch: 
         data_paths.data_dir()
     with pytest.raises(InvalidRequestError, match="benchmark data not found"):  # evaluations never fall back
         get_benchmark("gsm8k").dataset()
+    with pytest.raises(InvalidRequestError) as refused:  # the path it tried, not only "set" what was set
+        get_benchmark("gsm8k").dataset()
+    assert f"SAFE_ENSEMBLE_DATA={tmp_path / 'absent'} is no folder" in str(refused.value)
+    monkeypatch.delenv("SAFE_ENSEMBLE_DATA")
+    monkeypatch.chdir(tmp_path)  # no ../shared/data beside it (nor, unless this checkout has one, beside the package)
+    if data_paths.find_data_dir() is None:
+        with pytest.raises(InvalidRequestError, match="looked in .*shared/data.* set SAFE_ENSEMBLE_DATA"):
+            data_paths.data_dir()
 
 
 def test_the_sample_ships_with_its_license_and_has_a_few_dozen_valid_records() -> None:

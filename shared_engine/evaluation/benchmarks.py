@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..data_paths import NOT_FOUND, find_data_dir
+from ..data_paths import find_data_dir, not_found
 from ..errors import InvalidRequestError
 from . import datasets, prompts, scoring
 from .datasets import Dataset, Record
@@ -56,7 +56,7 @@ def _main_path(data: str | None, relative: str) -> Path:
     if data is None:
         root = find_data_dir()
         if root is None:
-            raise InvalidRequestError(NOT_FOUND)
+            raise not_found()
         return root / relative
     given = Path(data).expanduser()
     if given.is_dir():
