@@ -403,9 +403,7 @@ class EnsembleEngine:
         """``drafter="auto"``: the member that best predicts the prompt's example answers drafts (auto_weights.py)."""
         if self.options.drafter != "auto" or len(state.members) < 2:
             return
-        # a member weighted 0 has no say, so it does not draft (the drafter_confidence gate would commit
-        # its sure tokens unfused): the choice is among the others
-        eligible = [i for i, m in enumerate(state.members) if m.weight > 0]
+        eligible = state.weighted()  # a member weighted 0 has no say: the choice is among the others
         index = await self._choose_drafter(state, messages, eligible) if len(eligible) > 1 else None
         index = eligible[0] if index is None else index
         if not index:
@@ -453,7 +451,7 @@ class EnsembleEngine:
             if fitted.weights is not None:
                 state.set_weights(fitted.weights)
                 if self.options.drafter == "auto" and state.drafter.weight <= 0:  # no say (a +inf prompt loss):
-                    state.make_drafter(next(i for i, m in enumerate(records) if m.weight > 0))  # it does not draft
+                    state.make_drafter(state.weighted()[0])  # it does not draft
 
     def _degradable(self, state: RequestState, err: MemberError) -> int | None:
         """With ``on_member_failure="degrade"``: the index of the failed member if the request can

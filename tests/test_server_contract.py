@@ -11,9 +11,7 @@ import json
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import openai
@@ -31,9 +29,7 @@ from shared_engine.server.completions import collect, stream_chunks
 from shared_engine.tools import OutputPlan
 from tests.test_server import MODEL, USER, post, sse_payloads, toy_engine
 from tests.test_server_tools import WEATHER, ScriptedDecoding
-
-if TYPE_CHECKING:
-    from playwright.sync_api import Page
+from tests.test_server_zoo import browser
 
 
 @pytest.fixture(scope="module")
@@ -51,23 +47,6 @@ def streamed(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------- the live page
-
-
-@contextmanager
-def browser(app: ASGIApp) -> Iterator[tuple[str, Page]]:
-    """``app`` served on a free port and a headless Chromium page (not yet navigated)."""
-    from tests.test_server_zoo import CHROMIUM, CHROMIUM_FLAGS
-
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing (`make test` runs apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with serve_in_background(app) as url, sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        try:
-            yield url, chromium.new_page()
-        finally:
-            chromium.close()
 
 
 def test_page_runs_one_generation_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:

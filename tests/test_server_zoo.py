@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import openai
 import pytest
@@ -20,6 +20,7 @@ from shared_engine.server.background import serve_in_background
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
+    from starlette.types import ASGIApp
 
 pytestmark = pytest.mark.zoo
 QWEN, SMOL = "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"
@@ -83,25 +84,31 @@ def test_cookbook_clients_openai_curl_langchain(safe_url: str, capsys: pytest.Ca
 
 
 @contextmanager
-def browser_page(engine: EnsembleEngine, method: str) -> Iterator[tuple[Page, list[str]]]:
-    """The live page of a server over ``engine``, loaded in headless Chromium; the list collects
-    the page's console errors."""
+def browser(app: ASGIApp, **page_options: Any) -> Iterator[tuple[str, Page]]:
+    """``app`` served on a free port and a headless Chromium page (not yet navigated)."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing and could not be installed (`make test` runs apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
-    ARTIFACTS.mkdir(exist_ok=True)
-    with serve_in_background(create_app(engine)) as url, sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+    with serve_in_background(app) as url, sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            console_errors: list[str] = []
-            page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
-            page.goto(f"{url}/")
-            page.wait_for_function(f"document.getElementById('model').textContent.includes('{method}')")
-            yield page, console_errors
+            yield url, chromium.new_page(**page_options)
         finally:
-            browser.close()
+            chromium.close()
+
+
+@contextmanager
+def browser_page(engine: EnsembleEngine, method: str) -> Iterator[tuple[Page, list[str]]]:
+    """The live page of a server over ``engine``, loaded in headless Chromium; the list collects
+    the page's console errors."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    with browser(create_app(engine), viewport={"width": 1280, "height": 800}) as (url, page):
+        console_errors: list[str] = []
+        page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+        page.goto(f"{url}/")
+        page.wait_for_function(f"document.getElementById('model').textContent.includes('{method}')")
+        yield page, console_errors
 
 
 def test_live_page_in_headless_chromium() -> None:

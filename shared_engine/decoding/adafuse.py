@@ -322,8 +322,7 @@ async def _look(state: RequestState, contexts: list[list[int]], settings: AdaFus
     read = [m.read(logits, answer, len(answer), writing=True) for m, logits in zip(state.members, raw)]
     firsts = [logits for logits, _ in read]
     measures = [settings.measure(f) for f in firsts]
-    leader = max((i for i, m in enumerate(state.members) if m.weight > 0),  # a member weighted 0 has no say
-                 key=lambda i: (settings.sureness(measures[i]), -i))
+    leader = max(state.weighted(), key=lambda i: (settings.sureness(measures[i]), -i))
     return _Outlook(contexts, firsts, measures, leader, shared, sum(counted for _, counted in read))
 
 

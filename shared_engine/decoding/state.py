@@ -172,6 +172,11 @@ class RequestState:
             ends.append(end)
         return TokenizedText(table, ids, ends, table.to_bytes(ids))
 
+    def weighted(self) -> list[int]:
+        """The members with a say: a member weighted 0 neither drafts (the drafter_confidence gate would
+        commit its sure tokens unfused) nor leads an AdaFuse span."""
+        return [i for i, m in enumerate(self.members) if m.weight > 0]
+
     def make_drafter(self, index: int) -> None:
         """Before the first round: member ``index`` drafts (``drafter="auto"``); each member keeps its weight."""
         if self.answer or self.stats.rounds:
