@@ -27,6 +27,31 @@ def test_gsm8k_reads_the_stated_result_not_the_calculation(output: str, gold: st
     assert score_number(output, gold).correct, extract_number(output)
 
 
+@pytest.mark.parametrize("output, value", [
+    ("The answer is 1/2.", "0.5"), ("The answer is 3/4 of a cup.", "0.75"), ("The answer is 2 1/2.", "2.5"),
+    ("The answer is 2 and 1/2 hours.", "2.5"), ("The answer is \u22122 1/2.", "-2.5"), ("#### 1/2", "0.5"),
+    ("\\boxed{\\frac{3}{4}}", "0.75"), ("The answer is 2\\frac{1}{2} cups.", "2.5"), ("The answer is 2\u00bd.", "2.5"),
+    ("She has 2 1/2 cups left.", "2.5"),
+])
+def test_gsm8k_a_fraction_is_read_whole(output: str, value: str) -> None:
+    """'2 1/2' was read as 2 and '3/4' as 3 (the first integer), so '24/7' scored right against 24."""
+    assert score_number(output, value).correct, extract_number(output)
+
+
+@pytest.mark.parametrize("output, gold", [
+    ("The answer is 24/7.", "24"), ("The answer is 2 1/2.", "2"), ("The answer is 3/4 of a cup.", "3"),
+])
+def test_gsm8k_a_fraction_is_not_its_numerator(output: str, gold: str) -> None:
+    assert not score_number(output, gold).correct
+
+
+def test_gsm8k_a_date_or_a_calculation_is_no_fraction() -> None:
+    assert extract_number("On 3/4/2020 she had 5 apples. The answer is 5.") == "5"
+    assert extract_number("The answer is 3/4/2020.") == "3" and extract_number("It was 3/4/2020") == "2020"
+    assert extract_number("So 12 * 3/4 = 9 cups.\nThe answer is 12 * 3/4 = 9.") == "9"
+    assert extract_number("In 2 1/2 hours she walks 10 miles.") == "10"
+
+
 def test_gsm8k_an_answer_sentence_without_a_number_falls_back() -> None:
     assert extract_number("The answer is below.\n#### 42") == "42"
     assert extract_number("The answer is 7. Earlier the answer is unclear.") == "7"

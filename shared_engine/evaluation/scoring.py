@@ -27,18 +27,30 @@ class Score(BaseModel):
 
 # --- numbers (GSM8K) -----------------------------------------------------------------------------
 
-_NUMBER = r"-?\$?\s*\d[\d,]*(?:\.\d+)?|-?\.\d+"
+# a fraction "3/4" (not part of a date "3/4/2020" or of "3/4.5"), a mixed number "2 1/2" / "2 and 1/2": read
+# whole, not as its first integer (3, 2), so "The answer is 24/7." is not 24
+_FRACTION = r"(?<![\d/.])\d+/\d+(?![/\d]|\.\d)"
+_NUMBER = rf"-?\$?\s*(?:\d[\d,]* +(?:and +)?{_FRACTION}|{_FRACTION}|\d[\d,]*(?:\.\d+)?)|-?\.\d+"
 # Markdown bold around the answer ("The answer is **18**.") is read through, as BBH's scorer does
 _ANSWER_IS = re.compile(r"answer is[:\s*]*([^\n]*)", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"\.(?!\d)")
-_MINUS = str.maketrans({"\u2212": "-"})  # a Unicode minus sign ("−3") is a sign, not text
+# a Unicode minus sign ("−3") is a sign, not text; a vulgar fraction ("2½") and the fraction slash are fractions
+_MINUS = str.maketrans({"\u2212": "-", "\u2044": "/", "½": " 1/2", "⅓": " 1/3", "⅔": " 2/3", "¼": " 1/4",
+                        "¾": " 3/4", "⅕": " 1/5", "⅖": " 2/5", "⅗": " 3/5", "⅘": " 4/5", "⅙": " 1/6", "⅚": " 5/6",
+                        "⅛": " 1/8", "⅜": " 3/8", "⅝": " 5/8", "⅞": " 7/8"})
+_LATEX_FRACTION = re.compile(r"\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")  # \frac{3}{4}, 2\frac{1}{2}
+_MIXED = re.compile(r"(-?)(\d+) (\d+/\d+)")
 
 
 def parse_number(text: str) -> Fraction | None:
     """``$1,234.50`` -> 1234.5 exactly (Fractions: ``0.1 + 0.2`` style errors cannot flip a verdict)."""
-    cleaned = text.translate(_MINUS).replace(",", "").replace("$", "").replace(" ", "").rstrip(".")
+    cleaned = _clean(text.translate(_MINUS).replace(",", ""))
     try:
-        return Fraction(cleaned)
+        mixed = _MIXED.fullmatch(cleaned)  # 2 1/2 is 2.5 (and -2 1/2 is -2.5), not 21/2
+        if mixed:
+            value = int(mixed.group(2)) + Fraction(mixed.group(3))
+            return -value if mixed.group(1) else value
+        return Fraction(cleaned.replace(" ", ""))
     except (ValueError, ZeroDivisionError):
         return None
 
@@ -56,12 +68,14 @@ def _stated_number(output: str) -> str | None:
 
 
 def _clean(number: str) -> str:
-    return number.replace("$", "").replace(" ", "").rstrip(".")
+    """``$ 18.`` -> ``18``, ``- 1/2`` -> ``-1/2``; a mixed number keeps one space: ``2 and 1/2`` -> ``2 1/2``."""
+    number = re.sub(r"\s+(?:and\s+)?", " ", number.replace("$", "").strip().rstrip(".").strip())
+    return re.sub(r"^-\s+", "-", number)
 
 
 def extract_number(output: str) -> str | None:
     """The final answer: after 'The answer is', else after '####', else in \\boxed{}, else the last number."""
-    output = output.translate(_MINUS)
+    output = _LATEX_FRACTION.sub(r" \1/\2", output.translate(_MINUS))
     stated = _stated_number(output)
     if stated is not None:
         return _clean(stated)
