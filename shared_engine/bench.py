@@ -16,19 +16,21 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
 from .data_paths import gsm8k_file
-from .decoding.report import mean_draft_length
-from .engine import EnsembleEngine
 from .engine_args import OneLineErrorParser, add_engine_args, check_output_file, engine_from_args
 from .errors import InvalidRequestError
 from .evaluation.benchmarks import get_benchmark
+from .events import mean_draft_length
 from .loading import load_with_notice
 from .members import LOCAL_BACKENDS
 from .options import METHODS, EngineOptions
+
+if TYPE_CHECKING:
+    from .engine import EnsembleEngine
 
 COT_INSTRUCTION = "Solve the problem step by step, then give the final number after '####'."
 GSM8K_COT = "gsm8k-cot"

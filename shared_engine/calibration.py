@@ -32,22 +32,25 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from tqdm import tqdm
 
-from .alignment import EOS_KEY, TokenizedText, shared_boundaries
 from .data_paths import find_data_dir
 from .engine_args import check_output_file
 from .errors import EnsembleError, InvalidRequestError
 from .evaluation import prompts
 from .evaluation.benchmarks import Benchmark, get_benchmark
 from .evaluation.datasets import Record
-from .fusion import MemberDist, make_fuser
-from .members import Member, Session, load_member, with_backend
-from .members.topk import TopK, topk_rows
+from .members import load_member, with_backend
 from .profile import EnsembleProfile, FitInfo, local_sources, member_keys
-from .weighting import best_threshold, mixture_weights, segment_logprobs, token_nlls
+
+if TYPE_CHECKING:  # the fitting's own imports (torch, the token tables) wait for a fit: `--help` is instant
+    import torch
+
+    from .alignment import TokenizedText
+    from .members import Member, Session
+    from .members.topk import TopK
 
 _log = logging.getLogger(__name__)
 
@@ -152,6 +155,12 @@ def teacher_forced(member: Member, session: Session, messages: list[dict[str, st
     """Blocking: ``member`` reads prompt + answer in one forward; the log-probability of each answer
     token and, at the byte offsets in ``keep_at``, the top-K of its distribution there. One
     ``session`` serves every question: the few-shot prefix they share stays in its KV cache."""
+    import torch
+
+    from .alignment import TokenizedText
+    from .members.topk import TopK
+    from .weighting import token_nlls
+
     text = TokenizedText(member.table)
     text.set_text(answer)
     prompt = member.prompt_ids(messages)
@@ -195,6 +204,9 @@ def collect(members: Sequence[Member], bench: str, records: Sequence[Record], be
 def _read_one(members: Sequence[Member], sessions: Sequence[Session], bench: str, record: Record,
               benchmark: Benchmark, evidence: _Evidence) -> None:
     """Add one question's evidence: span log-probabilities, NLLs and fusable positions."""
+    from .alignment import TokenizedText, shared_boundaries
+    from .weighting import segment_logprobs
+
     messages = benchmark.messages(record)
     answer = reference_answer(bench, record).encode("utf-8")
     texts = []
@@ -218,6 +230,13 @@ def _read_one(members: Sequence[Member], sessions: Sequence[Session], bench: str
 def fit_profile(members: Sequence[Member], names: Sequence[str], evidence: _Evidence, bench: str, data: Path,
                 questions: int, grid: Sequence[float] = THRESHOLD_GRID) -> EnsembleProfile:
     """Weights (EM), drafter (lowest NLL/byte) and drafter_confidence (most right choices) from the evidence."""
+    import torch
+
+    from .alignment import EOS_KEY
+    from .fusion import MemberDist, make_fuser
+    from .members.topk import topk_rows
+    from .weighting import best_threshold, mixture_weights
+
     spans = torch.cat(evidence.spans)
     mixture = mixture_weights(spans)
     per_byte = [n / evidence.num_bytes for n in evidence.nll]

@@ -12,11 +12,13 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from .engine import EnsembleEngine
 from .errors import InvalidRequestError
 from .member_flags import add_member_args, member_configs
+
+if TYPE_CHECKING:
+    from .engine import EnsembleEngine
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -140,6 +142,8 @@ def engine_from_args(args: argparse.Namespace, method: str, backend: str | None 
     """An engine from ``add_engine_args``' flags; ``backend`` (default: ``args.backend``, else each
     model's default, ``default_backend``) runs the model names that carry no backend prefix; ``fit_cache``
     stands where ``--fit-cache`` is not given. Members load on first request."""
+    from .engine import EnsembleEngine  # torch and the members: not for --help or a usage error
+
     chosen = backend or getattr(args, "backend", None)
     backend = chosen if isinstance(chosen, str) or chosen is None else chosen[0]
     return EnsembleEngine(member_configs(args, backend), method=method, drafter=args.drafter, weights=args.weights,

@@ -11,6 +11,7 @@ answer (``finish.text``).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -188,6 +189,13 @@ class Stats(BaseModel):
 
 
 FormatRetryEvent.model_rebuild()
+
+
+def mean_draft_length(lengths: Mapping[int, int] | Mapping[str, int]) -> float:
+    """The mean length the draft schedule chose, from ``Stats.draft_lengths`` (rounds by length;
+    summed over answers, or read back from JSON with string keys)."""
+    rounds = sum(lengths.values())
+    return round(sum(int(length) * n for length, n in lengths.items()) / rounds, 2) if rounds else 0.0
 
 
 class FinishEvent(_Event):

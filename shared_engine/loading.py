@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING
 
-from .engine import EnsembleEngine
 from .members import MemberConfig
+
+if TYPE_CHECKING:
+    from .engine import EnsembleEngine
 
 
 def load_with_notice(engine: EnsembleEngine, notice: bool = True) -> None:

@@ -14,12 +14,15 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import InvalidRequestError
-from .members import Member, MemberConfig, parse_member_spec
+from .members import MemberConfig, parse_member_spec
+
+if TYPE_CHECKING:
+    from .members import Member
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,11 @@ into a cycle. Imports from a package's ``__init__`` itself are edges like any ot
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("shared_engine", "langchain_ensemble", "llamaindex_ensemble")
@@ -112,3 +116,32 @@ def test_the_engine_imports_no_front_end_or_framework() -> None:
 def test_nothing_imports_the_command_line() -> None:
     edges, _ = import_graph()
     assert [m for m, targets in edges.items() if "shared_engine.cli" in targets] == []
+
+
+def test_the_command_line_starts_without_torch() -> None:
+    """``safe-ensemble --help`` and a usage error answer in well under a second: building the parser
+    imports neither torch nor transformers (they took 6.5 s before the first line here); a member's
+    configuration is read without them too. The packages' names load on first use (lazy.py)."""
+    code = ("import sys, shared_engine.cli as cli; cli.build_parser(); "
+            "from shared_engine.members import member_config; member_config('qwen2.5-coder-0.5b-instruct'); "
+            "print(sorted(m for m in ('torch', 'transformers', 'lmformatenforcer') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_the_lazy_packages_give_every_name_they_list() -> None:
+    """Each name in a lazy package's ``__all__`` resolves to the object its module defines, and an
+    unknown name is still an AttributeError."""
+    import shared_engine
+    from shared_engine import decoding, evaluation, members
+
+    for package in (shared_engine, decoding, evaluation, members):
+        for name in package.__all__:
+            assert getattr(package, name) is not None, (package.__name__, name)
+        assert set(package.__all__) <= set(dir(package))
+        with pytest.raises(AttributeError):
+            package.no_such_name  # noqa: B018
+    from shared_engine.engine import EnsembleEngine
+
+    assert shared_engine.EnsembleEngine is EnsembleEngine

@@ -16,10 +16,9 @@ from shared_engine.decoding.report import (
     count_span,
     count_span_round,
     fusion_event,
-    mean_draft_length,
     span_event,
 )
-from shared_engine.events import Stats
+from shared_engine.events import Stats, mean_draft_length
 from shared_engine.fusion import Fused
 
 DECODING = Path(__file__).resolve().parents[1] / "shared_engine" / "decoding"

@@ -8,7 +8,7 @@ shown) are written once.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Literal
 
@@ -41,13 +41,6 @@ def count_draft(stats: Stats, drafted: int, chosen: int, loop_breaks: int = 0) -
     stats.loop_breaks += loop_breaks
     stats.drafted_tokens += drafted
     stats.draft_lengths[chosen] = stats.draft_lengths.get(chosen, 0) + 1
-
-
-def mean_draft_length(lengths: Mapping[int, int] | Mapping[str, int]) -> float:
-    """The mean length the draft schedule chose, from ``Stats.draft_lengths`` (rounds by length;
-    summed over answers, or read back from JSON with string keys)."""
-    rounds = sum(lengths.values())
-    return round(sum(int(length) * n for length, n in lengths.items()) / rounds, 2) if rounds else 0.0
 
 
 def count_turn_markers(stats: Stats, positions: int) -> None:

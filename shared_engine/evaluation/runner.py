@@ -19,21 +19,23 @@ import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 from tqdm import tqdm
 
 from .. import errors
-from ..decoding.report import mean_draft_length
-from ..engine import EnsembleEngine
 from ..errors import EnsembleError, InvalidRequestError
+from ..events import mean_draft_length
 from ..loading import load_with_notice
 from ..options import EngineOptions
 from .benchmarks import Benchmark
 from .datasets import Record
 from .prompts import PROMPT_VERSION
 from .scoring import corpus_translation
+
+if TYPE_CHECKING:
+    from ..engine import EnsembleEngine
 
 log = logging.getLogger(__name__)
 

@@ -24,13 +24,21 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..lazy import exports, lazy_attributes
 from . import devices
-from .base import Capabilities, Member, Session
 from .config import MemberConfig, MemberDefaults, member_config
-from .hf import HFMember, HFSession
 from .spec import BACKENDS, LOCAL_BACKENDS, Backend, MemberSpec, parse_member_spec, with_backend
+
+if TYPE_CHECKING:
+    from .base import Capabilities, Member, Session
+    from .hf import HFMember, HFSession
+
+# torch and transformers load with the first member, not with the package: reading a MemberConfig
+# (the command line's flags, a profile) needs neither
+__getattr__, __dir__ = lazy_attributes(__name__, exports(base=("Capabilities", "Member", "Session"),
+                                                         hf=("HFMember", "HFSession")))
 
 _LOADED: dict[str, Member] = {}
 _HOLDERS: dict[str, int] = {}  # engines holding each registry member (acquire_member/release_member)
@@ -178,6 +186,8 @@ def _build(config: MemberConfig, progress: bool) -> Member:
 
     spec, options = config.spec, config.backend_options()
     if spec.backend == "transformers":
+        from .hf import HFMember
+
         resolved = resolve(spec.target, progress=progress)
         return HFMember.from_pretrained(resolved.name, resolved.path, **options)
     from .remote import load_tokenizer

@@ -9,17 +9,21 @@ What crosses devices per scored position: one logits row of the member's vocabul
 the CPU as float32 (Qwen2.5: 151,936 x 4 B = 0.6 MB; SmolLM2: 49,152 x 4 B = 0.2 MB). A draft
 block of ``k`` tokens is scored in one forward and crosses as one ``[k + 1, vocab]`` copy. Hidden
 states and KV caches stay on the member's device.
+
+torch is imported where a function needs it, so that reading a member's configuration (the command
+line's flags, a profile) does not wait for it.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, get_args
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ..errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    import torch
 
 DType = Literal["float32", "bfloat16", "float16", "auto"]
 DTYPES: tuple[str, ...] = get_args(DType)
@@ -30,12 +34,10 @@ DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
-HOST = torch.device("cpu")
-"""Where logits rows meet for consensus and fusion."""
-
-
 def torch_dtype(name: str) -> torch.dtype | str:
     """``"bfloat16"`` -> ``torch.bfloat16``; ``"auto"`` stays ``"auto"`` (the checkpoint's dtype)."""
+    import torch
+
     if name not in DTYPES:
         raise InvalidRequestError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}")
     return name if name == "auto" else getattr(torch, name)
@@ -43,6 +45,8 @@ def torch_dtype(name: str) -> torch.dtype | str:
 
 def parse_device(device: str) -> torch.device:
     """``device`` as torch reads it (any machine: this only checks the spelling)."""
+    import torch
+
     try:
         return torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -53,6 +57,8 @@ def check_device(device: str) -> torch.device:
     """Parse ``device`` and make sure this machine has it, before any weights are read.
 
     ``cpu``, ``cuda``, ``cuda:N``, ``mps``."""
+    import torch
+
     parsed = parse_device(device)
     if parsed.type == "cpu":
         return parsed
@@ -95,8 +101,11 @@ def input_device(model: Any) -> torch.device:
 def to_host(logits: torch.Tensor) -> torch.Tensor:
     """Logits rows for consensus and fusion: on the CPU, in float32, whatever the member ran in.
 
-    The one place where rows leave a member's device (see the module docstring for the cost)."""
-    return logits.to(device=HOST, dtype=torch.float32)
+    The one place where rows leave a member's device (see the module docstring for the cost); consensus
+    and fusion meet on the CPU."""
+    import torch
+
+    return logits.to(device="cpu", dtype=torch.float32)
 
 
 def stored_weight_bytes(folder: Path) -> int:
@@ -122,6 +131,8 @@ def estimated_weight_bytes(folder: Path, dtype: str) -> int:
 def available_bytes(device: torch.device) -> int:
     """Memory a new member could still use on ``device``: free GPU memory, or the host's
     MemAvailable (Linux; elsewhere the check is skipped by returning a huge number)."""
+    import torch
+
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
@@ -136,6 +147,8 @@ def available_bytes(device: torch.device) -> int:
 
 def placement_device(device: str | None, device_map: str | dict[str, Any] | None) -> torch.device | None:
     """The one device a member's weights all land on, or None when a device_map spreads them."""
+    import torch
+
     if device_map is not None:
         return None
     return torch.device(device or "cpu")
@@ -143,6 +156,8 @@ def placement_device(device: str | None, device_map: str | dict[str, Any] | None
 
 def _indexed(device: torch.device) -> torch.device:
     """``cuda`` as the device it means (``cuda:0`` unless another is current): one GPU, one budget."""
+    import torch
+
     if device.type == "cpu" or device.index is not None:
         return device
     current = torch.cuda.current_device() if device.type == "cuda" and torch.cuda.is_available() else 0
