@@ -103,6 +103,52 @@ def test_bbh_answer_ends_at_its_sentence(output: str, gold: str) -> None:
     assert score_bbh(output, gold).correct
 
 
+@pytest.mark.parametrize("output, gold", [
+    ("Answer: No", "No"), ("No!", "No"), ("**Yes**", "Yes"), ("So the answer is 'valid'.", "valid"),
+    ('So the answer is "invalid".', "invalid"), ("So the answer is No!", "No"), ("So the answer is `True`.", "True"),
+    ("Final answer: True", "True"), ("**Answer:** valid", "valid"), ("So the answer is \\boxed{No}.", "No"),
+    ("So the answer is No, the man did not.", "No"), ("the answer is (No).", "No"),
+    ("So the answer is yes, since", "Yes"), ("No. The man did not intend it.", "No"),
+    ("Let me think.\n\n**No.**", "No"), ("So the answer is no.", "No"),
+    ("So the answer is Yes.\n\n**Final Answer:** No", "No"),
+    ("So the answer is Yes.\nI checked the answer: it holds.", "Yes"),
+])
+def test_bbh_a_word_answer_is_read_through_its_wrapping(output: str, gold: str) -> None:
+    """Yes/No, True/False, valid/invalid (causal_judgement, navigate, web_of_lies, boolean_expressions,
+    formal_fallacies...): 'Answer: No', 'No!' and a quoted 'valid' were read as no answer or as "'valid'"."""
+    assert score_bbh(output, gold).correct
+
+
+@pytest.mark.parametrize("output, gold", [
+    ("So the answer is not valid.", "valid"), ("No one would say so.", "No"), ("So the answer is invalid.", "valid"),
+    ("So the answer is False, not True.", "True"), ("Yes, so the answer is No", "Yes"), ("Answer: valid", "invalid"),
+    ("Yes it is. Hmm.", "Yes"),  # a first line is an answer only as the word before punctuation
+])
+def test_bbh_a_word_answer_is_the_word_that_starts_it(output: str, gold: str) -> None:
+    assert not score_bbh(output, gold).correct
+
+
+@pytest.mark.parametrize("output, gold", [
+    ("So the answer is 8 apples.", "8"), ("So the answer is eight.", "8"), ("So the answer is $\\boxed{-42}$.", "-42"),
+    ("So the answer is 1 + 2 = 3.", "3"), ("Answer: 11", "11"),
+    ("So the answer is apple, banana, cherry.", "apple banana cherry"), ("So the answer is ])).", "] ) )"),
+    ("So the answer is `] ) )`.", "] ) )"), ("So the answer is 'o'connell phony'.", "o'connell phony"),
+])
+def test_bbh_numbers_lists_and_closings_are_read_through_their_wrapping(output: str, gold: str) -> None:
+    """object_counting's '8 apples' / 'eight', a word list with commas and a dyck closing without spaces
+    were compared as the raw string, never equal to the target."""
+    assert score_bbh(output, gold).correct
+
+
+@pytest.mark.parametrize("output, gold", [
+    ("So the answer is twenty-one.", "20"), ("So the answer is 8 - 3 = 5.", "8"),
+    ("So the answer is ] ) ) >.", "] ) )"),
+    ("So the answer is banana apple cherry.", "apple banana cherry"), ("So the answer is -3.", "3"),
+])
+def test_bbh_numbers_lists_and_closings_still_compare_exactly(output: str, gold: str) -> None:
+    assert not score_bbh(output, gold).correct
+
+
 def test_qa_an_alias_that_normalises_to_nothing_matches_nothing(tmp_path: Path) -> None:
     assert not score_qa("", ["---"]).correct and not score_qa("The.", [")"]).correct
     assert not score_qa("A-", ["A+", "AB+"]).correct and score_qa("AB+", ["A+", "AB+"]).correct
@@ -166,3 +212,11 @@ def test_compare_drops_questions_no_longer_scored(tmp_path: Path) -> None:
     old = _run(tmp_path / "old", "bbh", [("movie/1", "So the answer is (A).", ["Monsters, Inc"], False)], question)
     text = compare_runs([old], tmp_path / "plots")
     assert "single (old): 0 verdict(s) changed, 1 question(s) no longer scored" in text
+
+
+def test_compare_rescores_bbh_word_answers(tmp_path: Path) -> None:
+    """A BBH run stored before the word-answer fix ('Answer: No' scored wrong) is compared by today's rules."""
+    old = _run(tmp_path / "old", "bbh", [("navigate/0", "Answer: No", ["No"], False),
+                                         ("navigate/1", "So the answer is Yes.", ["No"], False)])
+    text = compare_runs([old], tmp_path / "plots")
+    assert "| bbh | single (old) | 2 | 50.0% |" in text and "single (old): 1 verdict(s) changed" in text

@@ -130,31 +130,105 @@ def score_choice(output: str, gold: str, labels: str) -> Score:
 
 # --- BBH -----------------------------------------------------------------------------------------
 
+# "answer is X" anywhere; "Answer: X" where it starts a line ("**Final Answer:** X"), not "the answer: ..." in a reason
+_BBH_CUE = re.compile(r"answer is:?\s*([^\n]*)|^[\s#*]*(?:final\s+)?answer\**\s*:\s*([^\n]*)",
+                      re.IGNORECASE | re.MULTILINE)
+_LABELS = ({"yes", "no"}, {"true", "false"}, {"valid", "invalid"})  # the targets that are a word of a pair
+_BRACKETS = set("()[]{}<> ")
+_NUMBER_WORDS = {w: str(i) for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen twenty".split())}
+
+
 def extract_bbh(output: str) -> str | None:
-    """The sentence after the last 'the answer is' (the cot-prompts end 'So the answer is X.'): to the
-    line's end or the first full stop before a space, so a reason given after it ("So the answer is
-    Yes. This is because ...") is not part of the answer, while 3.5 keeps its point."""
-    matches = re.findall(r"answer is:?\s*([^\n]*)", output, flags=re.IGNORECASE)
+    """The sentence after the last 'the answer is' or 'Answer:' (the cot-prompts end 'So the answer is
+    X.'; "**Answer:** valid" and "Final answer: True" state one too): to the line's end or the first
+    full stop before a space, so a reason given after it ("So the answer is Yes. This is because ...")
+    is not part of the answer, while 3.5 keeps its point."""
+    matches = list(_BBH_CUE.finditer(output))
     if not matches:
         return None
-    return re.split(r"\.(?=\s|$)", matches[-1], maxsplit=1)[0].strip().strip("*").strip()
+    sentence = next(g for g in matches[-1].groups() if g is not None)
+    return re.split(r"\.(?=\s|$)", sentence, maxsplit=1)[0].strip().strip("*").strip()
+
+
+def _unwrapped(answer: str) -> str:
+    """The answer inside what models wrap it in: Markdown bold / code, a pair of quotes, ``\\boxed{}``,
+    ``\\text{}``, ``$...$`` ("So the answer is 'valid'." is valid, `] ) )` is ] ) ))."""
+    previous = None
+    while answer != previous:
+        previous = answer
+        answer = answer.strip().strip("*`").strip()
+        boxed = re.fullmatch(r"\$*\\(?:boxed|text|textbf|mathrm)\{(.*)\}\$*", answer, flags=re.DOTALL)
+        if boxed:
+            answer = boxed.group(1)
+        elif len(answer) > 1 and answer[0] == answer[-1] and answer[0] in "'\"$":
+            answer = answer[1:-1]
+        elif len(answer) > 1 and answer[0] + answer[-1] in ("\u201c\u201d", "\u2018\u2019"):
+            answer = answer[1:-1]
+    return answer
+
+
+def _bbh_label(output: str, stated: str | None, pair: set[str]) -> str | None:
+    """A Yes/No, True/False or valid/invalid answer: the pair's word that starts the stated answer
+    ("No!", "(No)", "No, the man did not", "'valid'"); without a stated answer, a first line that is
+    the word before punctuation ("No. He did not mean to.", "**Yes**": not "No one ..."), else the
+    last line that is only the word."""
+    words = "|".join(sorted(pair, key=len, reverse=True))
+    if stated is not None:
+        found = re.match(rf"[(\s]*({words})\b", _unwrapped(stated), flags=re.IGNORECASE)
+        return found.group(1) if found else None
+    lines = [_unwrapped(line) for line in output.strip().splitlines() if line.strip()]
+    first = re.match(rf"({words})\**(?:[.!,:;]|$)", lines[0], flags=re.IGNORECASE) if lines else None
+    if first:
+        return first.group(1)
+    bare = [m.group(1) for line in lines if (m := re.fullmatch(rf"({words})\**[.!]*", line, flags=re.IGNORECASE))]
+    return bare[-1] if bare else None
+
+
+def _bbh_number(stated: str) -> str | None:
+    """A count or a result (object_counting, multistep_arithmetic): the number of the stated answer, after
+    its last '=' ("8 apples", "**8**", "1 + 2 = 3", "\\boxed{-42}", "eight")."""
+    text = _unwrapped(stated).translate(_MINUS).rsplit("=", 1)[-1]
+    word = re.match(r"\W*([a-z]+)\b(?![-\s]+(?:one|two|three|four|five|six|seven|eight|nine|hundred|thousand)\b)",
+                    text.lower())  # "eight", not the twenty of "twenty-one"
+    if word and word.group(1) in _NUMBER_WORDS:
+        return _NUMBER_WORDS[word.group(1)]
+    number = re.search(_NUMBER, text)
+    return _clean(number.group(0)) if number else None
 
 
 def score_bbh(output: str, gold: str) -> Score:
     """Option targets ``(B)`` compare by letter: the first ``(X)`` in the answer's sentence (another
-    option named after it is not the answer), else its letter as multiple choice reads it; the rest
-    (True, valid, 8, word lists, dyck closings) by exact string after trimming whitespace and a
-    trailing period."""
+    option named after it is not the answer), else its letter as multiple choice reads it. The rest by
+    what the target is: a word of a pair (Yes/No, True/False, valid/invalid) by the word that starts
+    the answer, case aside; a number by value; word lists and dyck closings as the written string
+    inside any quotes or bold (case, spacing and a final period aside; commas between the words, and
+    the spaces between closing brackets, too)."""
     option = re.fullmatch(r"\(([A-R])\)", gold.strip())
+    stated = extract_bbh(output)
     if option:
-        stated = extract_bbh(output)
         first = re.search(r"\(([A-R])\)", stated or "")
         extracted = first.group(1) if first else extract_choice(stated or output, "ABCDEFGHIJKLMNOPQR")
         correct = extracted == option.group(1)
         return Score(extracted=extracted, correct=correct, value=float(correct))
-    extracted = extract_bbh(output)
-    normalized = " ".join(extracted.split()).rstrip(".") if extracted is not None else None
-    correct = normalized is not None and normalized.lower() == " ".join(gold.split()).lower()
+    target = " ".join(gold.split())
+    pair = next((p for p in _LABELS if target.lower() in p), None)
+    if pair is not None:
+        extracted = _bbh_label(output, stated, pair)
+        correct = extracted is not None and extracted.lower() == target.lower()
+    elif re.fullmatch(r"-?\d+", target):
+        extracted = _bbh_number(stated) if stated is not None else None
+        value = parse_number(extracted) if extracted is not None else None
+        correct = value is not None and value == parse_number(target)
+    else:
+        extracted = " ".join(_unwrapped(stated).split()).rstrip(".") if stated is not None else None
+        written = extracted or ""
+        if "," not in target:
+            written = " ".join(written.replace(",", " ").split())
+        if set(target) <= _BRACKETS:
+            written, target = written.replace(" ", ""), target.replace(" ", "")
+        correct = extracted is not None and written.lower() == target.lower()
     return Score(extracted=extracted, correct=correct, value=float(correct))
 
 
