@@ -345,6 +345,29 @@ def test_models_retrieve_wants_the_api_key() -> None:
         assert httpx.get(f"{url}/v1/models/{MODEL}", headers={"Authorization": "Bearer k"}).status_code == 200
 
 
+def test_allowed_origins_let_a_browser_page_call_the_server() -> None:
+    """A web app on another origin could not call the server from the browser (no CORS headers: the
+    browser blocks the answer, and its preflight hit the key guard's 401). With ``allowed_origins``
+    the preflight passes the guard, answers (errors too) carry the headers; other origins get none."""
+    app = "https://app.example"
+    with serve_in_background(create_app(toy_engine(), api_key="k", allowed_origins=[app])) as url:
+        preflight = httpx.options(f"{url}/v1/chat/completions", headers={
+            "Origin": app, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == app
+        assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+        answer = httpx.post(f"{url}/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 3},
+                            headers={"Origin": app, "Authorization": "Bearer k"}, timeout=60)
+        assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == app
+        refused = httpx.get(f"{url}/v1/models", headers={"Origin": app})  # no key: the 401 is readable
+        assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == app
+        other = httpx.get(f"{url}/v1/models", headers={"Origin": "https://evil.example", "Authorization": "Bearer k"})
+        assert "access-control-allow-origin" not in other.headers
+    with serve_in_background(create_app(toy_engine())) as url:  # the default: same origin only
+        assert "access-control-allow-origin" not in httpx.get(f"{url}/health", headers={"Origin": app}).headers
+
+
 # ----------------------------------------------------------------------------- the serve command
 
 
@@ -353,6 +376,9 @@ def test_models_retrieve_wants_the_api_key() -> None:
     (["--max-active", "0"], "--max-active: must be 1 or more"),
     (["--port", "99999"], "--port: must be from 0 to 65535"),
     (["--port", "eighty"], "--port: expected an integer"),
+    (["--allowed-origins", "app.example"], "is not an origin: give scheme://host[:port]"),
+    (["--allowed-origins", "https://app.example/chat"], "is not an origin"),
+    (["--allowed-origins", ","], "give at least one origin"),
 ])
 def test_serve_argument_errors_are_one_line(flags: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
     """They were tracebacks, after the models had loaded."""
@@ -362,6 +388,15 @@ def test_serve_argument_errors_are_one_line(flags: list[str], said: str, capsys:
         main(["serve", "--models", "never-loaded-a,never-loaded-b", *flags])
     err = capsys.readouterr().err
     assert exited.value.code == 2 and said in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_serve_reads_allowed_origins() -> None:
+    from shared_engine.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--models", "a,b", "--allowed-origins",
+                                      "https://app.example/, http://localhost:3000"])
+    assert args.allowed_origins == ["https://app.example", "http://localhost:3000"]
+    assert build_parser().parse_args(["serve", "--models", "a,b"]).allowed_origins == []
 
 
 def test_serve_reports_a_port_in_use_before_loading(capsys: pytest.CaptureFixture[str]) -> None:

@@ -21,7 +21,7 @@ import hmac
 import json
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from functools import cache
 from importlib.resources import files
@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -200,13 +201,16 @@ class ApiKeyGuard:
 
 
 def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_active: int = DEFAULT_MAX_ACTIVE,
-               max_waiting: int = 16, api_key: str | None = None) -> Starlette:
+               max_waiting: int = 16, api_key: str | None = None,
+               allowed_origins: Sequence[str] = ()) -> Starlette:
     """An ASGI app serving ``engine`` under ``model_name`` (default ``"<method>-ensemble"``).
 
     ``max_active`` requests generate at once (``serve --max-active`` also gives the in-process
     llama.cpp members that many slots, one per active request); ``max_waiting`` more wait in a
     queue; any further request gets a 429. ``api_key``: required on every route
-    but the page and ``/health`` (``ApiKeyGuard``)."""
+    but the page and ``/health`` (``ApiKeyGuard``). ``allowed_origins``: the web pages (``https://app.example``,
+    or ``*``) whose scripts may call this server from a browser (CORS, as vLLM's ``--allowed-origins``);
+    none by default, so only the server's own page can (the browser's same-origin rule)."""
     name = model_name or f"{engine.options.method}-ensemble"
     admission = Admission(max_active, max_waiting)
     created = int(time.time())
@@ -315,8 +319,11 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
         Route("/v1/models/{model_id:path}", model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     ]
+    # CORS outside the key guard: a browser's preflight (OPTIONS) carries no Authorization header
+    cors = [Middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
+                       allow_headers=["Authorization", "Content-Type"], max_age=600)] if allowed_origins else []
     guard = [Middleware(ApiKeyGuard, api_key=api_key)] if api_key else []
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=guard,
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=cors + guard,
                     exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error})
     app.state.engine, app.state.admission, app.state.model_name = engine, admission, name
     return app

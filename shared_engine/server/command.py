@@ -46,6 +46,20 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _origins(value: str) -> list[str]:
+    """``--allowed-origins``: comma-separated ``scheme://host[:port]`` or ``*``, checked before anything loads
+    (a browser sends an origin without a path, so one with a path would never match)."""
+    origins = [o.strip().rstrip("/") for o in value.split(",") if o.strip()]
+    for origin in origins:
+        scheme, sep, rest = origin.partition("://")
+        if origin != "*" and (not sep or scheme not in ("http", "https") or not rest or "/" in rest):
+            raise argparse.ArgumentTypeError(f"{origin!r} is not an origin: give scheme://host[:port] "
+                                             "(e.g. https://app.example, http://localhost:3000) or *")
+    if not origins:
+        raise argparse.ArgumentTypeError("give at least one origin")
+    return origins
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server with a live page at /")
     add_engine_args(serve)
@@ -63,6 +77,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument("--api-key", default=os.environ.get("SAFE_ENSEMBLE_API_KEY"),
                        help="require 'Authorization: Bearer KEY' on every /v1 route (default: "
                             "$SAFE_ENSEMBLE_API_KEY; unset: open)")
+    serve.add_argument("--allowed-origins", type=_origins, default=[], metavar="ORIGIN[,ORIGIN]",
+                       help="web pages whose scripts may call the server from a browser (CORS), e.g. "
+                            "https://app.example or * (default: none; the live page at / needs none)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
     with sock:
         engine = engine_from_args(args, args.method)
         app = create_app(engine, model_name=args.served_model_name, max_active=args.max_active,
-                         max_waiting=args.max_waiting, api_key=args.api_key)
+                         max_waiting=args.max_waiting, api_key=args.api_key,
+                         allowed_origins=args.allowed_origins)
         load_with_notice(engine)  # before the address is printed: the server answers once it is ready
         host = f"[{args.host}]" if ":" in args.host else args.host
         address = f"http://{host}:{sock.getsockname()[1]}"
