@@ -179,6 +179,14 @@ class EnsembleLLM(FunctionCallingLLM):
                          engine_options=engine_options, step_events=step_events, **fields)
         self._engine = engine
 
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> EnsembleLLM:
+        """A deep copy (``copy.deepcopy``, ``model_copy(deep=True)``) shares the engine: it holds the
+        loaded members and their locks and threads, which cannot be copied (a TypeError before), and
+        requests on one engine are independent. The fields are copied as usual."""
+        memo = {} if memo is None else memo
+        memo[id(self._engine)] = self._engine
+        return super().__deepcopy__(memo)
+
     @classmethod
     def class_name(cls) -> str:
         return "EnsembleLLM"

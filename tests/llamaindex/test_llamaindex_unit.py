@@ -69,6 +69,21 @@ def test_constructor_splits_llm_fields_from_engine_options() -> None:
     assert meta.model_name == "safe(a+b)" and llm.class_name() == "EnsembleLLM"
 
 
+def test_a_deep_copy_shares_the_engine_and_copies_the_fields() -> None:
+    """``copy.deepcopy(llm)`` / ``llm.model_copy(deep=True)`` raised "cannot pickle '_thread.lock'"
+    (the engine's locks); a copy now shares the engine, and its own fields change alone."""
+    import copy
+
+    llm = EnsembleLLM(models=["a", "b"], max_tokens=32, draft_length=3)
+    for clone in (copy.deepcopy(llm), llm.model_copy(deep=True)):
+        assert clone is not llm and clone.engine is llm.engine
+        assert clone.engine_options == {"draft_length": 3} and clone.engine_options is not llm.engine_options
+        clone.max_tokens = 8
+        assert llm.max_tokens == 32
+    scripted, _ = scripted_llm(["Hi."])
+    assert copy.deepcopy(scripted).complete("hello").text == "Hi."
+
+
 def test_max_new_tokens_is_max_tokens() -> None:
     """The engine's name, which ChatEnsemble takes too, was a raw TypeError ("multiple values")."""
     llm = EnsembleLLM(models=["a", "b"], max_new_tokens=8)
