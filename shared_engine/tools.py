@@ -22,9 +22,9 @@ decoded under a constraint (``json_constraint.py``): an offered tool's name (for
 arguments that match that tool's parameter schema, then the closing ``}``, where the answer ends.
 An answer prefix of the caller's own (``prefix=``) works the same way, without the constraint.
 A forced call, or any call with ``parallel_tool_calls=False``, is the answer's only call: generation
-stops at a ``</tool_call>`` that starts a line (``CALL_END``; a JSON string cannot hold a raw line
-break, so the tag written inside an argument is no stop), and what follows the first call is
-dropped (where the tag follows the call on its line, no stop ends the answer early).
+stops at the ``</tool_call>`` that ends the first call as the parser reads it (``CallEnd``: outside
+the call's JSON strings, on a line of its own or right after the JSON), never at the tag written
+inside an argument, and what follows the first call is dropped.
 
 Parsing (``ToolCallParser``) is incremental, so tool markup never reaches the token stream, and
 lenient through ``json_repair`` (code fences, single quotes, unquoted keys, truncated JSON,
@@ -66,10 +66,6 @@ from .json_constraint import JsonPrefix, call_start_state, start_state
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
-CALL_END = "\n" + TOOL_CALL_CLOSE
-"""The stop string of an answer of one call: a close tag at the start of a line, as the format
-writes it, and never inside the call's JSON strings (``</tool_call>`` alone cut an argument that
-held it)."""
 DEFAULT_SYSTEM = "You are a helpful assistant."
 """System text put before the tools block when the conversation has no system message."""
 FORMAT_ATTEMPTS = 3
@@ -341,6 +337,84 @@ class _JsonScan:
             self.last = char
 
 
+class _CallBody:
+    """Where an open call's close tag is, read as the call's text grows: ``</tool_call>`` outside
+    the call's JSON strings. A close tag inside one (code that prints it) is part of the arguments,
+    not the end."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.scan = _JsonScan()  # the call's strings, up to pos
+        self.pos = start  # where the call's text starts, then how far it has been read
+        self.in_string: list[int] = []  # where close tags inside the call's strings start
+
+    def close_tag(self, text: str) -> int:
+        """Where the close tag starts in ``text`` (the same text each time, grown; -1: not yet)."""
+        scan, close = self.scan, TOOL_CALL_CLOSE
+        while (i := self.pos) < len(text):
+            if text[i] == "<":
+                if text.startswith(close, i):
+                    if not scan.quote:
+                        return i
+                    self.in_string.append(i)
+                    for char in close:
+                        scan.step(char)
+                    self.pos += len(close)
+                    continue
+                if len(text) - i < len(close) and close.startswith(text[i:]):
+                    return -1  # maybe the start of a close tag: wait for more
+            scan.step(text[i])
+            self.pos += 1
+        return -1
+
+
+class CallEnd(str):
+    """The stop string of an answer of one call: ``</tool_call>`` where it ends the answer's first
+    call as ``ToolCallParser`` reads it (``_CallBody``), on a line of its own or right after the JSON
+    as Qwen writes it; never the tag inside one of the call's JSON strings (a plain stop string cut
+    such an argument, and one at a line start did not stop an inline tag: the answer ran on to its
+    end). Generation stops after it, so nothing the answer would drop is written; unlike other
+    stop strings the tag stays in the answer (``CallEndFinder.find``). ``prefix``: the answer's
+    prefill, which the engine's text does not hold (a forced call's opens the call)."""
+
+    prefix: str
+
+    def __new__(cls, prefix: str = "") -> CallEnd:
+        end = super().__new__(cls, TOOL_CALL_CLOSE)
+        end.prefix = prefix
+        return end
+
+    def __getnewargs__(self) -> tuple[str]:
+        return (self.prefix,)  # a copy or pickle is made from the prefix (str's own: the tag, read as one)
+
+    def finder(self) -> CallEndFinder:
+        """A search of one answer for this stop (``RequestState`` keeps one per request)."""
+        return CallEndFinder(self.prefix)
+
+
+class CallEndFinder:
+    """Where one answer's ``CallEnd`` is: its first ``<tool_call>``, then that call's close tag."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.pos = 0  # where the open tag is looked for, in prefix + text
+        self.call: _CallBody | None = None
+
+    def find(self, text: str) -> int:
+        """Where the answer ends in ``text``, the answer after the prefix (it only grows between
+        calls): right after the close tag, which stays for the parser to read (cut off, the parser
+        would read the call as never closed, and cut a lenient call at a tag in its strings); -1:
+        not yet. A call that the prefix already closes ends the answer at its start."""
+        seen = self.prefix + text
+        if self.call is None:
+            start = seen.find(TOOL_CALL_OPEN, self.pos)
+            if start < 0:
+                self.pos = max(self.pos, len(seen) - len(TOOL_CALL_OPEN) + 1)
+                return -1
+            self.call = _CallBody(start + len(TOOL_CALL_OPEN))
+        end = self.call.close_tag(seen)
+        return -1 if end < 0 else max(end + len(TOOL_CALL_CLOSE) - len(self.prefix), 0)
+
+
 def _value_end(text: str, start: int) -> int | None:
     """The end of the JSON object or list that starts at ``text[start]`` (None: it is not closed)."""
     scan = _JsonScan()
@@ -428,9 +502,7 @@ class ToolCallParser:
         self._after_call = False
         self._pending_ws = ""  # trailing whitespace, held until we know whether text follows
         self._separator = ""  # the whitespace between the text and the calls after it
-        self._scan = _JsonScan()  # where the open call's strings are, up to _scan_pos in the buffer
-        self._scan_pos = 0
-        self._in_string: list[int] = []  # where close tags inside the call's strings start
+        self._call = _CallBody()  # where the open call's close tag is in the buffer
 
     def _text(self, text: str) -> list[str | ToolCallEvent]:
         text = self._pending_ws + text
@@ -451,7 +523,7 @@ class ToolCallParser:
         self.buffer += delta
         while True:
             if self.in_call:
-                end = self._close_tag()
+                end = self._call.close_tag(self.buffer)
                 if end < 0:
                     break
                 out += self._calls(self.buffer[:end])
@@ -462,7 +534,7 @@ class ToolCallParser:
                 self.hold_all = False
                 out += self._text(self.buffer[:start])
                 self.buffer, self.in_call = self.buffer[start + len(TOOL_CALL_OPEN):], True
-                self._scan, self._scan_pos, self._in_string = _JsonScan(), 0, []
+                self._call = _CallBody()
                 continue
             if self.hold_all:
                 break
@@ -486,9 +558,9 @@ class ToolCallParser:
         """Release everything: an unterminated call (cut by a stop string or the length limit) is
         still parsed; a held bare-JSON answer becomes a call only if it names an offered tool."""
         out = self.feed("")
-        while self.in_call and self._in_string and not _complete(self.buffer):
+        while self.in_call and self._call.in_string and not _complete(self.buffer):
             # a string never closed (or the call was cut): its first close tag ends the call after all
-            end = self._in_string[0]
+            end = self._call.in_string[0]
             out += self._calls(self.buffer[:end])
             self.buffer, self.in_call = self.buffer[end + len(TOOL_CALL_CLOSE):], False
             out += self.feed("")
@@ -502,26 +574,6 @@ class ToolCallParser:
         if not self.num_calls and self.started and self._pending_ws:
             out.append(self._pending_ws)  # trailing whitespace of a plain answer is kept
         return out
-
-    def _close_tag(self) -> int:
-        """Where the open call's close tag starts in the buffer (-1: not yet). A close tag inside one
-        of the call's JSON strings (code that prints it) is part of the arguments, not the end."""
-        buffer, scan, close = self.buffer, self._scan, TOOL_CALL_CLOSE
-        while (i := self._scan_pos) < len(buffer):
-            if buffer[i] == "<":
-                if buffer.startswith(close, i):
-                    if not scan.quote:
-                        return i
-                    self._in_string.append(i)
-                    for char in close:
-                        scan.step(char)
-                    self._scan_pos += len(close)
-                    continue
-                if len(buffer) - i < len(close) and close.startswith(buffer[i:]):
-                    return -1  # maybe the start of a close tag: wait for more
-            scan.step(buffer[i])
-            self._scan_pos += 1
-        return -1
 
     def _names_offered(self, body: str) -> bool:
         obj = _loads(body)
@@ -614,7 +666,7 @@ class OutputPlan:
         self.tool_result_hint = options.tool_result_hint if tools else None
         self.one_call = bool(self.forced or (self.tools and options.parallel_tool_calls is False))
         """The answer holds one call at most: generation stops after it, what follows is dropped."""
-        self.stops = [CALL_END] if self.one_call else []
+        self.stops: list[str] = [CallEnd(self.prefix)] if self.one_call else []
 
     def constraint(self) -> JsonPrefix | None:
         """The decoding constraint after the prefix: of a JSON answer, or of a forced call's name

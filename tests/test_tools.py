@@ -6,18 +6,21 @@ from __future__ import annotations
 import json
 import os
 import re
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from shared_engine import EnsembleEngine, InvalidRequestError
-from shared_engine.events import FinishEvent, Stats, TokenEvent, ToolCallEvent
+from shared_engine import EnsembleEngine, GenerationResult, InvalidRequestError
+from shared_engine.decoding import RequestState, request_members
+from shared_engine.events import Event, FinishEvent, Stats, TokenEvent, ToolCallEvent
 from shared_engine.members import HFMember
 from shared_engine.members.chat import normalize_messages
 from shared_engine.members.session import PrefixSession
 from shared_engine.tools import (
+    CallEnd,
     OutputOptions,
     OutputPlan,
     ResponseFormat,
@@ -248,7 +251,8 @@ def test_tool_result_hint_follows_tool_results_only_when_tools_are_offered() -> 
 def test_plan_for_a_forced_call_and_for_json() -> None:
     plan = OutputPlan(OutputOptions(tools=TOOLS, tool_choice="required"))
     assert plan.forced == "get_weather" and plan.prefix == call_prefix("get_weather")
-    assert plan.stops == ["\n</tool_call>"] and plan.one_call
+    assert plan.stops == ["</tool_call>"] and plan.one_call
+    assert isinstance(plan.stops[0], CallEnd) and plan.stops[0].prefix == plan.prefix
     assert plan.messages([{"role": "user", "content": "hi"}])[-1]["content"] == \
         "Answer with a call to the function get_weather."
     assert OutputPlan(OutputOptions(tools=TOOLS, tool_choice="none")).tools is None
@@ -372,9 +376,9 @@ ECHO_TOOLS = [{"type": "function", "function": {"name": "echo", "parameters": {
 
 def test_a_close_tag_inside_an_argument_does_not_end_a_call_of_one() -> None:
     """A forced call (and any call with parallel_tool_calls=False) stopped at ``</tool_call>``, so
-    the tag written inside a JSON string cut the call there ({"text": "use"}). A call of one still
-    stops at the tag on a line of its own; a tag on the call's line is no stop, and what follows
-    the first call is dropped."""
+    the tag written inside a JSON string cut the call there ({"text": "use"}). A call of one stops
+    at the tag that ends it, on a line of its own or on the call's line, and what follows the first
+    call is dropped."""
     arguments = {"text": "use </tool_call> here"}
     body = json.dumps(arguments)
     call = json.dumps({"name": "echo", "arguments": arguments})
@@ -383,7 +387,7 @@ def test_a_close_tag_inside_an_argument_does_not_end_a_call_of_one() -> None:
         ({"tool_choice": "echo"}, f" {body}}}", "", "stop"),
         ({"tool_choice": "required"}, f'echo", "arguments": {body}}}', "", "stop"),
         ({"parallel_tool_calls": False}, f"Sure.\n<tool_call>\n{call}\n</tool_call>\nMore.", "Sure.", "stop"),
-        ({"parallel_tool_calls": False}, f"<tool_call>{call}</tool_call> {noop} Bye.", "", "eos"),
+        ({"parallel_tool_calls": False}, f"<tool_call>{call}</tool_call> {noop} Bye.", "", "stop"),
     ]
     for options, script, text, reason in cases:
         result = EnsembleEngine([ScriptedMember(script)], method="single", max_new_tokens=200).generate(
@@ -393,6 +397,83 @@ def test_a_close_tag_inside_an_argument_does_not_end_a_call_of_one() -> None:
     both = EnsembleEngine([ScriptedMember(cases[-1][1])], method="single", max_new_tokens=200).generate(
         "Echo it.", tools=ECHO_TOOLS)  # parallel calls allowed: both, and the text after them
     assert ([c.name for c in both.tool_calls], both.text) == (["echo", "noop"], "Bye.")
+
+
+def _scripted(script: str, **options: Any) -> tuple[list[Event], GenerationResult]:
+    """The streamed events and the whole result of ``ScriptedMember(script)`` answering alone."""
+    engine = EnsembleEngine([ScriptedMember(script)], method="single", max_new_tokens=300)
+    events = list(engine.stream("Echo it.", tools=ECHO_TOOLS, **options))
+    return events, engine.generate("Echo it.", tools=ECHO_TOOLS, **options)
+
+
+def _tokens_through(script: str, end: str) -> int:
+    """How many of the byte-level toy's tokens of ``script`` it takes to write it through ``end``."""
+    tokenizer = byte_level_tokenizer()
+    ids, through = tokenizer.encode(script, add_special_tokens=False), script.index(end) + len(end)
+    return next(n for n in range(len(ids) + 1) if len(tokenizer.decode(ids[:n])) >= through)
+
+
+def test_a_call_of_one_stops_at_its_close_tag_written_inline() -> None:
+    """Qwen writes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` on one line; a call
+    of one (parallel_tool_calls=False, a forced call) stopped only at a tag starting a line, so
+    such an answer ran on to EOS or max_new_tokens after its call. It stops at the tag that ends the
+    call now, never at one inside the call's strings: nothing after it is written, counted or
+    streamed."""
+    arguments = {"text": "a </tool_call> b"}
+    call = json.dumps({"name": "echo", "arguments": arguments})
+    junk = " And now a lot more text that should never be written or streamed. " * 3
+    script = f"Sure. <tool_call>{call}</tool_call>{junk}"
+    events, result = _scripted(script, parallel_tool_calls=False)
+    assert [(c.name, c.arguments) for c in result.tool_calls] == [("echo", arguments)]
+    assert (result.text, result.finish_reason) == ("Sure.", "stop")
+    assert result.stats.tokens == _tokens_through(script, f"{call}</tool_call>")
+    streamed = "".join(e.text for e in events if isinstance(e, TokenEvent))
+    assert streamed == "Sure." and [e.arguments for e in events if isinstance(e, ToolCallEvent)] == [arguments]
+    # a prefix of the caller's own that opens a string (no constraint): the tag in it is no stop
+    prefix = '<tool_call>\n{"name": "echo", "arguments": {"text": "'
+    _, forced = _scripted(f'</tool_call> x"}}</tool_call>{junk}', tool_choice="echo", prefix=prefix)
+    assert [c.arguments for c in forced.tool_calls] == [{"text": "</tool_call> x"}]
+    assert (forced.text, forced.finish_reason) == ("", "stop")
+    # parallel calls allowed: no stop, both calls and the text after them
+    two = f"<tool_call>{call}</tool_call> <tool_call>{call}</tool_call> Bye."
+    for options in ({}, {"parallel_tool_calls": True}):
+        _, both = _scripted(two, **options)
+        assert ([c.arguments for c in both.tool_calls], both.text, both.finish_reason) == \
+            ([arguments, arguments], "Bye.", "eos")
+    plain = EnsembleEngine([ScriptedMember(script)], method="single", max_new_tokens=300).generate("Echo it.")
+    assert (plain.text, plain.finish_reason) == (script, "eos")  # no tools: no stop, the answer whole
+
+
+def test_a_lenient_call_of_one_keeps_a_close_tag_in_its_strings() -> None:
+    """The line-start stop cut the close tag off the answer, so the parser read the call as never
+    closed and, its Python-style quotes being no strict JSON, cut it at the tag inside its string
+    ({"text": "a"}). The answer now ends after the close tag, which the parser reads as the end."""
+    call = "{'name': 'echo', 'arguments': {'text': 'a </tool_call> b'}}"
+    for script in (f"<tool_call>\n{call}\n</tool_call>\nMore.", f"<tool_call>{call}</tool_call> More."):
+        _, result = _scripted(script, parallel_tool_calls=False)
+        assert [c.arguments for c in result.tool_calls] == [{"text": "a </tool_call> b"}], script
+        assert (result.text, result.finish_reason) == ("", "stop"), script
+
+
+def test_the_stop_of_a_call_of_one_holds_back_a_possible_tag_and_releases_nothing_past_it() -> None:
+    """Committed one character at a time: text that may start the close tag is held back, a tag
+    in the call's string is released with it, and the answer ends right after the call's own tag."""
+    member = toy_member("a", "byte_level", "llama", 1)
+    plan = OutputPlan(OutputOptions(tools=ECHO_TOOLS, parallel_tool_calls=False))
+    state = RequestState(request_members([member], ["a"], [member.new_session()], [[1]]), 500,
+                         stop=tuple(plan.stops))
+    call = '<tool_call>{"name": "echo", "arguments": {"text": "</tool_call>"}}</tool_call>'
+    released, written = "", 0
+    for char in call + " Bye.":
+        if state.finish_reason:
+            break
+        released += "".join(e.text for e in state.commit(member.table.spell(char), "draft"))
+        written += 1
+        assert call.startswith(released), written
+        if written == call.rindex("<") + 1:
+            assert not released.endswith("<")  # the start of the call's own tag: held until decided
+    assert (written, state.finish_reason, state.stats.tokens, state.text) == (len(call), "stop", len(call), call)
+    assert released + "".join(e.text for e in state.flush()) == call
 
 
 def test_quoted_numbers_and_booleans_take_the_type_the_tool_schema_asks_for() -> None:

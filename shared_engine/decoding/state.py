@@ -21,6 +21,7 @@ from ..events import CacheSyncEvent, Stats, TokenEvent
 from ..json_constraint import JsonPrefix
 from ..members import Member, Session
 from ..repetition import MAX_PERIOD, loop_unit
+from ..tools import CallEnd, CallEndFinder
 from ..turn_markers import MARKER_COUNTED, read_turn_markers
 from .drafts import AheadDraft
 
@@ -100,12 +101,14 @@ class RequestState:
     started: float = field(default_factory=time.perf_counter)
     _decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
+    _call_ends: dict[str, CallEndFinder] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.stats.prompt_tokens = len(self.members[0].prompt_ids)
         self.stats.member_weights = self.weight_stats()
         self.stats.drafter = self.members[0].label
         self.stats.constrained = self.constraint is not None
+        self._call_ends = {stop: stop.finder() for stop in self.stop if isinstance(stop, CallEnd)}
 
     def loop_tail(self, text: bytes | None = None) -> bytes | None:
         """The last bytes of ``text`` (default: the answer) that the loop guard looks at; None when
@@ -249,9 +252,12 @@ class RequestState:
         return events
 
     def _release_text(self) -> str:
-        """Text that can be sent now: stops at a stop string, holds back a possible stop prefix."""
+        """Text that can be sent now: stops at a stop string, holds back a possible stop prefix. A
+        ``CallEnd`` is found where it ends a call (its finder reads the call's JSON), and the answer
+        ends after it."""
         for stop in self.stop:
-            cut = self.text.find(stop, max(0, self.emitted - len(stop)))
+            finder = self._call_ends.get(stop) if isinstance(stop, CallEnd) else None
+            cut = finder.find(self.text) if finder else self.text.find(stop, max(0, self.emitted - len(stop)))
             if cut >= 0:
                 self.text = self.text[:cut]
                 self.finish_reason = "stop"
