@@ -320,6 +320,23 @@ class ChatEnsemble(BaseChatModel):
                   **{k: v for k, v in defaults.items() if v is not None})
         return self
 
+    def __copy__(self) -> ChatEnsemble:
+        return self._holding(super().__copy__())
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> ChatEnsemble:
+        return self._holding(super().__deepcopy__(memo))
+
+    def _holding(self, clone: ChatEnsemble) -> ChatEnsemble:
+        """A copy (``model_copy``, ``copy.deepcopy``) is one more user of the shared engine, with a
+        count-off of its own: it shared the original's before, so closing or collecting the original
+        closed the copy (``EngineClosedError``). A copy of a closed model is closed."""
+        if self._closed:
+            clone._release = self._release
+            return clone
+        _hold_shared_engine(*clone._engine_config())
+        clone._release = weakref.finalize(clone, _release_engine, _engine_key(*clone._engine_config()))
+        return clone
+
     def close(self) -> None:
         """Give the shared engine back now (also done when this model is garbage-collected); a
         closed model takes no more calls (``EngineClosedError``)."""

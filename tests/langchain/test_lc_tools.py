@@ -394,6 +394,33 @@ def test_a_closed_chat_model_takes_no_calls_and_leaks_no_engine() -> None:
         assert key not in chat_models._ENGINES
 
 
+def test_a_copy_holds_the_engine_on_its_own() -> None:
+    """``model_copy`` / ``copy.deepcopy`` shared the original's count-off: closing (or collecting) the
+    original closed the copy (EngineClosedError), and the engine went with it."""
+    import copy
+
+    from shared_engine import EngineClosedError
+    from tests.toy import registered_members, toy_member
+
+    toys = [toy_member("lc-copy-bpe", "byte_level"), toy_member("lc-copy-sp", "metaspace", seed=1)]
+    with registered_members(toys) as names:
+        llm = ChatEnsemble(models=names, max_tokens=2)
+        key = chat_models._engine_key(*llm._engine_config())
+        answer = llm.invoke("Hi").content
+        shallow, deep, warmer = copy.deepcopy(llm), llm.model_copy(), llm.model_copy(update={"temperature": 0.5})
+        assert chat_models._ENGINES[key].users == 4
+        llm.close()
+        assert shallow.invoke("Hi").content == deep.invoke("Hi").content == answer
+        assert warmer.temperature == 0.5 and llm.temperature is None
+        for clone in (shallow, deep):
+            clone.close()
+        assert chat_models._ENGINES[key].users == 1
+        with pytest.raises(EngineClosedError):
+            llm.model_copy().invoke("Hi")  # a copy of a closed model is closed
+        warmer.close()
+        assert key not in chat_models._ENGINES
+
+
 def test_a_profile_leaves_no_engine_behind(tmp_path) -> None:
     """ChatEnsemble(profile=FILE): langchain-core's profile validator ran before the profile's digest
     was read, and built a second engine, under a key without it, that no one held or released."""
