@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import re
 import sys
 from collections.abc import Sequence
@@ -60,6 +61,9 @@ CALIBRATION_SPLITS = {"gsm8k": "gsm8k/train.jsonl", "arc-challenge": "arc_challe
 THRESHOLD_GRID = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 STORED_TOP_K = 64
 DEFAULT_QUESTIONS = 50
+LOGPROB_FLOOR = -100.0
+"""A reference token a member gives no probability (-inf) counts as this log-probability in its NLL
+per byte (the drafter choice; a profile holds finite numbers only); the weights see it as 0."""
 
 
 def reference_answer(bench: str, record: Record) -> str:
@@ -182,13 +186,14 @@ class _Evidence:
     spans: list[torch.Tensor] = field(default_factory=list)
     nll: list[float] = field(default_factory=list)
     num_bytes: int = 0
+    unscored: list[int] = field(default_factory=list)  # per member: reference tokens given no probability
     positions: list[tuple[bytes, dict[int, TopK]]] = field(default_factory=list)  # (continuation, tops by member)
 
 
 def collect(members: Sequence[Member], bench: str, records: Sequence[Record], benchmark: Benchmark,
             progress: bool = True) -> _Evidence:
     """Teacher-force every member on every record (a progress bar per question)."""
-    evidence = _Evidence(nll=[0.0] * len(members))
+    evidence = _Evidence(nll=[0.0] * len(members), unscored=[0] * len(members))
     sessions = [m.new_session() for m in members]
     try:
         for record in tqdm(records, desc=f"calibrate {bench}", unit="q", disable=not progress, file=sys.stderr):
@@ -217,10 +222,16 @@ def _read_one(members: Sequence[Member], sessions: Sequence[Session], bench: str
     common = shared_boundaries(answer, texts)
     inner = set(common[:-1])
     readings = [teacher_forced(m, s, messages, answer, inner) for m, s in zip(members, sessions)]
+    for member, reading in zip(members, readings):  # now, not after every question is read
+        if any(math.isnan(lp) for lp in reading.logprobs):
+            raise InvalidRequestError(
+                f"member {member.name} gives NaN log-probabilities on question {record.id} (a numeric "
+                "overflow in its forward, e.g. float16): load it in bfloat16 or float32 to calibrate it")
     evidence.spans.append(segment_logprobs([r.text.ends for r in readings], [r.logprobs for r in readings],
                                            common))
     for i, reading in enumerate(readings):
-        evidence.nll[i] -= sum(reading.logprobs)
+        evidence.nll[i] -= sum(max(lp, LOGPROB_FLOOR) for lp in reading.logprobs)
+        evidence.unscored[i] += sum(lp == -math.inf for lp in reading.logprobs)
     evidence.num_bytes += len(answer)
     for offset in common[:-1]:
         if all(offset in r.tops for r in readings):
@@ -238,8 +249,20 @@ def fit_profile(members: Sequence[Member], names: Sequence[str], evidence: _Evid
     from .weighting import best_threshold, mixture_weights
 
     spans = torch.cat(evidence.spans)
-    mixture = mixture_weights(spans)
+    try:
+        mixture = mixture_weights(spans)
+    except ValueError as err:  # no span any member gives a probability
+        raise InvalidRequestError(f"calibrate cannot fit weights: {err}") from None
     per_byte = [n / evidence.num_bytes for n in evidence.nll]
+    for name, count in zip(names, evidence.unscored):
+        if count:
+            _log.warning("calibrate: member %s gives %d reference-answer token(s) no probability; its weight "
+                         "sees them as 0, its NLL per byte counts each as %g nats", name, count, -LOGPROB_FLOOR)
+    # a profile holds finite numbers only (JSON writes inf/NaN as null, which every surface refuses)
+    broken = [n for n, w, b in zip(names, mixture.weights, per_byte) if not (math.isfinite(w) and math.isfinite(b))]
+    if broken:
+        raise InvalidRequestError(f"calibrate: member(s) {', '.join(broken)} gave no finite weight or NLL "
+                                  "on the reference answers; nothing was written")
     drafter = min(range(len(members)), key=lambda i: per_byte[i])
     order = [drafter] + [i for i in range(len(members)) if i != drafter]
     weights = torch.tensor([mixture.weights[i] for i in order], dtype=torch.float32)
@@ -249,7 +272,7 @@ def fit_profile(members: Sequence[Member], names: Sequence[str], evidence: _Evid
         dists = [MemberDist(names[i], members[i].table, topk_rows([tops[i]], members[i].table.vocab_size)[0],
                             STORED_TOP_K) for i in order]
         fused = fuse(dists, weights)
-        key = fused.keys[int(torch.argmax(fused.fused))]
+        key = fused.keys[int(torch.argmax(fused.fused))] if fused.keys else b""  # none: not a right choice
         top = tops[drafter]
         best = max(range(len(top.ids)), key=lambda j: top.logprobs[j])
         piece = members[drafter].table.pieces[top.ids[best]]
@@ -269,7 +292,8 @@ def fit_profile(members: Sequence[Member], names: Sequence[str], evidence: _Evid
         fitted=FitInfo(bench=bench, data=str(data), questions=questions, spans=int(spans.shape[0]),
                        positions=len(top_probs), method=method,
                        nll_per_byte={n: round(v, 5) for n, v in zip(names, per_byte)},
-                       log_likelihood=round(mixture.log_likelihood, 3),
+                       log_likelihood=(round(mixture.log_likelihood, 3) if math.isfinite(mixture.log_likelihood)
+                                       else None),
                        threshold_accuracy={k: round(v, 4) for k, v in accuracy.items()}))
 
 

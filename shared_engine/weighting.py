@@ -20,7 +20,6 @@ Two uses:
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -130,16 +129,20 @@ def segment_logprobs(ends: Sequence[Sequence[int]], logprobs: Sequence[Sequence[
     for member_ends, member_logprobs in zip(ends, logprobs):
         if len(member_ends) != len(member_logprobs):
             raise ValueError("one log-probability per token")
-        cumulative = {0: 0.0}
-        total = 0.0
+        boundaries = {0, *member_ends}
+        missing = next((o for o in common if o not in boundaries), None)
+        if missing is not None:
+            raise ValueError(f"offset {missing} is not a token boundary of every member")
+        # each span's tokens summed directly, not running sums differenced: after a token given no
+        # probability (-inf) every later difference was -inf - -inf = NaN
+        sums = [0.0] * max(len(common) - 1, 0)
+        span = 0
         for end, lp in zip(member_ends, member_logprobs):
-            total += lp
-            cumulative[end] = total
-        try:
-            at = [cumulative[o] for o in common]
-        except KeyError as err:
-            raise ValueError(f"offset {err.args[0]} is not a token boundary of every member") from None
-        columns.append([b - a for a, b in itertools.pairwise(at)])
+            while span < len(sums) and end > common[span + 1]:
+                span += 1
+            if span < len(sums) and end > common[span]:
+                sums[span] += lp
+        columns.append(sums)
     return torch.tensor(columns, dtype=torch.float64).T.reshape(-1, len(columns))
 
 
@@ -156,6 +159,7 @@ def mixture_weights(span_logprobs: torch.Tensor, max_iterations: int = 500, tol:
     if span_logprobs.ndim != 2 or span_logprobs.shape[0] == 0:
         raise ValueError("need a [spans, members] matrix with at least one span")
     spans = span_logprobs.to(torch.float64)
+    spans = spans.masked_fill(spans.isnan(), -math.inf)  # a NaN (a broken forward) is no probability, not a vote
     spans = spans[torch.isfinite(spans).any(dim=1)]  # a span no member can produce says nothing about weights
     if spans.shape[0] == 0:
         raise ValueError("no span has a finite log-probability under any member")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from functools import cache
 from pathlib import Path
 
@@ -19,8 +20,9 @@ from shared_engine.errors import InvalidRequestError
 from shared_engine.evaluation.benchmarks import get_benchmark
 from shared_engine.members import HFMember
 from shared_engine.profile import EnsembleProfile, FitInfo, apply_profile, member_key
+from shared_engine.weighting import mixture_weights, segment_logprobs
 from tests.benchdata import DATA
-from tests.toy import TOKENIZERS, registered_members, tiny_llama, toy_member
+from tests.toy import TOKENIZERS, registered_members, tiny_gpt2, tiny_llama, toy_member
 
 SHOTS = 4  # the evaluation's GSM8K prompt takes the first 4 train rows as exemplars
 
@@ -337,3 +339,65 @@ def test_two_checkpoints_with_the_same_folder_name_are_two_members(train_file: P
     finally:
         for name in members:
             unregister_member(name)
+
+
+def _broken_member(name: str, breaks: str) -> HFMember:
+    """A fresh toy member (the cached ones stay intact) whose teacher-forced rows give a reference
+    token -inf mid-answer (``"neginf"``), the last token -inf (``"neginf_last"``), or NaN (``"nan"``)."""
+    tok = TOKENIZERS["metaspace"]()
+    member = HFMember(name, tiny_gpt2(tok, 2), tok)
+    new_session = member.new_session
+
+    class Session:
+        def __init__(self) -> None:
+            self.inner = new_session()
+
+        def __getattr__(self, key: str) -> object:
+            return getattr(self.inner, key)
+
+        def sync(self, ids: list[int], start: int) -> torch.Tensor:
+            rows = self.inner.sync(ids, start).clone()
+            if breaks == "nan":
+                rows[3:] = float("nan")
+            elif breaks == "neginf_last":
+                rows[len(ids) - start - 1, ids[-1]] = -float("inf")
+            else:
+                rows[2, ids[start + 2]] = -float("inf")
+            return rows
+
+    member.new_session = Session  # type: ignore[method-assign]
+    return member
+
+
+@pytest.mark.parametrize("breaks", ["neginf", "neginf_last"])
+def test_a_reference_token_given_no_probability_still_fits_a_loadable_profile(
+        breaks: str, train_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A member giving one reference token -inf: mid-answer, every later span was NaN (running sums
+    differenced) and the fit ended in an IndexError after every question was read; on the last
+    token calibrate exited 0 with nll_per_byte null, a profile every surface refused."""
+    members = [toy_member("good", "byte_level", "llama", 1), _broken_member("bad", breaks)]
+    out = tmp_path / "p.json"
+    with registered_members(members):
+        assert main(["calibrate", "--models", "good,bad", "--data", str(train_file), "--limit", "3",
+                     "--out", str(out), "--no-progress"]) == 0
+    profile = EnsembleProfile.load(out)
+    assert all(math.isfinite(v) for v in profile.fitted.nll_per_byte.values())
+    assert profile.fitted.nll_per_byte["bad"] > profile.fitted.nll_per_byte["good"]
+
+
+def test_a_member_giving_nan_is_refused_by_name_at_once(train_file: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    members = [toy_member("good", "byte_level", "llama", 1), _broken_member("bad", "nan")]
+    out = tmp_path / "p.json"
+    with registered_members(members):
+        assert main(["calibrate", "--models", "good,bad", "--data", str(train_file), "--limit", "3",
+                     "--out", str(out), "--no-progress"]) == 2
+    assert "member bad gives NaN" in capsys.readouterr().err and not out.exists()
+
+
+def test_span_log_probabilities_after_a_token_given_no_probability() -> None:
+    spans = segment_logprobs([[1, 2, 3, 4], [2, 4]], [[-0.1, -math.inf, -0.2, -0.3], [-1.0, -1.0]], [0, 2, 4])
+    assert spans.tolist() == [[-math.inf, -1.0], [pytest.approx(-0.5), -1.0]]
+    nan_as_none = mixture_weights(torch.tensor([[math.nan, -1.0], [-0.5, -1.0]]))
+    assert nan_as_none.weights == mixture_weights(torch.tensor([[-math.inf, -1.0], [-0.5, -1.0]])).weights
+    assert all(math.isfinite(w) for w in nan_as_none.weights)
