@@ -295,3 +295,15 @@ def test_the_loop_free_fallback_never_offers_a_special_tokens_name() -> None:
     state = SimpleNamespace(drafter=SimpleNamespace(table=table, eos_ids=table.eos_ids),
                             loop_at=lambda tail: None, loop_tail=lambda: b"")
     assert _loop_free_token(state, torch.tensor([9.0, 1.0, 2.0, 3.0])) == b" b"  # type: ignore[arg-type]
+
+
+def test_a_chosen_span_written_up_to_its_writers_eos_ends_the_answer() -> None:
+    """The drafter wrote ' Sofia.' and then its EOS; the vote chose ' Sofia.'. The released code stops
+    in the round whose chosen span holds the EOS (AdaFuse_two_models.py:1100); ours dropped the EOS,
+    committed the text and ran another round, where <eos> was one candidate among the others' spans."""
+    drafter, verifier = trained_member("byte_level"), toy_member("v", "metaspace", "gpt2", 2)
+    engine = EnsembleEngine([drafter, verifier], method="adafuse", weights=[0.5, 0.5], threshold=0.5)
+    result = engine.generate(QUESTION, max_new_tokens=48, keep_events=True)
+    decisions = [e for e in result.events if e.type == "adafuse"]
+    assert result.text == "Hi Sofia, hi Sofia." and result.finish_reason == "eos"
+    assert decisions[-1].chosen == " Sofia." and "<eos>" not in [d.chosen for d in decisions]

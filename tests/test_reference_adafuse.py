@@ -9,7 +9,9 @@ branches; spans holding bytes that are not UTF-8, which random members emit, hav
 count) and that the answer is exactly the chosen spans. The drafter reads its own committed ids:
 the ids it generated for a span it proposed (recomputed here: greedy from its first or branched first
 token), else its spelling of the chosen bytes; its NLL of every candidate it did not propose is
-recomputed on that context too.
+recomputed on that context too. A chosen span after which a member that proposed it writes its EOS
+(greedy, as it wrote the span) ends the answer in that round, as the released code stops in the
+round whose chosen span holds the EOS (AdaFuse_two_models.py:1100).
 """
 
 from __future__ import annotations
@@ -52,18 +54,26 @@ def _generated_ids(member, context: list[int], text: bytes, branches: int) -> li
     return None
 
 
+def _ends_at_eos(member, context: list[int], text: bytes, branches: int) -> bool:  # noqa: ANN001
+    """Whether ``member``, writing ``text`` from ``context`` as it proposed it, writes its EOS next."""
+    ids = _generated_ids(member, context, text, branches)
+    return ids is not None and int(torch.argmax(_logits(member, context + ids)[-1])) in member.table.eos_ids
+
+
 def _margin(logits: torch.Tensor) -> float:
     top = torch.topk(torch.softmax(logits, -1), 2).values
     return float(top[0] - top[1])
 
 
-@pytest.mark.parametrize("weights", [(0.6, 0.4), (0.2, 0.8)])
-def test_adafuse_votes_equal_plain_recomputation(weights: tuple[float, float]) -> None:
+@pytest.mark.parametrize(("weights", "ended_by_spans"), [((0.6, 0.4), 1), ((0.2, 0.8), 0)])
+def test_adafuse_votes_equal_plain_recomputation(weights: tuple[float, float], ended_by_spans: int) -> None:
+    """``ended_by_spans``: answers at least that often ended by a chosen span written up to its EOS
+    (the drafter, weighed more, ends its answers so; the random verifier rarely writes its EOS)."""
     drafter, verifier = trained_member("byte_level"), toy_member("v", "metaspace", "gpt2", 2)
     engine = EnsembleEngine([drafter, verifier], method="adafuse", weights=list(weights), threshold=THRESHOLD)
     prompts = [QUESTION] + [[{"role": "user", "content": text}] for text in (
         "Tom wrote about numbers 12 and 7", "Sofia visited Berlin", "Hello Maria. So many apples", "def add(a, b):")]
-    checked = drafter_checked = sure_rounds = 0
+    checked = drafter_checked = sure_rounds = eos_spans = 0
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -72,7 +82,8 @@ def test_adafuse_votes_equal_plain_recomputation(weights: tuple[float, float]) -
             prompt = verifier.prompt_ids(messages)
             drafter_context = drafter.prompt_ids(messages)
             answer = b""
-            for event in (e for e in result.events if e.type == "adafuse"):
+            events = [e for e in result.events if e.type == "adafuse"]
+            for event in events:
                 assert event.offset == len(answer) and event.fused
                 tokens = TokenizedText(verifier.table)
                 tokens.set_text(answer)
@@ -114,12 +125,20 @@ def test_adafuse_votes_equal_plain_recomputation(weights: tuple[float, float]) -
                 if event.chosen == "<eos>" or "\ufffd" in event.chosen:
                     break
                 chosen = next(c for c in event.candidates if c.text == event.chosen)
-                own = (_generated_ids(drafter, drafter_context, event.chosen.encode(), engine.options.num_candidates)
+                branches = engine.options.num_candidates
+                own = (_generated_ids(drafter, drafter_context, event.chosen.encode(), branches)
                        if drafter.name in chosen.proposed_by else None)
+                ends = (drafter.name in chosen.proposed_by
+                        and _ends_at_eos(drafter, drafter_context, event.chosen.encode(), branches)) \
+                    or ("v" in chosen.proposed_by and _ends_at_eos(verifier, context, event.chosen.encode(), branches))
                 drafter_context += own or spell_bytes(drafter.table, event.chosen.encode())
                 answer += event.chosen.encode()
+                if ends:  # the answer ends in this round: no round votes on <eos> after it
+                    assert event is events[-1] and result.finish_reason == "eos", event.chosen
+                    eos_spans += 1
             else:
                 assert result.text == answer.decode("utf-8", "replace")
     finally:
         torch.set_num_threads(threads)
     assert checked >= 10 and drafter_checked >= 5 and sure_rounds >= 3, (checked, drafter_checked, sure_rounds)
+    assert eos_spans >= ended_by_spans

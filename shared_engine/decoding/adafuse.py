@@ -19,6 +19,9 @@ Where this differs from the released code (ensembling.md §3), on purpose:
   punctuation-only words): code and CJK survive;
 - a "word" is one whitespace-split word (the released beam-1 path takes up to ``--span_length``,
   default 4, of them as its "first word"; the paper describes one);
+- a span its writer wrote up to its EOS ends the answer when chosen (the released code stops in
+  the round whose span holds the EOS string); the EOS is not part of the span's bytes or NLL, and
+  the span ends the answer if any member that proposed those bytes reached its EOS right after them;
 - KV caches are kept across rounds (``Session.sync``); the prefix is never re-encoded;
 - N members; entropy as an alternative to the margin; first-token branching for every member.
 
@@ -142,6 +145,7 @@ class Span:
     ids: list[int] | None  # the writer's own ids for it
     nll: float | None  # its mean NLL under the writer
     words: int
+    eos: bool = False  # the writer's EOS came right after the span: chosen, it ends the answer
 
 
 def _next_logits(session: Session, context: list[int]) -> torch.Tensor:
@@ -174,7 +178,8 @@ def _write(session: Session, context: list[int], first: torch.Tensor, token: int
         boundaries = shared(cont.data)
     end = span_end(cont.data, wanted, boundaries, finished=cont.eos) or valid_prefix_length(cont.data)
     key = cont.data[:end]
-    return Span(key, cont.ids_up_to(end), cont.nll_up_to(end), len(word_ends(key.decode("utf-8", "ignore"))))
+    return Span(key, cont.ids_up_to(end), cont.nll_up_to(end), len(word_ends(key.decode("utf-8", "ignore"))),
+                eos=cont.eos and end == len(cont.data))
 
 
 def _has_end(data: bytes, words: int, shared: set[int]) -> bool:
@@ -292,6 +297,8 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
     before = state.stats.tokens
     for event in state.commit(_span_ids(state, outlook, chosen, proposals), "ensemble" if voted else "draft"):
         yield event
+    if not state.finish_reason and any(sp.eos for props in proposals for sp in props if sp.key == chosen):
+        state.finish_reason = "eos"  # as the released code, which stops in the round whose span holds the EOS
     count_span(state.stats, decision, state.stats.tokens - before)
     count_span_source(state.stats, own=chosen == decision.drafter_proposal, voted=voted,
                       committed=state.stats.tokens - before)
