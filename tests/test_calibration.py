@@ -401,3 +401,25 @@ def test_span_log_probabilities_after_a_token_given_no_probability() -> None:
     nan_as_none = mixture_weights(torch.tensor([[math.nan, -1.0], [-0.5, -1.0]]))
     assert nan_as_none.weights == mixture_weights(torch.tensor([[-math.inf, -1.0], [-0.5, -1.0]])).weights
     assert all(math.isfinite(w) for w in nan_as_none.weights)
+
+
+def test_eval_resume_takes_the_same_profile_spelled_another_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`eval --resume` compared the profile's path as typed: p.json, ./p.json and its absolute path
+    were three runs, and the resume was refused ("different settings")."""
+    _profile(tmp_path, ["a", "b"], [0.9, 0.1], drafter="a")
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i} + 1?", "answer": f"#### {i + 1}"}) + "\n"
+                            for i in range(3)))
+    monkeypatch.chdir(tmp_path)
+    run = ["eval", "--bench", "gsm8k", "--data", str(data), "--models", "a,b", "--max-new-tokens", "2",
+           "--no-progress", "--out", str(tmp_path / "run")]
+    with registered_members([toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]):
+        assert main([*run, "--profile", "profile.json", "--limit", "1"]) == 0
+        for spelling, limit in (("./profile.json", "2"), (str(tmp_path / "profile.json"), "3")):
+            assert main([*run, "--profile", spelling, "--limit", limit, "--resume"]) == 0, capsys.readouterr().err
+        config = tmp_path / "run" / "config.json"  # a run recorded before: the path as typed, kept
+        config.write_text(config.read_text().replace(json.dumps(str(tmp_path / "profile.json")), '"profile.json"'))
+        assert main([*run, "--profile", "./profile.json", "--limit", "3", "--resume"]) == 0
+        assert json.loads(config.read_text())["engine_options"]["profile"] == "profile.json"
+    assert len((tmp_path / "run" / "samples.jsonl").read_text().splitlines()) == 3

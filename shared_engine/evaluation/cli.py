@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from ..members import LOCAL_BACKENDS
 from ..members.spec import default_backend, parse_member_spec, split_prefix, with_backend
 from ..options import METHODS, GenerationParams
 from .benchmarks import BENCHMARKS, FLORES_PAIRS, get_benchmark
-from .runner import RunConfig, evaluate
+from .runner import CONFIG, RunConfig, evaluate
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -88,6 +89,23 @@ def default_plots_dir(dirs: list[Path]) -> Path:
     return common / "plots"
 
 
+def _recorded_profile(profile: str | None, out: Path, resume: bool) -> str | None:
+    """The profile as the run records it: its resolved path, so ``--resume`` with the same file spelled
+    another way (p.json, ./p.json, its absolute path, ~/...) continues the run; a run that recorded
+    another spelling of the same file (as given, before) keeps it."""
+    if profile is None:
+        return None
+    here = Path(profile).expanduser().resolve()
+    if resume:
+        try:
+            previous = json.loads((out / CONFIG).read_text())["engine_options"].get("profile")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            previous = None
+        if isinstance(previous, str) and Path(previous).expanduser().resolve() == here:
+            return previous
+    return str(here)
+
+
 FITS = "answer-fits.sqlite"
 """drafter='auto': the run's example-answer fits, beside its samples (``--fit-cache`` puts them elsewhere)."""
 
@@ -122,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     # the run's options (the loop guard too: it changes answers, the other generation parameters are the config's)
     options = engine.options.model_dump(exclude=set(GenerationParams.model_fields) - {"loop_guard"}
                                          | {"method", "fit_cache"})  # where fits are kept changes no choice
+    options["profile"] = _recorded_profile(options.get("profile"), out, args.resume)
     config = RunConfig(bench=bench.name, models=models, method=method, max_new_tokens=args.max_new_tokens,
                        engine_options=options, member_options=member_options)
     summary = asyncio.run(evaluate(engine, bench, config, out, limit=args.limit, resume=args.resume,
