@@ -20,7 +20,8 @@ question. From the log-probabilities of the answer's tokens:
   argmax), so this is an estimate of the round's choice, stated as such in the profile.
 
 Questions used as few-shot exemplars in the evaluation's prompt are skipped, and a test split is
-refused: a profile must never be fitted on the questions it is evaluated on.
+refused: a profile must never be fitted on the questions it is evaluated on. A question longer than
+a member's context window is left out, with a warning naming it.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from tqdm import tqdm
 
 from .data_paths import find_data_dir
 from .engine_args import check_output_file
-from .errors import EnsembleError, InvalidRequestError
+from .errors import ContextLengthError, EnsembleError, InvalidRequestError
 from .evaluation import prompts
 from .evaluation.benchmarks import Benchmark, get_benchmark
 from .evaluation.datasets import Record
@@ -168,6 +169,9 @@ def teacher_forced(member: Member, session: Session, messages: list[dict[str, st
     text = TokenizedText(member.table)
     text.set_text(answer)
     prompt = member.prompt_ids(messages)
+    if len(prompt) + len(text.ids) > member.context_window:  # checked here: the forward fails with an IndexError
+        raise ContextLengthError(f"the prompt ({len(prompt)} tokens) and reference answer ({len(text.ids)}) exceed "
+                                 f"{member.name}'s context window of {member.context_window} tokens")
     rows = session.sync(prompt + text.ids, len(prompt))  # rows predicting text.ids, then the next
     logprobs = (-token_nlls(rows[:-1], text.ids)).tolist()
     tops = {}
@@ -186,6 +190,7 @@ class _Evidence:
     spans: list[torch.Tensor] = field(default_factory=list)
     nll: list[float] = field(default_factory=list)
     num_bytes: int = 0
+    questions: int = 0  # read by every member
     unscored: list[int] = field(default_factory=list)  # per member: reference tokens given no probability
     positions: list[tuple[bytes, dict[int, TopK]]] = field(default_factory=list)  # (continuation, tops by member)
 
@@ -195,14 +200,24 @@ def collect(members: Sequence[Member], bench: str, records: Sequence[Record], be
     """Teacher-force every member on every record (a progress bar per question)."""
     evidence = _Evidence(nll=[0.0] * len(members), unscored=[0] * len(members))
     sessions = [m.new_session() for m in members]
+    too_long: list[tuple[str, str]] = []
     try:
         for record in tqdm(records, desc=f"calibrate {bench}", unit="q", disable=not progress, file=sys.stderr):
-            _read_one(members, sessions, bench, record, benchmark, evidence)
+            try:
+                _read_one(members, sessions, bench, record, benchmark, evidence)
+            except ContextLengthError as err:  # one long question does not end the fit (nothing of it was kept)
+                too_long.append((record.id, str(err)))
     finally:
         for session in sessions:
             close = getattr(session, "close", None)
             if close is not None:
                 close()
+    if too_long and not evidence.questions:
+        raise ContextLengthError(f"no question fits: on question {too_long[0][0]}, {too_long[0][1]}")
+    if too_long:
+        _log.warning("calibrate: %d of %d questions left out, longer than a member's context window (%s; "
+                     "question %s: %s)", len(too_long), len(records), ", ".join(i for i, _ in too_long),
+                     too_long[0][0], too_long[0][1])
     return evidence
 
 
@@ -233,6 +248,7 @@ def _read_one(members: Sequence[Member], sessions: Sequence[Session], bench: str
         evidence.nll[i] -= sum(max(lp, LOGPROB_FLOOR) for lp in reading.logprobs)
         evidence.unscored[i] += sum(lp == -math.inf for lp in reading.logprobs)
     evidence.num_bytes += len(answer)
+    evidence.questions += 1
     for offset in common[:-1]:
         if all(offset in r.tops for r in readings):
             evidence.positions.append((answer[offset:], {i: r.tops[offset] for i, r in enumerate(readings)}))
@@ -310,7 +326,7 @@ def calibrate(models: Sequence[str | Member], bench: str = "gsm8k", data: str | 
     if len(set(names)) != len(names):
         raise InvalidRequestError(f"calibrate needs distinct members, got {names}")
     evidence = collect(members, bench, records, benchmark, progress)
-    profile = fit_profile(members, names, evidence, bench, path, len(records))
+    profile = fit_profile(members, names, evidence, bench, path, evidence.questions)
     return profile.model_copy(update={"sources": local_sources(models)})
 
 

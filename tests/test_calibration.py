@@ -423,3 +423,27 @@ def test_eval_resume_takes_the_same_profile_spelled_another_way(tmp_path: Path, 
         assert main([*run, "--profile", "./profile.json", "--limit", "3", "--resume"]) == 0
         assert json.loads(config.read_text())["engine_options"]["profile"] == "profile.json"
     assert len((tmp_path / "run" / "samples.jsonl").read_text().splitlines()) == 3
+
+
+def test_a_question_longer_than_a_members_context_window_is_left_out_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
+    """A prompt + reference answer past a member's context window was a raw IndexError from its
+    forward, mid-run. The question is now checked before the forward and left out (named in a
+    warning): one long question does not end the fit; when none fits, a one-line error."""
+    rows = _rows(SHOTS + 3)
+    rows.insert(SHOTS + 1, {"question": "Sofia has 3 apples. " * 80 + "How many apples does she have?",
+                            "answer": "She has 3 apples.\n#### 3"})
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    members = [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
+    with caplog.at_level("WARNING"):
+        profile = calibrate(members, "gsm8k", str(data), limit=10, progress=False)
+    assert profile.fitted.questions == 3
+    assert "1 of 4 questions left out" in caplog.text and "context window of 512 tokens" in caplog.text
+    only_long = tmp_path / "long" / "train.jsonl"
+    only_long.parent.mkdir()
+    only_long.write_text("".join(json.dumps(r) + "\n" for r in rows[:SHOTS] + [rows[SHOTS + 1]]))
+    with registered_members(members):
+        assert main(["calibrate", "--models", "a,b", "--data", str(only_long), "--out", str(tmp_path / "p.json"),
+                     "--no-progress"]) == 2
+    assert "no question fits" in capsys.readouterr().err
