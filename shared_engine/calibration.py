@@ -105,8 +105,8 @@ def calibration_records(bench: str, data: str | None, limit: int) -> tuple[Path,
     kept = [r for r in records if _prompt_question(bench, r) not in shots]
     if not kept:
         raise InvalidRequestError(f"{path} has no questions left after removing the prompt's exemplars")
-    evaluated = {_prompt_question(bench, r) for test in tests for r in benchmark.load(test).records}
-    fit = [r for r in kept if _prompt_question(bench, r) not in evaluated]
+    evaluated = {_question_text(r) for test in tests for r in benchmark.load(test).records}
+    fit = [r for r in kept if _question_text(r) not in evaluated]
     if len(fit) < len(kept):  # a renamed copy of the test split, or a question both splits share
         _log.warning("calibrate: %d of %d questions in %s are test questions (%s); left out",
                      len(kept) - len(fit), len(kept), path, ", ".join(map(str, tests)))
@@ -144,6 +144,12 @@ def _exemplars(benchmark: Benchmark) -> Sequence[tuple[str, str]]:
 
 def _prompt_question(bench: str, record: Record) -> str:
     return record.question if bench == "gsm8k" else prompts.format_choices(record)
+
+
+def _question_text(record: Record) -> str:
+    """A test question as it is compared: its text, whitespace normalised, options aside (ARC's dev and
+    test splits share questions whose options differ by a plural)."""
+    return " ".join(record.question.split())
 
 
 @dataclass

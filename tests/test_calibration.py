@@ -447,3 +447,18 @@ def test_a_question_longer_than_a_members_context_window_is_left_out_with_a_warn
         assert main(["calibrate", "--models", "a,b", "--data", str(only_long), "--out", str(tmp_path / "p.json"),
                      "--no-progress"]) == 2
     assert "no question fits" in capsys.readouterr().err
+
+
+def test_an_arc_dev_question_in_the_test_split_with_other_options_is_left_out(tmp_path: Path) -> None:
+    """ARC's dev question Mercury_7175455 is in the test split too, its options differing by a plural:
+    compared with its options, it was fitted on. Test questions are compared by their text."""
+    def arc(i: int, stem: str, last: str) -> str:
+        choices = [{"label": label, "text": text} for label, text in zip("ABCD", ["rock", "sand", "clay", last])]
+        return json.dumps({"id": f"q{i}", "question": {"stem": stem, "choices": choices}, "answerKey": "A"}) + "\n"
+
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text("".join(arc(i, f"Which soil holds water best, case {i}?", "silt") for i in range(30))
+                   + arc(30, "Which  layer of Earth\nis the thinnest?", "crust"))
+    (tmp_path / "test.jsonl").write_text(arc(99, "Which layer of Earth is the thinnest?", "crusts"))
+    _, records, _ = calibration_records("arc-challenge", str(dev), 100)
+    assert records and "q30" not in [r.id for r in records]
