@@ -175,8 +175,8 @@ def apply_profile(specs: Sequence[str | MemberConfig | Member], options: Mapping
     profile = EnsembleProfile.load(path)
     keys = member_keys(specs)
     if sorted(keys) != sorted(profile.members):
-        raise InvalidRequestError(f"profile {path} was fitted for members {profile.members}, "
-                                  f"but this ensemble has {keys}; calibrate again for these members")
+        raise InvalidRequestError(f"profile {path} was fitted for members {profile.members}, but this ensemble "
+                                  f"has {keys}; {_mismatch_advice(specs, keys, profile.members)}")
     order = _match(keys, profile.members)
     if profile.sources is not None and len(profile.sources) == len(profile.members):
         for spec, key, j in zip(specs, keys, order):
@@ -191,6 +191,33 @@ def apply_profile(specs: Sequence[str | MemberConfig | Member], options: Mapping
     if "drafter_confidence" not in merged:
         merged["drafter_confidence"] = profile.drafter_confidence
     return merged
+
+
+def _mismatch_advice(specs: Sequence[str | MemberConfig | Member], keys: Sequence[str],
+                     names: Sequence[str]) -> str:
+    """What to do about members a profile does not name. A server member is the model its ``#``
+    names (its address where none is): the same model behind vLLM takes the profile once the spec
+    names it, where calibrating again would tie the profile to host:port."""
+    unmatched = list(names)
+    for key in keys:
+        if key in unmatched:
+            unmatched.remove(key)
+    servers = []
+    for spec, key in zip(specs, keys):
+        target = spec.model if isinstance(spec, MemberConfig) else spec
+        if key in names or not isinstance(target, str):
+            continue
+        try:
+            parsed = parse_member_spec(target)
+        except InvalidRequestError:
+            continue
+        if parsed.is_url:
+            servers.append(str(parsed.model_copy(update={"tokenizer": None})))
+    if not servers or not unmatched:
+        return "calibrate again for these members"
+    name = unmatched[0] if len(unmatched) == 1 else "<the profile's member name>"
+    return (f"a server member is known by the model its spec names after '#' (by its address where none is "
+            f"named): if it serves {' or '.join(unmatched)}, add '#<profile member name>', e.g. {servers[0]}#{name}")
 
 
 def _match(keys: Sequence[str], names: Sequence[str]) -> list[int]:

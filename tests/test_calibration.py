@@ -462,3 +462,18 @@ def test_an_arc_dev_question_in_the_test_split_with_other_options_is_left_out(tm
     (tmp_path / "test.jsonl").write_text(arc(99, "Which layer of Earth is the thinnest?", "crusts"))
     _, records, _ = calibration_records("arc-challenge", str(dev), 100)
     assert records and "q30" not in [r.id for r in records]
+
+
+def test_a_profile_refused_for_a_server_member_says_to_name_the_model_it_serves(tmp_path: Path) -> None:
+    """A profile fitted with zoo names, used with the same model behind vLLM (`vllm:http://host:8000`,
+    known by its address), was refused with "calibrate again for these members", which would tie the
+    profile to host:port. The error says to name the model after '#', a spelling that is taken."""
+    path = _profile(tmp_path, ["qwen2.5-coder-0.5b-instruct", "b"], [0.8, 0.2], drafter="b")
+    for server in ("vllm:http://gpu:8000", "vllm:http://gpu:8000#Qwen/Qwen2.5-Coder-0.5B-Instruct"):
+        with pytest.raises(InvalidRequestError, match="add '#<profile member name>', e.g. "
+                                                      "vllm:http://gpu:8000#qwen2.5-coder-0.5b-instruct"):
+            apply_profile([server, "b"], {"profile": str(path)})
+    named = apply_profile(["vllm:http://gpu:8000#qwen2.5-coder-0.5b-instruct", "b"], {"profile": str(path)})
+    assert named["weights"] == [0.8, 0.2]
+    with pytest.raises(InvalidRequestError, match="calibrate again for these members"):
+        apply_profile(["c", "b"], {"profile": str(path)})
