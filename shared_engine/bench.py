@@ -73,6 +73,14 @@ def _backends(value: str) -> list[str]:
     return backends
 
 
+def _method_list(value: str) -> str:
+    """``--methods`` as given, refused when it names no method (``","`` ran nothing and then failed
+    on the empty results, after the members had loaded)."""
+    if not any(entry.strip() for entry in value.split(",")):
+        raise argparse.ArgumentTypeError("name at least one method, e.g. single,safe")
+    return value
+
+
 def _at_least_one(value: str) -> int:
     number = int(value)
     if number < 1:
@@ -90,7 +98,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     bench.add_argument("--data", help="for gsm8k-cot a GSM8K-format JSONL file (default: the data folder's "
                             "gsm8k/test.jsonl, else the GSM8K sample shipped in the package); for a benchmark, "
                             "its file or the data folder (as eval's --data)")
-    bench.add_argument("--methods", default="single,safe,every-token,adafuse",
+    bench.add_argument("--methods", type=_method_list, default="single,safe,every-token,adafuse",
                        help="comma-separated; an entry may change engine flags for itself, e.g. "
                             "safe:draft-schedule=adaptive, and is then compared with its method (vs_safe, "
                             "same_answers_as_safe)")

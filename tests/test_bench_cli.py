@@ -83,6 +83,18 @@ def test_a_bad_methods_entry_is_one_error_line(capsys: pytest.CaptureFixture[str
         assert err.count("\n") == 1 and "usage:" not in err
 
 
+@pytest.mark.parametrize("methods", ["", ",", " , "])
+def test_an_empty_methods_list_is_a_usage_error_before_anything_loads(
+        methods: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--methods ","`` named no method: the members loaded, then a StopIteration traceback."""
+    calls = fake_bench(monkeypatch)
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--models", "a,b", "--methods", methods])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and calls == [] and "Traceback" not in err
+    assert "--methods: name at least one method" in err
+
+
 def drafters_run(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """Each method's drafter option, as its engine answered the bench's prompts."""
     from shared_engine import EnsembleEngine as Engine
