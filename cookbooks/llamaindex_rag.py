@@ -10,13 +10,15 @@ Offline: the LLMs come from the safe-ensemble zoo (PyPI packages, converted once
 Reading the output: answer tokens stream as they are committed; ``⟨...⟩`` right before a token marks
 a position where the members disagreed and fusion chose that token (``drafted→chosen`` when it
 overrode the drafter, ``'<eos>'`` when it ended the answer), with each member's probability of the
-chosen text and the fused one. Then the ensemble statistics (``EnsembleFinishEvent``) and the sources.
+chosen text and the fused one; with ``--method adafuse``, ``⟨vote ...⟩`` before each span the members
+voted on. Then the ensemble statistics (``EnsembleFinishEvent``) and the sources.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from llama_index.core import Document, Settings, VectorStoreIndex
@@ -26,7 +28,13 @@ from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 from pydantic import Field
 
-from llamaindex_ensemble import EnsembleDecisionEvent, EnsembleFinishEvent, EnsembleLLM
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a source checkout too
+from llamaindex_ensemble import (  # noqa: E402
+    EnsembleDecisionEvent,
+    EnsembleFinishEvent,
+    EnsembleLLM,
+    EnsembleSpanEvent,
+)
 
 DOCUMENTS = [
     "The Vellmoor Lantern Festival is held every March in the harbour town of Vellmoor. "
@@ -58,7 +66,7 @@ class EnsembleDecisionPrinter(BaseEventHandler):
     several requests at once keeps only the events whose ``span_id`` is its own LLM call's.
     """
 
-    pending: list[EnsembleDecisionEvent] = Field(default_factory=list)
+    pending: list[EnsembleDecisionEvent | EnsembleSpanEvent] = Field(default_factory=list)
     finish: EnsembleFinishEvent | None = None
 
     @classmethod
@@ -66,8 +74,8 @@ class EnsembleDecisionPrinter(BaseEventHandler):
         return "EnsembleDecisionPrinter"
 
     def handle(self, event: BaseEvent, **kwargs: Any) -> None:
-        if isinstance(event, EnsembleDecisionEvent):
-            self.pending.append(event)
+        if isinstance(event, EnsembleDecisionEvent) or (isinstance(event, EnsembleSpanEvent) and event.fused):
+            self.pending.append(event)  # AdaFuse: the spans the members voted on (a sure leader's are not)
         elif isinstance(event, EnsembleFinishEvent):
             self.finish = event
 
@@ -78,7 +86,9 @@ class EnsembleDecisionPrinter(BaseEventHandler):
         return "".join(self._marker(e) for e in due)
 
     @staticmethod
-    def _marker(event: EnsembleDecisionEvent) -> str:
+    def _marker(event: EnsembleDecisionEvent | EnsembleSpanEvent) -> str:
+        if isinstance(event, EnsembleSpanEvent):  # the vote's winner: lowest mean NLL over the members
+            return f"⟨vote {event.chosen!r} of {len(event.candidates)} spans, leader {event.leader.split('-')[0]}⟩"
         best = next((c for c in event.candidates if c.text == event.chosen), event.candidates[0])
         probs = " ".join(f"{name.split('-')[0]}={p:.2f}" for name, p in best.member_probs.items())
         choice = f"{event.drafted!r}→{event.chosen!r}" if event.changed else repr(event.chosen)

@@ -32,10 +32,14 @@ import argparse
 import json
 import shutil
 import subprocess
+import sys
 from contextlib import ExitStack
+from pathlib import Path
 
 import openai
 from langchain_openai import ChatOpenAI
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # in-process mode from a source checkout too
 
 MEMBERS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
 QUESTION = "What is 17 + 25? Answer briefly."
