@@ -432,6 +432,14 @@ def table(result: BenchResult) -> str:
 # ----------------------------------------------------------------------------- main
 
 
+def _levels(value: str) -> list[int]:
+    """``--levels``: comma-separated numbers of clients (``1,`` or ``a`` was a ValueError traceback)."""
+    try:
+        return [int(x) for x in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of numbers, e.g. 1,2,4") from None
+
+
 def _server_default_max_active() -> int:
     sys.path.insert(0, str(ROOT))
     from shared_engine.options import DEFAULT_MAX_ACTIVE
@@ -448,7 +456,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="how the server runs zoo names without a backend prefix (serve --backend; default "
                              "llamacpp, as everywhere else; --toy members are transformers folders)")
     parser.add_argument("--method", default="safe")
-    parser.add_argument("--levels", default="1,2,4,8", help="numbers of concurrent clients")
+    parser.add_argument("--levels", type=_levels, default="1,2,4,8", help="numbers of concurrent clients")
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--max-active", type=int, default=_server_default_max_active(),
@@ -465,7 +473,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--replot", type=Path, metavar="LOAD_JSON",
                         help="only redraw the plot and the table of an earlier run's load.json (into --out)")
     args = parser.parse_args(argv)
-    args.levels = [int(x) for x in args.levels.split(",")]
     if min(args.levels) < 1 or args.requests_per_client < 1 or args.max_tokens < 1:
         parser.error("levels, --requests-per-client and --max-tokens must be >= 1")
     if args.toy and args.backend not in (None, "transformers"):

@@ -66,6 +66,19 @@ def test_zoo_names_run_on_llamacpp_by_default_as_on_every_other_surface() -> Non
         parse(["--toy", "--backend", "llamacpp"])
 
 
+@pytest.mark.parametrize("levels", ["1,", "a", "", "1,,2", "0", "2,-1"])
+def test_a_bad_levels_list_is_a_usage_error(levels: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--levels 1,`` or ``--levels a`` was a ValueError traceback from int()."""
+    with pytest.raises(SystemExit) as exit_:
+        _load_bench().parse_args(["--toy", "--levels", levels])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err and "--levels" in err
+
+
+def test_levels_are_read_as_numbers_of_clients() -> None:
+    assert _load_bench().parse_args(["--toy", "--levels", " 1, 4 "]).levels == [1, 4]
+
+
 def test_a_run_without_out_does_not_overwrite_the_tracked_measurements() -> None:
     """--out defaulted to docs/load: a --toy smoke run overwrote the kept load.json and load.png."""
     out = _load_bench().parse_args(["--toy"]).out
