@@ -320,13 +320,22 @@ def fit_profile(members: Sequence[Member], names: Sequence[str], evidence: _Evid
 
 
 def calibrate(models: Sequence[str | Member], bench: str = "gsm8k", data: str | None = None,
-              limit: int = DEFAULT_QUESTIONS, backend: str | None = None, progress: bool = True) -> EnsembleProfile:
-    """Fit a profile for ``models`` on ``bench``'s training/dev split (the Python entry point)."""
+              limit: int = DEFAULT_QUESTIONS, backend: str | None = None, progress: bool = True,
+              out: str | Path | None = None) -> EnsembleProfile:
+    """Fit a profile for ``models`` on ``bench``'s training/dev split (the Python entry point).
+    ``out``: where the profile will be saved, refused before fitting if it is a file fitted on or
+    held out (saving there would overwrite the split)."""
     if len(models) < 2:
         raise InvalidRequestError("calibrate needs at least two members")
     if limit < 1:
         raise InvalidRequestError("calibrate needs at least one question")
     path, records, benchmark = calibration_records(bench, data, limit)
+    if out is not None:
+        target = Path(out).expanduser()
+        for read in (path, *_test_splits(bench, path, find_data_dir())):
+            if _same_file(target, read):
+                raise InvalidRequestError(f"--out {out} is the data file {read}: saving the profile there would "
+                                          "overwrite it; give another file")
     members = [load_member(with_backend(m, backend)) if isinstance(m, str) else m for m in models]
     names = member_keys(models)
     if len(set(names)) != len(names):
@@ -370,13 +379,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     """Fit, save, print a summary; 2 on a clear error (the CLI's convention)."""
     try:
-        check_output_file(Path(args.out), "--out", "profile's")  # before minutes of fitting, not after
-        profile = calibrate(args.models, args.bench, args.data, args.limit, args.backend, not args.no_progress)
+        out = Path(args.out).expanduser()  # `--out=~/p.json`: the shell expands no ~ after '='
+        check_output_file(out, "--out", "profile's")  # before minutes of fitting, not after
+        profile = calibrate(args.models, args.bench, args.data, args.limit, args.backend, not args.no_progress,
+                            out=out)
     except EnsembleError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
-        profile.save(args.out)
+        profile.save(out)
     except OSError as err:  # the fit is not lost: it goes to stdout
         print(profile.model_dump_json(indent=2))
         print(f"error: cannot write the profile to {args.out} ({err.strerror or err}); it is printed above",

@@ -477,3 +477,34 @@ def test_a_profile_refused_for_a_server_member_says_to_name_the_model_it_serves(
     assert named["weights"] == [0.8, 0.2]
     with pytest.raises(InvalidRequestError, match="calibrate again for these members"):
         apply_profile(["c", "b"], {"profile": str(path)})
+
+
+def test_calibrate_refuses_to_write_the_profile_over_its_data(train_file: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`--out` naming the `--data` file (another spelling of it too) overwrote the training split."""
+    before = train_file.read_text()
+    with registered_members([toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]):
+        for out in (train_file, tmp_path / "." / train_file.name):
+            assert main(["calibrate", "--models", "a,b", "--data", str(train_file), "--limit", "1",
+                         "--out", str(out), "--no-progress"]) == 2
+            assert "would overwrite it" in capsys.readouterr().err
+    assert train_file.read_text() == before
+
+
+def test_a_tilde_after_an_equals_sign_is_the_home_folder(train_file: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`calibrate --out=~/p.json` (the shell expands no ~ after '=') was refused: "the folder ~ does
+    not exist"; `eval --out=~/run` wrote into a folder named ~ under the current one."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text(json.dumps({"question": "1 + 1?", "answer": "#### 2"}) + "\n")
+    with registered_members([toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]):
+        assert main(["calibrate", "--models", "a,b", "--data", str(train_file), "--limit", "1",
+                     "--out=~/p.json", "--no-progress"]) == 0
+        assert main(["eval", "--bench", "gsm8k", "--data", str(data), "--models", "a,b", "--max-new-tokens", "2",
+                     "--no-progress", "--limit", "1", "--out=~/run"]) == 0
+    assert EnsembleProfile.load(home / "p.json").members == ["a", "b"]
+    assert (home / "run" / "samples.jsonl").exists() and not (tmp_path / "~").exists()

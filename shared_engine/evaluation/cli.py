@@ -133,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
     shown = [member_options.get(g, {}).get("name") or m for g, m in zip(given, models)]
     # a --profile run is another run than the plain one (other weights, drafter): its own folder
     profile = f"-{Path(args.profile).stem}" if args.profile else ""
-    out = Path(args.out or f"eval-runs/{bench.name}-{method}-{'+'.join(_short(m) for m in shown)}{profile}")
+    default = f"eval-runs/{bench.name}-{method}-{'+'.join(_short(m) for m in shown)}{profile}"
+    out = Path(args.out or default).expanduser()  # `--out=~/run`: the shell expands no ~ after '='
     # drafter='auto' keeps its fits beside the answers, so a run resumed in another process (tiers) finds its
     # few-shot blocks scored (EngineOptions drops the file where no drafter is chosen)
     engine = single or engine_from_args(args, method, fit_cache=str(out / FITS))
