@@ -25,11 +25,17 @@ Design:
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import llama_index.core
+import llama_index_instrumentation
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
@@ -111,6 +117,22 @@ class _Turn:
         if self.finish.format_error:
             extra["format_error"] = self.finish.format_error
         return extra
+
+
+_FRAMEWORK_DIRS = tuple(str(Path(folder).resolve()) + os.sep for folder in
+                        [*map(str, llama_index.core.__path__), *map(str, llama_index_instrumentation.__path__),
+                         str(Path(__file__).parent)])
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the user's call: the first frame outside LlamaIndex
+    and this package (the depth differs between chat, stream_chat, complete and the dispatcher's
+    wrappers, so a fixed level pointed into LlamaIndex's dispatcher)."""
+    frame: FrameType | None = sys._getframe(2)
+    level = 2  # level 1: the function calling warnings.warn
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(_FRAMEWORK_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class EnsembleLLM(FunctionCallingLLM):
@@ -223,7 +245,8 @@ class EnsembleLLM(FunctionCallingLLM):
         for key, value in kwargs.items():
             name = _PARAM_ALIASES.get(key, key)
             if name not in GenerationParams.model_fields:
-                warnings.warn(f"EnsembleLLM ignores the unknown argument {key!r}", UserWarning, stacklevel=4)
+                warnings.warn(f"EnsembleLLM ignores the unknown argument {key!r}", UserWarning,
+                              stacklevel=_caller_stacklevel())
             elif value is not None:
                 params[name] = value
         validated(GenerationParams, **params)

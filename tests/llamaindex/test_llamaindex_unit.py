@@ -135,8 +135,13 @@ def test_non_text_blocks_are_rejected() -> None:
 
 def test_requests_are_validated_at_call_time() -> None:
     llm, engine = scripted_llm(["x"])
-    with pytest.warns(UserWarning, match="ignores the unknown argument 'format'"):
+    with pytest.warns(UserWarning, match="ignores the unknown argument 'format'") as warned:
         llm.chat(USER, format="json")  # another provider's option: ignored, as other LLMs do
+    assert warned[0].filename == __file__  # the user's line, not LlamaIndex's dispatcher
+    for call in (lambda: llm.complete("hi", format="json"), lambda: list(llm.stream_chat(USER, format="json"))):
+        with pytest.warns(UserWarning, match="ignores the unknown argument") as warned:
+            call()
+        assert warned[0].filename == __file__
     engine.requests.clear()
     with pytest.raises(InvalidRequestError, match="temperature"):
         llm.chat(USER, temperature=-1)
