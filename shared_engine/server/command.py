@@ -65,7 +65,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add_engine_args(serve)
     serve.add_argument("--method", choices=METHODS, help="default: safe (single with one model)")
     serve.add_argument("--backend", choices=LOCAL_BACKENDS, help=BACKEND_HELP)
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
     serve.add_argument("--port", type=_int_from(0, 65535), default=8000,
                        help="0: any free port (the address printed names the one bound)")
     serve.add_argument("--served-model-name", help="the `model` clients send (default: <method>-ensemble)")
