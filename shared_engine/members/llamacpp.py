@@ -49,6 +49,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from ..errors import InvalidRequestError
 from ..options import DEFAULT_MAX_ACTIVE
 from .http import HttpSettings
 from .remote import (
@@ -141,12 +142,35 @@ class LocalLlamaServer:
         self.gguf = Path(gguf)
         self.n_ctx = n_ctx
         self.slots = slots
-        self._server: Any = xlc.Server(params)
+        try:
+            self._server: Any = xlc.Server(params)
+        except RuntimeError as err:  # llama.cpp says only "Failed to init server, please check the input params"
+            raise _unloadable(self.gguf, n_ctx * slots) from err
         address = str(self._server.listening_address)
         self.url = address if address.startswith("http") else f"http://{address}"
 
     def close(self) -> None:
         self._server = None
+
+
+def _unloadable(gguf: Path, n_ctx: int) -> InvalidRequestError:
+    """Why llama.cpp could not serve ``gguf``, naming the file: its header when that is what fails
+    (the check a tokenizer read from the GGUF gets; with ``#TOKENIZER`` nothing else read the file
+    before llama.cpp), else what is left."""
+    from ..zoo import ZooError, gguf_metadata, readable_gguf
+
+    try:
+        with readable_gguf(gguf):
+            gguf_metadata(gguf)
+    except InvalidRequestError as err:  # a file not there, or empty
+        return err
+    except ZooError as err:  # not GGUF, or a header cut short
+        return InvalidRequestError(f"{gguf} is not a readable GGUF file (a truncated download?): "
+                                   f"{str(err).removeprefix(f'{gguf}: ')}")
+    return InvalidRequestError(
+        f"llama.cpp (xllamacpp {_llamacpp_build()}) could not load {gguf}: its header reads, so the file is cut "
+        f"short after it, holds a model this build does not support, or needs more memory than is free "
+        f"(a context of {n_ctx} tokens over all slots)")
 
 
 class SlotPool:
