@@ -64,11 +64,12 @@ def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = Tr
     parser.add_argument("--drafter-weight", type=float,
                         help="with no --weights: the drafter's weight relative to each other model's 1 "
                              "(default for safe: twice the others together, i.e. 2 with two models, 4 with "
-                             "three; else 1 = equal)")
+                             "three; else 1 = equal); with --profile: instead of the profile's weights")
     parser.add_argument("--weights-temperature", type=float, default=1.0,
                         help="--weights auto: softmax temperature over the prompt losses (default 1)")
     parser.add_argument("--profile", help="a profile from `safe-ensemble calibrate`: its weights, drafter and "
-                                          "drafter confidence fill those not given here")
+                                          "drafter confidence fill those not given here (--drafter-weight "
+                                          "counts as weights given)")
     parser.add_argument("--draft-length", type=int, default=5,
                         help="tokens drafted per round (SAFE's gamma; default 5); adaptive: the first round's")
     parser.add_argument("--draft-schedule", choices=["fixed", "adaptive"], default="adaptive",

@@ -162,9 +162,9 @@ def _local_path(spec: str | MemberConfig | Member) -> Path | None:
 
 
 def apply_profile(specs: Sequence[str | MemberConfig | Member], options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with the profile named by ``options["profile"]`` filling weights and drafter where
-    they are absent or None, and drafter_confidence where it is absent (an explicit None asks for the
-    paper's rule). Raises if the members do not match."""
+    """``options`` with the profile named by ``options["profile"]`` filling weights (unless weights or
+    drafter_weight is given) and drafter where they are absent or None, and drafter_confidence where it
+    is absent (an explicit None asks for the paper's rule). Raises if the members do not match."""
     merged = dict(options)
     path = merged.get("profile")
     if path is None:
@@ -184,7 +184,7 @@ def apply_profile(specs: Sequence[str | MemberConfig | Member], options: Mapping
             if here is not None and fitted is not None and str(here) != fitted:
                 log.warning("profile %s: member %r was fitted from %s, this ensemble reads it from %s",
                             path, key, fitted, here)
-    if merged.get("weights") is None:
+    if merged.get("weights") is None and merged.get("drafter_weight") is None:  # an explicit drafter_weight wins
         merged["weights"] = [profile.weights[j] for j in order]
     if merged.get("drafter") is None:
         merged["drafter"] = keys.index(profile.drafter)

@@ -508,3 +508,21 @@ def test_a_tilde_after_an_equals_sign_is_the_home_folder(train_file: Path, tmp_p
                      "--no-progress", "--limit", "1", "--out=~/run"]) == 0
     assert EnsembleProfile.load(home / "p.json").members == ["a", "b"]
     assert (home / "run" / "samples.jsonl").exists() and not (tmp_path / "~").exists()
+
+
+def test_an_explicit_drafter_weight_wins_over_the_profiles_weights(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`--drafter-weight N` / drafter_weight= with a profile was silently ignored: the profile's
+    weights filled `weights`, which drafter_weight only stands in for. An explicit option wins."""
+    a, b = toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)
+    path = _profile(tmp_path, ["a", "b"], [0.3, 0.7], drafter="b")
+    engine = EnsembleEngine([a, b], profile=str(path), drafter_weight=5)
+    assert engine.options.weights is None and engine.options.drafter == 1 and engine.options.drafter_confidence == 0.7
+    weights = engine.generate("Hello", max_new_tokens=2).stats.member_weights
+    assert weights == {"b": pytest.approx(5 / 6, abs=1e-4), "a": pytest.approx(1 / 6, abs=1e-4)}
+    assert EnsembleEngine([a, b], profile=str(path)).options.weights == [0.3, 0.7]
+    with registered_members([a, b]):
+        assert main(["run", "--models", "a,b", "--profile", str(path), "--drafter-weight", "3",
+                     "--max-new-tokens", "2", "--events", "Hello"]) == 0
+    finish = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert finish["stats"]["member_weights"] == {"b": pytest.approx(0.75), "a": pytest.approx(0.25)}
