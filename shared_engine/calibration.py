@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from .data_paths import find_data_dir
+from .data_paths import find_data_dir, not_found
 from .engine_args import check_output_file
 from .errors import ContextLengthError, EnsembleError, InvalidRequestError
 from .evaluation import prompts
@@ -87,7 +87,7 @@ def calibration_records(bench: str, data: str | None, limit: int) -> tuple[Path,
     root = find_data_dir()
     if data is None:
         if root is None:
-            raise InvalidRequestError("no data folder found: give --data (a GSM8K train / ARC dev file)")
+            raise InvalidRequestError(f"{not_found()} (a GSM8K train / ARC dev file)")  # names where it looked
         path = root / CALIBRATION_SPLITS[bench]
     else:
         path = Path(data).expanduser()

@@ -526,3 +526,10 @@ def test_an_explicit_drafter_weight_wins_over_the_profiles_weights(tmp_path: Pat
                      "--max-new-tokens", "2", "--events", "Hello"]) == 0
     finish = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert finish["stats"]["member_weights"] == {"b": pytest.approx(0.75), "a": pytest.approx(0.25)}
+
+
+def test_a_mistyped_data_setting_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SAFE_ENSEMBLE_DATA with a typo: calibrate said only "no data folder found: give --data"."""
+    monkeypatch.setenv("SAFE_ENSEMBLE_DATA", str(tmp_path / "shraed"))
+    with pytest.raises(InvalidRequestError, match=r"SAFE_ENSEMBLE_DATA=.*shraed is no folder\) or pass --data"):
+        calibration_records("gsm8k", None, 10)
