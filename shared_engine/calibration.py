@@ -336,10 +336,10 @@ def calibrate(models: Sequence[str | Member], bench: str = "gsm8k", data: str | 
             if _same_file(target, read):
                 raise InvalidRequestError(f"--out {out} is the data file {read}: saving the profile there would "
                                           "overwrite it; give another file")
-    members = [load_member(with_backend(m, backend)) if isinstance(m, str) else m for m in models]
     names = member_keys(models)
-    if len(set(names)) != len(names):
+    if len(set(names)) != len(names):  # before loading any: a load takes seconds to minutes
         raise InvalidRequestError(f"calibrate needs distinct members, got {names}")
+    members = [load_member(with_backend(m, backend)) if isinstance(m, str) else m for m in models]
     evidence = collect(members, bench, records, benchmark, progress)
     profile = fit_profile(members, names, evidence, bench, path, evidence.questions)
     return profile.model_copy(update={"sources": local_sources(models)})

@@ -533,3 +533,16 @@ def test_a_mistyped_data_setting_is_named(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("SAFE_ENSEMBLE_DATA", str(tmp_path / "shraed"))
     with pytest.raises(InvalidRequestError, match=r"SAFE_ENSEMBLE_DATA=.*shraed is no folder\) or pass --data"):
         calibration_records("gsm8k", None, 10)
+
+
+def test_the_same_model_twice_is_refused_before_loading_any(train_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`calibrate --models X,X` (or X,llamacpp:X) loaded every member before "needs distinct members"."""
+    import shared_engine.calibration as calibration
+
+    def no_load(spec: str) -> HFMember:
+        raise AssertionError(f"{spec} loaded")
+
+    monkeypatch.setattr(calibration, "load_member", no_load)
+    for models in (["a", "a"], ["qwen2.5-coder-0.5b-instruct", "llamacpp:qwen2.5-coder-0.5b-instruct"]):
+        with pytest.raises(InvalidRequestError, match="needs distinct members"):
+            calibrate(models, "gsm8k", str(train_file), limit=1, progress=False)
