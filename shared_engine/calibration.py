@@ -213,6 +213,11 @@ def collect(members: Sequence[Member], bench: str, records: Sequence[Record], be
                 _read_one(members, sessions, bench, record, benchmark, evidence)
             except ContextLengthError as err:  # one long question does not end the fit (nothing of it was kept)
                 too_long.append((record.id, str(err)))
+    except KeyboardInterrupt:  # Ctrl-C: the questions read (20 min at the default 50) are fitted, not lost
+        if not evidence.questions:
+            raise
+        _log.warning("calibrate: interrupted after %d of %d questions; fitting on those (Ctrl-C again to stop)",
+                     evidence.questions, len(records))
     finally:
         for session in sessions:
             close = getattr(session, "close", None)
@@ -248,16 +253,18 @@ def _read_one(members: Sequence[Member], sessions: Sequence[Session], bench: str
             raise InvalidRequestError(
                 f"member {member.name} gives NaN log-probabilities on question {record.id} (a numeric "
                 "overflow in its forward, e.g. float16): load it in bfloat16 or float32 to calibrate it")
-    evidence.spans.append(segment_logprobs([r.text.ends for r in readings], [r.logprobs for r in readings],
-                                           common))
-    for i, reading in enumerate(readings):
-        evidence.nll[i] -= sum(max(lp, LOGPROB_FLOOR) for lp in reading.logprobs)
-        evidence.unscored[i] += sum(lp == -math.inf for lp in reading.logprobs)
+    spans = segment_logprobs([r.text.ends for r in readings], [r.logprobs for r in readings], common)
+    nlls = [sum(max(lp, LOGPROB_FLOOR) for lp in r.logprobs) for r in readings]
+    unscored = [sum(lp == -math.inf for lp in r.logprobs) for r in readings]
+    positions = [(answer[offset:], {i: r.tops[offset] for i, r in enumerate(readings)})
+                 for offset in common[:-1] if all(offset in r.tops for r in readings)]
+    # added last, together: a Ctrl-C while the members read leaves the evidence of whole questions only
+    evidence.spans.append(spans)
+    evidence.nll = [total - nll for total, nll in zip(evidence.nll, nlls)]
+    evidence.unscored = [total + n for total, n in zip(evidence.unscored, unscored)]
     evidence.num_bytes += len(answer)
+    evidence.positions.extend(positions)
     evidence.questions += 1
-    for offset in common[:-1]:
-        if all(offset in r.tops for r in readings):
-            evidence.positions.append((answer[offset:], {i: r.tops[offset] for i, r in enumerate(readings)}))
 
 
 def fit_profile(members: Sequence[Member], names: Sequence[str], evidence: _Evidence, bench: str, data: Path,
@@ -386,6 +393,9 @@ def run(args: argparse.Namespace) -> int:
     except EnsembleError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # after a question was read, collect fits on what was read instead
+        print(f"interrupted: no profile was written to {args.out}", file=sys.stderr)
+        return 130
     try:
         profile.save(out)
     except OSError as err:  # the fit is not lost: it goes to stdout

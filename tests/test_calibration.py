@@ -546,3 +546,45 @@ def test_the_same_model_twice_is_refused_before_loading_any(train_file: Path, mo
     for models in (["a", "a"], ["qwen2.5-coder-0.5b-instruct", "llamacpp:qwen2.5-coder-0.5b-instruct"]):
         with pytest.raises(InvalidRequestError, match="needs distinct members"):
             calibrate(models, "gsm8k", str(train_file), limit=1, progress=False)
+
+
+def _interrupted_member(name: str, at_read: int) -> HFMember:
+    """A fresh toy member whose ``at_read``-th teacher-forced read (1-based) is a Ctrl-C."""
+    tok = TOKENIZERS["metaspace"]()
+    member = HFMember(name, tiny_gpt2(tok, 2), tok)
+    new_session = member.new_session
+    reads = [0]
+
+    class Session:
+        def __init__(self) -> None:
+            self.inner = new_session()
+
+        def __getattr__(self, key: str) -> object:
+            return getattr(self.inner, key)
+
+        def sync(self, ids: list[int], start: int) -> torch.Tensor:
+            reads[0] += 1
+            if reads[0] == at_read:
+                raise KeyboardInterrupt
+            return self.inner.sync(ids, start)
+
+    member.new_session = Session  # type: ignore[method-assign]
+    return member
+
+
+def test_ctrl_c_fits_on_the_questions_read(train_file: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C during calibrate lost every question read (20 min at the default 50) without a word.
+    The questions read are fitted and saved, with a warning; before the first, nothing is written."""
+    out = tmp_path / "p.json"
+    for at_read, rc in ((2, 0), (1, 130)):
+        with registered_members([toy_member("a", "byte_level", "llama", 1), _interrupted_member("b", at_read)]):
+            with caplog.at_level("WARNING"):
+                assert main(["calibrate", "--models", "a,b", "--data", str(train_file), "--limit", "4",
+                             "--out", str(out), "--no-progress"]) == rc
+        if rc == 0:
+            assert EnsembleProfile.load(out).fitted.questions == 1
+            assert "interrupted after 1 of 4 questions" in caplog.text
+            out.unlink()
+        else:
+            assert "no profile was written" in capsys.readouterr().err and not out.exists()
