@@ -73,6 +73,38 @@ def test_span_growth_follows_the_released_rule(sure: list[bool], words: int) -> 
     assert cont.sure_words(settings) == (words, True)
 
 
+@pytest.mark.parametrize(("pieces", "sure", "words"), [
+    # Qwen writes " Paris.\nThe" as " Paris" + ".\n" + "The": the released code's first word is
+    # [" Paris", ".\n"] (its text stripped is "Paris."), so word 2's margin is read at "The"
+    ([b" Paris", b".\n", b"The", b" capital", b" is"], [True, False, True, False, False], 3),
+    ([b" Paris", b".\n", b"The", b" capital", b" is"], [True, True, False, False, False], 2),
+    ([b" Paris", b".", b"\n", b"The", b" capital", b" is"], [True, False, True, False, False, False], 3),  # at "\n"
+    # a token holding text of both words: the released code reads that token's row
+    ([b" Paris", b".\nThe", b" capital", b" is"], [True, True, False, False], 3),
+    ([b" Paris", b".\nThe", b" capital", b" is"], [True, False, True, True], 2),
+    # the first token holds both words: the released code keeps it as word 1's and reads the next row
+    ([b" Hi\nYou", b" there", b" now", b" ok"], [True, True, False, False], 3),
+    ([b" Hi\nYou", b" there", b" now", b" ok"], [True, False, True, True], 2),
+])
+def test_word_two_is_measured_where_the_released_code_reads_it(pieces: list[bytes], sure: list[bool],
+                                                               words: int) -> None:
+    """A token straddling the end of word 1 (Qwen's ".\n") kept the span at 2 words: word 2 had to
+    start at a token start. The released ``extract_word_tokens_from_generated`` takes the tokens that
+    spell word 1, whitespace after it ignored, and reads the margin at the next token
+    (AdaFuse_two_models.py:89-145, 258-299)."""
+    from shared_engine.alignment import TokenTable
+    from shared_engine.decoding.adafuse import Continuation
+
+    vocab = sorted(set(pieces))
+    table = TokenTable.from_bytes(vocab, special_ids=set(), eos_ids=set(), encode=lambda text: [], name="fake")
+    settings, cont = AdaFuseSettings(max_words=3), Continuation()
+    for piece, is_sure in zip(pieces, sure):
+        logits = torch.zeros(len(vocab))
+        logits[vocab.index(piece)] = 20.0 if is_sure else 0.1
+        cont.add(vocab.index(piece), logits, table, settings)
+    assert cont.sure_words(settings) == (words, True)
+
+
 def test_spans_never_end_inside_a_token_of_any_member() -> None:
     """' Sofia' is one token for the byte-level member and ' So' + 'fia' for the metaspace one;
     after ' Sofia,' both have a boundary, after ' So' only one does."""

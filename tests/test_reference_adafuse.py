@@ -142,3 +142,68 @@ def test_adafuse_votes_equal_plain_recomputation(weights: tuple[float, float], e
         torch.set_num_threads(threads)
     assert checked >= 10 and drafter_checked >= 5 and sure_rounds >= 3, (checked, drafter_checked, sure_rounds)
     assert eos_spans >= ended_by_spans
+
+
+def _released_first_word_tokens(pieces: list[bytes], word: str) -> int:
+    """How many of ``pieces`` the released ``extract_word_tokens_from_generated`` (AdaFuse_two_models.py:
+    89-145) keeps as the tokens of ``word``, transcribed: the first prefix whose text, stripped, is the
+    word; past it, the longest prefix that starts the word (or the first token alone)."""
+    last_valid = None
+    for i in range(1, len(pieces) + 1):
+        text = b"".join(pieces[:i]).decode("utf-8", "replace").strip()
+        if not text:
+            continue
+        if text == word:
+            return i
+        if word.startswith(text):
+            last_valid = i
+            continue
+        if text.startswith(word) and len(text) > len(word):
+            return last_valid if last_valid is not None else (i - 1 if i > 1 else i)
+    return last_valid if last_valid is not None else len(pieces)
+
+
+def _released_span_words(pieces: list[bytes], sure: list[bool]) -> int | None:
+    """The released beam-1 span length with one word as its first word: 1 if unsure at step 1, else 2,
+    3 if also sure at the token after word 1's tokens (None: that token is not written). Its dropping of
+    punctuation-only words is a documented difference (docs/methods.md) and left out: word 1 is the
+    first whitespace-split word."""
+    if not sure[0]:
+        return 1
+    word = b"".join(pieces).decode("utf-8", "replace").split()[0]
+    after = _released_first_word_tokens(pieces, word)
+    return None if after >= len(pieces) else 3 if sure[after] else 2
+
+
+def test_span_growth_equals_the_released_rule_on_tokens_that_straddle_words() -> None:
+    """Continuation.sure_words against the transcription above, on random continuations over pieces
+    that hold the end of one word and whitespace (".\\n", Qwen's), or text of two words (".\\nThe")."""
+    from shared_engine.alignment import TokenTable
+    from shared_engine.decoding.adafuse import AdaFuseSettings, Continuation
+
+    vocab = [b" Paris", b".", b".\n", b"\n", b"The", b" capital", b" is", b".\nThe", b" Hi\nYou", b",", b" a",
+             b"b", b" ", b"\n\n", b"c.\n"]
+    table = TokenTable.from_bytes(vocab, special_ids=set(), eos_ids=set(), encode=lambda text: [], name="fake")
+    settings = AdaFuseSettings(max_words=3)
+    generator = torch.Generator().manual_seed(0)
+    compared = straddled = 0
+    for _ in range(1000):
+        length = int(torch.randint(2, 9, (1,), generator=generator))
+        ids = torch.randint(0, len(vocab), (length,), generator=generator).tolist()
+        sure = (torch.rand(length, generator=generator) < 0.6).tolist()
+        pieces = [vocab[i] for i in ids]
+        if not b"".join(pieces).strip():
+            continue  # no word at all
+        cont = Continuation()
+        for token, is_sure in zip(ids, sure):
+            logits = torch.zeros(len(vocab))
+            logits[token] = 20.0 if is_sure else 0.1
+            cont.add(token, logits, table, settings)
+        words, final = cont.sure_words(settings)
+        released = _released_span_words(pieces, sure)
+        if not final or released is None or len(word_ends(b"".join(pieces).decode())) < 2:
+            continue
+        assert words == released, (pieces, sure)
+        compared += 1
+        straddled += any(p.rstrip() != p and p.strip() for p in pieces[:3])
+    assert compared >= 100 and straddled >= 20, (compared, straddled)

@@ -126,17 +126,39 @@ class Continuation:
     def sure_words(self, settings: AdaFuseSettings) -> tuple[int, bool]:
         """How many words the span gets, and whether that number can no longer grow. As in the
         released code: one word, plus one more for each word, from the first on, whose first
-        token the writer was sure of (sure at step 1 already gives 2 words)."""
+        token the writer was sure of (sure at step 1 already gives 2 words); a word's first token
+        is found as the released code finds it (``_first_token``)."""
         ends = complete_word_ends(self.data)
-        words = 1
+        words, row = 1, 0  # row: the token whose sureness lets word ``words`` + 1 join
         while words < settings.max_words:
-            if words > 1 and len(ends) < words - 1:
-                return words, self.eos  # word ``words`` has not started yet
-            start = ends[words - 2] if words > 1 else 0  # where word ``words`` starts
-            if start not in self.starts or not settings.is_sure(self.measures[self.starts.index(start)]):
+            if words > 1:
+                if len(ends) < words - 1:
+                    return words, self.eos  # word ``words`` has not started yet
+                after = self._first_token(ends[words - 2], row)
+                if after is None:
+                    return words, self.eos  # its first token is not written yet
+                row = after
+            if not settings.is_sure(self.measures[row]):
                 return words, True
             words += 1
         return words, len(ends) >= words or self.eos
+
+    def _first_token(self, end: int, since: int) -> int | None:
+        """The token after ``since`` whose row the released code reads for the word after
+        ``data[:end]`` (``extract_word_tokens_from_generated``: the tokens that spell the words,
+        whitespace after them ignored, then the next token): the token after the one that reaches
+        ``end``, also when that one goes on with whitespace only (Qwen's ".\n" after " Paris");
+        where it goes on with text, that token itself, unless its row was read already (then the
+        next, as the released code keeps a first token that holds more than the word). None while
+        that token is not written yet."""
+        for index in range(since, len(self.ids)):
+            stop = self.starts[index + 1] if index + 1 < len(self.starts) else len(self.data)
+            if stop < end:
+                continue
+            if stop > end and index > since and self.data[end:stop].decode("utf-8", "replace").strip():
+                return index  # text on both sides of ``end``
+            return index + 1 if index + 1 < len(self.ids) else None
+        return None
 
 
 @dataclass(frozen=True, slots=True)
