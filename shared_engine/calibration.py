@@ -403,7 +403,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: cannot write the profile to {args.out} ({err.strerror or err}); it is printed above",
               file=sys.stderr)
         return 2
-    weights = ", ".join(f"{m}={w:.3f}" for m, w in zip(profile.members, profile.weights))
+    weights = ", ".join(f"{m}={w:.3g}" for m, w in zip(profile.members, profile.weights))  # 0.000189, not 0.000
     print(f"{args.out}: weights {weights}; drafter {profile.drafter}; drafter_confidence "
           f"{profile.drafter_confidence}; fitted on {profile.fitted.questions} {args.bench} questions "
           f"({profile.fitted.data})")

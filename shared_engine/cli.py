@@ -1,10 +1,11 @@
 """Command line: ``safe-ensemble run`` streams an answer, ``safe-ensemble bench`` measures speed,
 ``safe-ensemble serve`` runs the OpenAI-compatible server, ``safe-ensemble eval`` measures accuracy
-on a benchmark.
+on a benchmark, ``safe-ensemble calibrate`` fits member weights, drafter and drafter_confidence on a
+train/dev split into a profile (``--profile``).
 
-Wiring and the ``run`` command only: ``bench`` (bench.py), ``serve`` (server/command.py) and ``eval``
-(evaluation/cli.py) each export ``add_parser(subparsers)`` and ``run(args)``; the engine flags they
-share live in engine_args.py. Nothing imports this module.
+Wiring and the ``run`` command only: ``bench`` (bench.py), ``serve`` (server/command.py), ``eval``
+(evaluation/cli.py) and ``calibrate`` (calibration.py) each export ``add_parser(subparsers)`` and
+``run(args)``; the engine flags they share live in engine_args.py. Nothing imports this module.
 """
 
 from __future__ import annotations

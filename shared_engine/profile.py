@@ -44,10 +44,14 @@ class FitInfo(BaseModel):
                                           "tried ('none' = always fuse).")
 
 
+PROFILE_VERSION = 1
+"""The profile format this safe-ensemble writes and reads; a newer one is refused, not half read."""
+
+
 class EnsembleProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    version: int = 1
+    version: int = PROFILE_VERSION
     members: list[str] = Field(min_length=1, description="Member names (zoo names, model folders, GGUF stems).")
     weights: list[float] = Field(description="Fusion weight of each member, in ``members`` order; sums to 1.")
     drafter: str = Field(description="The member that drafts.")
@@ -57,6 +61,16 @@ class EnsembleProfile(BaseModel):
         None, description="Where each member was read from, for members that are local folders or files "
                           "(None: a zoo name, hub id or server): a member of the same name read from "
                           "elsewhere is warned about. Absent in profiles written before it.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_version(cls, data: Any) -> Any:
+        """Before the fields: a newer profile's new fields would otherwise be all the error said."""
+        version = data.get("version") if isinstance(data, dict) else None
+        if isinstance(version, int) and version > PROFILE_VERSION:
+            raise ValueError(f"profile version {version} is newer than this safe-ensemble reads "
+                             f"({PROFILE_VERSION}): upgrade safe-ensemble, or calibrate again with this one")
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> EnsembleProfile:
@@ -81,7 +95,7 @@ class EnsembleProfile(BaseModel):
     @classmethod
     def load(cls, path: str | Path) -> EnsembleProfile:
         try:
-            text = Path(path).expanduser().read_text(encoding="utf-8")
+            text = Path(path).expanduser().read_text(encoding="utf-8-sig")  # a BOM (Windows editors) too
         except OSError as err:
             raise InvalidRequestError(f"cannot read profile {path}: {err.strerror or err}") from None
         except UnicodeDecodeError:
@@ -188,9 +202,32 @@ def apply_profile(specs: Sequence[str | MemberConfig | Member], options: Mapping
         merged["weights"] = [profile.weights[j] for j in order]
     if merged.get("drafter") is None:
         merged["drafter"] = keys.index(profile.drafter)
+    elif "drafter_confidence" not in merged and \
+            _drafter_index(specs, keys, merged["drafter"]) != keys.index(profile.drafter):
+        log.warning("profile %s: its drafter_confidence %s was fitted for drafter %s, not %s; pass "
+                    "drafter_confidence (--drafter-confidence) to choose one for that drafter",
+                    path, profile.drafter_confidence, profile.drafter, merged["drafter"])
     if "drafter_confidence" not in merged:
         merged["drafter_confidence"] = profile.drafter_confidence
     return merged
+
+
+def _drafter_index(specs: Sequence[str | MemberConfig | Member], keys: Sequence[str], drafter: object) -> int | None:
+    """The member a ``drafter`` option names (an index, a model or a member's name); None for ``auto``
+    (chosen per request) or a name the engine will refuse."""
+    if isinstance(drafter, int) or (isinstance(drafter, str) and drafter.isdigit()):
+        return int(drafter)
+    if drafter in keys:
+        return keys.index(str(drafter))
+    if isinstance(drafter, str) and drafter != "auto":
+        try:
+            key = member_key(drafter)  # a spec: llamacpp:NAME is NAME
+        except InvalidRequestError:
+            key = None
+        if key in keys:
+            return keys.index(str(key))
+    names = [spec.name if isinstance(spec, MemberConfig) else getattr(spec, "name", spec) for spec in specs]
+    return names.index(drafter) if drafter in names else None
 
 
 def _mismatch_advice(specs: Sequence[str | MemberConfig | Member], keys: Sequence[str],

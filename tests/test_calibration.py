@@ -588,3 +588,45 @@ def test_ctrl_c_fits_on_the_questions_read(train_file: Path, tmp_path: Path, cap
             out.unlink()
         else:
             assert "no profile was written" in capsys.readouterr().err and not out.exists()
+
+
+def test_profile_files_small_faults(tmp_path: Path) -> None:
+    """A profile saved with a UTF-8 BOM (a Windows editor) failed to load ("Invalid JSON"); one of a
+    newer version was read as if it were this one (or refused for its new fields)."""
+    path = _profile(tmp_path, ["a", "b"], [0.3, 0.7], drafter="b")
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    assert EnsembleProfile.load(path).weights == [0.3, 0.7]
+    values = json.loads(path.read_text(encoding="utf-8-sig"))
+    path.write_text(json.dumps({**values, "version": 2, "new_field": 1}))
+    with pytest.raises(InvalidRequestError, match="profile version 2 is newer than this safe-ensemble reads"):
+        EnsembleProfile.load(path)
+
+
+def test_a_drafter_other_than_the_profiles_is_told_its_confidence_was_fitted_for_another(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """--drafter other than the profile's kept the profile's drafter_confidence, fitted for another
+    drafter, without a word."""
+    path = _profile(tmp_path, ["a", "b"], [0.3, 0.7], drafter="b")
+    with caplog.at_level("WARNING"):
+        for quiet in ({"drafter": "b"}, {"drafter": 1}, {"drafter": "a", "drafter_confidence": 0.4}, {}):
+            apply_profile(["a", "b"], {"profile": str(path), **quiet})
+        assert "fitted for drafter" not in caplog.text
+        for drafter in ("a", 0, "llamacpp:a", "auto"):
+            assert apply_profile(["a", "b"], {"profile": str(path), "drafter": drafter})["drafter_confidence"] == 0.7
+    assert caplog.text.count("its drafter_confidence 0.7 was fitted for drafter b") == 4
+
+
+def test_the_calibrate_summary_shows_a_small_weight_and_help_names_calibrate(
+        train_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The summary printed weights with .3f: 0.000189 read 0.000; `safe-ensemble --help` described
+    every command but calibrate."""
+    import shared_engine.calibration as calibration
+
+    fitted = FitInfo(bench="gsm8k", data=str(train_file), questions=1, method="test")
+    profile = EnsembleProfile(members=["a", "b"], weights=[0.999811, 0.000189], drafter="a", fitted=fitted)
+    monkeypatch.setattr(calibration, "calibrate", lambda *args, **kwargs: profile)
+    assert main(["calibrate", "--models", "a,b", "--data", str(train_file), "--out", str(tmp_path / "p.json")]) == 0
+    assert "b=0.000189" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "safe-ensemble calibrate" in " ".join(capsys.readouterr().out.split("positional arguments")[0].split())
