@@ -31,6 +31,8 @@ released SAFE code's (ensembling.md §2.2, §2.5, §2.6) plus this project's doc
 - when fusion keeps the drafted token the scan goes on (the released code re-drafts);
 - with a temperature, the drafted token is accepted by the speculative-sampling rule against the
   tempered fused distribution (the released code is greedy only);
+- the drafter never drafts a special token other than EOS (its bytes are a literal name such as
+  '<pad>'): they are masked in its rows, which the gate and its vote then read;
 - fusion never chooses EOS where the answer holds nothing but whitespace (an empty answer is never
   the answer); it chooses among the other candidates as the loop guard below does. (A plain-format
   member's turn marker, read as its EOS, is tested in ``test_turn_markers.py``: the reference's toy
@@ -179,6 +181,7 @@ class ReferenceSafe:
         rows: list[torch.Tensor] = []
         for j in range(length):  # GENERATE: one full forward per drafted token
             logits = _last_logits(drafter, self.prompts[0] + self.drafter_ids + draft)[-1]
+            logits[[t for t in table.special_ids - table.eos_ids if t < logits.shape[-1]]] = float("-inf")
             so_far = self.answer_bytes + b"".join(table.pieces[t] for t in draft)
             masked = logits.clone()
             for _ in range(8):

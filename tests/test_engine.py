@@ -381,15 +381,39 @@ def test_a_verifier_never_reads_past_its_context_window(monkeypatch: pytest.Monk
     assert answer.finish_reason == "length" and 0 < longest[0] <= window
 
 
-@pytest.mark.parametrize("method", ["single", "adafuse"])
-def test_methods_that_write_without_fusion_never_commit_a_special_tokens_name(method: str) -> None:
+@pytest.mark.parametrize("method", ["single", "adafuse", "safe", "every-token"])
+def test_no_method_commits_a_special_tokens_name(method: str) -> None:
     """A drafted (or AdaFuse-written) special token such as '<pad>' is no answer text: its stored
-    bytes are its literal name. Fusion never offers one (candidate_key); these methods must not pick one."""
+    bytes are its literal name. Fusion never offers one (candidate_key), but SAFE and every-token
+    committed a drafted one wherever no fusion ran (the gate, the consensus skip, no shared boundary)."""
     a, b = toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)
     engine = EnsembleEngine([a] if method == "single" else [a, b], method=method, drafter=0)
     for prompt in ["def f(x):\n\t\treturn x\r\n", "   spaces   ", "Sofia", "Maria went"]:
         text = engine.generate(prompt, max_new_tokens=40).text
         assert not any(name in text for name in ("<pad>", "<s>", "<|im_start|>")), text
+
+
+@pytest.mark.parametrize("method", ["safe", "every-token"])
+def test_a_drafter_sure_of_a_special_token_writes_no_name(monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+    """A drafter that puts nearly all its mass on a special token (other than EOS) drafted it; the
+    gate (drafter_confidence) then committed it unfused, and the answer held its literal name."""
+    from shared_engine.members import hf
+
+    a, b = toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)
+    special = min(a.table.special_ids - a.table.eos_ids)
+    real = hf.HFSession._forward
+
+    def sure_of_special(self: hf.HFSession, feed: list[int], rows: int) -> torch.Tensor:
+        logits = real(self, feed, rows)
+        if self.member is a:
+            logits = logits.clone()
+            logits[..., special] += 50.0
+        return logits
+
+    monkeypatch.setattr(hf.HFSession, "_forward", sure_of_special)
+    name = a.table.pieces[special].decode("utf-8", "replace")
+    text = EnsembleEngine([a, b], method=method, drafter=0).generate("Sofia", max_new_tokens=12).text
+    assert name not in text and text
 
 
 async def test_aclose_during_a_load_leaves_the_event_loop_running_and_releases_the_members(

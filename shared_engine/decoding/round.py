@@ -151,6 +151,10 @@ def _draft(state: RequestState, base: DraftBase, length: int, sampler: Sampler, 
         if opening is not None:
             logits, counted = state.drafter.read(logits, opening, len(opening), writing=True)
             markers += counted
+        # a special token (other than EOS) is never a draft: its stored bytes are a literal name
+        # ('<pad>'), and a confident draft is committed unfused. The row keeps the mask, so the gate,
+        # the drafter's vote and speculative acceptance read the distribution the draft came from.
+        logits = without_specials(logits, state.drafter.table)
         chosen, broke = _guarded_token(state, sampler, logits, support, constraint, state.loop_at(tail))
         loop_breaks += broke
         if chosen is None:  # no token of the drafter's can continue the JSON: the answer ends
@@ -186,8 +190,6 @@ def _guarded_token(state: RequestState, sampler: Sampler, logits: torch.Tensor, 
     distribution without the loop's tokens; if every try continues the loop, the last one stands.
     Also says whether the guard turned the drafter off its first choice."""
     table, eos = state.drafter.table, state.drafter.eos_ids
-    if len(state.members) == 1:  # no verifier's fusion can replace a special token: the draft is the answer
-        logits = without_specials(logits, table)
     for tries in range(_LOOP_TRIES):
         if constraint is None:
             chosen: tuple[int, JsonPrefix | None] | None = (sampler.from_logits(logits, support), None)
