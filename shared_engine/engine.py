@@ -223,24 +223,30 @@ class EnsembleEngine:
         """Take no new requests; running ones finish at their next round (reason ``cancelled``)
         and release their sessions. Members this engine loaded by name are released: one that no
         other engine holds leaves the registry and is closed (remote clients, llama.cpp servers);
-        one that others hold stays loaded for them."""
+        one that others hold stays loaded for them. That close may wait for a call still running
+        (a llama.cpp member's, seconds): on an event loop, ``await aclose()`` instead."""
+        _release_all(self._stop())
+
+    def _stop(self) -> list[MemberConfig]:
+        """``close()`` but for releasing: the members to let go of now (none while requests run: the
+        last of them lets go)."""
         self._closed = True
         self._answer_fits.close()
         with self._load_lock:
             held, self._held = self._held, []
-        if held and not self._live and not self._starting:
-            for spec in held:
-                release_member(spec)
-        elif held:
+        if held and (self._live or self._starting):
             self._release_later = held  # the last running (or starting) request lets go of them
+            return []
+        return held
 
     async def aclose(self, timeout_s: float = 30.0) -> None:
         """``close()``, then wait (up to ``timeout_s``) until every running request has ended. A load
         under way (minutes for a large model) is waited for off the event loop: ``close()`` takes the
-        load lock, and on the loop thread it froze every other coroutine until the load ended."""
+        load lock, and on the loop thread it froze every other coroutine until the load ended. The
+        members are let go of off the loop too (``_release_off_loop``)."""
         self._closed = True  # no request starts and no load begins from here on
         await asyncio.to_thread(self._wait_for_load)
-        self.close()  # the lock is free now (a later taker sees _closed and lets go at once)
+        await _release_off_loop(self._stop())  # the lock is free now (a later taker sees _closed and lets go at once)
         deadline = time.monotonic() + timeout_s
         while self.live_requests and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -326,7 +332,7 @@ class EnsembleEngine:
             state, sampler = await self._start(messages, plan, gen)
         finally:
             self._starting -= 1
-            self._release_if_closed()
+            await self._release_if_closed()
         try:
             if not self._closed:  # closed while starting: the loop below ends it as cancelled
                 await self._request_drafter(state, messages)
@@ -353,11 +359,13 @@ class EnsembleEngine:
                               failed_members=state.failed_members)
         finally:
             self._live.pop(id(state), None)
-            self._release_if_closed()
-            for record in state.members:  # free KV caches now, not when the generator is collected
-                release = getattr(record.session, "close", None)
-                if release is not None:
-                    release()
+            try:
+                for record in state.members:  # free KV caches now, not when the generator is collected
+                    release = getattr(record.session, "close", None)
+                    if release is not None:
+                        release()
+            finally:
+                await self._release_if_closed()
 
     async def _start(self, messages: list[dict[str, Any]], plan: OutputPlan,
                      gen: GenerationParams) -> tuple[RequestState, Sampler]:
@@ -392,12 +400,11 @@ class EnsembleEngine:
         self._live[id(state)] = state
         return state, Sampler(gen.temperature, gen.top_p, gen.seed)
 
-    def _release_if_closed(self) -> None:
+    async def _release_if_closed(self) -> None:
         """After close(), the last request to end (or to fail while starting) lets go of the members."""
         if self._closed and not self._live and not self._starting and self._release_later:
             held, self._release_later = self._release_later, []
-            for spec in held:
-                release_member(spec)
+            await _release_off_loop(held)
 
     async def _request_drafter(self, state: RequestState, messages: Sequence[Message]) -> None:
         """``drafter="auto"``: the member that best predicts the prompt's example answers drafts (auto_weights.py)."""
@@ -497,6 +504,20 @@ class EnsembleEngine:
     def stream(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> Generator[Event, None, None]:
         """Blocking iterator over ``astream``'s events."""
         return iterate_sync(self.astream(messages_or_prompt, **params))
+
+
+def _release_all(specs: Sequence[MemberConfig]) -> None:
+    for spec in specs:
+        release_member(spec)
+
+
+async def _release_off_loop(specs: Sequence[MemberConfig]) -> None:
+    """Let go of members in a worker thread: the last hold closes a member, and a llama.cpp member's
+    close waits for the calls still running in its server (a cancelled request's: seconds), which on
+    the loop thread froze every other request. The release is handed over before the first await, so
+    it happens (and holder counts stay right) even if the awaiting request is cancelled again."""
+    if specs:
+        await asyncio.to_thread(_release_all, list(specs))
 
 
 def _is_member(spec: object) -> TypeIs[Member]:

@@ -46,6 +46,8 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -264,6 +266,9 @@ class LlamaCppMember(RemoteMember):
         self.reuse_prompt_cache = reuse_prompt_cache  # keeps an in-process server alive as long as the member
         self._partial_ids: list[int] | None = None
         self._partial_lock = threading.Lock()
+        self._calls = threading.Condition()  # the server calls running (``_server_call``), by thread
+        self._calling: dict[int, int] = {}
+        self._closing = False
         super().__init__(name, url, tokenizer, top_k=top_k, context_window=context_window, http=http,
                          check_tokenizer=check_tokenizer)  # closes all (the server too) if it fails
         try:
@@ -309,7 +314,26 @@ class LlamaCppMember(RemoteMember):
         return LlamaCppSession(self)
 
     def server_tokenize(self, text: str) -> list[int]:
-        return llamacpp_tokenize(self.client, text)
+        with self._server_call():
+            return llamacpp_tokenize(self.client, text)
+
+    @contextmanager
+    def _server_call(self) -> Iterator[None]:
+        """One HTTP call to the server, counted so that ``close`` can wait for it; none starts once
+        the member is closing."""
+        me = threading.get_ident()
+        with self._calls:
+            if self._closing:
+                raise self.client.error("the member is closed")
+            self._calling[me] = self._calling.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            with self._calls:
+                self._calling[me] -= 1
+                if not self._calling[me]:
+                    del self._calling[me]
+                self._calls.notify_all()
 
     @property
     def partial_utf8_ids(self) -> list[int]:
@@ -327,7 +351,8 @@ class LlamaCppMember(RemoteMember):
             body["id_slot"] = slot
         if ban_partial:
             body["logit_bias"] = [[t, False] for t in self.partial_utf8_ids]
-        answer = self.client.post("/completion", body)
+        with self._server_call():
+            answer = self.client.post("/completion", body)
         results = answer if isinstance(answer, list) else [answer]
         if len(results) != len(prompts) or not all(isinstance(r, dict) for r in results):
             raise self.malformed("/completion results", answer)
@@ -369,6 +394,17 @@ class LlamaCppMember(RemoteMember):
             raise self.malformed("completion_probabilities", probs) from exc
 
     def close(self) -> None:
+        """Start no other call; with an in-process server, wait for the calls running in it (a
+        cancelled request's call goes on in its thread; each ends by its HTTP deadline), then close
+        the client and stop the server. Dropped under a running ``/completion``, llama.cpp never
+        answered it: the call failed, and this close returned, only at the client's timeout (60 s
+        by default). A call of the closing thread itself (a garbage collection inside it) is not
+        waited for. Slow for an event loop: the engine lets go of its members off the loop."""
+        me = threading.get_ident()
+        with self._calls:
+            self._closing = True
+            if self.server is not None:
+                self._calls.wait_for(lambda: not set(self._calling) - {me})
         super().close()
         if self.server is not None:
             self.server.close()
