@@ -20,6 +20,7 @@ same candidate. 'End of answer' is one shared candidate, ``EOS_KEY``, whatever e
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -69,12 +70,28 @@ def candidate_key(table: TokenTable, token_id: int) -> bytes | None:
     return table.pieces[token_id]
 
 
+_NON_EOS_SPECIALS: weakref.WeakKeyDictionary[TokenTable, tuple[frozenset[int], frozenset[int], torch.Tensor]] = (
+    weakref.WeakKeyDictionary())
+"""Per table, its non-EOS special ids as an index tensor (with the sets it was built from)."""
+
+
+def _non_eos_specials(table: TokenTable) -> torch.Tensor:
+    """The ids ``without_specials`` rules out, built once per table: Gemma-3 has 6,247 specials, and
+    building the index from the sets took 16 ms per drafted token."""
+    cached = _NON_EOS_SPECIALS.get(table)
+    if cached is None or cached[0] is not table.special_ids or cached[1] is not table.eos_ids:
+        ids = torch.tensor(sorted(table.special_ids - table.eos_ids), dtype=torch.long)
+        cached = _NON_EOS_SPECIALS[table] = (table.special_ids, table.eos_ids, ids)
+    return cached[2]
+
+
 def without_specials(logits: torch.Tensor, table: TokenTable) -> torch.Tensor:
     """``logits`` (a copy) with the non-EOS special tokens ruled out, for a member that writes the
     answer itself (a draft, an AdaFuse span): they are no candidates (``candidate_key``), and their
     stored bytes are a literal name such as '<pad>', never answer text."""
-    ids = [i for i in table.special_ids - table.eos_ids if i < logits.shape[-1]]
-    if not ids:
+    ids = _non_eos_specials(table)
+    ids = ids[ids < logits.shape[-1]]
+    if not len(ids):
         return logits
     out = logits.clone()
     out[..., ids] = float("-inf")
