@@ -116,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     """Measure, print the results as JSON and write them to ``--json`` if given (checked first; the
     results are printed before the file is written, so a failed write loses nothing)."""
     if args.json:
+        args.json = str(Path(args.json).expanduser())  # --json=~/x.json: no shell expands ~ after '='
         check_output_file(Path(args.json), "--json", "results'")
     text = json.dumps(run_bench(args), indent=2)
     print(text, flush=True)

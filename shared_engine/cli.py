@@ -60,7 +60,8 @@ async def _stream(args: argparse.Namespace) -> int:
             print(text, end="", flush=True)
         elif event.type == "finish":
             stats = event.stats
-            print(f"\n\n[{method}] finish={event.reason} tokens={stats.tokens} "
+            print(flush=True)  # the answer's line ends on stdout too (`run ... > answer.txt`)
+            print(f"\n[{method}] finish={event.reason} tokens={stats.tokens} "
                   f"ensembled={stats.ensembled_tokens} ({stats.ensemble_rate:.1%}) "
                   f"drafted={stats.drafted_tokens} accepted={stats.accepted_tokens} "
                   f"forwards={stats.forward_passes} ttft={stats.time_to_first_token_s or 0:.2f}s "

@@ -84,7 +84,9 @@ def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = Tr
     parser.add_argument("--fusion", choices=["unite", "gac"], help="default: gac for gac-threshold, else unite")
     parser.add_argument("--sharpen", choices=["heur", "heur-bytes", "geom", "none"],
                         help="default: heur for safe, else none; heur-bytes: the released code's pooling")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=256,
+                        help="answer length cap, in the drafter's tokens (default: 256 for run, and serve's "
+                             "max_tokens when a request sends none; 128 for bench; eval: each benchmark's own)")
     parser.add_argument("--drafter-confidence", type=confidence_arg,
                         help="safe: skip fusion where the drafter's probability is >= this (default 0.5); "
                              "none: the paper's consensus rule alone")

@@ -63,6 +63,14 @@ def test_results_are_printed_when_the_json_cannot_be_written(monkeypatch: pytest
     assert "Traceback" not in captured.err
 
 
+def test_json_with_a_tilde_is_written_in_the_home_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """--json=~/bench.json (no shell expands ~ after '=') was refused: 'the folder ~ does not exist'."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    fake_bench(monkeypatch)
+    assert main(["bench", "--models", "a,b", "--json=~/bench.json"]) == 0
+    assert json.loads((tmp_path / "bench.json").read_text()) == {"safe_vs_single": 0.9}
+
+
 @pytest.mark.parametrize("count", ["0", "-1"])
 def test_prompts_must_be_at_least_one(count: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:

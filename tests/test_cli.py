@@ -20,7 +20,7 @@ def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
 def test_run_streams_an_answer_and_prints_stats() -> None:
     result = cli("run", "--models", QWEN, "--max-new-tokens", "24", "What is 17 + 25?")
     assert result.returncode == 0, result.stderr
-    assert "42" in result.stdout
+    assert "42" in result.stdout and result.stdout.endswith("\n")  # `run ... > answer.txt` ends its line
     assert "finish=" in result.stderr and "tok/s" in result.stderr
     # the seconds the members take to load are announced, not silent
     assert f"loading 1 member ({QWEN}) ..." in result.stderr and "loaded in " in result.stderr
