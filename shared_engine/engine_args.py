@@ -83,7 +83,8 @@ def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = Tr
                              "SGLang, llama.cpp), off where all run in this process on its cores (docs/speed.md)")
     parser.add_argument("--fusion", choices=["unite", "gac"], help="default: gac for gac-threshold, else unite")
     parser.add_argument("--sharpen", choices=["heur", "heur-bytes", "geom", "none"],
-                        help="default: heur for safe, else none; heur-bytes: the released code's pooling")
+                        help="default: heur for safe, else none; heur-bytes: the released code's pooling (every byte "
+                             "extension; onto a whitespace-only candidate only ' ' is skipped there, all here)")
     parser.add_argument("--max-new-tokens", type=int, default=256,
                         help="answer length cap, in the drafter's tokens (default: 256 for run, and serve's "
                              "max_tokens when a request sends none; 128 for bench; eval: each benchmark's own)")

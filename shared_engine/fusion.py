@@ -261,7 +261,8 @@ def sharpen(fused: Fused, weights: torch.Tensor, mode: SharpenMode, drafter_top:
     ``heur`` pools the mass of a longer candidate onto a shorter one it starts with. ``extends``
     (longer, shorter) says whether that longer candidate really continues the shorter one for the
     drafter (the engine passes ``drafter_extends``); None, or ``heur-bytes``, pools every byte
-    extension, as the released code does. Where ``extends`` says no (a cut inside a word the drafter
+    extension, as the released code does (both modes skip a whitespace-only shorter candidate, the
+    released code only " "). Where ``extends`` says no (a cut inside a word the drafter
     writes otherwise), the pair pools the other way when the members' ``tables`` (row order) are given:
     the mirror case (``mirror_mass``), for a longer candidate of the drafter's own (its top-10, fused
     above ``HEUR_MIN_PROB``)."""

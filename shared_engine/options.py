@@ -123,7 +123,9 @@ class EngineOptions(GenerationParams):
                             "except where the shorter one ends inside a word the drafter writes "
                             "otherwise (' and' is not pooled onto ' a'), and a verifier's first piece of a "
                             "word the drafter has as one token counts for that word (' Kil' for ' Kilim'); "
-                            "heur-bytes pools every byte extension, as the released SAFE code.")
+                            "heur-bytes pools every byte extension, as the released SAFE code (except onto a "
+                            "whitespace-only shorter candidate, which neither mode pools onto; the released code "
+                            "skips only ' ').")
     weights: list[float] | Literal["auto"] | None = Field(
         None, description="Member weights in member order (default: drafter_weight for the drafter, 1 for the "
                           "others), or 'auto': per request, "

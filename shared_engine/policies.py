@@ -120,9 +120,11 @@ class Policy:
 def agree(own_probs: list[float], argmax_is_own: list[bool], weights: torch.Tensor) -> bool:
     """SAFE's consensus rule for N members: every member's argmax is its own next token, or the
     ``weights``-weighted mean probability of those tokens is > 0.5. ``weights`` are fusion's
-    (normalised), so either condition guarantees the drafted token is the argmax of the very
-    weighted mean fusion would take (> 0.5 leaves nothing that could beat it): a consensus skip
-    never disagrees with what fusion would pick."""
+    (normalised), so a weighted mean > 0.5 leaves no other candidate that could beat the drafted
+    token under fusion's weights. Not exact where a verifier's own next token is a shorter string
+    than the drafted one (Gemma drafts " Kilim", Qwen's own is " Kil"): the members "agree" by their
+    own argmax while fusion's argmax may be " Kil" (README, "Where SAFE differs"; kept: changing it
+    needs an accuracy evaluation)."""
     if all(argmax_is_own):
         return True
     mean = sum(float(w) * p for w, p in zip(weights.tolist(), own_probs)) / float(weights.sum())
