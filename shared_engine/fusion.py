@@ -77,7 +77,8 @@ _NON_EOS_SPECIALS: weakref.WeakKeyDictionary[TokenTable, tuple[frozenset[int], f
 
 def _non_eos_specials(table: TokenTable) -> torch.Tensor:
     """The ids ``without_specials`` rules out, built once per table: Gemma-3 has 6,247 specials, and
-    building the index from the sets took 16 ms per drafted token."""
+    building the index from the sets took 2.6 ms per drafted token in a Gemma answer
+    (llama.cpp, 16 tokens; about 4% of its decode step); now 0.08 ms."""
     cached = _NON_EOS_SPECIALS.get(table)
     if cached is None or cached[0] is not table.special_ids or cached[1] is not table.eos_ids:
         ids = torch.tensor(sorted(table.special_ids - table.eos_ids), dtype=torch.long)
