@@ -411,6 +411,8 @@ def test_eval_resume_takes_the_same_profile_spelled_another_way(tmp_path: Path, 
     data = tmp_path / "gsm8k.jsonl"
     data.write_text("".join(json.dumps({"question": f"{i} + 1?", "answer": f"#### {i + 1}"}) + "\n"
                             for i in range(3)))
+    # the prompt's exemplars come from the train split beside the data: a clone without ../shared has none
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(SHOTS)))
     monkeypatch.chdir(tmp_path)
     run = ["eval", "--bench", "gsm8k", "--data", str(data), "--models", "a,b", "--max-new-tokens", "2",
            "--no-progress", "--out", str(tmp_path / "run")]
