@@ -521,12 +521,14 @@ class ChatEnsemble(BaseChatModel):
                 "make another ChatEnsemble(models=[...]) for other members")
         if not messages:
             raise InvalidRequestError("the message list is empty")
-        params: dict[str, Any] = {"max_new_tokens": kwargs.pop("max_tokens", self.max_tokens)}
+        max_tokens = kwargs.pop("max_tokens", None)  # None means this model's default, as in ChatOpenAI
+        params: dict[str, Any] = {"max_new_tokens": self.max_tokens if max_tokens is None else max_tokens}
         for key in ("temperature", "top_p", "seed"):
             value = kwargs.pop(key, getattr(self, key))
             if value is not None:
                 params[key] = value
-        params["stop"] = list(stop if stop is not None else (self.stop or []))
+        stops = stop if stop is not None else (self.stop or [])
+        params["stop"] = [stops] if isinstance(stops, str) else list(stops)  # a str is one stop, not its chars
         if not kwargs.get("tools"):
             kwargs.pop("tools", None)
         elif self.tool_result_hint:
