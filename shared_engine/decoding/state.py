@@ -255,12 +255,15 @@ class RequestState:
         """Text that can be sent now: stops at a stop string, holds back a possible stop prefix. A
         ``CallEnd`` is found where it ends a call (its finder reads the call's JSON), and the answer
         ends after it."""
+        cuts = []  # every stop is searched in the same text: the earliest wins, whatever the list order
         for stop in self.stop:
             finder = self._call_ends.get(stop) if isinstance(stop, CallEnd) else None
             cut = finder.find(self.text) if finder else self.text.find(stop, max(0, self.emitted - len(stop)))
             if cut >= 0:
-                self.text = self.text[:cut]
-                self.finish_reason = "stop"
+                cuts.append(cut)
+        if cuts:
+            self.text = self.text[:min(cuts)]
+            self.finish_reason = "stop"
         hold = 0
         if not self.finish_reason:
             for stop in self.stop:
