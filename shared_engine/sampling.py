@@ -57,7 +57,8 @@ class Sampler:
         """softmax(logits / T), shifted first: with a tiny T (1e-40) the quotient overflowed to inf
         and the softmax to NaN; shifted, it tends to the argmax as it should."""
         shifted = logits - logits.max(dim=-1, keepdim=True).values
-        return torch.softmax(shifted / self.temperature, dim=-1)
+        # A T below float32's tiny (1e-300) became 0.0 in the division, 0/0 NaN: clamped, it stays greedy.
+        return torch.softmax(shifted / max(self.temperature, torch.finfo(torch.float32).tiny), dim=-1)
 
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.generator))

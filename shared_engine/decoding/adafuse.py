@@ -226,7 +226,8 @@ def _branches(session: Session, context: list[int], first: torch.Tensor, table: 
     generator = torch.Generator().manual_seed(seed)
 
     def pick(logits: torch.Tensor) -> int:
-        if settings.candidate_temperature <= 0:
+        # below float32's tiny (1e-300) the division gave inf/inf NaN and multinomial raised: greedy
+        if settings.candidate_temperature < torch.finfo(torch.float32).tiny:
             return int(torch.argmax(logits))
         top = torch.topk(logits.float(), min(support or logits.shape[-1], logits.shape[-1]))
         probs = torch.softmax(top.values / settings.candidate_temperature, dim=-1)
