@@ -7,7 +7,9 @@ import torch
 
 class Sampler:
     """Greedy when temperature is 0; otherwise temperature + nucleus sampling with its own RNG
-    (seeded per request, so a seeded request is reproducible whatever else runs concurrently)."""
+    (seeded per request, so a seeded request is reproducible whatever else runs concurrently with
+    transformers members; llama.cpp batches are not batch-invariant, so its logits, and a draw, may vary).
+    Below float32's tiny a temperature is greedy."""
 
     def __init__(self, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None) -> None:
         self.temperature = temperature
