@@ -7,8 +7,10 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -341,9 +343,9 @@ def test_two_checkpoints_with_the_same_folder_name_are_two_members(train_file: P
             unregister_member(name)
 
 
-def _broken_member(name: str, breaks: str) -> HFMember:
-    """A fresh toy member (the cached ones stay intact) whose teacher-forced rows give a reference
-    token -inf mid-answer (``"neginf"``), the last token -inf (``"neginf_last"``), or NaN (``"nan"``)."""
+def _member_reading(name: str, sync: Callable[[Any, list[int], int], torch.Tensor]) -> HFMember:
+    """A fresh toy member (the cached ones stay intact) whose teacher-forced reads go through
+    ``sync(inner_session, ids, start)``."""
     tok = TOKENIZERS["metaspace"]()
     member = HFMember(name, tiny_gpt2(tok, 2), tok)
     new_session = member.new_session
@@ -356,17 +358,27 @@ def _broken_member(name: str, breaks: str) -> HFMember:
             return getattr(self.inner, key)
 
         def sync(self, ids: list[int], start: int) -> torch.Tensor:
-            rows = self.inner.sync(ids, start).clone()
-            if breaks == "nan":
-                rows[3:] = float("nan")
-            elif breaks == "neginf_last":
-                rows[len(ids) - start - 1, ids[-1]] = -float("inf")
-            else:
-                rows[2, ids[start + 2]] = -float("inf")
-            return rows
+            return sync(self.inner, ids, start)
 
     member.new_session = Session  # type: ignore[method-assign]
     return member
+
+
+def _broken_member(name: str, breaks: str) -> HFMember:
+    """A toy member whose teacher-forced rows give a reference token -inf mid-answer (``"neginf"``),
+    the last token -inf (``"neginf_last"``), or NaN (``"nan"``)."""
+
+    def sync(inner: Any, ids: list[int], start: int) -> torch.Tensor:
+        rows = inner.sync(ids, start).clone()
+        if breaks == "nan":
+            rows[3:] = float("nan")
+        elif breaks == "neginf_last":
+            rows[len(ids) - start - 1, ids[-1]] = -float("inf")
+        else:
+            rows[2, ids[start + 2]] = -float("inf")
+        return rows
+
+    return _member_reading(name, sync)
 
 
 @pytest.mark.parametrize("breaks", ["neginf", "neginf_last"])
@@ -551,27 +563,16 @@ def test_the_same_model_twice_is_refused_before_loading_any(train_file: Path, mo
 
 
 def _interrupted_member(name: str, at_read: int) -> HFMember:
-    """A fresh toy member whose ``at_read``-th teacher-forced read (1-based) is a Ctrl-C."""
-    tok = TOKENIZERS["metaspace"]()
-    member = HFMember(name, tiny_gpt2(tok, 2), tok)
-    new_session = member.new_session
+    """A toy member whose ``at_read``-th teacher-forced read (1-based) is a Ctrl-C."""
     reads = [0]
 
-    class Session:
-        def __init__(self) -> None:
-            self.inner = new_session()
+    def sync(inner: Any, ids: list[int], start: int) -> torch.Tensor:
+        reads[0] += 1
+        if reads[0] == at_read:
+            raise KeyboardInterrupt
+        return inner.sync(ids, start)
 
-        def __getattr__(self, key: str) -> object:
-            return getattr(self.inner, key)
-
-        def sync(self, ids: list[int], start: int) -> torch.Tensor:
-            reads[0] += 1
-            if reads[0] == at_read:
-                raise KeyboardInterrupt
-            return self.inner.sync(ids, start)
-
-    member.new_session = Session  # type: ignore[method-assign]
-    return member
+    return _member_reading(name, sync)
 
 
 def test_ctrl_c_fits_on_the_questions_read(train_file: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,

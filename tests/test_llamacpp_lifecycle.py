@@ -22,7 +22,7 @@ from shared_engine.members.llamacpp import LlamaCppMember, LocalLlamaServer
 from shared_engine.members.remote import LocalTokenizer
 from tests import toy
 from tests.fixture_server import LlamaCppLike, serve
-from tests.test_llamacpp_slots import PROMPTS, toy_next_logprobs
+from tests.test_llamacpp_slots import PROMPTS, _wait_for, toy_next_logprobs
 
 # ------------------------------------------------------------------ a GGUF llama.cpp cannot load
 
@@ -98,15 +98,6 @@ def in_process(delay_s: float) -> Iterator[tuple[LlamaCppMember, LlamaCppLike, I
             yield member, stand_in, server
         finally:
             member.close()
-
-
-def _wait_for(condition: Any, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def test_closing_a_member_waits_for_its_running_call_before_dropping_its_server() -> None:
