@@ -12,6 +12,7 @@ import torch
 from shared_engine import ContextLengthError, EnsembleEngine, InvalidRequestError
 from shared_engine.alignment import TokenizedText, shared_boundaries
 from shared_engine.members import HFMember
+from tests.loop_watch import loop_gaps
 from tests.toy import byte_level_tokenizer, metaspace_tokenizer, registered_members, tiny_llama, toy_member
 
 ANSWER = "Hi Sofia, hi Sofia."
@@ -431,25 +432,14 @@ async def test_aclose_during_a_load_leaves_the_event_loop_running_and_releases_t
         return real_acquire(spec)
 
     monkeypatch.setattr(engine_module, "acquire_member", slow_acquire)
-    gaps: list[float] = []
-
-    async def heartbeat() -> None:
-        last = time.perf_counter()
-        while True:
-            await asyncio.sleep(0.01)
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
-
     toys = [toy_member("toy-close-x", "byte_level"), toy_member("toy-close-y", "metaspace", seed=1)]
     with registered_members(toys) as names:
         before = {name: registry._HOLDERS.get(f"transformers:{name}", 0) for name in names}
         engine = EnsembleEngine(names, method="safe", max_new_tokens=10)
-        beat = asyncio.create_task(heartbeat())
-        request = asyncio.create_task(engine.agenerate("Sofia"))
-        await asyncio.sleep(0.2)  # the request is loading the members
-        await engine.aclose()
-        assert (await request).finish_reason == "cancelled"
-        beat.cancel()
+        async with loop_gaps() as gaps:
+            request = asyncio.create_task(engine.agenerate("Sofia"))
+            await asyncio.sleep(0.2)  # the request is loading the members
+            await engine.aclose()
+            assert (await request).finish_reason == "cancelled"
         assert max(gaps) < 0.5, max(gaps)  # frozen ~1 s before
         assert {name: registry._HOLDERS.get(f"transformers:{name}", 0) for name in names} == before

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import struct
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +21,7 @@ from shared_engine.members.llamacpp import LlamaCppMember, LocalLlamaServer
 from shared_engine.members.remote import LocalTokenizer
 from tests import toy
 from tests.fixture_server import LlamaCppLike, serve
+from tests.loop_watch import loop_gaps
 from tests.test_llamacpp_slots import PROMPTS, _wait_for, toy_next_logprobs
 
 # ------------------------------------------------------------------ a GGUF llama.cpp cannot load
@@ -135,31 +135,20 @@ def test_an_engine_lets_go_of_its_members_off_the_event_loop(closed: str) -> Non
         unregister_member("toy-in-process")  # the engine's hold is the last one
 
         async def run() -> float:
-            gaps = [0.0]
-
-            async def ticker() -> None:
-                last = time.monotonic()
-                while True:
+            async with loop_gaps() as gaps:
+                task = asyncio.create_task(engine.agenerate(PROMPTS[0], max_new_tokens=8))
+                while not stand_in.slot_of_call:
+                    await asyncio.sleep(0.005)
+                if closed == "while the request runs":
+                    engine.close()  # the request lets go of the member when it ends
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                if closed != "while the request runs":
+                    await engine.aclose()
+                while not server.running_at_close:
                     await asyncio.sleep(0.01)
-                    now = time.monotonic()
-                    gaps.append(now - last)
-                    last = now
-
-            ticking = asyncio.create_task(ticker())
-            task = asyncio.create_task(engine.agenerate(PROMPTS[0], max_new_tokens=8))
-            while not stand_in.slot_of_call:
-                await asyncio.sleep(0.005)
-            if closed == "while the request runs":
-                engine.close()  # the request lets go of the member when it ends
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            if closed != "while the request runs":
-                await engine.aclose()
-            while not server.running_at_close:
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.05)  # the ticker's next tick records a freeze, if any
-            ticking.cancel()
+                await asyncio.sleep(0.05)  # the next tick records a freeze, if any
             return max(gaps)
 
         frozen = asyncio.run(run())
