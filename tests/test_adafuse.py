@@ -324,9 +324,9 @@ def test_the_loop_free_fallback_never_offers_a_special_tokens_name() -> None:
 
     table = TokenTable.from_bytes([b"<pad>", b"</s>", b"a", b" b"], special_ids={0, 1}, eos_ids={1},
                                   encode=lambda text: [], name="fake")
-    state = SimpleNamespace(drafter=SimpleNamespace(table=table, eos_ids=table.eos_ids),
+    state = SimpleNamespace(members=[SimpleNamespace(table=table, eos_ids=table.eos_ids)],
                             loop_at=lambda tail: None, loop_tail=lambda: b"")
-    assert _loop_free_token(state, torch.tensor([9.0, 1.0, 2.0, 3.0])) == b" b"  # type: ignore[arg-type]
+    assert _loop_free_token(state, torch.tensor([9.0, 1.0, 2.0, 3.0]), 0) == b" b"  # type: ignore[arg-type]
 
 
 def test_a_chosen_span_written_up_to_its_writers_eos_ends_the_answer() -> None:

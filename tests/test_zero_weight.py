@@ -49,6 +49,20 @@ def test_a_member_weighted_0_never_leads_an_adafuse_round() -> None:
     assert leaders == {"random"}
 
 
+def test_a_member_weighted_0_neither_proposes_nor_scores_in_an_adafuse_vote() -> None:
+    """vote='always' (the default): a member weighted 0 offered its spans to the vote, and one could
+    win (the answer then differed from the ensemble without it); it also scored every candidate,
+    where 0 * an infinite NLL (a top-K backend) would have made every score NaN."""
+    good, other = answers_member("fits", "metaspace"), answers_member("silent", "byte_level")
+    plain = toy_member("random", "byte_level", "llama", seed=2)
+    three = EnsembleEngine([plain, good, other], method="adafuse", drafter=0, weights=[1, 1, 0], threshold=1.0)
+    two = EnsembleEngine([plain, good], method="adafuse", drafter=0, weights=[1, 1], threshold=1.0)
+    result = three.generate(FEW_SHOT, max_new_tokens=16, keep_events=True)
+    assert result.text == two.generate(FEW_SHOT, max_new_tokens=16).text
+    candidates = [c for e in result.events if e.type == "adafuse" for c in e.candidates]
+    assert candidates and all("silent" not in c.proposed_by and "silent" not in c.member_nll for c in candidates)
+
+
 def test_weights_auto_that_give_the_drafter_0_follow_the_same_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     """weights='auto' gives exactly 0 to a member with an infinite prompt loss (a top-K backend that
     gave a prompt token no probability): drafter='auto' moves to a weighted member; a named drafter

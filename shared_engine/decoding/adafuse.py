@@ -8,7 +8,8 @@ word 2 -> 3 words, up to ``max_words``); an unsure member proposes ``num_candida
 continuations (test-time scaling: branching over its top first tokens, each completed greedily or,
 with ``candidate_temperature`` > 0, by sampling). The union of proposals is scored by every member
 (mean token NLL of the span through the member's own tokenizer, one forward that reuses the KV
-cache of the answer) and the lowest weighted mean NLL wins.
+cache of the answer) and the lowest weighted mean NLL wins. A member weighted 0 has no say: it
+neither proposes nor scores (nor leads, below).
 
 ``vote="uncertain"`` (this project's earlier shortcut): if the most confident member (the
 *leader*) is sure, it alone writes and commits its span, with no vote.
@@ -358,25 +359,34 @@ async def _look(state: RequestState, contexts: list[list[int]], settings: AdaFus
 
 async def _propose_spans(state: RequestState, outlook: _Outlook, settings: AdaFuseSettings,
                          sampler: Sampler) -> Proposals:
-    """Every member's proposals for the vote, written concurrently (see ``_propose``)."""
+    """Every weighted member's proposals for the vote, written concurrently (see ``_propose``); a
+    member weighted 0 proposes nothing (its span could win the vote: it has no say)."""
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=sampler.generator))
-    return list(await gather_all(*(
-        m.member.run(_propose, m.session, outlook.contexts[i], outlook.firsts[i], m.table, settings,
-                     outlook.shared, seed + i, exact_support(m.member))
-        for i, m in enumerate(state.members))))
+    weighted = state.weighted()
+    spans = await gather_all(*(
+        state.members[i].member.run(_propose, state.members[i].session, outlook.contexts[i], outlook.firsts[i],
+                                    state.members[i].table, settings, outlook.shared, seed + i,
+                                    exact_support(state.members[i].member))
+        for i in weighted))
+    proposals: Proposals = [[] for _ in state.members]
+    for i, props in zip(weighted, spans):
+        proposals[i] = props
+    return proposals
 
 
 def _candidate_keys(state: RequestState, outlook: _Outlook, proposals: Proposals) -> tuple[list[bytes], int]:
     """The distinct proposed spans, in proposal order, and how many of them the loop guard ruled
     out: a span after which the answer would end in a loop (repetition.py), unless every span would."""
     keys = list(dict.fromkeys(sp.key for props in proposals for sp in props if sp.key))
+    voice = state.weighted()[0]  # the drafter, unless it is weighted 0 (no say)
     if not keys:  # nothing spellable came out (cannot happen with real text): take one token
-        keys = [state.drafter.table.pieces[int(torch.argmax(without_specials(outlook.firsts[0], state.drafter.table)))]]
+        table = state.members[voice].table
+        keys = [table.pieces[int(torch.argmax(without_specials(outlook.firsts[voice], table)))]]
     if state.loop_guard is None:
         return keys, 0
     tail = state.loop_tail() or b""  # the answer's end is all a loop check reads, not a copy of the whole answer
     free = [k for k in keys if not _ends_in_loop(state, k, tail)]
-    return (free or [_loop_free_token(state, outlook.firsts[0])]), len(keys) - len(free)
+    return (free or [_loop_free_token(state, outlook.firsts[voice], voice)]), len(keys) - len(free)
 
 
 def _ends_in_loop(state: RequestState, key: bytes, tail: bytes | None = None) -> bool:
@@ -388,38 +398,43 @@ def _ends_in_loop(state: RequestState, key: bytes, tail: bytes | None = None) ->
     return state.loop_at(state.loop_tail(tail + key)) is not None
 
 
-def _loop_free_token(state: RequestState, logits: torch.Tensor) -> bytes:
-    """Every member proposed the loop: the drafter's most likely token that does not repeat it
-    (EOS counts as one), as the round's only candidate."""
-    table, eos, unit = state.drafter.table, state.drafter.eos_ids, state.loop_at(state.loop_tail())
+def _loop_free_token(state: RequestState, logits: torch.Tensor, voice: int) -> bytes:
+    """Every member proposed the loop: member ``voice``'s (the drafter, unless it is weighted 0) most
+    likely token that does not repeat it (EOS counts as one), as the round's only candidate."""
+    member = state.members[voice]
+    table, eos, unit = member.table, member.eos_ids, state.loop_at(state.loop_tail())
     for token in torch.topk(without_specials(logits, table), min(LOOP_FREE_TOP, logits.shape[-1])).indices.tolist():
         if token in eos:
             return EOS_KEY
         if table.pieces[token] and not continues_loop(unit, table.pieces[token]):
             return table.pieces[token]
-    return EOS_KEY  # the drafter's whole top is the loop: the answer ends here
+    return EOS_KEY  # its whole top is the loop: the answer ends here
 
 
 async def _score_candidates(state: RequestState, outlook: _Outlook, proposals: Proposals,
                             keys: list[bytes]) -> torch.Tensor:
-    """Every member's mean NLL of every candidate, [members, candidates] (see ``_score``)."""
+    """Every weighted member's mean NLL of every candidate, [weighted members, candidates] in the
+    order of ``state.weighted()`` (see ``_score``); a member weighted 0 scores nothing (0 * an
+    infinite NLL, a top-K backend's, would make every score NaN)."""
     owns = [{sp.key: sp.nll for sp in props if sp.nll is not None} for props in proposals]
     nlls = await gather_all(*(
-        m.member.run(_score, m.session, outlook.contexts[i], outlook.firsts[i], m.table, keys, owns[i],
-                     m.member.name)
-        for i, m in enumerate(state.members)))
+        state.members[i].member.run(_score, state.members[i].session, outlook.contexts[i], outlook.firsts[i],
+                                    state.members[i].table, keys, owns[i], state.members[i].member.name)
+        for i in state.weighted()))
     return torch.tensor(nlls, dtype=torch.float32)
 
 
 def _vote(state: RequestState, keys: list[bytes], proposals: Proposals, nlls: torch.Tensor,
           sampler: Sampler) -> tuple[bytes, list[ScoredSpan]]:
-    """The span with the lowest weighted mean NLL (sampling: softmax of minus the score)."""
-    scores = state.weights @ nlls
+    """The span with the lowest weighted mean NLL (sampling: softmax of minus the score); ``nlls``
+    holds the weighted members' rows (``_score_candidates``)."""
+    weighted = state.weighted()
+    scores = state.weights[weighted] @ nlls
     chosen = keys[sampler.from_probs(torch.softmax(-scores, dim=0))]
     labels = [m.label for m in state.members]
     candidates = [ScoredSpan(key, proposed_by=[labels[i] for i, props in enumerate(proposals)
                                                if any(sp.key == key for sp in props)],
-                             member_nll={label: float(nlls[m, c]) for m, label in enumerate(labels)},
+                             member_nll={labels[i]: float(nlls[row, c]) for row, i in enumerate(weighted)},
                              score=float(scores[c]))
                   for c, key in enumerate(keys)]
     return chosen, candidates
