@@ -273,16 +273,18 @@ class EnsembleEngine:
                       tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
                       parallel_tool_calls: bool | None = None, prefix: str = "",
                       response_format: Mapping[str, Any] | None = None, tool_result_hint: str | None = None,
-                      **params: Any) -> AsyncGenerator[Event, None]:
+                      raw_prompt: bool = False, **params: Any) -> AsyncGenerator[Event, None]:
         """Stream typed events for one answer; the last event is always ``finish``.
 
         ``tools`` (OpenAI format), ``tool_choice``, ``parallel_tool_calls``, ``prefix`` (the text the
         answer starts with), ``response_format`` (json_object / json_schema) and ``tool_result_hint``: see
         ``shared_engine.tools``; parsed calls come as ``tool_call`` events and in ``finish.tool_calls``.
+        ``raw_prompt``: the string prompt is text the answer continues, in no chat format (OpenAI's
+        completions; ``OutputOptions.raw_prompt``).
         """
         gen, plan, messages = self._prepare(
             messages_or_prompt, params, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
-            prefix=prefix, response_format=response_format, tool_result_hint=tool_result_hint)
+            prefix=prefix, response_format=response_format, tool_result_hint=tool_result_hint, raw_prompt=raw_prompt)
         rejected: list[tuple[str, str]] = []
         retried: list[Stats] = []
         for attempt in range(1, plan.attempts + 1):
@@ -322,6 +324,9 @@ class EnsembleEngine:
         defaults = self.options.model_dump(include=set(GenerationParams.model_fields))
         gen = validated(GenerationParams, **{**defaults, **params})
         plan = OutputPlan(validated(OutputOptions, **output_options))
+        if plan.raw_prompt and not isinstance(messages_or_prompt, str):
+            raise InvalidRequestError("a raw prompt is a string (the text the answer continues), "
+                                      f"not {type(messages_or_prompt).__name__}")
         return gen, plan, normalize_messages(messages_or_prompt)
 
     async def _decode(self, messages: list[dict[str, Any]], plan: OutputPlan,
@@ -374,7 +379,10 @@ class EnsembleEngine:
         _reject_oversized(messages, members, gen.max_new_tokens)
 
         def render(member: Member) -> list[int]:
-            ids = member.prompt_ids(messages, tools=plan.tools) if plan.tools else member.prompt_ids(messages)
+            if plan.raw_prompt:  # one user message: the prompt string (_prepare)
+                ids = member.text_prompt_ids(messages[0]["content"])
+            else:
+                ids = member.prompt_ids(messages, tools=plan.tools) if plan.tools else member.prompt_ids(messages)
             return list(ids) + list(member.table.encode_fragment(plan.prefix))
 
         prompt_ids = await asyncio.to_thread(lambda: [render(m) for m in members])
@@ -391,12 +399,13 @@ class EnsembleEngine:
                     f"{room} for one round (a span of up to max_words + 1 = "
                     f"{self.options.max_words + 1} words, {TOKENS_PER_WORD} tokens each, and the scoring of the "
                     f"others' spans): shorten the prompt or lower max_words")
-        stops = tuple(gen.stop) + tuple(plan.stops) + tuple(s for m in members for s in m.stop_strings)
+        records = request_members(members, self.labels, [m.new_session() for m in members], prompt_ids,
+                                  self._weights(), chat_turn=not plan.raw_prompt)
+        stops = tuple(gen.stop) + tuple(plan.stops) + tuple(s for r in records for s in r.turn_stops)
         # AdaFuse's spans are written by every member unconstrained: its JSON is validated and retried only.
         constraint = plan.constraint() if self.options.method != "adafuse" else None
-        state = RequestState(
-            request_members(members, self.labels, [m.new_session() for m in members], prompt_ids, self._weights()),
-            gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)), constraint=constraint, loop_guard=gen.loop_guard)
+        state = RequestState(records, gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)), constraint=constraint,
+                             loop_guard=gen.loop_guard)
         self._live[id(state)] = state
         return state, Sampler(gen.temperature, gen.top_p, gen.seed)
 

@@ -146,6 +146,11 @@ class OutputOptions(BaseModel):
                           "added after them, e.g. 'Using the function result above, answer my original "
                           "question in plain text.' Small members otherwise call the tool again instead of "
                           "answering; it discourages multi-step tool chains, so it is off by default.")
+    raw_prompt: bool = Field(
+        False, description="The prompt is plain text the answer continues, in no chat format (OpenAI's "
+                           "completions): each member reads its tokenizer's encoding of it (its BOS, special-"
+                           "token names as those tokens). A string prompt only; no tools or response_format, "
+                           "which are rendered as turns of a conversation.")
 
 
 def forced_tool(tool_choice: Any, names: Sequence[str]) -> str | None:
@@ -651,6 +656,10 @@ class OutputPlan:
             raise InvalidRequestError(f"tool names must be unique, got {self.names}")
         fmt = options.response_format
         self.response_format = fmt if fmt is not None and fmt.type != "text" else None
+        self.raw_prompt = options.raw_prompt
+        if self.raw_prompt and (tools or self.response_format or options.tool_result_hint):
+            raise InvalidRequestError("a raw prompt takes no tools, response_format or tool_result_hint: "
+                                      "they are rendered as turns of a conversation; send messages instead")
         if self.response_format is not None and tools and options.tool_choice not in (None, "none", "auto"):
             raise InvalidRequestError("a forced tool call and a JSON response_format cannot be combined")
         self.forced = forced_tool(options.tool_choice, self.names) if tools else None

@@ -102,7 +102,7 @@ class DraftBase:
     @classmethod
     def of(cls, state: RequestState) -> DraftBase:
         """The committed answer."""
-        opening = bytes(state.answer) if state.drafter.member.stop_strings and at_answer_start(state.answer) else None
+        opening = bytes(state.answer) if state.drafter.turn_stops and at_answer_start(state.answer) else None
         return cls(state.drafter_target(), opening, state.loop_tail(), state.constraint)
 
     @classmethod
@@ -111,7 +111,7 @@ class DraftBase:
         draft is the commit's to compute)."""
         pieces = state.drafter.table.to_bytes([t for t in draft.ids if t not in state.drafter.eos_ids])
         opening = None
-        if state.drafter.member.stop_strings and at_answer_start(state.answer) and at_answer_start(pieces):
+        if state.drafter.turn_stops and at_answer_start(state.answer) and at_answer_start(pieces):
             opening = bytes(state.answer) + pieces
         tail = None if state.loop_guard is None else state.loop_tail((state.loop_tail() or b"") + pieces)
         return cls(state.drafter_target() + draft.ids, opening, tail, None)

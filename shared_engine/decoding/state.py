@@ -52,6 +52,9 @@ class RequestMember:
     session: Session  # this request's KV cache in the member
     prompt_ids: list[int]  # the prompt in the member's own chat format
     weight: float  # its fusion weight; the request's weights sum to 1
+    turn_stops: tuple[str, ...] = ()
+    """A plain-format member's turn marker (``Member.stop_strings``) where the answer is a chat turn;
+    none for a raw prompt's continuation, which is no turn."""
     tokens: TokenizedText = field(init=False)  # its canonical tokenization of the answer (incremental)
 
     def __post_init__(self) -> None:
@@ -69,16 +72,18 @@ class RequestMember:
         """The member's next-token logits after the answer ``text[:end]`` as the decoders use them: a
         plain-format member's turn marker read as its end of turn (turn_markers.py; ``writing``: the
         member writes this token itself). Also whether the marker held enough mass to be counted."""
-        out, mass = read_turn_markers(logits, self.table, self.member.stop_strings, text, writing, end)
+        out, mass = read_turn_markers(logits, self.table, self.turn_stops, text, writing, end)
         return out, mass >= MARKER_COUNTED
 
 
 def request_members(members: Sequence[Member], labels: Sequence[str], sessions: Sequence[Session],
-                    prompt_ids: Sequence[list[int]], weights: torch.Tensor | None = None) -> list[RequestMember]:
-    """One record per member, in decoding order (drafter first); ``weights`` default to equal."""
+                    prompt_ids: Sequence[list[int]], weights: torch.Tensor | None = None,
+                    chat_turn: bool = True) -> list[RequestMember]:
+    """One record per member, in decoding order (drafter first); ``weights`` default to equal.
+    ``chat_turn``: the answer is an assistant turn (False: a raw prompt's continuation)."""
     if weights is None:
         weights = torch.full((len(members),), 1 / len(members))
-    return [RequestMember(m, label, session, ids, w)
+    return [RequestMember(m, label, session, ids, w, m.stop_strings if chat_turn else ())
             for m, label, session, ids, w in zip(members, labels, sessions, prompt_ids, weights.tolist())]
 
 
@@ -283,7 +288,7 @@ class RequestState:
         # Incomplete trailing bytes stay inside the decoder and are dropped: never a U+FFFD.
         held = self.text[self.emitted:]
         if held and self.finish_reason == "eos" and any(
-                stop.startswith(held) for record in self.members for stop in record.member.stop_strings):
+                stop.startswith(held) for record in self.members for stop in record.turn_stops):
             self.text = self.text[:self.emitted]
         delta = self.text[self.emitted:]
         self.emitted = len(self.text)

@@ -88,6 +88,10 @@ class Member(Protocol):
         """Prompt ids in the member's own chat format; ``tools`` (OpenAI format) rendered by its
         template where it can, else by ``shared_engine.tools``' documented fallback."""
 
+    def text_prompt_ids(self, text: str) -> list[int]:
+        """Prompt ids for plain text the answer continues, in no chat format (``raw_prompt``):
+        the tokenizer's encoding with its usual special tokens (a BOS once, where it adds one)."""
+
     def new_session(self) -> Session: ...
 
     async def run(self, fn: Callable[..., R], *args: Any) -> R:

@@ -123,7 +123,15 @@ def render_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mes
                 return _templated(tokenizer, alternating(messages), tools)
             except TemplateError:
                 raise InvalidRequestError(f"the member's chat template refuses these messages: {refused}") from None
-    return list(tokenizer(render_plain(messages))["input_ids"])
+    return render_text_ids(tokenizer, render_plain(messages))
+
+
+def render_text_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """``text`` as a plain-text prompt (OpenAI's completions: no chat format): the tokenizer's own
+    encoding with its usual special tokens, as vLLM reads it (special-token names in the text are
+    those tokens: a client may render its own chat format), but a BOS once where the text starts with it."""
+    bos = getattr(tokenizer, "bos_token", None)
+    return list(tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"])
 
 
 def _templated(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]],

@@ -32,7 +32,7 @@ from ..alignment import TokenTable
 from . import cache as kv
 from . import devices
 from .base import FULL_LOCAL, Capabilities, R
-from .chat import PLAIN_TEMPLATE_STOPS, Message, render_prompt_ids
+from .chat import PLAIN_TEMPLATE_STOPS, Message, render_prompt_ids, render_text_ids
 from .session import PrefixSession
 
 ROLLBACK_DEPTH = 256
@@ -131,6 +131,9 @@ class HFMember:
 
     def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Message] | None = None) -> list[int]:
         return render_prompt_ids(self.tokenizer, messages, tools)
+
+    def text_prompt_ids(self, text: str) -> list[int]:
+        return render_text_ids(self.tokenizer, text)
 
     def new_session(self) -> HFSession:
         return HFSession(self)

@@ -34,7 +34,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from ..alignment import TokenTable, common_prefix_len
 from ..errors import MemberError
 from .base import Capabilities, R
-from .chat import PLAIN_TEMPLATE_STOPS, Message, render_prompt_ids
+from .chat import PLAIN_TEMPLATE_STOPS, Message, render_prompt_ids, render_text_ids
 from .http import HttpSettings, JsonClient
 from .session import PrefixSession
 from .topk import TopK, topk_rows
@@ -69,6 +69,9 @@ class MemberTokenizer(Protocol):
 
     def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Message] | None = None) -> list[int]: ...
 
+    def text_prompt_ids(self, text: str) -> list[int]:
+        """``text`` with the tokenizer's usual special tokens (``Member.text_prompt_ids``)."""
+
     def encode(self, text: str) -> list[int]: ...
 
     def close(self) -> None: ...
@@ -93,6 +96,9 @@ class LocalTokenizer:
 
     def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Message] | None = None) -> list[int]:
         return render_prompt_ids(self.tokenizer, messages, tools)
+
+    def text_prompt_ids(self, text: str) -> list[int]:
+        return render_text_ids(self.tokenizer, text)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -202,6 +208,9 @@ class RemoteMember(ABC):
 
     def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Message] | None = None) -> list[int]:
         return self.tokenizer.prompt_ids(messages, tools) if tools else self.tokenizer.prompt_ids(messages)
+
+    def text_prompt_ids(self, text: str) -> list[int]:
+        return self.tokenizer.text_prompt_ids(text)
 
     def new_session(self) -> RemoteSession:
         return RemoteSession(self)

@@ -131,6 +131,11 @@ class LlamaCppServerTokenizer:
             text = answer["prompt"]
         else:
             text = render_plain(messages)
+        return self.text_prompt_ids(text)
+
+    def text_prompt_ids(self, text: str) -> list[int]:
+        """As ``chat.render_text_ids`` reads text with a transformers tokenizer: special-token names
+        parsed, a BOS once."""
         add_bos = not (self.bos_token and text.startswith(self.bos_token))
         return llamacpp_tokenize(self.client, text, add_special=add_bos, parse_special=True)
 

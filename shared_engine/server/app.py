@@ -3,7 +3,8 @@
     app = create_app(EnsembleEngine(["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]))
     uvicorn.run(app, port=8000)          # or: safe-ensemble serve --models a,b
 
-Routes: ``POST /v1/chat/completions`` (streamed or not), ``GET /v1/models`` (and ``/v1/models/{id}``),
+Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (a prompt the answer continues as plain
+text, in no chat format; streamed or not), ``GET /v1/models`` (and ``/v1/models/{id}``),
 ``GET /health`` and ``GET /`` (the live page). Every error is an OpenAI-style ``{"error": {message, type, param,
 code}}`` body. With ``api_key`` set, every route but the page and ``/health`` wants ``Authorization: Bearer <key>``
 (else a 401 ``invalid_api_key``); ``/health`` and the page stay open. Requests share the engine
@@ -21,13 +22,13 @@ import hmac
 import json
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from functools import cache
 from importlib.resources import files
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -44,8 +45,17 @@ from ..members.chat import normalize_messages
 from ..options import DEFAULT_MAX_ACTIVE, GenerationParams, validated
 from ..tools import OutputOptions, OutputPlan
 from .admission import Admission, Overloaded, Ticket
-from .completions import collect, stream_chunks
-from .openai_schema import ChatCompletionRequest, ErrorBody, ErrorDetail, ModelCard, ModelList, completion_id
+from .completions import collect, collect_text, stream_chunks
+from .openai_schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorBody,
+    ErrorDetail,
+    ModelCard,
+    ModelList,
+    completion_id,
+    text_completion_id,
+)
 from .sse import ClientGone, EventStreamResponse, cancel_on_disconnect
 
 MAX_BODY_BYTES = 1 << 20
@@ -107,19 +117,23 @@ def _param_of(message: str) -> str | None:
     if match := re.match(r"invalid parameters: ([A-Za-z_][\w.]*): ", message):
         return match.group(1)
     first = re.match(r"\w+", message)
-    return first.group(0) if first and first.group(0) in ChatCompletionRequest.model_fields else None
+    fields = ChatCompletionRequest.model_fields.keys() | CompletionRequest.model_fields.keys()
+    return first.group(0) if first and first.group(0) in fields else None
 
 
-async def _parse(request: Request) -> ChatCompletionRequest:
-    """The request body as a validated ``ChatCompletionRequest``, or an ``ApiError`` saying why not."""
+RequestT = TypeVar("RequestT", ChatCompletionRequest, CompletionRequest)
+
+
+async def _parse(request: Request, kind: type[RequestT]) -> RequestT:
+    """The request body as a validated ``kind``, or an ``ApiError`` saying why not."""
     raw = await _read_body(request)
     try:
-        return _validated_request(raw)
+        return _validated_request(raw, kind)
     except RecursionError:  # json's and pydantic's nesting limits
         raise ApiError(400, "the request body is not valid JSON: nested too deeply", code="invalid_json") from None
 
 
-def _validated_request(raw: bytes) -> ChatCompletionRequest:
+def _validated_request(raw: bytes, kind: type[RequestT]) -> RequestT:
     try:
         body = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
@@ -138,12 +152,12 @@ def _validated_request(raw: bytes) -> ChatCompletionRequest:
         raise ApiError(400, f"the request body is not valid Unicode: {err.reason} (a lone surrogate escape)",
                        code="invalid_encoding") from None
     try:
-        return ChatCompletionRequest.model_validate(body)
+        return kind.model_validate(body)
     except ValidationError as err:
         raise _validation_error(err) from None
 
 
-async def _events(engine: EnsembleEngine, ticket: Ticket, messages: list[dict[str, Any]],
+async def _events(engine: EnsembleEngine, ticket: Ticket, messages: str | list[dict[str, Any]],
                   params: dict[str, Any]) -> AsyncGenerator[Event, None]:
     """The engine's event stream for one request, run while holding an admission slot."""
     try:
@@ -248,14 +262,51 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
     async def page(request: Request) -> HTMLResponse:
         return HTMLResponse(_page())
 
-    async def chat_completions(request: Request) -> Response:
-        req = await _parse(request)
+    def check(req: ChatCompletionRequest | CompletionRequest) -> None:
+        """What both endpoints refuse before any work: another model, a feature not honoured, a conflict."""
         if req.model != name:
             raise unknown_model(req.model)
         if problem := req.unsupported():
             raise ApiError(400, f"{problem[0]}: {problem[1]}", param=problem[0], code="unsupported_parameter")
         if problem := req.conflict():
             raise ApiError(400, f"{problem[0]}: {problem[1]}", param=problem[0], code="invalid_value")
+
+    def admit() -> Ticket:
+        try:
+            return admission.admit()
+        except Overloaded as err:
+            raise ApiError(429, f"the server is busy: {err}", type="rate_limit_error",
+                           code="too_many_requests", headers={"Retry-After": "1"}) from None
+
+    async def respond(request: Request, req: ChatCompletionRequest | CompletionRequest, ticket: Ticket,
+                      events: AsyncGenerator[Event, None] | None, whole: Callable[[], Awaitable[BaseModel]],
+                      chunks: Callable[[AsyncGenerator[Event, None]], AsyncIterator[str]]) -> Response:
+        """The response of an admitted request: ``whole()`` answered at once, or ``chunks`` of
+        ``events`` (given when ``req.stream``) streamed."""
+        started = False
+        try:
+            if not req.stream:
+                result = await cancel_on_disconnect(request.receive, whole())
+                return JSONResponse(result.model_dump())  # OpenAI's nulls kept: content, logprobs
+            assert events is not None, "a streamed request has its events"
+            # Wait for a slot and the first event before answering 200, so that a request the
+            # engine rejects (e.g. too long for a member's context) still gets a proper 400.
+            first = await cancel_on_disconnect(request.receive, _first(events))
+            started = True
+        except InvalidRequestError as err:
+            raise _engine_error(err) from None
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it; the work was cancelled
+        finally:
+            if not started:
+                if events is not None:
+                    await events.aclose()
+                ticket.close()
+        return EventStreamResponse(chunks(_prepend(first, events)), on_close=ticket.close)
+
+    async def chat_completions(request: Request) -> Response:
+        req = await _parse(request, ChatCompletionRequest)
+        check(req)
         try:
             messages = normalize_messages([m.as_engine_message() for m in req.messages])
             params = req.generation_params()
@@ -267,37 +318,46 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
             raise _engine_error(err) from None
         except RecursionError:  # e.g. a JSON schema nested past what the engine's readers recurse through
             raise ApiError(400, "the request is nested too deeply to be read", code="invalid_value") from None
-        try:
-            ticket = admission.admit()
-        except Overloaded as err:
-            raise ApiError(429, f"the server is busy: {err}", type="rate_limit_error",
-                           code="too_many_requests", headers={"Retry-After": "1"}) from None
-
+        ticket = admit()
         cid = completion_id()
         events = _events(engine, ticket, messages, params)
-        started = False
+        return await respond(
+            request, req, ticket, events,
+            lambda: collect(events, completion_id=cid, model=name, method=engine.options.method, members=members(),
+                            ensemble_events=req.ensemble_events),
+            lambda stream: stream_chunks(
+                stream, completion_id=cid, model=name, ensemble_events=req.ensemble_events,
+                include_usage=bool(req.stream_options and req.stream_options.include_usage)))
+
+    async def completions(request: Request) -> Response:
+        """``POST /v1/completions``: each prompt is text the answer continues (the engine's ``raw_prompt``)."""
+        req = await _parse(request, CompletionRequest)
+        check(req)
+        params = {**req.generation_params(), "raw_prompt": True}
         try:
-            if not req.stream:
-                result = await cancel_on_disconnect(request.receive, collect(
-                    events, completion_id=cid, model=name, method=engine.options.method, members=members(),
-                    ensemble_events=req.ensemble_events))
-                return JSONResponse(result.model_dump())  # OpenAI's nulls kept: content, logprobs
-            # Wait for a slot and the first event before answering 200, so that a request the
-            # engine rejects (e.g. too long for a member's context) still gets a proper 400.
-            first = await cancel_on_disconnect(request.receive, _first(events))
-            started = True
+            for prompt in req.prompts:
+                engine.check_request(prompt, **params)
         except InvalidRequestError as err:
             raise _engine_error(err) from None
-        except ClientGone:
-            return Response(status_code=499)  # nobody reads it; the work was cancelled
-        finally:
-            if not started:
-                await events.aclose()
+        ticket = admit()
+        cid = text_completion_id()
+        events = _events(engine, ticket, req.prompts[0], params) if req.stream else None  # one prompt (check)
+        echoes = req.prompts if req.echo else [""] * len(req.prompts)
+
+        async def whole() -> BaseModel:
+            try:  # the prompts one after another, on this request's one admission slot
+                async with ticket:
+                    return await collect_text([engine.astream(p, **params) for p in req.prompts], completion_id=cid,
+                                              model=name, method=engine.options.method, members=members(),
+                                              ensemble_events=req.ensemble_events, echoes=echoes)
+            finally:
                 ticket.close()
-        chunks = stream_chunks(_prepend(first, events), completion_id=cid, model=name,
-                               include_usage=bool(req.stream_options and req.stream_options.include_usage),
-                               ensemble_events=req.ensemble_events)
-        return EventStreamResponse(chunks, on_close=ticket.close)
+
+        return await respond(
+            request, req, ticket, events, whole,
+            lambda stream: stream_chunks(
+                stream, completion_id=cid, model=name, ensemble_events=req.ensemble_events, shape="text",
+                echo=echoes[0], include_usage=bool(req.stream_options and req.stream_options.include_usage)))
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
@@ -318,6 +378,7 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
     ]
     # CORS outside the key guard: a browser's preflight (OPTIONS) carries no Authorization header
     cors = [Middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],

@@ -9,11 +9,11 @@ otherwise they show only in the stats (``spans - fused_spans``) and in the chunk
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from typing import Literal
 
-from ..events import AdaFuseEvent, EnsembleEvent, Event, FinishEvent, ToolCallEvent
+from ..events import AdaFuseEvent, EnsembleEvent, Event, FinishEvent, ToolCallEvent, Usage
 from .openai_schema import (
     AssistantMessage,
     ChatCompletion,
@@ -26,6 +26,8 @@ from .openai_schema import (
     EnsembleSummary,
     ErrorBody,
     ErrorDetail,
+    TextChoice,
+    TextCompletion,
     ToolCallDelta,
     ToolCallOut,
     as_decision,
@@ -48,9 +50,16 @@ def listed(event: EnsembleEvent | AdaFuseEvent, listing: Listing) -> bool:
     return bool(listing)
 
 
+Shape = Literal["chat", "text"]
+"""``chat``: chat completion chunks/objects; ``text``: legacy ``text_completion`` ones (no tool calls:
+a raw prompt takes no tools)."""
+
+
 async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, model: str,
-                        include_usage: bool, ensemble_events: Listing) -> AsyncIterator[str]:
-    """SSE messages for a streamed completion, ending with ``data: [DONE]``.
+                        include_usage: bool, ensemble_events: Listing, shape: Shape = "chat",
+                        echo: str = "") -> AsyncIterator[str]:
+    """SSE messages for a streamed completion, ending with ``data: [DONE]``. ``echo`` (text shape):
+    the prompt, sent first.
 
     Closing this iterator closes ``events`` (and so the engine stream under it)."""
 
@@ -59,14 +68,29 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
     def chunk(delta: Delta, finish: FinishEvent | None = None, ensemble: EnsembleDelta | None = None) -> str:
         # ensemble_events only decides which decisions are listed (``pending``); the extension's
         # source/position and the final chunk's stats, format_error and failed_members always come.
-        choice = ChunkChoice(delta=delta, finish_reason=finish.openai_finish_reason if finish else None)
-        body = ChatCompletionChunk(id=completion_id, created=created, model=model, choices=[choice], ensemble=ensemble)
+        reason = finish.openai_finish_reason if finish else None
+        body: ChatCompletionChunk | TextCompletion
+        if shape == "text":
+            body = TextCompletion(id=completion_id, created=created, model=model, ensemble=ensemble,
+                                  choices=[TextChoice(text=delta.content or "", finish_reason=reason)])
+        else:
+            body = ChatCompletionChunk(id=completion_id, created=created, model=model, ensemble=ensemble,
+                                       choices=[ChunkChoice(delta=delta, finish_reason=reason)])
         return sse(body.model_dump_json(exclude={"ensemble"} if body.ensemble is None else None))
+
+    def usage_chunk(usage: Usage) -> str:
+        body = TextCompletion(id=completion_id, created=created, model=model, choices=[], usage=usage) \
+            if shape == "text" else ChatCompletionChunk(id=completion_id, created=created, model=model,
+                                                         choices=[], usage=usage)
+        return sse(body.model_dump_json(exclude={"ensemble"}))
 
     pending: list[Decision] = []
     span: int | None = None  # AdaFuse: the span being committed
     async with aclosing(events):  # type: ignore[type-var]
-        yield chunk(Delta(role="assistant", content=""))
+        if shape == "chat":
+            yield chunk(Delta(role="assistant", content=""))
+        elif echo:
+            yield chunk(Delta(content=echo))
         try:
             async for event in events:
                 if isinstance(event, AdaFuseEvent):
@@ -90,9 +114,7 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
                                                               format_error=event.format_error,
                                                               failed_members=event.failed_members))
                     if include_usage:
-                        usage = ChatCompletionChunk(id=completion_id, created=created, model=model, choices=[],
-                                                    usage=event.usage)
-                        yield sse(usage.model_dump_json(exclude={"ensemble"}))
+                        yield usage_chunk(event.usage)
         except Exception as err:  # noqa: BLE001 - the status line is sent; report in-stream
             error = ErrorBody(error=ErrorDetail(message=f"generation failed: {err}", type="server_error"))
             yield sse(error.model_dump_json())
@@ -100,9 +122,8 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
     yield sse("[DONE]")
 
 
-async def collect(events: AsyncIterator[Event], *, completion_id: str, model: str, method: str,
-                  members: list[str], ensemble_events: Listing) -> ChatCompletion:
-    """The whole completion at once (non-streamed requests)."""
+async def _gather(events: AsyncIterator[Event], ensemble_events: Listing) -> tuple[FinishEvent, str, list[Decision]]:
+    """A whole answer: its finish event, its text and the decisions listed."""
     decisions: list[Decision] = []
     finish: FinishEvent | None = None
     content: list[str] = []  # in the order the stream sends it: an unreadable call's text where it stood
@@ -118,11 +139,38 @@ async def collect(events: AsyncIterator[Event], *, completion_id: str, model: st
                 finish = event
     if finish is None:  # pragma: no cover - the engine always ends with finish
         raise RuntimeError("the engine stream ended without a finish event")
+    return finish, "".join(content), decisions
+
+
+def _summary(finish: FinishEvent, decisions: list[Decision], method: str, members: list[str]) -> EnsembleSummary:
+    return EnsembleSummary(method=method, members=members, decisions=decisions, stats=finish.stats,
+                           format_error=finish.format_error, failed_members=finish.failed_members)
+
+
+async def collect(events: AsyncIterator[Event], *, completion_id: str, model: str, method: str,
+                  members: list[str], ensemble_events: Listing) -> ChatCompletion:
+    """The whole completion at once (non-streamed requests)."""
+    finish, text, decisions = await _gather(events, ensemble_events)
     calls = [ToolCallOut.from_event(c) for c in finish.tool_calls if c.error is None]
-    message = AssistantMessage(content="".join(content) or (None if calls else ""), tool_calls=calls or None)
+    message = AssistantMessage(content=text or (None if calls else ""), tool_calls=calls or None)
     return ChatCompletion(
         id=completion_id, model=model,
         choices=[Choice(message=message, finish_reason=finish.openai_finish_reason)],
-        usage=finish.usage,
-        ensemble=EnsembleSummary(method=method, members=members, decisions=decisions, stats=finish.stats,
-                                 format_error=finish.format_error, failed_members=finish.failed_members))
+        usage=finish.usage, ensemble=_summary(finish, decisions, method, members))
+
+
+async def collect_text(answers: Sequence[AsyncIterator[Event]], *, completion_id: str, model: str, method: str,
+                       members: list[str], ensemble_events: Listing, echoes: Sequence[str]) -> TextCompletion:
+    """A legacy completion: one choice per prompt (``answers`` run one after another), each with its
+    ``ensemble`` summary; the usage is their sum. ``echoes``: each choice's text starts with it."""
+    choices: list[TextChoice] = []
+    usages: list[Usage] = []
+    for index, (events, echo) in enumerate(zip(answers, echoes, strict=True)):
+        finish, text, decisions = await _gather(events, ensemble_events)
+        choices.append(TextChoice(index=index, text=echo + text, finish_reason=finish.openai_finish_reason,
+                                  ensemble=_summary(finish, decisions, method, members)))
+        usages.append(finish.usage)
+    usage = Usage(prompt_tokens=sum(u.prompt_tokens for u in usages),
+                  completion_tokens=sum(u.completion_tokens for u in usages),
+                  total_tokens=sum(u.total_tokens for u in usages))
+    return TextCompletion(id=completion_id, model=model, choices=choices, usage=usage)

@@ -107,28 +107,20 @@ UNSUPPORTED: dict[str, str] = {
 """Request fields this server refuses with a 400 rather than silently ignore (any other unknown field is ignored)."""
 
 
-class ChatCompletionRequest(BaseModel):
+class _GenerationRequest(BaseModel):
+    """What both completion endpoints take: the model, streaming, sampling and the extensions."""
+
     model_config = ConfigDict(strict=True, extra="allow")
 
     model: str
-    messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = Field(None, ge=1, le=1, description="Only one choice per request.")
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
-    tool_result_hint: str | None = Field(
-        None, min_length=1,
-        description="Extension: with tools offered and a conversation that ends with tool results, a user "
-                    "turn added after them asking for a plain-text answer (shared_engine.tools.OutputOptions).")
     loop_guard: int | None = Field(
         None, ge=0, le=4096,
         description="Extension: an exact repetition at the answer's end may reach this many bytes, then no "
@@ -161,21 +153,44 @@ class ChatCompletionRequest(BaseModel):
 
     def conflict(self) -> tuple[str, str] | None:
         """(param, message) for fields that only make sense together, refused as OpenAI refuses them."""
-        if self.tool_choice not in (None, "auto", "none") and not self.tools:
-            return "tool_choice", "tool_choice is only allowed when tools are specified"
         if self.stream_options is not None and not self.stream:
             return "stream_options", "stream_options is only allowed when stream is true"
         return None
 
+    def answer_tokens(self) -> int | None:
+        """The answer's token limit the request sets (None: the server's default)."""
+        return self.max_tokens
+
     def generation_params(self) -> dict[str, Any]:
         """The engine's per-request parameters; unset ones fall back to the engine's defaults."""
         params: dict[str, Any] = {
-            "max_new_tokens": self.max_completion_tokens or self.max_tokens,
+            "max_new_tokens": self.answer_tokens(),
             "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed, "stop": self.stop}
         params = {k: v for k, v in params.items() if v is not None}
         if self.loop_guard is not None:
             params["loop_guard"] = self.loop_guard or None
         return params
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    tool_result_hint: str | None = Field(
+        None, min_length=1,
+        description="Extension: with tools offered and a conversation that ends with tool results, a user "
+                    "turn added after them asking for a plain-text answer (shared_engine.tools.OutputOptions).")
+
+    def conflict(self) -> tuple[str, str] | None:
+        if self.tool_choice not in (None, "auto", "none") and not self.tools:
+            return "tool_choice", "tool_choice is only allowed when tools are specified"
+        return super().conflict()
+
+    def answer_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
 
     def output_options(self) -> dict[str, Any]:
         """The engine's tool and format options (``shared_engine.tools.OutputOptions``)."""
@@ -183,6 +198,52 @@ class ChatCompletionRequest(BaseModel):
                    "parallel_tool_calls": self.parallel_tool_calls, "response_format": self.response_format,
                    "tool_result_hint": self.tool_result_hint}
         return {k: v for k, v in options.items() if v is not None}
+
+
+class CompletionRequest(_GenerationRequest):
+    """OpenAI's (legacy) completions: a prompt the answer continues as plain text, in no chat format
+    (the engine's ``raw_prompt``). A list of prompts is answered one after another, a choice each;
+    token-id prompts are refused (each member has its own vocabulary)."""
+
+    prompt: str | list[str] = Field(description="Text, or a list of texts: one choice each.")
+    max_tokens: int | None = Field(16, ge=1, description="16 when unset, as OpenAI's completions.")
+    echo: bool = Field(False, description="The prompt is sent back before the completion.")
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _text_prompts(cls, value: object) -> object:
+        if isinstance(value, list) and not value:
+            raise ValueError("the list of prompts is empty")
+        if isinstance(value, list) and any(isinstance(v, int | list) for v in value):
+            raise ValueError("token-id prompts are not supported (each member has its own vocabulary): send text")
+        return value
+
+    @field_validator("echo", mode="before")
+    @classmethod
+    def _null_echo(cls, value: object) -> object:
+        return False if value is None else value
+
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _null_max_tokens(cls, value: object) -> object:
+        return 16 if value is None else value
+
+    @property
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+    def unsupported(self) -> tuple[str, str] | None:
+        extra = self.model_extra or {}
+        if extra.get("suffix"):
+            return "suffix", "insertion (a suffix after the completion) is not supported"
+        if extra.get("best_of") not in (None, 1):
+            return "best_of", "best_of is not supported: one completion per prompt"
+        return super().unsupported()
+
+    def conflict(self) -> tuple[str, str] | None:
+        if self.stream and len(self.prompts) > 1:
+            return "prompt", "a list of prompts is answered whole: send stream false, or one prompt"
+        return super().conflict()
 
 
 # ----------------------------------------------------------------------------- responses
@@ -338,6 +399,40 @@ class ChatCompletion(BaseModel):
     choices: list[Choice]
     usage: Usage
     ensemble: EnsembleSummary | None = None
+
+
+class TextChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+    ensemble: EnsembleSummary | None = Field(
+        None, description="Extension, on a whole completion: this choice's decisions and statistics (a list "
+                          "of prompts is answered a choice each).")
+
+    @model_serializer(mode="wrap")
+    def _summary_when_any(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("ensemble") is None:
+            data.pop("ensemble", None)
+        return data
+
+
+class TextCompletion(BaseModel):
+    """A legacy completion, whole or one streamed chunk of it (OpenAI sends both as ``text_completion``)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[TextChoice]
+    usage: Usage | None = None
+    ensemble: EnsembleDelta | None = Field(
+        None, description="Extension, on a streamed chunk: as on a chat chunk (``EnsembleDelta``).")
+
+
+def text_completion_id() -> str:
+    return f"cmpl-{uuid.uuid4().hex}"
 
 
 class ModelCard(BaseModel):
