@@ -62,6 +62,9 @@ def test_the_table_read_from_the_server_matches_the_local_tokenizer(name: str) -
         assert remote.has_chat_template == local.has_chat_template  # Gemma base: neither
         for messages in CONVERSATIONS:
             assert remote.prompt_ids(messages) == local.prompt_ids(messages)
+        bos = local.tokenizer.bos_token or ""
+        for text in [*TEXTS, bos + TEXTS[0]]:  # a raw prompt (/v1/completions): BOS once, specials parsed
+            assert remote.text_prompt_ids(text) == local.text_prompt_ids(text), text
         for text in TEXTS:
             assert theirs.spell_covering(text) == ours.spell_covering(text)
         assert theirs.to_bytes(theirs.spell(NOT_NFC)) == ours.to_bytes(ours.spell(NOT_NFC)) == NOT_NFC.encode()
