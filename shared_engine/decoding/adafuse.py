@@ -224,15 +224,14 @@ def _propose(session: Session, context: list[int], first: torch.Tensor, table: T
 def _branches(session: Session, context: list[int], first: torch.Tensor, table: TokenTable,
               settings: AdaFuseSettings, shared: SharedEnds, seed: int, support: int | None) -> list[Span]:
     """Blocking: ``num_candidates`` one-word continuations from the member's top first tokens."""
-    generator = torch.Generator().manual_seed(seed)
+    sampler = Sampler(settings.candidate_temperature, seed=seed)
 
     def pick(logits: torch.Tensor) -> int:
-        # below float32's tiny (1e-300) the division gave inf/inf NaN and multinomial raised: greedy
-        if settings.candidate_temperature < torch.finfo(torch.float32).tiny:
+        if sampler.greedy:
             return int(torch.argmax(logits))
+        # the Sampler's softmax: a tiny temperature (2e-38: logits / T overflowed to inf, then NaN) is greedy
         top = torch.topk(logits.float(), min(support or logits.shape[-1], logits.shape[-1]))
-        probs = torch.softmax(top.values / settings.candidate_temperature, dim=-1)
-        return int(top.indices[int(torch.multinomial(probs, 1, generator=generator))])
+        return int(top.indices[sampler.pick(sampler.distribution(top.values))])
 
     count = min(settings.num_candidates, first.shape[-1], support or first.shape[-1])
     tops = torch.topk(without_specials(first, table), count).indices.tolist()
