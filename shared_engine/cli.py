@@ -40,6 +40,8 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--stop", action="append", help="stop string (repeatable)")
     run.add_argument("--events", action="store_true", help="print every event as a JSON line")
     run.add_argument("--no-color", action="store_true", help="do not highlight ensembled tokens")
+    run.add_argument("--raw", action="store_true",
+                     help="the prompt is text to continue, in no chat format (as /v1/completions reads it)")
     run.add_argument("prompt")
 
 
@@ -47,7 +49,8 @@ async def _stream(args: argparse.Namespace) -> int:
     method = args.method or default_method(args.models)
     engine = engine_from_args(args, method)
     color = sys.stdout.isatty() and not args.no_color
-    params = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "stop": args.stop or []}
+    params = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "stop": args.stop or [],
+              "raw_prompt": args.raw}
     engine.check_request(args.prompt, **params)  # a bad request fails before the members load
     await asyncio.to_thread(load_with_notice, engine)
     async for event in engine.astream(args.prompt, **params):

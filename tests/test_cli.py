@@ -36,6 +36,13 @@ def test_run_events_are_json_lines_ending_with_finish() -> None:
     assert "".join(e["text"] for e in events if e["type"] == "token") == events[-1]["text"]
 
 
+def test_run_raw_continues_the_text() -> None:
+    result = cli("run", "--models", QWEN, "--raw", "--events", "--max-new-tokens", "4", "The capital of France is")
+    assert result.returncode == 0, result.stderr
+    finish = json.loads(result.stdout.splitlines()[-1])
+    assert finish["text"].startswith(" Paris") and finish["stats"]["prompt_tokens"] == 5  # no chat template
+
+
 def test_unknown_model_is_a_readable_error() -> None:
     result = cli("run", "--models", "gpt-17", "hi")
     assert result.returncode == 2
