@@ -370,6 +370,13 @@ class ChatCompletionChunk(BaseModel):
     ensemble: EnsembleDelta | None = None
 
 
+def _left_out_when_none(data: dict[str, Any], key: str) -> dict[str, Any]:
+    """A serialised object without ``key`` where it is None (a field OpenAI's own objects lack)."""
+    if data.get(key) is None:
+        data.pop(key, None)
+    return data
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = Field(description="None when the answer is tool calls only, as with OpenAI.")
@@ -378,10 +385,7 @@ class AssistantMessage(BaseModel):
     @model_serializer(mode="wrap")
     def _calls_when_any(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """OpenAI leaves ``tool_calls`` out of a message without calls, but sends ``content: null``."""
-        data: dict[str, Any] = handler(self)
-        if data.get("tool_calls") is None:
-            data.pop("tool_calls", None)
-        return data
+        return _left_out_when_none(handler(self), "tool_calls")
 
 
 class Choice(BaseModel):
@@ -412,10 +416,7 @@ class TextChoice(BaseModel):
 
     @model_serializer(mode="wrap")
     def _summary_when_any(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        if data.get("ensemble") is None:
-            data.pop("ensemble", None)
-        return data
+        return _left_out_when_none(handler(self), "ensemble")
 
 
 class TextCompletion(BaseModel):
