@@ -243,7 +243,7 @@ class ChatEnsemble(BaseChatModel):
     method: Method = "safe"
     """How the ensemble decodes (see the engine's README)."""
     max_tokens: int = Field(256, ge=1)
-    """Answer length cap, in drafter tokens."""
+    """Answer length cap, in drafter tokens (None: this default)."""
     temperature: float | None = None
     """Sampling temperature; None or 0 = greedy (the engine's default)."""
     top_p: float | None = None
@@ -251,7 +251,7 @@ class ChatEnsemble(BaseChatModel):
     seed: int | None = None
     """Seed for sampling: a fixed seed gives a reproducible answer."""
     stop: list[str] | None = None
-    """Default stop strings; a call's own ``stop`` replaces them."""
+    """Default stop strings (a str is one); a call's own ``stop`` replaces them."""
     streaming: bool = False
     """Make ``invoke`` use the streaming path (LangChain convention)."""
     custom_events: list[str] = Field(default_factory=lambda: ["ensemble", "adafuse", "finish"])
@@ -297,6 +297,18 @@ class ChatEnsemble(BaseChatModel):
             raise ValueError(f"unknown arguments {unknown}: not a ChatEnsemble field, engine option "
                              f"or member option")
         return values
+
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _max_tokens_none_is_default(cls, value: Any) -> Any:
+        """``max_tokens=None``: the default, as ChatOpenAI reads it (the model's own)."""
+        return cls.model_fields["max_tokens"].default if value is None else value
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _str_stop_is_one_stop(cls, value: Any) -> Any:
+        """``stop="x"`` (ChatOpenAI takes a str): one stop string, not its characters."""
+        return [value] if isinstance(value, str) else value
 
     @field_validator("custom_events")
     @classmethod
