@@ -113,6 +113,14 @@ def test_what_it_cannot_do_is_a_400_naming_the_field(base_url: str, body: dict[s
     assert says in error["message"] and error["param"] == param, error
 
 
+def test_a_prompt_too_long_for_a_member_names_the_prompt(base_url: str) -> None:
+    for stream in (False, True):
+        response = post(base_url, {"model": MODEL, "prompt": "Sofia walked " * 400, "stream": stream})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == "context_length_exceeded"
+        assert response.json()["error"]["param"] == "prompt"
+
+
 def test_another_model_is_a_404(base_url: str) -> None:
     response = post(base_url, {"model": "gpt-4", "prompt": PROMPT})
     assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"

@@ -75,9 +75,9 @@ class ApiError(Exception):
         return JSONResponse(ErrorBody(error=self.detail).model_dump(), self.status, headers=self.headers)
 
 
-def _engine_error(err: InvalidRequestError) -> ApiError:
+def _engine_error(err: InvalidRequestError, prompt_field: str = "messages") -> ApiError:
     if isinstance(err, ContextLengthError):
-        return ApiError(400, str(err), param="messages", code="context_length_exceeded")
+        return ApiError(400, str(err), param=prompt_field, code="context_length_exceeded")
     return ApiError(400, str(err), param=_param_of(str(err)))
 
 
@@ -294,7 +294,7 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
             first = await cancel_on_disconnect(request.receive, _first(events))
             started = True
         except InvalidRequestError as err:
-            raise _engine_error(err) from None
+            raise _engine_error(err, "prompt" if isinstance(req, CompletionRequest) else "messages") from None
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; the work was cancelled
         finally:
@@ -338,7 +338,7 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
             for prompt in req.prompts:
                 engine.check_request(prompt, **params)
         except InvalidRequestError as err:
-            raise _engine_error(err) from None
+            raise _engine_error(err, "prompt") from None
         ticket = admit()
         cid = text_completion_id()
         events = _events(engine, ticket, req.prompts[0], params) if req.stream else None  # one prompt (check)
