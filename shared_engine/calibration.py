@@ -21,7 +21,8 @@ question. From the log-probabilities of the answer's tokens:
 
 Questions used as few-shot exemplars in the evaluation's prompt are skipped, and a test split is
 refused: a profile must never be fitted on the questions it is evaluated on. A question longer than
-a member's context window is left out, with a warning naming it.
+a member's context window is left out, with a warning naming it, and the next question is read in
+its place: ``--limit N`` fits on N questions where the split has them.
 """
 
 from __future__ import annotations
@@ -79,9 +80,10 @@ def reference_answer(bench: str, record: Record) -> str:
     return f"The answer is ({answer}) {text}."
 
 
-def calibration_records(bench: str, data: str | None, limit: int) -> tuple[Path, list[Record], Benchmark]:
-    """The labelled records to fit on (exemplars and a test split refused), the data path and
-    the benchmark whose prompts are used."""
+def calibration_records(bench: str, data: str | None,
+                        limit: int | None) -> tuple[Path, list[Record], Benchmark]:
+    """The labelled records to fit on (exemplars and a test split refused; the first ``limit``, None:
+    all), the data path and the benchmark whose prompts are used."""
     if bench not in CALIBRATION_SPLITS:
         raise InvalidRequestError(f"calibrate supports {sorted(CALIBRATION_SPLITS)}, not {bench!r}")
     root = find_data_dir()
@@ -113,7 +115,7 @@ def calibration_records(bench: str, data: str | None, limit: int) -> tuple[Path,
     if not fit:
         raise InvalidRequestError(f"every question in {path} is a test question: calibrate on training/dev "
                                   f"data ({CALIBRATION_SPLITS[bench]}), never on the questions evaluated")
-    return path, fit[:limit], benchmark
+    return path, fit[:limit] if limit is not None else fit, benchmark
 
 
 def _test_splits(bench: str, path: Path, root: Path | None) -> list[Path]:
@@ -202,23 +204,35 @@ class _Evidence:
 
 
 def collect(members: Sequence[Member], bench: str, records: Sequence[Record], benchmark: Benchmark,
-            progress: bool = True) -> _Evidence:
-    """Teacher-force every member on every record (a progress bar per question)."""
+            progress: bool = True, limit: int | None = None) -> _Evidence:
+    """Teacher-force every member on the records in order until ``limit`` of them (None: all) are read
+    (a progress bar per question); a question too long for a member's window is left out and the
+    next one read in its place, so ``--limit N`` gets N where the split has them."""
+    asked = len(records) if limit is None else limit
+    wanted = min(asked, len(records))
     evidence = _Evidence(nll=[0.0] * len(members), unscored=[0] * len(members))
     sessions = [m.new_session() for m in members]
     too_long: list[tuple[str, str]] = []
+    interrupted = False
+    bar = tqdm(total=wanted, desc=f"calibrate {bench}", unit="q", disable=not progress, file=sys.stderr)
     try:
-        for record in tqdm(records, desc=f"calibrate {bench}", unit="q", disable=not progress, file=sys.stderr):
+        for record in records:
+            if evidence.questions >= wanted:
+                break
             try:
                 _read_one(members, sessions, bench, record, benchmark, evidence)
             except ContextLengthError as err:  # one long question does not end the fit (nothing of it was kept)
                 too_long.append((record.id, str(err)))
+                continue
+            bar.update()
     except KeyboardInterrupt:  # Ctrl-C: the questions read (20 min at the default 50) are fitted, not lost
         if not evidence.questions:
             raise
+        interrupted = True
         _log.warning("calibrate: interrupted after %d of %d questions; fitting on those (Ctrl-C again to stop)",
-                     evidence.questions, len(records))
+                     evidence.questions, wanted)
     finally:
+        bar.close()
         for session in sessions:
             close = getattr(session, "close", None)
             if close is not None:
@@ -226,9 +240,11 @@ def collect(members: Sequence[Member], bench: str, records: Sequence[Record], be
     if too_long and not evidence.questions:
         raise ContextLengthError(f"no question fits: on question {too_long[0][0]}, {too_long[0][1]}")
     if too_long:
+        short = "" if evidence.questions >= asked or interrupted else \
+            f"; no more questions in the split: fitted on {evidence.questions} of the {asked} asked"
         _log.warning("calibrate: %d of %d questions left out, longer than a member's context window (%s; "
-                     "question %s: %s)", len(too_long), len(records), ", ".join(i for i, _ in too_long),
-                     too_long[0][0], too_long[0][1])
+                     "question %s: %s)%s", len(too_long), len(too_long) + evidence.questions,
+                     ", ".join(i for i, _ in too_long), too_long[0][0], too_long[0][1], short)
     return evidence
 
 
@@ -336,7 +352,7 @@ def calibrate(models: Sequence[str | Member], bench: str = "gsm8k", data: str | 
         raise InvalidRequestError("calibrate needs at least two members")
     if limit < 1:
         raise InvalidRequestError("calibrate needs at least one question")
-    path, records, benchmark = calibration_records(bench, data, limit)
+    path, records, benchmark = calibration_records(bench, data, None)  # collect reads ``limit`` that fit
     if out is not None:
         target = Path(out).expanduser()
         for read in (path, *_test_splits(bench, path, find_data_dir())):
@@ -347,7 +363,7 @@ def calibrate(models: Sequence[str | Member], bench: str = "gsm8k", data: str | 
     if len(set(names)) != len(names):  # before loading any: a load takes seconds to minutes
         raise InvalidRequestError(f"calibrate needs distinct members, got {names}")
     members = [load_member(with_backend(m, backend)) if isinstance(m, str) else m for m in models]
-    evidence = collect(members, bench, records, benchmark, progress)
+    evidence = collect(members, bench, records, benchmark, progress, limit)
     profile = fit_profile(members, names, evidence, bench, path, evidence.questions)
     return profile.model_copy(update={"sources": local_sources(models)})
 

@@ -463,6 +463,26 @@ def test_a_question_longer_than_a_members_context_window_is_left_out_with_a_warn
     assert "no question fits" in capsys.readouterr().err
 
 
+def test_a_question_too_long_for_a_member_is_replaced_by_the_next(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """--limit 2 with the second question too long fitted on 1 question (its warning said only that
+    one was left out); the next question is read in its place. Where the split runs out, the warning
+    says how many of those asked were fitted on."""
+    rows = _rows(SHOTS + 3)
+    rows.insert(SHOTS + 1, {"question": "Sofia has 3 apples. " * 80 + "How many apples does she have?",
+                            "answer": "She has 3 apples.\n#### 3"})
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    members = [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
+    with caplog.at_level("WARNING"):
+        assert calibrate(members, "gsm8k", str(data), limit=2, progress=False).fitted.questions == 2
+    assert "1 of 3 questions left out" in caplog.text and "asked" not in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert calibrate(members, "gsm8k", str(data), limit=10, progress=False).fitted.questions == 3
+    assert "no more questions in the split: fitted on 3 of the 10 asked" in caplog.text
+
+
 def test_an_arc_dev_question_in_the_test_split_with_other_options_is_left_out(tmp_path: Path) -> None:
     """ARC's dev question Mercury_7175455 is in the test split too, its options differing by a plural:
     compared with its options, it was fitted on. Test questions are compared by their text."""
