@@ -126,6 +126,8 @@ def test_engine_rejects_bad_parameters(toys: list, params: dict[str, Any]) -> No
     pytest.param({"fusion": "sum"}, id="unknown-fusion"),
     pytest.param({"nonsense": True}, id="unknown-option"),
     pytest.param({"loop_guard": 0}, id="loop-guard-zero"),
+    # accepted before, then every AdaFuse request where a member branched crashed (softmax of NaNs)
+    pytest.param({"method": "adafuse", "candidate_temperature": float("inf")}, id="infinite-candidate-temperature"),
 ])
 def test_engine_rejects_bad_options(toys: list, options: dict[str, Any]) -> None:
     """Found at construction, before any member loads (impossible weights passed it and failed only at
