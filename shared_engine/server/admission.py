@@ -37,8 +37,10 @@ class Admission:
         """A place in the queue, or ``Overloaded``; the ticket must be closed (``async with``
         or ``close()``) even if it never runs."""
         if self._admitted >= self.max_active + self.max_waiting:
-            raise Overloaded(f"{self._active} requests running and {self._admitted - self._active} "
-                             f"waiting (limits {self.max_active} + {self.max_waiting}); retry later")
+            # every place is taken; not the live split: a request admitted a moment ago is about to
+            # take its free slot, not waiting
+            raise Overloaded(f"its {self.max_active} running and {self.max_waiting} waiting places are all "
+                             "taken; retry later")
         self._admitted += 1
         return Ticket(self)
 
