@@ -513,3 +513,27 @@ def test_a_profile_run_has_its_own_default_folder(tmp_path: Path, monkeypatch: p
         with pytest.raises(KeyboardInterrupt):
             cli.run(args)
     assert folders == [Path("eval-runs/gsm8k-safe-a+b"), Path("eval-runs/gsm8k-safe-a+b-tuned")]
+
+
+async def test_resume_with_another_data_file_is_refused(tmp_path: Path) -> None:
+    """``--resume --data other.jsonl`` was accepted and scored the old answers against the other file's gold."""
+    bench = toy_bench(tmp_path, questions=2)
+    await evaluate(engine(), bench, config(), tmp_path / "run", progress=False)
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert recorded["data"] == str(bench.path.resolve()) and recorded["data_sha256"]
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"question": "2 + 2?", "answer": "#### 4"}) + "\n")
+    with pytest.raises(InvalidRequestError, match="different settings.*data"):
+        await evaluate(engine(), dataclasses.replace(bench, path=other), config(), tmp_path / "run", resume=True,
+                       progress=False)
+    # the same content at another path (a moved data folder) resumes
+    moved = tmp_path / "moved.jsonl"
+    shutil.copy(bench.path, moved)
+    await evaluate(engine(), dataclasses.replace(bench, path=moved), config(), tmp_path / "run", resume=True,
+                   progress=False)
+    # a run written before the data file was recorded resumes (what it read is unknown)
+    (tmp_path / "run" / "config.json").write_text(json.dumps({k: v for k, v in recorded.items()
+                                                              if not k.startswith("data")}))
+    summary = await evaluate(engine(), dataclasses.replace(bench, path=other), config(), tmp_path / "run",
+                             resume=True, progress=False)
+    assert summary["n"] == 2

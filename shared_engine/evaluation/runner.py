@@ -12,6 +12,7 @@ summary is always recomputed from the whole JSONL.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import math
@@ -53,6 +54,25 @@ class RunConfig(BaseModel):
     member_options: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="Members run with options (device, dtype, ...), by model.")
     prompt_version: str = PROMPT_VERSION
+    data: str | None = Field(None, description="The benchmark file or folder read, resolved (None: a run "
+                                               "written before it was recorded).")
+    data_sha256: str | None = Field(None, description="A hash of what ``data`` held (a folder: its files).")
+
+
+def data_identity(path: Path) -> dict[str, str | None]:
+    """``data`` and ``data_sha256`` of a benchmark file or folder (a folder's files by name and
+    content; BBH's 27 files, MMLU-Redux's 57: a few MB): a resume with another file is refused."""
+    resolved = path.expanduser().resolve()
+    digest = hashlib.sha256()
+    try:
+        if resolved.is_dir():
+            for file in sorted(f for f in resolved.iterdir() if f.is_file()):
+                digest.update(file.name.encode() + b"\0" + file.read_bytes() + b"\0")
+        else:
+            digest.update(resolved.read_bytes())
+    except OSError:
+        return {"data": str(resolved), "data_sha256": None}
+    return {"data": str(resolved), "data_sha256": digest.hexdigest()}
 
 
 class Sample(BaseModel):
@@ -137,7 +157,7 @@ def summarize(samples: list[Sample], config: RunConfig, bench: Benchmark, skippe
     positions = tokens + sum(1 for s in samples if s.stats and s.finish_reason == "eos")
     low, high = wilson_interval(correct, n)
     summary: dict[str, Any] = {
-        **config.model_dump(), "data": str(bench.path), "metric": bench.metric,
+        **config.model_dump(), "data": config.data or str(bench.path), "metric": bench.metric,
         "n": n, "of": total, "skipped": skipped, "correct": correct,
         "accuracy": round(correct / n, 4) if n else None,
         "ci95": [round(low, 4), round(high, 4)],
@@ -193,11 +213,25 @@ def _check_config(out: Path, config: RunConfig, resume: bool) -> None:
         defaults = EngineOptions().model_dump()  # options the engine gained since, at their defaults, still match
         previous.engine_options |= {k: v for k, v in config.engine_options.items()
                                     if k not in previous.engine_options and v == defaults.get(k)}
+        _match_data(previous, config, out)
         if previous != config:
             raise InvalidRequestError(f"cannot resume {out}: it was run with different settings "
                                       f"{_differences(previous.model_dump(), config.model_dump())}")
     out.mkdir(parents=True, exist_ok=True)
     config_file.write_text(config.model_dump_json(indent=2) + "\n")
+
+
+def _match_data(previous: RunConfig, config: RunConfig, out: Path) -> None:
+    """The same data as the run read (its content, where both hashes are known: a moved data folder
+    still resumes), in ``previous`` as in ``config`` so that only another file differs. A run written
+    before the data was recorded resumes, with a warning: what it read is unknown."""
+    if previous.data is None:
+        log.warning("%s does not record which data file it read: resuming with %s", out, config.data)
+        previous.data, previous.data_sha256 = config.data, config.data_sha256
+    elif previous.data_sha256 and config.data_sha256 and previous.data_sha256 == config.data_sha256:
+        previous.data = config.data
+    elif previous.data_sha256 is None or config.data_sha256 is None:
+        previous.data_sha256 = config.data_sha256  # a hash unknown: the path tells
 
 
 def _differences(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
@@ -218,6 +252,8 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
     """Answer the first ``limit`` questions (those not yet in ``out`` when resuming); return the summary."""
     if limit is not None and limit < 1:
         raise InvalidRequestError(f"limit must be at least 1 question, got {limit}")
+    if config.data is None:  # the file the questions come from: a resume with another one is refused
+        config = config.model_copy(update=data_identity(bench.path))
     _check_config(out, config, resume)
     dataset = bench.dataset()
     records: list[Record] = dataset.records[:limit] if limit is not None else dataset.records
