@@ -537,3 +537,25 @@ async def test_resume_with_another_data_file_is_refused(tmp_path: Path) -> None:
     summary = await evaluate(engine(), dataclasses.replace(bench, path=other), config(), tmp_path / "run",
                              resume=True, progress=False)
     assert summary["n"] == 2
+
+
+def test_compare_does_not_pair_runs_of_another_data_file(tmp_path: Path) -> None:
+    """``--baseline`` paired a run of another data file by id alone, as "the same questions"."""
+    def rows(question: str, correct: bool) -> list[dict]:
+        return [{"id": str(i), "correct": correct, "value": float(correct), "gold": [str(i)],
+                 "output": f"The answer is {i if correct else 'x'}.",
+                 "prompt": [{"role": "user", "content": f"{question} {i}"}]} for i in range(3)]
+
+    base = _run_folder(tmp_path / "base", "gsm8k", rows("Q", False), method="single")
+    same = _run_folder(tmp_path / "same", "gsm8k", rows("Q", True))
+    other = _run_folder(tmp_path / "other", "gsm8k", rows("Q", True), method="every-token")
+    asked_other = _run_folder(tmp_path / "asked", "gsm8k", rows("Other question", True), method="cooperative")
+    for folder, sha in ((base, "aa"), (same, "aa"), (other, "bb")):  # asked_other: written before the hash
+        summary = json.loads((folder / SUMMARY).read_text())
+        (folder / SUMMARY).write_text(json.dumps({**summary, "data_sha256": sha}))
+    text = compare_runs([base, same, other, asked_other], tmp_path / "plots", baseline=base)
+    paired_part = text.split("Paired with")[1]
+    assert "| safe (m) | 3 | 0 | 3 | 0 |" in paired_part
+    assert "| every-token (m) |" not in paired_part.split("not paired")[0]
+    assert "not paired (another data file than the baseline's): every-token (m)" in text
+    assert "not paired (other questions under the same ids than the baseline's): cooperative (m)" in text

@@ -497,18 +497,67 @@ def _pyplot() -> Any:
     return plt
 
 
-def _partition(base: dict[str, Any], summaries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+OTHER_BENCH = "another benchmark than the baseline's"
+OTHER_DATA = "another data file than the baseline's"
+OTHER_QUESTIONS = "other questions under the same ids than the baseline's"
+
+
+def _partition(base: dict[str, Any], summaries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
+                                                                                dict[str, list[str]]]:
     """The runs to pair with the baseline (``base``, its summary): every run but the baseline (however
-    its folder was written) on the baseline's benchmark; and the labels of the runs of other benchmarks,
-    which share question ids ("0", "1", ...) but not questions."""
+    its folder was written) on the baseline's benchmark and data; and the labels of the others by why
+    not: runs of other benchmarks or data files share question ids ("0", "1", ...) but not questions."""
     own = Path(base["dir"]).resolve()
-    others = [s for s in summaries if Path(s["dir"]).resolve() != own]
-    same = [s for s in others if s["bench"] == base["bench"]]
-    return same, [s["label"] for s in others if s["bench"] != base["bench"]]
+    same: list[dict[str, Any]] = []
+    others: dict[str, list[str]] = {}
+    for s in summaries:
+        if Path(s["dir"]).resolve() == own:
+            continue
+        reason = (OTHER_BENCH if s["bench"] != base["bench"] else OTHER_DATA if not _same_data(base, s)
+                  else OTHER_QUESTIONS if not _same_questions(Path(base["dir"]), Path(s["dir"])) else None)
+        if reason is None:
+            same.append(s)
+        else:
+            others.setdefault(reason, []).append(s["label"])
+    return same, others
+
+
+def _same_data(base: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether two runs read the same data, where both recorded its hash (else the questions tell)."""
+    a, b = base.get("data_sha256"), other.get("data_sha256")
+    return not (a and b) or a == b
+
+
+def _asked_text(row: dict[str, Any]) -> str | None:
+    """A stored answer's question: its prompt's last user message."""
+    prompt = row.get("prompt")
+    if not isinstance(prompt, list):
+        return None
+    users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+    return str(users[-1]) if users else None
+
+
+def _same_questions(baseline: Path, other: Path) -> bool:
+    """Whether every question id both runs answered holds the same gold and (asked with the same prompt
+    version) the same question: the backstop for runs that recorded no data hash."""
+    if not (baseline / SAMPLES).is_file() or not (other / SAMPLES).is_file():
+        return True
+    base, new = _rows(baseline), _rows(other)
+    for i in new.keys() & base.keys():
+        a, b = base[i], new[i]
+        if a.get("gold") is not None and b.get("gold") is not None and a["gold"] != b["gold"]:
+            return False
+        if a.get("prompt_version") == b.get("prompt_version") and _asked_text(a) != _asked_text(b):
+            return False
+    return True
 
 
 def _paired_runs(baseline: Path, summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return _partition(load_summaries([baseline])[0], summaries)[0]
+
+
+def _not_paired(others: dict[str, list[str]]) -> str:
+    return "".join(f"\n\nnot paired ({reason}): " + "; ".join(labels) for reason, labels in others.items())
 
 
 def group_tables(baseline: Path, summaries: list[dict[str, Any]]) -> str:
@@ -545,8 +594,7 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
         matched, others = _partition(base, summaries)
         pairs = [(s, paired(baseline, Path(s["dir"]))) for s in matched]  # once: chrF's bootstrap is slow
         text += "\n\n" + paired_table(baseline, pairs)
-        if others:
-            text += "\n\nnot paired (another benchmark than the baseline's): " + "; ".join(others)
+        text += _not_paired(others)
         written.extend(_paired_plot(base, pairs, plots))
     if by_group and baseline is not None:
         text += "\n\n" + group_tables(baseline, summaries)
