@@ -57,6 +57,14 @@ def served_model(base_url: str) -> str:
     return openai.OpenAI(base_url=f"{base_url}/v1", api_key="not-needed").models.list().data[0].id
 
 
+def api_error(err: openai.APIError) -> str:
+    """One readable line for a request the server refused or could not finish."""
+    if isinstance(err, openai.APIStatusError):
+        detail = err.body.get("message") if isinstance(err.body, dict) else None
+        return f"HTTP {err.status_code}: {detail or err.message}"
+    return f"{type(err).__name__}: {err.message}"
+
+
 def with_openai(base_url: str, model: str, max_tokens: int) -> None:
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="not-needed")
 
@@ -84,18 +92,37 @@ def with_openai(base_url: str, model: str, max_tokens: int) -> None:
             print(f"\n[openai stream] {chunk.usage.completion_tokens} tokens, {decisions} ensemble decisions")
 
 
+def error_message(body: str) -> str:
+    """The message of an OpenAI-shaped error body (``{"error": {"message": ...}}``), else the body itself."""
+    try:
+        return str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return body.strip()[:300]
+
+
 def with_curl(base_url: str, model: str, max_tokens: int) -> None:
     if shutil.which("curl") is None:
         print("[curl] curl is not installed; skipped")
         return
     body = {"model": model, "stream": True, "max_tokens": max_tokens, "ensemble_events": False,
             "messages": [{"role": "user", "content": QUESTION}]}
-    output = subprocess.run(["curl", "-sS", "-N", f"{base_url}/v1/chat/completions",
-                             "-H", "Content-Type: application/json", "-d", json.dumps(body)],
-                            capture_output=True, text=True, check=True, timeout=300).stdout
+    # -w: the HTTP status on a last line of its own (a 429 or 503 body has no `data:` lines)
+    done = subprocess.run(["curl", "-sS", "-N", "-w", "\n%{http_code}", f"{base_url}/v1/chat/completions",
+                           "-H", "Content-Type: application/json", "-d", json.dumps(body)],
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        print(f"[curl] failed: {done.stderr.strip()}")
+        return
+    output, _, status = done.stdout.rpartition("\n")
+    if status != "200":
+        print(f"[curl] HTTP {status}: {error_message(output)}")
+        return
     events = [line[6:] for line in output.splitlines() if line.startswith("data: ")]
-    text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "")
-                   for e in events[:-1] if json.loads(e)["choices"])
+    chunks = [json.loads(e) for e in events if e != "[DONE]"]
+    if errors := [c["error"] for c in chunks if "error" in c]:  # the status line was sent: reported in-stream
+        print(f"[curl] the stream ended with an error: {errors[0].get('message')}")
+        return
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
     print(f"[curl] {len(events)} SSE events, last {events[-1]!r}: {text!r}")
 
 
@@ -129,9 +156,11 @@ def main() -> None:
         model = args.model or served_model(base_url)
         if args.base_url is None:
             print(f"serving {model} at {base_url}/v1 (page: {base_url}/)")
-        with_openai(base_url, model, args.max_tokens)
-        with_curl(base_url, model, args.max_tokens)
-        with_langchain(base_url, model, args.max_tokens)
+        for name, client in (("openai", with_openai), ("curl", with_curl), ("langchain", with_langchain)):
+            try:
+                client(base_url, model, args.max_tokens)
+            except openai.APIError as err:  # e.g. a 429 (busy, after the client's retries), a 503 (shutting down)
+                print(f"\n[{name}] {api_error(err)}")
 
 
 if __name__ == "__main__":

@@ -3,16 +3,24 @@ prints (``.../v1``) and a server of another method than safe both work (a 404 tr
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
+import httpx
 import pytest
 
+from shared_engine import EnsembleEngine
+from shared_engine.members import HFMember
 from shared_engine.server import create_app
 from shared_engine.server.background import serve_in_background
-from tests.test_server import toy_engine
+from tests.test_server import MODEL, USER, toy_engine, toy_members
 
 COOKBOOK = Path(__file__).resolve().parents[1] / "cookbooks" / "streaming_app.py"
 
@@ -40,3 +48,67 @@ def test_the_cookbook_runs_against_serves_printed_url_and_model(monkeypatch: pyt
         cookbook.main()
     out = capsys.readouterr().out
     assert "[openai] finish=" in out and "[langchain] " in out
+
+
+def _gated_members(monkeypatch: pytest.MonkeyPatch, gate: threading.Event) -> list[HFMember]:
+    """Toy members whose model work waits for ``gate``: the first request holds the only slot."""
+    members = toy_members()
+    for member in members:
+        original = member.run
+
+        async def gated(fn: Any, *args: Any, _original: Any = original) -> Any:
+            await asyncio.to_thread(gate.wait)
+            return await _original(fn, *args)
+
+        monkeypatch.setattr(member, "run", gated)
+    return members
+
+
+def test_a_busy_server_is_a_readable_line_from_every_client(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """With every place taken, curl's 429 body (no `data:` lines) was an IndexError and the openai
+    client's RateLimitError (after its retries) an uncaught traceback."""
+    cookbook = load()
+    gate = threading.Event()
+    app = create_app(EnsembleEngine(_gated_members(monkeypatch, gate), method="every-token"),
+                     max_active=1, max_waiting=0)
+    with serve_in_background(app) as url:
+        body = {"model": MODEL, "messages": USER, "max_tokens": 2}
+        hog = threading.Thread(target=lambda: httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60))
+        hog.start()
+        try:
+            deadline = time.monotonic() + 60
+            while app.state.admission.load().active == 0:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            monkeypatch.setattr(sys, "argv", ["streaming_app.py", "--base-url", url, "--max-tokens", "4"])
+            cookbook.main()
+        finally:
+            gate.set()
+            hog.join()
+    out = capsys.readouterr().out
+    for client in ("openai", "langchain") + (("curl",) if shutil.which("curl") else ()):
+        assert f"[{client}] HTTP 429: the server is busy" in out, out
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+def test_an_error_in_the_stream_is_a_readable_line_from_curl(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A generation that fails after the 200 ends the stream with an ``{"error": ...}`` chunk (no
+    [DONE]); curl's reader skipped the last event as [DONE] and printed the cut answer as the answer."""
+    cookbook = load()
+    members, calls = toy_members(), [0]
+    for member in members:
+        original = member.run
+
+        async def failing(fn: Any, *args: Any, _original: Any = original) -> Any:
+            calls[0] += 1
+            if calls[0] > 6:
+                raise RuntimeError("the member's process died")
+            return await _original(fn, *args)
+
+        monkeypatch.setattr(member, "run", failing)
+    with serve_in_background(create_app(EnsembleEngine(members, method="every-token"))) as url:
+        cookbook.with_curl(url, MODEL, 20)
+    out = capsys.readouterr().out
+    assert "[curl] the stream ended with an error: generation failed: the member's process died" in out, out
