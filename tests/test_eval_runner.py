@@ -559,3 +559,38 @@ def test_compare_does_not_pair_runs_of_another_data_file(tmp_path: Path) -> None
     assert "| every-token (m) |" not in paired_part.split("not paired")[0]
     assert "not paired (another data file than the baseline's): every-token (m)" in text
     assert "not paired (other questions under the same ids than the baseline's): cooperative (m)" in text
+
+
+def test_a_question_that_failed_for_a_passing_reason_is_no_wrong_answer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A member's timeout counted as a wrong answer in the summary and as a paired loss in compare."""
+    import asyncio
+
+    bench = toy_bench(tmp_path, questions=3)
+    for name in ("base", "run"):
+        asyncio.run(evaluate(engine(), bench, config(), tmp_path / name, progress=False))
+    file = tmp_path / "run" / SAMPLES
+    lines = [json.loads(x) for x in file.read_text().splitlines()]
+    lines[0].update(output="", extracted=None, correct=False, value=0.0, finish_reason="error", stats=None,
+                    error="MemberError: member 'a' at http://x: POST /completion failed after 3 attempt(s)")
+    lines[1].update(output="", extracted=None, correct=False, value=0.0, finish_reason="error", stats=None,
+                    error="ContextLengthError: the prompt has 600 tokens; member 'a' holds 512")
+    file.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    samples = [Sample.model_validate(x) for x in lines]
+    summary = summarize(samples, config(), bench, {}, 3)
+    assert summary["n"] == 2 and summary["transient_failures"] == 1 and summary["failures"] == 1
+    assert summary["correct"] == int(lines[2]["correct"])  # the rejected question counts as wrong, as before
+    (tmp_path / "run" / SUMMARY).write_text(json.dumps(summary))
+    text = compare_runs([tmp_path / "base", tmp_path / "run"], tmp_path / "plots", baseline=tmp_path / "base")
+    assert "| safe (a+b) [run] | 2 |" in text.split("Paired with")[1]  # the timed-out question is not a loss
+    assert "left out of N and the pairing (rerun with --resume): safe (a+b) [run]: 1" in text
+    # the CLI's end line says what to do
+    import shared_engine.evaluation.cli as eval_cli
+
+    async def finished(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        return summary
+
+    monkeypatch.setattr(eval_cli, "evaluate", finished)
+    eval_cli.run(build_parser().parse_args(["eval", "--bench", "gsm8k", "--models", "a", "--no-progress",
+                                            "--data", str(_gsm8k_file(tmp_path)), "--out", str(tmp_path / "x")]))
+    assert "1 question(s) failed for a passing reason: rerun with --resume" in capsys.readouterr().out

@@ -154,4 +154,6 @@ def run(args: argparse.Namespace) -> int:
         line += f" (95% CI {ci[0]:.3f}-{ci[1]:.3f})"
     print(f"{line} ensemble_rate={summary['ensemble_rate']:.1%} {summary['tokens_per_s']} tok/s "
           f"truncated={summary['truncated']} failures={summary['failures']} skipped={summary['skipped']} -> {out}")
+    if summary.get("transient_failures"):
+        print(f"{summary['transient_failures']} question(s) failed for a passing reason: rerun with --resume")
     return 0

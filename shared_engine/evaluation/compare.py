@@ -20,7 +20,7 @@ from ..errors import EnsembleError, InvalidRequestError
 from ..members.spec import BACKENDS
 from ..options import METHOD_DEFAULTS
 from .benchmarks import is_translation, stored_scorer
-from .runner import CONFIG, SAMPLES, SUMMARY, sample_rows, wilson_interval
+from .runner import CONFIG, SAMPLES, SUMMARY, is_transient_error, sample_rows, wilson_interval
 
 BAR_LABEL_WIDTH = 22
 """Characters per line of a run label under its bar."""
@@ -198,11 +198,13 @@ def sign_test(wins: int, losses: int) -> tuple[float, float]:
 
 class Rescored(NamedTuple):
     """A run's answers by question id, scored again with the current scorer (``benchmarks.stored_scorer``),
-    with how many stored verdicts that changed and how many questions are no longer scored."""
+    with how many stored verdicts that changed, how many questions are no longer scored and how many
+    failed for a passing reason (a member's timeout: no answer, left out, as the summary leaves them)."""
 
     rows: dict[str, dict[str, Any]]
     changed: int
     dropped: int
+    failed: int = 0
 
 
 _RESCORED: dict[tuple[str, int, int], Rescored] = {}
@@ -227,6 +229,9 @@ def rescored(folder: Path) -> Rescored:
     key = (str(file.resolve()), stat.st_mtime_ns, stat.st_size)
     if key not in _RESCORED:
         rows = {row["id"]: row for row in sample_rows(file)}
+        transient = [i for i, row in rows.items() if is_transient_error(row.get("error"))]
+        for i in transient:
+            del rows[i]
         score = stored_scorer(_bench(folder))
         changed = dropped = 0
         if score is not None:
@@ -241,7 +246,7 @@ def rescored(folder: Path) -> Rescored:
                 changed += bool(new.correct) != bool(row.get("correct"))
                 rows[i] = {**row, "extracted": new.extracted, "correct": new.correct, "value": new.value,
                            "f1": new.f1}
-        _RESCORED[key] = Rescored(rows, changed, dropped)
+        _RESCORED[key] = Rescored(rows, changed, dropped, len(transient))
     return _RESCORED[key]
 
 
@@ -257,7 +262,7 @@ def _rescore_summary(summary: dict[str, Any]) -> tuple[int, int]:
     if not (folder / SAMPLES).is_file() or summary.get("metric") == "chrf":
         return 0, 0
     result = rescored(folder)
-    if result.changed or result.dropped:
+    if result.changed or result.dropped or result.failed:
         rows = list(result.rows.values())
         n, correct = len(rows), sum(bool(r["correct"]) for r in rows)
         low, high = wilson_interval(correct, n)
@@ -267,6 +272,16 @@ def _rescore_summary(summary: dict[str, Any]) -> tuple[int, int]:
         if summary.get("metric") == "exact_match":
             summary["f1"] = round(sum(r.get("f1") or 0.0 for r in rows) / n, 4) if n else None
     return result.changed, result.dropped
+
+
+def _failed_note(summaries: list[dict[str, Any]]) -> str:
+    """One line naming the runs with questions that failed for a passing reason (left out)."""
+    parts = [f"{s['label']}: {n}" for s in summaries
+             if (n := rescored(Path(s["dir"])).failed if (Path(s["dir"]) / SAMPLES).is_file() else 0)]
+    if not parts:
+        return ""
+    return ("\n\nnote: questions that failed for a passing reason (a member's timeout) are left out of N and the "
+            "pairing (rerun with --resume): " + "; ".join(parts))
 
 
 def paired(baseline: Path, other: Path) -> dict[str, Any]:
@@ -600,7 +615,8 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
         text += "\n\n" + group_tables(baseline, summaries)
     skipped_note = (f"\n\nnote: skipped {', '.join(str(d) for d in skipped)} (no {SUMMARY} or {CONFIG}: "
                     "not an eval run)") if skipped else ""
-    return (text + _mixed_prompts_note(summaries) + _rescored_note(summaries, rescoring) + skipped_note
+    return (text + _mixed_prompts_note(summaries) + _rescored_note(summaries, rescoring) + _failed_note(summaries)
+            + skipped_note
             + "\n\nplots: " + ", ".join(str(p) for p in written))
 
 

@@ -147,6 +147,11 @@ def _mean_of(stats: list[dict[str, Any]], key: str) -> float:
 
 def summarize(samples: list[Sample], config: RunConfig, bench: Benchmark, skipped: dict[str, int],
               total: int) -> dict[str, Any]:
+    """The run's scores. A question that failed for a passing reason (``_is_transient``: a member's
+    server timing out) is no answer: left out of ``n`` and every score, counted in ``transient_failures``
+    (``--resume`` asks it again); one the engine rejects (``failures``) counts as wrong."""
+    transient = sum(_is_transient(s) for s in samples)
+    samples = [s for s in samples if not _is_transient(s)]
     n = len(samples)
     correct = sum(s.correct for s in samples)
     stats = [s.stats for s in samples if s.stats]
@@ -170,6 +175,7 @@ def summarize(samples: list[Sample], config: RunConfig, bench: Benchmark, skippe
         "mean_output_tokens": round(tokens / len(stats), 1) if stats else 0.0,
         "truncated": sum(s.finish_reason == "length" for s in samples),
         "failures": sum(s.error is not None for s in samples),
+        "transient_failures": transient,
         "elapsed_s": round(elapsed, 1),
     }
     forwards: dict[str, int] = defaultdict(int)
@@ -311,12 +317,16 @@ def _stored(samples: list[Sample], records: list[Record], bench: Benchmark, file
 
 
 def _is_transient(sample: Sample) -> bool:
+    return is_transient_error(sample.error)
+
+
+def is_transient_error(error: str | None) -> bool:
     """A failure the question itself does not cause: anything but an ``InvalidRequestError`` (e.g. a
     prompt longer than a member's context, which would fail the same way again), such as a member's
     server timing out or an engine closed under the run. Samples store the error as ``Class: text``."""
-    if sample.error is None:
+    if error is None:
         return False
-    kind = getattr(errors, sample.error.split(":", 1)[0], None)
+    kind = getattr(errors, error.split(":", 1)[0], None)
     return not (isinstance(kind, type) and issubclass(kind, InvalidRequestError))
 
 
