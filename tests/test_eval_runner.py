@@ -594,3 +594,16 @@ def test_a_question_that_failed_for_a_passing_reason_is_no_wrong_answer(
     eval_cli.run(build_parser().parse_args(["eval", "--bench", "gsm8k", "--models", "a", "--no-progress",
                                             "--data", str(_gsm8k_file(tmp_path)), "--out", str(tmp_path / "x")]))
     assert "1 question(s) failed for a passing reason: rerun with --resume" in capsys.readouterr().out
+
+
+async def test_compare_pairs_only_the_questions_a_run_resumed_with_a_smaller_limit_counts(tmp_path: Path) -> None:
+    """Resumed with a smaller --limit, the summary counted the first N questions while compare's
+    paired table (and a re-scored summary) used every stored answer."""
+    bench = toy_bench(tmp_path, questions=3)
+    await evaluate(engine(), bench, config(), tmp_path / "base", progress=False)
+    await evaluate(engine(), bench, config(), tmp_path / "run", progress=False)
+    summary = await evaluate(engine(), bench, config(), tmp_path / "run", limit=2, resume=True, progress=False)
+    assert summary["n"] == 2 and summary["ids"] == ["0", "1"]
+    assert "ids" not in json.loads((tmp_path / "base" / SUMMARY).read_text())  # only where the file holds more
+    text = compare_runs([tmp_path / "base", tmp_path / "run"], tmp_path / "plots", baseline=tmp_path / "base")
+    assert "| safe (a+b) [run] | 2 |" in text.split("Paired with")[1], text

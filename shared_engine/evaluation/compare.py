@@ -207,7 +207,7 @@ class Rescored(NamedTuple):
     failed: int = 0
 
 
-_RESCORED: dict[tuple[str, int, int], Rescored] = {}
+_RESCORED: dict[tuple[str, int, int, int], Rescored] = {}
 
 
 def _bench(folder: Path) -> str:
@@ -219,6 +219,16 @@ def _bench(folder: Path) -> str:
     return ""
 
 
+def _covered(folder: Path) -> set[str] | None:
+    """The question ids a run's summary counts, where its samples hold more (``ids``: a run resumed
+    with a smaller ``--limit``); None: all of them."""
+    try:
+        ids = json.loads((folder / SUMMARY).read_text()).get("ids")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return {str(i) for i in ids} if isinstance(ids, list) else None
+
+
 def rescored(folder: Path) -> Rescored:
     """Every complete line of a run's samples (a run still going, or cut off, may end in a partial
     one; a question asked again on resume stands at the end of the file), re-scored from its
@@ -226,9 +236,12 @@ def rescored(folder: Path) -> Rescored:
     otherwise be compared with one scored after it. Once per version of the file."""
     file = folder / SAMPLES
     stat = file.stat()
-    key = (str(file.resolve()), stat.st_mtime_ns, stat.st_size)
+    covered = _covered(folder)
+    key = (str(file.resolve()), stat.st_mtime_ns, stat.st_size, len(covered) if covered is not None else -1)
     if key not in _RESCORED:
         rows = {row["id"]: row for row in sample_rows(file)}
+        if covered is not None:  # a run resumed with a smaller --limit: only what its summary counts
+            rows = {i: row for i, row in rows.items() if i in covered}
         transient = [i for i, row in rows.items() if is_transient_error(row.get("error"))]
         for i in transient:
             del rows[i]

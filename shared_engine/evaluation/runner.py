@@ -291,6 +291,8 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
     bar.close()
     ordered = [done[r.id] for r in records if r.id in done]
     summary = summarize(ordered, config, bench, dataset.skipped, len(dataset.records))
+    if any(row.get("id") not in wanted for row in sample_rows(samples_file)):  # resumed with a smaller limit:
+        summary["ids"] = [s.id for s in ordered]  # what the summary counts, for compare to pair the same
     (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
