@@ -607,3 +607,21 @@ async def test_compare_pairs_only_the_questions_a_run_resumed_with_a_smaller_lim
     assert "ids" not in json.loads((tmp_path / "base" / SUMMARY).read_text())  # only where the file holds more
     text = compare_runs([tmp_path / "base", tmp_path / "run"], tmp_path / "plots", baseline=tmp_path / "base")
     assert "| safe (a+b) [run] | 2 |" in text.split("Paired with")[1], text
+
+
+async def test_a_start_that_failed_before_any_answer_neither_blocks_resume_nor_compare(tmp_path: Path) -> None:
+    """A misspelt model left config.json: every later --resume into the folder was refused, and
+    ``eval compare runs/*`` failed on it."""
+    broken = EnsembleEngine([toy_member("a", "byte_level", "llama", 1), "no-such-model-anywhere"], method="safe")
+    misspelt = config().model_copy(update={"models": ["a", "no-such-model-anywhere"]})
+    with pytest.raises(InvalidRequestError, match="unknown model"):
+        await evaluate(broken, toy_bench(tmp_path), misspelt, tmp_path / "runs" / "failed", progress=False)
+    with pytest.raises(InvalidRequestError, match="unknown model"):
+        await evaluate(broken, toy_bench(tmp_path), misspelt, tmp_path / "runs" / "run", progress=False)
+    summary = await evaluate(engine(), toy_bench(tmp_path), config(), tmp_path / "runs" / "run", resume=True,
+                             progress=False)
+    assert summary["n"] == 3 and json.loads((tmp_path / "runs" / "run" / "config.json").read_text())["models"] == \
+        ["a", "b"]
+    text = compare_runs(sorted((tmp_path / "runs").iterdir()), tmp_path / "plots")
+    assert "| toy | safe (a+b) | 3 |" in text
+    assert f"note: skipped {tmp_path / 'runs' / 'failed'} (a run that answered no question" in text

@@ -609,7 +609,7 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
                  by_group: bool = False) -> str:
     if by_group and baseline is None:
         raise InvalidRequestError("--by-group pairs each run with --baseline within each group: give --baseline")
-    dirs, skipped = _runs_only(dirs)
+    dirs, skipped, unanswered = _runs_only(dirs)
     summaries = load_summaries(dirs)
     rescoring = [_rescore_summary(s) for s in summaries]
     written = plot(summaries, plots)
@@ -628,23 +628,35 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
         text += "\n\n" + group_tables(baseline, summaries)
     skipped_note = (f"\n\nnote: skipped {', '.join(str(d) for d in skipped)} (no {SUMMARY} or {CONFIG}: "
                     "not an eval run)") if skipped else ""
+    if unanswered:
+        skipped_note += (f"\n\nnote: skipped {', '.join(str(d) for d in unanswered)} (a run that answered no "
+                         "question: its start failed)")
     return (text + _mixed_prompts_note(summaries) + _rescored_note(summaries, rescoring) + _failed_note(summaries)
             + skipped_note
             + "\n\nplots: " + ", ".join(str(p) for p in written))
 
 
-def _runs_only(dirs: list[Path]) -> tuple[list[Path], list[Path]]:
+def _runs_only(dirs: list[Path]) -> tuple[list[Path], list[Path], list[Path]]:
     """The given folders less those that are no eval run at all (the plots folder, which the first
-    ``compare runs/*`` writes into ``runs/``, so the next ``runs/*`` glob picks it up), and those.
-    A run's folder without its summary (``config.json`` only: unfinished) still fails in load_summaries."""
+    ``compare runs/*`` writes into ``runs/``, so the next ``runs/*`` glob picks it up) and runs that
+    never answered a question (``config.json`` only: a start that failed, e.g. a misspelt model); and
+    those two lists. A run's folder with answers but no summary still fails in load_summaries."""
     keep: list[Path] = []
     skipped: list[Path] = []
+    unanswered: list[Path] = []
     for folder in dirs:
-        not_a_run = folder.is_dir() and not (folder / SUMMARY).exists() and not (folder / CONFIG).exists()
-        (skipped if not_a_run else keep).append(folder)
+        summary, samples = folder / SUMMARY, folder / SAMPLES
+        if not folder.is_dir() or summary.exists():
+            keep.append(folder)
+        elif not (folder / CONFIG).exists():
+            skipped.append(folder)
+        elif not samples.exists() or not samples.stat().st_size:
+            unanswered.append(folder)
+        else:
+            keep.append(folder)
     if not keep:
         raise InvalidRequestError(f"no {SUMMARY} in {', '.join(str(d) for d in dirs)}")
-    return keep, skipped
+    return keep, skipped, unanswered
 
 
 def _rescored_note(summaries: list[dict[str, Any]], rescoring: list[tuple[int, int]]) -> str:

@@ -212,9 +212,11 @@ def summarize(samples: list[Sample], config: RunConfig, bench: Benchmark, skippe
 
 def _check_config(out: Path, config: RunConfig, resume: bool) -> None:
     config_file, samples_file = out / CONFIG, out / SAMPLES
-    if samples_file.exists() and samples_file.stat().st_size and not resume:
+    answered = samples_file.exists() and samples_file.stat().st_size > 0
+    if answered and not resume:
         raise InvalidRequestError(f"{samples_file} already has samples: pass --resume to continue it, or another --out")
-    if resume and config_file.exists():
+    # a start that failed before any answer (a misspelt model) left its config: nothing to mix with
+    if resume and answered and config_file.exists():
         previous = RunConfig.model_validate_json(config_file.read_text())
         defaults = EngineOptions().model_dump()  # options the engine gained since, at their defaults, still match
         previous.engine_options |= {k: v for k, v in config.engine_options.items()
