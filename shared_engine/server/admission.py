@@ -1,5 +1,6 @@
 """Admission control: at most ``max_active`` generations at once, ``max_waiting`` more queued,
-and an immediate "overloaded" answer beyond that (a client should retry later, not hang)."""
+and an immediate "overloaded" answer beyond that (a client should retry later, not hang). Once
+``close()``d (the server shutting down) it refuses new requests and the queued ones at once."""
 
 from __future__ import annotations
 
@@ -8,9 +9,15 @@ from typing import Self
 
 from pydantic import BaseModel
 
+from ..errors import EngineClosedError
+
 
 class Overloaded(Exception):
     """Every active slot and every queue place is taken."""
+
+
+def shutting_down() -> EngineClosedError:
+    return EngineClosedError("the server is shutting down")
 
 
 class Load(BaseModel):
@@ -28,6 +35,15 @@ class Admission:
         self._slots = asyncio.Semaphore(max_active)
         self._admitted = 0  # active + waiting
         self._active = 0
+        self._closed = False
+
+    def close(self) -> None:
+        """Shutting down: ``admit()`` and every queued ticket raise ``EngineClosedError``; the running
+        requests keep their slots."""
+        if not self._closed:
+            self._closed = True
+            if self._admitted > self._active:  # wake the first queued ticket; each one wakes the next
+                self._slots.release()
 
     def load(self) -> Load:
         return Load(active=self._active, waiting=self._admitted - self._active,
@@ -36,6 +52,8 @@ class Admission:
     def admit(self) -> Ticket:
         """A place in the queue, or ``Overloaded``; the ticket must be closed (``async with``
         or ``close()``) even if it never runs."""
+        if self._closed:
+            raise shutting_down()
         if self._admitted >= self.max_active + self.max_waiting:
             # every place is taken; not the live split: a request admitted a moment ago is about to
             # take its free slot, not waiting
@@ -54,7 +72,12 @@ class Ticket:
         self._closed = False
 
     async def __aenter__(self) -> Self:
+        if self._admission._closed:
+            raise shutting_down()
         await self._admission._slots.acquire()
+        if self._admission._closed:  # woken by close(), or a slot came free after it: pass it on
+            self._admission._slots.release()
+            raise shutting_down()
         self._running = True
         self._admission._active += 1
         return self

@@ -12,7 +12,8 @@ code}}`` body. With ``api_key`` set, every route but the page and ``/health`` wa
 batches the requests' slots), at most ``max_active`` run at once and ``max_waiting`` more queue;
 beyond that a 429
 with ``Retry-After`` comes back at once. A client that disconnects, while queued or mid-answer,
-has its generation cancelled.
+has its generation cancelled. ``shut_down(app)`` (``serve`` on Ctrl+C / SIGTERM) answers new and
+queued requests with a 503, lets the running ones finish for a grace period, then ends the rest.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..engine import EnsembleEngine
-from ..errors import ContextLengthError, InvalidRequestError
+from ..errors import ContextLengthError, EngineClosedError, InvalidRequestError
 from ..events import Event
 from ..members.chat import normalize_messages
 from ..options import DEFAULT_MAX_ACTIVE, GenerationParams, validated
@@ -79,6 +80,11 @@ def _engine_error(err: InvalidRequestError, prompt_field: str = "messages") -> A
     if isinstance(err, ContextLengthError):
         return ApiError(400, str(err), param=prompt_field, code="context_length_exceeded")
     return ApiError(400, str(err), param=_param_of(str(err)))
+
+
+def _shutting_down(err: EngineClosedError) -> ApiError:
+    """A request refused or cut short because the server is shutting down (the engine closed)."""
+    return ApiError(503, f"{err}; retry later", type="server_error", code="server_shutting_down")
 
 
 def _validation_error(err: ValidationError) -> ApiError:
@@ -177,6 +183,22 @@ async def _prepend(first: Event, rest: AsyncGenerator[Event, None]) -> AsyncGene
         yield first
         async for event in rest:
             yield event
+
+
+async def shut_down(app: Starlette, grace_s: float, hurry: Callable[[], bool] = lambda: False) -> None:
+    """Stop serving before the server stops: new and queued requests get a 503 at once, the running
+    ones get ``grace_s`` seconds to finish, then the engine is closed, which ends those still
+    running as cancelled (a stream sends its final chunk, an error saying it was cut short, and
+    ``[DONE]``; a whole answer is a 503). ``hurry()`` true (a second Ctrl+C) stops the waiting.
+    Without this, uvicorn cancels the request tasks after its grace: streams cut mid-chunk."""
+    admission: Admission = app.state.admission
+    admission.close()
+    deadline = time.monotonic() + grace_s
+    while admission.load().active + admission.load().waiting and time.monotonic() < deadline and not hurry():
+        await asyncio.sleep(0.05)
+    closing = asyncio.ensure_future(app.state.engine.aclose())
+    while not closing.done() and not hurry():
+        await asyncio.sleep(0.05)
 
 
 @cache
@@ -369,6 +391,10 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
         return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
                         code=kind, headers=exc.headers).response()
 
+    async def closed_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, EngineClosedError)
+        return _shutting_down(exc).response()
+
     async def server_error(request: Request, exc: Exception) -> Response:
         return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error").response()
 
@@ -385,6 +411,7 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
                        allow_headers=["Authorization", "Content-Type"], max_age=600)] if allowed_origins else []
     guard = [Middleware(ApiKeyGuard, api_key=api_key)] if api_key else []
     app = Starlette(routes=routes, lifespan=lifespan, middleware=cors + guard,
-                    exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error})
+                    exception_handlers={ApiError: api_error, HTTPException: http_error, EngineClosedError: closed_error,
+                                        Exception: server_error})
     app.state.engine, app.state.admission, app.state.model_name = engine, admission, name
     return app

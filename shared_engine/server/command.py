@@ -4,17 +4,28 @@ imported only when it runs)."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import signal
 import socket
 import sys
-from collections.abc import Callable
-from contextlib import suppress
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING
 
 from ..engine_args import add_engine_args, default_method, engine_from_args
 from ..loading import load_with_notice
 from ..member_flags import BACKEND_HELP
 from ..members import LOCAL_BACKENDS
 from ..options import DEFAULT_MAX_ACTIVE, METHODS
+
+if TYPE_CHECKING:
+    import uvicorn
+    from starlette.applications import Starlette
+
+GRACE_S = 5
+"""On Ctrl+C / SIGTERM, how long running requests get to finish before they are ended."""
 
 
 def _int_from(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -60,6 +71,42 @@ def _origins(value: str) -> list[str]:
     return origins
 
 
+def _draining_server(app: Starlette, grace_s: int) -> uvicorn.Server:
+    """A uvicorn server that, when shutdown begins, first shuts the app down (``app.shut_down``:
+    503s for new and queued requests, the grace for running ones, then the engine closed, so every
+    stream ends with [DONE]); uvicorn's own grace then only waits for the last bytes to go out."""
+    import uvicorn
+
+    from .app import shut_down
+
+    log = logging.getLogger("uvicorn.error")
+
+    class DrainingServer(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            load = app.state.admission.load()
+            log.info("Shutting down: %d running requests get up to %g s to finish; %d queued and any new "
+                     "ones get a 503", load.active, grace_s, load.waiting)
+            await shut_down(app, grace_s, hurry=lambda: self.force_exit)
+            await super().shutdown(sockets)
+
+    return DrainingServer(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=grace_s))
+
+
+@contextmanager
+def _sigterm_as_sigint() -> Iterator[None]:
+    """SIGTERM (docker stop, systemd, kill) shuts down as Ctrl+C does: uvicorn shuts down gracefully on
+    either, then raises the signal again for the handler it found; this one makes that re-raised
+    SIGTERM a ``KeyboardInterrupt``, so the command exits 0, not killed by the signal (-15)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server with a live page at /")
     add_engine_args(serve)
@@ -85,7 +132,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 - the server extra is installed (here, not after loading)
 
         from .app import create_app
     except ImportError as err:
@@ -108,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
         address = f"http://{host}:{sock.getsockname()[1]}"
         print(f"serving `{app.state.model_name}` ({args.method}: {', '.join(args.models)}) on "
               f"{address}/  (OpenAI base_url: {address}/v1)", file=sys.stderr, flush=True)
-        server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5))
-        with suppress(KeyboardInterrupt):  # Ctrl+C: uvicorn shuts down, then re-raises the signal
+        server = _draining_server(app, GRACE_S)
+        # Ctrl+C or SIGTERM: uvicorn shuts down, then re-raises the signal
+        with _sigterm_as_sigint(), suppress(KeyboardInterrupt):
             server.run(sockets=[sock])
     return 0 if server.started else 1

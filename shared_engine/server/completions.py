@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from typing import Literal
 
+from ..errors import EngineClosedError
 from ..events import AdaFuseEvent, EnsembleEvent, Event, FinishEvent, ToolCallEvent, Usage
 from .openai_schema import (
     AssistantMessage,
@@ -35,6 +36,9 @@ from .openai_schema import (
 from .sse import sse
 
 Listing = bool | Literal["all"]
+
+CUT_SHORT = "the server shut down before the answer was finished"
+"""The engine ends a request as ``cancelled`` only when it is closed: the server shutting down."""
 
 
 def unreadable_call_text(call: ToolCallEvent) -> str:
@@ -115,6 +119,9 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
                                                               failed_members=event.failed_members))
                     if include_usage:
                         yield usage_chunk(event.usage)
+                    if event.reason == "cancelled":  # not a whole answer, though OpenAI's reason says "stop"
+                        cut = ErrorDetail(message=CUT_SHORT, type="server_error", code="server_shutting_down")
+                        yield sse(ErrorBody(error=cut).model_dump_json())
         except Exception as err:  # noqa: BLE001 - the status line is sent; report in-stream
             error = ErrorBody(error=ErrorDetail(message=f"generation failed: {err}", type="server_error"))
             yield sse(error.model_dump_json())
@@ -139,6 +146,8 @@ async def _gather(events: AsyncIterator[Event], ensemble_events: Listing) -> tup
                 finish = event
     if finish is None:  # pragma: no cover - the engine always ends with finish
         raise RuntimeError("the engine stream ended without a finish event")
+    if finish.reason == "cancelled":
+        raise EngineClosedError(CUT_SHORT)
     return finish, "".join(content), decisions
 
 
