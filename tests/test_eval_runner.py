@@ -625,3 +625,13 @@ async def test_a_start_that_failed_before_any_answer_neither_blocks_resume_nor_c
     text = compare_runs(sorted((tmp_path / "runs").iterdir()), tmp_path / "plots")
     assert "| toy | safe (a+b) | 3 |" in text
     assert f"note: skipped {tmp_path / 'runs' / 'failed'} (a run that answered no question" in text
+
+
+def test_compare_skips_a_json_line_that_is_not_an_answer(tmp_path: Path) -> None:
+    """A JSON line in samples.jsonl that is not a sample ({"note": "x"}) crashed compare with a KeyError."""
+    rows = [{"id": str(i), "correct": i < 2, "value": float(i < 2)} for i in range(3)]
+    base = _run_folder(tmp_path / "base", "gsm8k", rows, method="single")
+    run = _run_folder(tmp_path / "run", "gsm8k", rows, raw_tail=b'{"note": "x"}\n[1, 2]\n{"id": 7, "correct": true}\n')
+    text = compare_runs([base, run], tmp_path / "plots", baseline=base)
+    assert "| safe (m) | 3 | 2 | 0 | 0 |" in text
+    assert "note: skipped lines of samples.jsonl that are not answers (no id and verdict): safe (m): 2" in text

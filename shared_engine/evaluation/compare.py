@@ -205,6 +205,7 @@ class Rescored(NamedTuple):
     changed: int
     dropped: int
     failed: int = 0
+    malformed: int = 0
 
 
 _RESCORED: dict[tuple[str, int, int, int], Rescored] = {}
@@ -217,6 +218,12 @@ def _bench(folder: Path) -> str:
         if file.is_file():
             return str(json.loads(file.read_text()).get("bench", ""))
     return ""
+
+
+def _is_sample_row(row: dict[str, Any]) -> bool:
+    """A JSON line that is a stored answer (a hand edit or another tool's line is not): an id and a verdict."""
+    return isinstance(row.get("id"), str) and (isinstance(row.get("correct"), bool)
+                                               or isinstance(row.get("value"), int | float))
 
 
 def _covered(folder: Path) -> set[str] | None:
@@ -239,7 +246,9 @@ def rescored(folder: Path) -> Rescored:
     covered = _covered(folder)
     key = (str(file.resolve()), stat.st_mtime_ns, stat.st_size, len(covered) if covered is not None else -1)
     if key not in _RESCORED:
-        rows = {row["id"]: row for row in sample_rows(file)}
+        lines = sample_rows(file)
+        rows = {row["id"]: row for row in lines if _is_sample_row(row)}
+        malformed = sum(not _is_sample_row(row) for row in lines)
         if covered is not None:  # a run resumed with a smaller --limit: only what its summary counts
             rows = {i: row for i, row in rows.items() if i in covered}
         transient = [i for i, row in rows.items() if is_transient_error(row.get("error"))]
@@ -259,7 +268,7 @@ def rescored(folder: Path) -> Rescored:
                 changed += bool(new.correct) != bool(row.get("correct"))
                 rows[i] = {**row, "extracted": new.extracted, "correct": new.correct, "value": new.value,
                            "f1": new.f1}
-        _RESCORED[key] = Rescored(rows, changed, dropped, len(transient))
+        _RESCORED[key] = Rescored(rows, changed, dropped, len(transient), malformed)
     return _RESCORED[key]
 
 
@@ -295,6 +304,15 @@ def _failed_note(summaries: list[dict[str, Any]]) -> str:
         return ""
     return ("\n\nnote: questions that failed for a passing reason (a member's timeout) are left out of N and the "
             "pairing (rerun with --resume): " + "; ".join(parts))
+
+
+def _malformed_note(summaries: list[dict[str, Any]]) -> str:
+    """One line naming the runs whose samples hold JSON lines that are not answers (skipped)."""
+    parts = [f"{s['label']}: {n}" for s in summaries
+             if (n := rescored(Path(s["dir"])).malformed if (Path(s["dir"]) / SAMPLES).is_file() else 0)]
+    if not parts:
+        return ""
+    return f"\n\nnote: skipped lines of {SAMPLES} that are not answers (no id and verdict): " + "; ".join(parts)
 
 
 def paired(baseline: Path, other: Path) -> dict[str, Any]:
@@ -632,6 +650,7 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
         skipped_note += (f"\n\nnote: skipped {', '.join(str(d) for d in unanswered)} (a run that answered no "
                          "question: its start failed)")
     return (text + _mixed_prompts_note(summaries) + _rescored_note(summaries, rescoring) + _failed_note(summaries)
+            + _malformed_note(summaries)
             + skipped_note
             + "\n\nplots: " + ", ".join(str(p) for p in written))
 
