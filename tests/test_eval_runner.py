@@ -635,3 +635,15 @@ def test_compare_skips_a_json_line_that_is_not_an_answer(tmp_path: Path) -> None
     text = compare_runs([base, run], tmp_path / "plots", baseline=base)
     assert "| safe (m) | 3 | 2 | 0 | 0 |" in text
     assert "note: skipped lines of samples.jsonl that are not answers (no id and verdict): safe (m): 2" in text
+
+
+def test_compare_pairs_no_run_without_its_samples(tmp_path: Path) -> None:
+    """A run folder with summary.json but no samples.jsonl crashed --baseline with FileNotFoundError."""
+    rows = [{"id": str(i), "correct": True, "value": 1.0} for i in range(3)]
+    base = _run_folder(tmp_path / "base", "gsm8k", rows, method="single")
+    run = _run_folder(tmp_path / "run", "gsm8k", rows)
+    (run / SAMPLES).unlink()
+    text = compare_runs([base, run], tmp_path / "plots", baseline=base)
+    assert "not paired (no samples.jsonl to pair by question): safe (m)" in text
+    with pytest.raises(InvalidRequestError, match="--baseline .* has no samples.jsonl"):
+        compare_runs([base, run], tmp_path / "plots", baseline=run)

@@ -545,6 +545,7 @@ def _pyplot() -> Any:
 
 OTHER_BENCH = "another benchmark than the baseline's"
 OTHER_DATA = "another data file than the baseline's"
+NO_SAMPLES = f"no {SAMPLES} to pair by question"
 OTHER_QUESTIONS = "other questions under the same ids than the baseline's"
 
 
@@ -559,7 +560,8 @@ def _partition(base: dict[str, Any], summaries: list[dict[str, Any]]) -> tuple[l
     for s in summaries:
         if Path(s["dir"]).resolve() == own:
             continue
-        reason = (OTHER_BENCH if s["bench"] != base["bench"] else OTHER_DATA if not _same_data(base, s)
+        reason = (OTHER_BENCH if s["bench"] != base["bench"] else NO_SAMPLES if not (Path(s["dir"]) / SAMPLES).is_file()
+                  else OTHER_DATA if not _same_data(base, s)
                   else OTHER_QUESTIONS if not _same_questions(Path(base["dir"]), Path(s["dir"])) else None)
         if reason is None:
             same.append(s)
@@ -637,6 +639,8 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
     if baseline is not None:
         base = load_summaries([baseline])[0]
         baseline = Path(base["dir"])  # a summary.json given: its run's folder
+        if not (baseline / SAMPLES).is_file():
+            raise InvalidRequestError(f"--baseline {baseline} has no {SAMPLES} to pair the runs with by question")
         matched, others = _partition(base, summaries)
         pairs = [(s, paired(baseline, Path(s["dir"]))) for s in matched]  # once: chrF's bootstrap is slow
         text += "\n\n" + paired_table(baseline, pairs)
