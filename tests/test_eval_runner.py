@@ -647,3 +647,20 @@ def test_compare_pairs_no_run_without_its_samples(tmp_path: Path) -> None:
     assert "not paired (no samples.jsonl to pair by question): safe (m)" in text
     with pytest.raises(InvalidRequestError, match="--baseline .* has no samples.jsonl"):
         compare_runs([base, run], tmp_path / "plots", baseline=run)
+
+
+async def test_bad_output_paths_are_one_line_errors_before_any_work(tmp_path: Path) -> None:
+    """``compare --json newdir/rows.json`` failed with a traceback after the plots were written; ``--plots``
+    naming a file and ``eval --out`` naming a file (a log) were tracebacks too."""
+    await evaluate(engine(), toy_bench(tmp_path, questions=1), config(), tmp_path / "run", progress=False)
+    with pytest.raises(InvalidRequestError, match="--json .*the folder .* does not exist"):
+        compare_runs([tmp_path / "run"], tmp_path / "plots", json_out=str(tmp_path / "new" / "rows.json"))
+    assert not (tmp_path / "plots").exists()  # nothing drawn before the error
+    (tmp_path / "a.log").write_text("log\n")
+    with pytest.raises(InvalidRequestError, match="--plots .* is a file"):
+        compare_runs([tmp_path / "run"], tmp_path / "a.log")
+    with pytest.raises(InvalidRequestError, match="--out .* is a file"):
+        await evaluate(engine(), toy_bench(tmp_path, questions=1), config(), tmp_path / "a.log", progress=False)
+    with pytest.raises(InvalidRequestError, match="--out .*cannot make the run's folder"):
+        await evaluate(engine(), toy_bench(tmp_path, questions=1), config(), tmp_path / "a.log" / "run",
+                       progress=False)

@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..engine_args import check_output_file
 from ..errors import EnsembleError, InvalidRequestError
 from ..members.spec import BACKENDS
 from ..options import METHOD_DEFAULTS
@@ -629,6 +630,7 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
                  by_group: bool = False) -> str:
     if by_group and baseline is None:
         raise InvalidRequestError("--by-group pairs each run with --baseline within each group: give --baseline")
+    _check_outputs(plots, json_out)
     dirs, skipped, unanswered = _runs_only(dirs)
     summaries = load_summaries(dirs)
     rescoring = [_rescore_summary(s) for s in summaries]
@@ -657,6 +659,18 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
             + _malformed_note(summaries)
             + skipped_note
             + "\n\nplots: " + ", ".join(str(p) for p in written))
+
+
+def _check_outputs(plots: Path, json_out: str | None) -> None:
+    """``--plots`` and ``--json`` can be written: checked before the table and plots are made, not after."""
+    if json_out:
+        check_output_file(Path(json_out), "--json", "rows JSON")
+    if plots.exists() and not plots.is_dir():
+        raise InvalidRequestError(f"--plots {plots} is a file: give a folder for the plots")
+    try:
+        plots.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InvalidRequestError(f"--plots {plots}: cannot make the folder ({err.strerror})") from None
 
 
 def _runs_only(dirs: list[Path]) -> tuple[list[Path], list[Path], list[Path]]:

@@ -211,6 +211,8 @@ def summarize(samples: list[Sample], config: RunConfig, bench: Benchmark, skippe
 
 
 def _check_config(out: Path, config: RunConfig, resume: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise InvalidRequestError(f"--out {out} is a file: give a folder for the run")
     config_file, samples_file = out / CONFIG, out / SAMPLES
     answered = samples_file.exists() and samples_file.stat().st_size > 0
     if answered and not resume:
@@ -225,7 +227,10 @@ def _check_config(out: Path, config: RunConfig, resume: bool) -> None:
         if previous != config:
             raise InvalidRequestError(f"cannot resume {out}: it was run with different settings "
                                       f"{_differences(previous.model_dump(), config.model_dump())}")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # e.g. --out naming a file (a log)
+        raise InvalidRequestError(f"--out {out}: cannot make the run's folder ({err.strerror})") from None
     config_file.write_text(config.model_dump_json(indent=2) + "\n")
 
 
