@@ -277,3 +277,18 @@ def test_math500_base_subscripts_in_braces_are_the_same_number() -> None:
     for r in based:
         number, base = r.answers[0].split("_")
         assert score_math(f"\\boxed{{{number}_{{{base}}}}}", r.answers[0]).correct
+
+
+def test_another_benchmarks_file_is_a_one_line_error(tmp_path: Path) -> None:
+    """--data pointing at another benchmark's file was a traceback: BBH given JSON lines
+    (JSONDecodeError), FLORES given an open-QA file (a pydantic ValidationError)."""
+    qa = tmp_path / "nq.jsonl"
+    qa.write_text("".join(json.dumps({"question": f"who {i}?", "answer": ["a", "b"]}) + "\n" for i in range(2)))
+    with pytest.raises(InvalidRequestError, match="not a BBH task file"):
+        get_benchmark("bbh", data=str(qa)).dataset()
+    with pytest.raises(InvalidRequestError, match="not a FLORES file"):
+        get_benchmark("flores", data=str(qa), pair="de-en").dataset()
+    task = tmp_path / "task.json"
+    task.write_text(json.dumps({"examples": [{"question": "x"}]}))
+    with pytest.raises(InvalidRequestError, match="not a BBH example"):
+        get_benchmark("bbh", data=str(task)).dataset()

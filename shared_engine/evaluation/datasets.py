@@ -231,11 +231,16 @@ def load_bbh(path: Path) -> Dataset:
         raise InvalidRequestError(f"no BBH task .json files in {path}")
     per_task, skipped = [], Counter[str]()
     for file in files:
-        data = json.loads(file.read_text(encoding="utf-8"))
-        if not isinstance(data, dict) or "examples" not in data:
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except ValueError as err:  # e.g. another benchmark's JSON lines; UnicodeDecodeError is one too
+            raise InvalidRequestError(f"{file}: not a BBH task file (not one JSON document: {err})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("examples"), list):
             raise InvalidRequestError(f"{file}: not a BBH task file (no 'examples')")
         records = []
         for i, ex in enumerate(data["examples"]):
+            if not isinstance(ex, dict) or "input" not in ex or "target" not in ex:
+                raise InvalidRequestError(f"{file} example {i}: not a BBH example (no 'input' and 'target')")
             if is_option_text(ex["input"], str(ex["target"])):
                 skipped[BBH_OPTION_TEXT] += 1
                 continue
@@ -275,5 +280,8 @@ def load_qa(path: Path, name: str) -> Dataset:
 def load_flores(path: Path, pair: str) -> Dataset:
     records, skipped = [], Counter[str]()
     for i, row in _rows(path, ("question", "answer"), skipped):
+        if not isinstance(row["question"], str) or not isinstance(row["answer"], str):
+            raise InvalidRequestError(f"{path} row {i}: not a FLORES file (a 'question' and an 'answer' "
+                                      "sentence per row; an answer list is open QA's)")
         records.append(Record(id=str(row.get("id", i)), question=row["question"], answers=[row["answer"]]))
     return Dataset(name=f"flores-{pair}", source=str(path), records=records, skipped=dict(skipped))
