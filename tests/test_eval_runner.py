@@ -664,3 +664,17 @@ async def test_bad_output_paths_are_one_line_errors_before_any_work(tmp_path: Pa
     with pytest.raises(InvalidRequestError, match="--out .*cannot make the run's folder"):
         await evaluate(engine(), toy_bench(tmp_path, questions=1), config(), tmp_path / "a.log" / "run",
                        progress=False)
+
+
+def test_max_new_tokens_zero_is_refused_not_the_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``eval --max-new-tokens 0`` silently ran with the benchmark's default (512 for GSM8K)."""
+    import shared_engine.evaluation.cli as eval_cli
+
+    async def never(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise AssertionError("evaluated with max_new_tokens 0")
+
+    monkeypatch.setattr(eval_cli, "evaluate", never)
+    args = build_parser().parse_args(["eval", "--bench", "gsm8k", "--models", "a", "--max-new-tokens", "0",
+                                      "--data", str(_gsm8k_file(tmp_path)), "--out", str(tmp_path / "run")])
+    with pytest.raises(InvalidRequestError, match="max_new_tokens"):
+        eval_cli.run(args)

@@ -122,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequestError("eval needs --bench and --models or --members (or: eval compare DIR...)")
     method = args.method or default_method(args.models)
     bench = get_benchmark(args.bench, args.data, args.pair)
-    args.max_new_tokens = args.max_new_tokens or bench.max_new_tokens
+    if args.max_new_tokens is None:  # 0 is refused with the engine options, not read as "the default"
+        args.max_new_tokens = bench.max_new_tokens
     # `single` runs the drafter alone (a profile may name it: the engine resolves which)
     single = engine_from_args(args, method) if method == "single" else None
     given = [_drafter(args, single.options.drafter)] if single else args.models
