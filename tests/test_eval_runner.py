@@ -678,3 +678,22 @@ def test_max_new_tokens_zero_is_refused_not_the_default(tmp_path: Path, monkeypa
                                       "--data", str(_gsm8k_file(tmp_path)), "--out", str(tmp_path / "run")])
     with pytest.raises(InvalidRequestError, match="max_new_tokens"):
         eval_cli.run(args)
+
+
+def test_ctrl_c_says_the_answers_are_saved_and_resume_continues(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """After Ctrl-C the eval CLI exited 130 without a word."""
+    import shared_engine.evaluation.cli as eval_cli
+
+    async def interrupted(engine: Any, bench: Any, config: Any, out: Path, **kwargs: Any) -> dict[str, Any]:
+        out.mkdir()
+        (out / SAMPLES).write_text('{"id": "0"}\n')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(eval_cli, "evaluate", interrupted)
+    args = build_parser().parse_args(["eval", "--bench", "gsm8k", "--models", "a", "--no-progress",
+                                      "--data", str(_gsm8k_file(tmp_path)), "--out", str(tmp_path / "run")])
+    with pytest.raises(KeyboardInterrupt):
+        eval_cli.run(args)
+    err = capsys.readouterr().err
+    assert f"the answers so far are saved in {tmp_path / 'run' / SAMPLES}" in err and "with --resume continues" in err

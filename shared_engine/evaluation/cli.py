@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 from pathlib import Path
 
 from ..engine_args import add_engine_args, default_method, engine_from_args
@@ -20,7 +21,7 @@ from ..members import LOCAL_BACKENDS
 from ..members.spec import default_backend, parse_member_spec, split_prefix, with_backend
 from ..options import METHODS, GenerationParams
 from .benchmarks import BENCHMARKS, FLORES_PAIRS, get_benchmark
-from .runner import CONFIG, RunConfig, evaluate
+from .runner import CONFIG, SAMPLES, RunConfig, evaluate
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -145,8 +146,15 @@ def run(args: argparse.Namespace) -> int:
     options["profile"] = _recorded_profile(options.get("profile"), out, args.resume)
     config = RunConfig(bench=bench.name, models=models, method=method, max_new_tokens=args.max_new_tokens,
                        engine_options=options, member_options=member_options)
-    summary = asyncio.run(evaluate(engine, bench, config, out, limit=args.limit, resume=args.resume,
-                                   progress=not args.no_progress))
+    try:
+        summary = asyncio.run(evaluate(engine, bench, config, out, limit=args.limit, resume=args.resume,
+                                       progress=not args.no_progress))
+    except KeyboardInterrupt:  # main exits 130 without a word: say that nothing answered is lost
+        samples = out / SAMPLES
+        if samples.is_file() and samples.stat().st_size:
+            print(f"\ninterrupted: the answers so far are saved in {samples}; the same command with --resume "
+                  "continues", file=sys.stderr)
+        raise
     score = summary["score"]
     ci = summary["ci95"]
     line = (f"{bench.name} {method} {'+'.join(shown)}: n={summary['n']} {bench.metric}="
