@@ -293,10 +293,12 @@ def test_regression_fusion_never_offers_what_the_drafter_cannot_spell(fusion: st
 
 @dataclass
 class _TableOnly:
-    """What ``RequestState`` reads of a member: its name, token table and EOS ids (no weights)."""
+    """What ``RequestState`` reads of a member: its name, token table, EOS ids and turn-marker stops
+    (none: a chat template's member; no weights)."""
 
     name: str
     table: TokenTable
+    stop_strings: tuple[str, ...] = ()
 
     @property
     def eos_ids(self) -> frozenset[int]:
