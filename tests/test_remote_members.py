@@ -204,6 +204,42 @@ def test_a_server_that_never_answers_fails_within_the_deadline() -> None:
     assert url in str(err.value) and "2 attempt" in str(err.value)
 
 
+def test_a_timed_out_call_is_not_retried_where_the_server_would_compute_every_copy() -> None:
+    """A llama.cpp server goes on computing a ``/completion`` its client gave up on: a retry queued behind it
+    in the same slot timed out too (timeout 3 s, 2 retries: the error after 9.4 s, the server busy until 48 s)."""
+    with silent_socket() as url:
+        client = JsonClient("m", url, HttpSettings(timeout_s=0.5, retries=2, backoff_s=0.05))
+        started = time.monotonic()
+        with pytest.raises(MemberError, match="not retried") as err:
+            client.post("/completion", {"prompt": [1]}, retry_timeouts=False)
+        assert time.monotonic() - started < 1.4  # one attempt of 0.5 s, not three
+    assert "timed out after 0.5 s" in str(err.value)
+
+
+def test_a_llamacpp_member_does_not_retry_a_timed_out_completion() -> None:
+    from shared_engine.members.llamacpp import LlamaCppMember
+
+    completions: list[float] = []
+
+    def handler(method: str, path: str, body: object) -> tuple[int, bytes]:
+        if path == "/props":
+            return 200, b'{"total_slots": 1, "default_generation_settings": {"n_ctx": 512}}'
+        completions.append(time.monotonic())
+        time.sleep(1.0)  # past the member's deadline
+        return 200, b'{"completion_probabilities": []}'
+
+    tok = toy.byte_level_tokenizer()
+    with serve(handler) as (url, _):
+        member = LlamaCppMember("ll", url, LocalTokenizer(tok, len(tok), frozenset(), 512), check_tokenizer=False,
+                                http=HttpSettings(timeout_s=0.3, retries=2, backoff_s=0.05))
+        try:
+            with pytest.raises(MemberError, match="not retried"):
+                member.score([1, 2, 3], 3)
+        finally:
+            member.close()
+    assert len(completions) == 1  # three before: each queued behind the last in a real server's slot
+
+
 
 @contextmanager
 def trickling(answered: int, part: str) -> Iterator[tuple[str, list[int]]]:

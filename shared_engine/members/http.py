@@ -54,7 +54,9 @@ class HttpSettings(BaseModel):
 
 
 class _Retryable(Exception):
-    pass
+    def __init__(self, reason: str, timed_out: bool = False) -> None:
+        super().__init__(reason)
+        self.timed_out = timed_out
 
 
 class _Deadline(threading.local):
@@ -203,10 +205,13 @@ class JsonClient:
     def get(self, path: str) -> Any:
         return self._call("GET", path, None)
 
-    def post(self, path: str, body: dict[str, Any]) -> Any:
-        return self._call("POST", path, body)
+    def post(self, path: str, body: dict[str, Any], retry_timeouts: bool = True) -> Any:
+        """``retry_timeouts=False``: a call that outlived the deadline is not sent again (a llama.cpp
+        server goes on computing an abandoned ``/completion``; a retry queued behind it in the same slot
+        timed out too, and the server computed every copy)."""
+        return self._call("POST", path, body, retry_timeouts)
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+    def _call(self, method: str, path: str, body: dict[str, Any] | None, retry_timeouts: bool = True) -> Any:
         attempts = self.settings.retries + 1
         last = ""
         for attempt in range(attempts):
@@ -216,6 +221,9 @@ class JsonClient:
                 return self._once(method, path, body)
             except _Retryable as exc:
                 last = str(exc)
+                if exc.timed_out and not retry_timeouts:
+                    raise self.error(f"{method} {path} failed: {last} (not retried: the server may still be "
+                                     "computing it)") from None
         raise self.error(f"{method} {path} failed after {attempts} attempt(s): {last}")
 
     def _once(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
@@ -225,7 +233,8 @@ class JsonClient:
                 chunks = list(response.iter_bytes())
                 status = response.status_code
         except httpx.TimeoutException as exc:
-            raise _Retryable(f"timed out after {self.settings.timeout_s:g} s ({type(exc).__name__})") from exc
+            raise _Retryable(f"timed out after {self.settings.timeout_s:g} s ({type(exc).__name__})",
+                             timed_out=True) from exc
         except httpx.TransportError as exc:
             raise _Retryable(f"{type(exc).__name__}: {exc or 'connection failed'}") from exc
         except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:

@@ -352,7 +352,7 @@ class LlamaCppMember(RemoteMember):
         if ban_partial:
             body["logit_bias"] = [[t, False] for t in self.partial_utf8_ids]
         with self._server_call():
-            answer = self.client.post("/completion", body)
+            answer = self.client.post("/completion", body, retry_timeouts=False)  # the server computes on
         results = answer if isinstance(answer, list) else [answer]
         if len(results) != len(prompts) or not all(isinstance(r, dict) for r in results):
             raise self.malformed("/completion results", answer)
