@@ -179,8 +179,9 @@ class EngineOptions(GenerationParams):
     num_candidates: int = Field(3, ge=1, le=16,
                                 description="adafuse: continuations each member proposes where unsure.")
     candidate_temperature: float = Field(
-        0.0, ge=0.0, allow_inf_nan=False, description="adafuse: sample candidates past their first token at this temperature "
-                                 "(0: complete each first-token branch greedily).")
+        0.0, ge=0.0, allow_inf_nan=False,
+        description="adafuse: sample candidates past their first token at this temperature "
+                    "(0: complete each first-token branch greedily).")
     vote: Literal["always", "uncertain"] = Field(
         "always", description="adafuse: 'always' (the released code): every member proposes a span every "
                               "round and the lowest weighted mean NLL wins; 'uncertain': a member that is "
