@@ -198,9 +198,9 @@ def test_two_concurrent_requests_each_keep_their_own_slot_and_prefix_cache() -> 
     calls: list[tuple[int | None, float, float, list[dict]]] = []  # (slot sent, start, end, results)
     send = member.client.post
 
-    def recording(path: str, body: dict) -> object:
+    def recording(path: str, body: dict, **options: object) -> object:
         started = time.monotonic()
-        answer = send(path, body)
+        answer = send(path, body, **options)  # type: ignore[arg-type]
         calls.append((body.get("id_slot"), started, time.monotonic(), answer if isinstance(answer, list) else [answer]))
         return answer
 

@@ -6,6 +6,7 @@ against loopback servers that fail in each way."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import socket
@@ -214,6 +215,33 @@ def test_a_timed_out_call_is_not_retried_where_the_server_would_compute_every_co
             client.post("/completion", {"prompt": [1]}, retry_timeouts=False)
         assert time.monotonic() - started < 1.4  # one attempt of 0.5 s, not three
     assert "timed out after 0.5 s" in str(err.value)
+
+
+def test_a_llamacpp_server_restarted_on_another_model_is_an_error_not_garbage() -> None:
+    """A member connected to a Qwen server, the server restarted on Gemma at the same URL: the next answer
+    was read through Qwen's vocabulary ('vent\x13\x13...', no error)."""
+    from shared_engine.members.llamacpp import LlamaCppMember
+
+    serving = {"model": "/models/qwen.gguf"}
+
+    def handler(method: str, path: str, body: object) -> tuple[int, bytes]:
+        if path == "/props":
+            return 200, json.dumps({"total_slots": 1, "model_path": serving["model"],
+                                    "default_generation_settings": {"n_ctx": 512}}).encode()
+        return 200, json.dumps({"model": serving["model"], "completion_probabilities": [
+            {"top_logprobs": [{"id": 5, "logprob": -0.1}]}]}).encode()
+
+    tok = toy.byte_level_tokenizer()
+    with serve(handler) as (url, _):
+        member = LlamaCppMember("ll", url, LocalTokenizer(tok, len(tok), frozenset(), 512), check_tokenizer=False,
+                                http=HttpSettings(retries=0))
+        try:
+            member.score([1, 2, 3], 3)  # the model it started with: read as before
+            serving["model"] = "/models/gemma.gguf"
+            with pytest.raises(MemberError, match="now serves /models/gemma.gguf, not /models/qwen.gguf"):
+                member.score([1, 2, 3], 3)
+        finally:
+            member.close()
 
 
 def test_a_llamacpp_member_does_not_retry_a_timed_out_completion() -> None:

@@ -278,6 +278,10 @@ class LlamaCppMember(RemoteMember):
             raise
         if context_window is None:
             self.context_window = _server_context(props, default=self.context_window)
+        served = props.get("model_path") if isinstance(props, dict) else None
+        self.model_path: str | None = served if isinstance(served, str) and served else None
+        """The model the server said it serves at the start: every answer names its model, and one
+        restarted on another model behind the same URL would otherwise be read through this vocabulary."""
         self.slots = SlotPool(server.slots if server is not None else _server_slots(props))
         if self.slots.size + SPARE_CALLS > CALLS_IN_FLIGHT:  # a call per slot, and some without one
             self.executor.shutdown()
@@ -356,6 +360,12 @@ class LlamaCppMember(RemoteMember):
         results = answer if isinstance(answer, list) else [answer]
         if len(results) != len(prompts) or not all(isinstance(r, dict) for r in results):
             raise self.malformed("/completion results", answer)
+        other = next((r["model"] for r in results if self.model_path and isinstance(r.get("model"), str)
+                      and r["model"] != self.model_path), None)
+        if other is not None:
+            raise self.client.error(f"the server now serves {other}, not {self.model_path} (restarted on another "
+                                    "model?): its answers cannot be read with this member's vocabulary; "
+                                    "reconnect the member")
         return sorted(results, key=lambda r: int(r.get("index", 0)))
 
     def score(self, ids: list[int], first_row: int, slot: int | None = None, fresh: bool = False) -> list[TopK]:
