@@ -439,17 +439,23 @@ def test_eval_resume_takes_the_same_profile_spelled_another_way(tmp_path: Path, 
     assert len((tmp_path / "run" / "samples.jsonl").read_text().splitlines()) == 3
 
 
-def test_a_question_longer_than_a_members_context_window_is_left_out_with_a_warning(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
-    """A prompt + reference answer past a member's context window was a raw IndexError from its
-    forward, mid-run. The question is now checked before the forward and left out (named in a
-    warning): one long question does not end the fit; when none fits, a one-line error."""
+def _split_with_a_long_question(tmp_path: Path) -> tuple[list[dict[str, str]], Path, list]:
+    """A training split whose second question past the shots is too long for the toy members' 512-token
+    window, its file, and the two toy members."""
     rows = _rows(SHOTS + 3)
     rows.insert(SHOTS + 1, {"question": "Sofia has 3 apples. " * 80 + "How many apples does she have?",
                             "answer": "She has 3 apples.\n#### 3"})
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    members = [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
+    return rows, data, [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
+
+
+def test_a_question_longer_than_a_members_context_window_is_left_out_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
+    """A prompt + reference answer past a member's context window was a raw IndexError from its
+    forward, mid-run. The question is now checked before the forward and left out (named in a
+    warning): one long question does not end the fit; when none fits, a one-line error."""
+    rows, data, members = _split_with_a_long_question(tmp_path)
     with caplog.at_level("WARNING"):
         profile = calibrate(members, "gsm8k", str(data), limit=10, progress=False)
     assert profile.fitted.questions == 3
@@ -468,12 +474,7 @@ def test_a_question_too_long_for_a_member_is_replaced_by_the_next(
     """--limit 2 with the second question too long fitted on 1 question (its warning said only that
     one was left out); the next question is read in its place. Where the split runs out, the warning
     says how many of those asked were fitted on."""
-    rows = _rows(SHOTS + 3)
-    rows.insert(SHOTS + 1, {"question": "Sofia has 3 apples. " * 80 + "How many apples does she have?",
-                            "answer": "She has 3 apples.\n#### 3"})
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    members = [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
+    rows, data, members = _split_with_a_long_question(tmp_path)
     with caplog.at_level("WARNING"):
         assert calibrate(members, "gsm8k", str(data), limit=2, progress=False).fitted.questions == 2
     assert "1 of 3 questions left out" in caplog.text and "asked" not in caplog.text

@@ -3,7 +3,6 @@ prints (``.../v1``) and a server of another method than safe both work (a 404 tr
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import shutil
 import sys
@@ -17,10 +16,9 @@ import httpx
 import pytest
 
 from shared_engine import EnsembleEngine
-from shared_engine.members import HFMember
 from shared_engine.server import create_app
 from shared_engine.server.background import serve_in_background
-from tests.test_server import MODEL, USER, toy_engine, toy_members
+from tests.test_server import MODEL, USER, gated_members, toy_engine, toy_members
 
 COOKBOOK = Path(__file__).resolve().parents[1] / "cookbooks" / "streaming_app.py"
 
@@ -50,27 +48,13 @@ def test_the_cookbook_runs_against_serves_printed_url_and_model(monkeypatch: pyt
     assert "[openai] finish=" in out and "[langchain] " in out
 
 
-def _gated_members(monkeypatch: pytest.MonkeyPatch, gate: threading.Event) -> list[HFMember]:
-    """Toy members whose model work waits for ``gate``: the first request holds the only slot."""
-    members = toy_members()
-    for member in members:
-        original = member.run
-
-        async def gated(fn: Any, *args: Any, _original: Any = original) -> Any:
-            await asyncio.to_thread(gate.wait)
-            return await _original(fn, *args)
-
-        monkeypatch.setattr(member, "run", gated)
-    return members
-
-
 def test_a_busy_server_is_a_readable_line_from_every_client(monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """With every place taken, curl's 429 body (no `data:` lines) was an IndexError and the openai
     client's RateLimitError (after its retries) an uncaught traceback."""
     cookbook = load()
     gate = threading.Event()
-    app = create_app(EnsembleEngine(_gated_members(monkeypatch, gate), method="every-token"),
+    app = create_app(EnsembleEngine(gated_members(monkeypatch, gate), method="every-token"),
                      max_active=1, max_waiting=0)
     with serve_in_background(app) as url:
         body = {"model": MODEL, "messages": USER, "max_tokens": 2}

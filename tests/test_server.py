@@ -378,10 +378,9 @@ def sse_payloads_iter(response: httpx.Response) -> Iterator[str]:
             yield line[len("data: "):]
 
 
-def test_overload_is_a_429_and_a_queued_client_that_leaves_frees_its_place(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def gated_members(monkeypatch: pytest.MonkeyPatch, gate: threading.Event) -> list[HFMember]:
+    """Toy members whose model work waits for ``gate``: the first request holds the only slot."""
     members = toy_members()
-    gate = threading.Event()  # model work waits here, so the first request holds its slot
     for member in members:
         original = member.run
 
@@ -390,6 +389,13 @@ def test_overload_is_a_429_and_a_queued_client_that_leaves_frees_its_place(
             return await _original(fn, *args)
 
         monkeypatch.setattr(member, "run", gated)
+    return members
+
+
+def test_overload_is_a_429_and_a_queued_client_that_leaves_frees_its_place(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    gate = threading.Event()  # model work waits here, so the first request holds its slot
+    members = gated_members(monkeypatch, gate)
     app = create_app(EnsembleEngine(members, method="every-token"), max_active=1, max_waiting=1)
     admission = app.state.admission
     body = {"model": MODEL, "messages": USER, "max_tokens": 4}
