@@ -476,6 +476,19 @@ def _verified_before(spec: ZooSpec) -> Path | None:
     return target if target.exists() and _stamp_matches(_stamp_path(spec), target, spec) else None
 
 
+def zoo_name_of_gguf(path: str | Path) -> str | None:
+    """The zoo model whose installed, verified GGUF is the file ``path`` (a llama.cpp server reports its
+    model's path), else None; installs and assembles nothing."""
+    for name, spec in ZOO.items():
+        installed = _verified_before(spec)
+        try:
+            if installed is not None and installed.samefile(path):
+                return name
+        except OSError:
+            continue
+    return None
+
+
 def _assemble_locked(spec: ZooSpec, progress: bool) -> Path:
     if len(spec.parts) == 1:
         ensure_packages(spec)

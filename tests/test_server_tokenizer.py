@@ -153,3 +153,16 @@ def test_a_server_that_lists_part_of_its_vocabulary_is_refused_with_its_url() ->
 
     with serve(partial) as (url, _), pytest.raises(MemberError, match=f"{url}.*listed 2 of 4 token ids"):
         LlamaCppServerTokenizer(url)
+
+
+@pytest.mark.zoo
+def test_a_servers_zoo_gguf_loads_the_zoo_tokenizer(tmp_path: Path) -> None:
+    """A llama.cpp server reports its model's path; where that is a zoo GGUF, the member loads the zoo's
+    converted tokenizer (1 s), not one read from the GGUF by transformers (16 s, and no context window)."""
+    by_name = load_tokenizer(QWEN)
+    by_path = load_tokenizer(str(gguf_path(QWEN, progress=False)))
+    assert by_path.context_window == by_name.context_window == 32768
+    assert by_path.eos_ids == by_name.eos_ids and by_path.vocab_size == by_name.vocab_size
+    link = tmp_path / "served.gguf"  # a link to the zoo's file is that file
+    link.symlink_to(gguf_path(QWEN, progress=False))
+    assert load_tokenizer(str(link)).context_window == 32768

@@ -109,9 +109,11 @@ class LocalTokenizer:
 
 def load_tokenizer(spec: str | Path) -> LocalTokenizer:
     """Tokenizer from a zoo name, an HF folder, a .gguf file or a hub id already in the local cache."""
-    from ..zoo import ZOO, hub_snapshot, is_hub_id, readable_gguf, tokenizer_info
+    from ..zoo import ZOO, hub_snapshot, is_hub_id, readable_gguf, tokenizer_info, zoo_name_of_gguf
 
     spec = str(spec)
+    if spec.lower().endswith(".gguf") and (zoo_name := zoo_name_of_gguf(Path(spec).expanduser())):
+        spec = zoo_name  # a llama.cpp server serving a zoo GGUF: its converted tokenizer, not 16 s of GGUF reading
     if spec in ZOO:  # the tokenizer and the GGUF header's numbers: converting the weights took 15-45 s
         info = tokenizer_info(spec, progress=False)
         tokenizer = AutoTokenizer.from_pretrained(str(info.path))
