@@ -85,6 +85,21 @@ def test_member_specs() -> None:
             parse_member_spec(bad)
 
 
+def test_a_mistyped_backend_prefix_is_named_with_the_backend_meant(tmp_path) -> None:  # noqa: ANN001
+    """A typo in the prefix was read as a model name: "unknown model 'vlm:http://...'" and a list of
+    zoo names, nothing about the prefix."""
+    for spec, meant in (("vlm:http://h:8000", "vllm"), ("llama.cpp:smollm2-135m-instruct", "llamacpp"),
+                        ("hf:Qwen/Qwen2.5-7B-Instruct", "transformers"), ("SGLang:http://h:30000", "sglang")):
+        with pytest.raises(InvalidRequestError, match=f"unknown backend .*did you mean '{meant}:'"):
+            parse_member_spec(spec)
+    with pytest.raises(InvalidRequestError, match="unknown backend 'remote'.*one of transformers, llamacpp"):
+        parse_member_spec("remote:http://h:8000")
+    odd = tmp_path / "model:v2.gguf"  # a file whose name holds a colon is still a file
+    odd.write_bytes(b"")
+    assert parse_member_spec(str(odd)).target == str(odd)
+    assert parse_member_spec("C:/models/x.gguf").backend == "transformers"  # a drive letter, not a prefix
+
+
 # ------------------------------------------------------------------ RemoteSession vs HFSession
 class TopKOfHF(RemoteMember):
     """Test double: a "server" that is a transformers member cut to its top-K. With K = the whole

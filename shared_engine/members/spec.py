@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+import re
+from pathlib import Path
 from typing import Literal, get_args
 
 import httpx
@@ -48,9 +51,36 @@ def split_prefix(spec: str) -> tuple[str | None, str]:
     return (head, rest) if sep and head in BACKENDS else (None, spec)
 
 
+_PREFIX_LIKE = re.compile(r"[A-Za-z][A-Za-z0-9_.+-]+")
+"""What a backend prefix looks like (``vlm`` of ``vlm:http://...``): a word, not a drive letter (``C:``),
+a path or a hub id (neither has a colon after a word alone)."""
+
+
+_ALIASES = {"hf": "transformers", "huggingface": "transformers", "torch": "transformers",
+            "gguf": "llamacpp", "llama-server": "llamacpp", "llama_cpp": "llamacpp"}
+"""Other names users give a backend, for the hint."""
+
+
+def _unknown_prefix(spec: str) -> InvalidRequestError | None:
+    """``unknown backend`` for ``vlm:http://...`` or ``llama.cpp:NAME``: read as a model name, the
+    typo got "unknown model" with a list of zoo names that says nothing of the prefix."""
+    head, sep, _ = spec.partition(":")
+    if not sep or head in BACKENDS or not _PREFIX_LIKE.fullmatch(head) or head in ("http", "https"):
+        return None
+    if Path(spec).expanduser().exists():  # a file whose name holds a colon
+        return None
+    meant = _ALIASES.get(head.lower()) or next(
+        iter(difflib.get_close_matches(head.lower().replace(".", ""), BACKENDS, n=1, cutoff=0.5)), None)
+    hint = f" (did you mean '{meant}:'?)" if meant else ""
+    return InvalidRequestError(f"unknown backend {head!r} in member spec {spec!r}{hint}; a spec is "
+                               f"[BACKEND:]MODEL_OR_URL with BACKEND one of {', '.join(BACKENDS)}")
+
+
 def parse_member_spec(spec: str, backend: str | None = None) -> MemberSpec:
     """``[BACKEND:]TARGET[#TOKENIZER]`` -> MemberSpec; ``backend`` is the default for bare targets
     (else ``default_backend``)."""
+    if (unknown := _unknown_prefix(spec)) is not None:
+        raise unknown
     prefix, rest = split_prefix(spec)
     target, _, tokenizer = rest.partition("#")
     target = target.strip()
