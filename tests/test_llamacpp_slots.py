@@ -49,13 +49,14 @@ def toy_next_logprobs(hf: HFMember, k: int = 20):  # type: ignore[no-untyped-def
 @contextmanager
 def stand_in(slots: int, reuse_prompt_cache: bool = False,
              **options: object) -> Iterator[tuple[LlamaCppMember, LlamaCppLike]]:
-    """A LlamaCppMember connected to a llama.cpp stand-in with ``slots`` slots."""
+    """A LlamaCppMember connected to a llama.cpp stand-in with ``slots`` slots, pinning them as on a
+    server of its own (``pin_slots``; tests/test_llamacpp_shared_server.py: a server shared at a URL)."""
     hf = _toy()
     server = LlamaCppLike(toy_next_logprobs(hf), slots, **options)  # type: ignore[arg-type]
     with serve(server) as (url, _):
         tokenizer = LocalTokenizer(hf.tokenizer, hf.table.vocab_size, frozenset(hf.table.eos_ids), 512)
         member = LlamaCppMember("toy-llamacpp", url, tokenizer, check_tokenizer=False,
-                                reuse_prompt_cache=reuse_prompt_cache)
+                                reuse_prompt_cache=reuse_prompt_cache, pin_slots=True)
         try:
             yield member, server
         finally:

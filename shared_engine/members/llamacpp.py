@@ -13,18 +13,32 @@
   that prompt. Those prompts are re-sent with every partial-UTF-8 id banned through
   ``logit_bias``; the returned probabilities stay raw (measured: the banned argmax is still
   reported with its true log-probability), only the (unused) sampled token changes.
-- Slots, one per active request: each session leases a slot of the server (``SlotPool``) and sends
-  it as ``id_slot`` in every ``/completion``, so its prefix cache stays its own and the server
-  batches the requests' slots in one decode. The lease returns when the session closes (the engine
-  closes a request's sessions however it ends) or, failing that, when it is garbage collected; a
-  session closed while a call of it still runs (a cancelled request: its worker thread goes on)
-  keeps the slot until that call ends, and starts no other call.
+- Slots, one per active request, on a server this process started (``from_gguf``): each session
+  leases a slot of the server (``SlotPool``) and sends it as ``id_slot`` in every ``/completion``,
+  so its prefix cache stays its own and the server batches the requests' slots in one decode. The
+  lease returns when the session closes (the engine closes a request's sessions however it ends)
+  or, failing that, when it is garbage collected; a session closed while a call of it still runs (a
+  cancelled request: its worker thread goes on) keeps the slot until that call ends, and starts no
+  other call.
   More requests than slots: the extra sessions lease nothing and send no ``id_slot``, so the server
   runs each of their calls in whichever slot is idle. They are answered, but each such call may
   land in a leased slot and evict that request's prefix cache (recomputed on its next call), so the
   default sizes are chosen for this not to happen: an in-process server has as many slots as the
-  HTTP server admits active requests (``DEFAULT_MAX_ACTIVE``), a remote server reports its own count
-  (``total_slots`` in ``/props``).
+  HTTP server admits active requests (``DEFAULT_MAX_ACTIVE``).
+- Slots on a server at a URL: it may have other clients (another engine, a second ``safe-ensemble
+  serve``, a benchmark) whose pools lease the same lowest slots, and two processes that both pinned
+  slot 0 were queued one behind the other, each evicting the other's prefix (measured, zoo's Qwen
+  GGUF, two clients of one 4-slot server, 8 tokens each: 7.4 s and 132-140 prompt tokens computed
+  per request, against 2.7 s and 41-42 unpinned). So a member at a URL pins nothing by default
+  (``pin_slots``): every call goes to the idle slot llama.cpp picks, the one whose cached prompt
+  shares the longest prefix with it (``--slot-prompt-similarity``), which is the request's own
+  slot, the one its previous call extended. (A new request whose prompt shares enough with an idle
+  slot, e.g. the same chat template, takes it; the request that held it recomputes its prefix or
+  llama-server restores it from its RAM prompt cache.) The prompts of one call would each go to
+  another idle slot and compute their prefix anew (measured: 103 tokens for a one-token step), so a
+  call of several prompts without a slot sends the first alone and the others to the slot it was
+  answered from (``id_slot`` in the answer). ``pin_slots=True`` leases ``total_slots`` (``/props``)
+  as above, for a server no other process uses.
 - Greedy answers and the load. llama.cpp's logits for a token depend on how it was computed (in a
   batch of several rows or alone; measured on the zoo's Qwen GGUF: the top-1 log-probability moved
   by up to about 0.05, enough to flip a greedy near-tie). A session's first call would find
@@ -32,7 +46,8 @@
   was resumed from one re-computed token instead of one batch, so the same request run twice in a
   row could differ; the first call therefore sends ``cache_prompt: false`` for the prompt alone
   (one batch from position 0, whatever the slot held), and later calls only extend the session's
-  own sequence. Run one after the other, requests now repeat bitwise (measured: 4 prompts, 3 runs).
+  own sequence. Run one after the other, requests now repeat bitwise (measured: 4 prompts, 3 runs;
+  unpinned at a URL: 2 prompts, single and SAFE).
   ``reuse_prompt_cache=True`` trades that for speed: the first call also extends whatever prefix the
   slot holds (a shared system or few-shot prompt is computed once, not per request).
   Run together, the server batches their rows into shared decodes (and may split a prompt across
@@ -208,8 +223,9 @@ class SlotPool:
 
 
 class LlamaCppSession(RemoteSession):
-    """A request's session on a llama.cpp member: it holds one server slot for its whole life, and
-    that life lasts until it is closed and its last call has ended (no two requests in one slot)."""
+    """A request's session on a llama.cpp member: on a member that pins slots it holds one server
+    slot for its whole life, and that life lasts until it is closed and its last call has ended (no
+    two requests in one slot)."""
 
     member: LlamaCppMember
 
@@ -261,8 +277,11 @@ class LlamaCppMember(RemoteMember):
     def __init__(self, name: str, url: str, tokenizer: MemberTokenizer, *, top_k: int = DEFAULT_TOP_K,
                  context_window: int | None = None, http: HttpSettings | None = None,
                  server: LocalLlamaServer | None = None, check_tokenizer: bool = True,
-                 reuse_prompt_cache: bool = False) -> None:
+                 reuse_prompt_cache: bool = False, pin_slots: bool | None = None) -> None:
         self.server = server
+        self.pin_slots = server is not None if pin_slots is None else pin_slots
+        """Lease the server's slots and pin each request to one (default: only on a server this
+        process started, whose slots no other client uses; see the module docstring)."""
         self.reuse_prompt_cache = reuse_prompt_cache  # keeps an in-process server alive as long as the member
         self._partial_ids: list[int] | None = None
         self._partial_lock = threading.Lock()
@@ -282,10 +301,11 @@ class LlamaCppMember(RemoteMember):
         self.model_path: str | None = served if isinstance(served, str) and served else None
         """The model the server said it serves at the start: every answer names its model, and one
         restarted on another model behind the same URL would otherwise be read through this vocabulary."""
-        self.slots = SlotPool(server.slots if server is not None else _server_slots(props))
-        if self.slots.size + SPARE_CALLS > CALLS_IN_FLIGHT:  # a call per slot, and some without one
+        total = server.slots if server is not None else _server_slots(props)
+        self.slots = SlotPool(total if self.pin_slots else 0)
+        if total + SPARE_CALLS > CALLS_IN_FLIGHT:  # a call per slot, and some without one
             self.executor.shutdown()
-            self.executor = member_executor(name, self.slots.size + SPARE_CALLS)
+            self.executor = member_executor(name, total + SPARE_CALLS)
         if server is not None:  # its threads take the same cores as the other members (Capabilities)
             self.capabilities = self.capabilities.model_copy(update={"computes_apart": False})
 
@@ -376,12 +396,14 @@ class LlamaCppMember(RemoteMember):
                  fresh: bool = False) -> list[TopK]:
         """See ``RemoteMember.score_at``: one prompt ``ids[:p]`` per position, so a row costs one
         task of the server (the tokens between two asked rows are fed as one batch, not one decode
-        step each); ``slot``: the server slot to run in (None: any idle one); ``fresh``: compute the
-        first prompt from position 0, whatever the slot holds (a session's first call, see the
-        module docstring), and only then extend it."""
+        step each); ``slot``: the server slot to run in (None: the idle one llama.cpp picks, and
+        the other prompts go where the first one ran); ``fresh``: compute the first prompt from
+        position 0, whatever the slot holds (a session's first call, see the module docstring), and
+        only then extend it."""
         prompts = [ids[:p] for p in positions]
-        if fresh:
-            results = self._request(prompts[:1], slot, cache_prompt=False)
+        if fresh or (slot is None and len(prompts) > 1):
+            results = self._request(prompts[:1], slot, cache_prompt=not fresh)
+            slot = _answered_slot(results[0]) if slot is None else slot
             results += self._request(prompts[1:], slot) if len(prompts) > 1 else []
         else:
             results = self._request(prompts, slot)
@@ -426,6 +448,12 @@ def _server_context(props: Any, default: int) -> int:
         return int(props["default_generation_settings"]["n_ctx"])
     except (KeyError, TypeError, ValueError):
         return default
+
+
+def _answered_slot(result: dict[str, Any]) -> int | None:
+    """The slot a ``/completion`` answer says it ran in (None if it does not say)."""
+    slot = result.get("id_slot")
+    return slot if isinstance(slot, int) and not isinstance(slot, bool) and slot >= 0 else None
 
 
 def _server_slots(props: Any) -> int:
