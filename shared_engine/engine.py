@@ -372,9 +372,19 @@ class EnsembleEngine:
             finally:
                 await self._release_if_closed()
 
-    async def _start(self, messages: list[dict[str, Any]], plan: OutputPlan,
-                     gen: GenerationParams) -> tuple[RequestState, Sampler]:
-        """A request's state, registered as live: members loaded, prompts rendered, sessions made."""
+    async def acheck_fits(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> None:
+        """``check_request``, and that the prompt leaves every member room for the answer in its
+        context window: loads the members and renders the prompt for each (off the event loop), as
+        the request's start does. A caller about to answer several prompts in turn checks them all
+        first, so that a later prompt's error does not throw away the answers before it."""
+        output = {k: params.pop(k) for k in OutputOptions.model_fields if k in params}
+        gen, plan, messages = self._prepare(messages_or_prompt, params, **output)
+        await self._fitted_prompt_ids(messages, plan, gen)
+
+    async def _fitted_prompt_ids(self, messages: list[dict[str, Any]], plan: OutputPlan,
+                                 gen: GenerationParams) -> tuple[list[Member], list[list[int]]]:
+        """The members (loaded) and each one's prompt ids, refused with a ContextLengthError where
+        the prompt leaves a member too little room."""
         members = await asyncio.to_thread(lambda: self.members)
         _reject_oversized(messages, members, gen.max_new_tokens)
 
@@ -399,6 +409,12 @@ class EnsembleEngine:
                     f"{room} for one round (a span of up to max_words + 1 = "
                     f"{self.options.max_words + 1} words, {TOKENS_PER_WORD} tokens each, and the scoring of the "
                     f"others' spans): shorten the prompt or lower max_words")
+        return members, prompt_ids
+
+    async def _start(self, messages: list[dict[str, Any]], plan: OutputPlan,
+                     gen: GenerationParams) -> tuple[RequestState, Sampler]:
+        """A request's state, registered as live: members loaded, prompts rendered, sessions made."""
+        members, prompt_ids = await self._fitted_prompt_ids(messages, plan, gen)
         records = request_members(members, self.labels, [m.new_session() for m in members], prompt_ids,
                                   self._weights(), chat_turn=not plan.raw_prompt)
         stops = tuple(gen.stop) + tuple(plan.stops) + tuple(s for r in records for s in r.turn_stops)

@@ -98,7 +98,14 @@ def test_the_official_clients_speak_to_it(base_url: str) -> None:
 @pytest.mark.parametrize(("body", "param", "says"), [
     ({"prompt": [1, 2, 3]}, "prompt", "prompt"),
     ({"prompt": []}, "prompt", "empty"),
-    ({"prompt": "   "}, None, "empty"),
+    ({"prompt": "   "}, "prompt", "empty"),
+    ({"prompt": [PROMPT, "Tom", " "]}, "prompt", "empty (prompt 2 of the list)"),
+    ({"prompt": 5}, "prompt", "a string or a list of strings, got int"),
+    ({"prompt": None}, "prompt", "got null"),
+    ({"prompt": [PROMPT, None]}, "prompt", "item 1 is null"),
+    ({"prompt": [PROMPT] * 2049}, "prompt", "at most 2048"),
+    ({"prompt": PROMPT, "stop": ["\n", 1]}, "stop", "item 1 is int"),
+    ({"prompt": PROMPT, "logprobs": 0}, "logprobs", "log probabilities"),  # legacy 0: the sampled tokens' own
     ({"prompt": PROMPT, "suffix": "end"}, "suffix", "suffix"),
     ({"prompt": PROMPT, "best_of": 2}, "best_of", "best_of"),
     ({"prompt": PROMPT, "logprobs": 2}, "logprobs", "log probabilities"),
@@ -119,6 +126,31 @@ def test_a_prompt_too_long_for_a_member_names_the_prompt(base_url: str) -> None:
         assert response.status_code == 400, response.text
         assert response.json()["error"]["code"] == "context_length_exceeded"
         assert response.json()["error"]["param"] == "prompt"
+
+
+def test_a_list_is_checked_whole_before_any_answer() -> None:
+    """A later prompt too long for a member was found only at its turn: the answers before it were
+    computed, then thrown away with the 400."""
+
+    class Counting(EnsembleEngine):
+        started = 0
+
+        def astream(self, *args: Any, **kwargs: Any) -> Any:
+            Counting.started += 1
+            return super().astream(*args, **kwargs)
+
+    engine = Counting([toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)],
+                      method="every-token", max_new_tokens=24)
+    with serve_in_background(create_app(engine)) as url:
+        response = post(url, {"model": MODEL, "prompt": [PROMPT, "Sofia walked " * 400], "max_tokens": 8})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert (error["code"], error["param"]) == ("context_length_exceeded", "prompt")
+        assert error["message"].startswith("prompt 1 of the list: ") and Counting.started == 0
+        whole = post(url, {"model": MODEL, "prompt": [PROMPT, "def add(a, b):"], "max_tokens": 4}).json()
+        assert len(whole["choices"]) == 2 and Counting.started == 2
+        assert "ensemble" not in whole  # the summaries are on the choices: no top-level null
+        assert all("ensemble" in c for c in whole["choices"])
 
 
 def test_another_model_is_a_404(base_url: str) -> None:

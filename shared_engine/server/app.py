@@ -82,6 +82,15 @@ def _engine_error(err: InvalidRequestError, prompt_field: str = "messages") -> A
     return ApiError(400, str(err), param=_param_of(str(err)))
 
 
+async def _check_fit(engine: EnsembleEngine, prompts: list[str], params: dict[str, Any]) -> None:
+    """Every prompt of a list leaves each member room for the answer, checked before the first is answered."""
+    for index, prompt in enumerate(prompts):
+        try:
+            await engine.acheck_fits(prompt, **params)
+        except ContextLengthError as err:
+            raise ContextLengthError(f"prompt {index} of the list: {err}") from None
+
+
 def _shutting_down(err: EngineClosedError) -> ApiError:
     """A request refused or cut short because the server is shutting down (the engine closed)."""
     return ApiError(503, f"{err}; retry later", type="server_error", code="server_shutting_down")
@@ -356,9 +365,15 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
         req = await _parse(request, CompletionRequest)
         check(req)
         params = {**req.generation_params(), "raw_prompt": True}
+        listed = len(req.prompts) > 1
+        for index, prompt in enumerate(req.prompts):  # the text of each (empty, unencodable)
+            try:
+                normalize_messages(prompt)
+            except InvalidRequestError as err:
+                raise ApiError(400, f"{err} (prompt {index} of the list)" if listed else str(err),
+                               param="prompt", code="invalid_value") from None
         try:
-            for prompt in req.prompts:
-                engine.check_request(prompt, **params)
+            engine.check_request(req.prompts[0], **params)  # the parameters, once for all prompts
         except InvalidRequestError as err:
             raise _engine_error(err, "prompt") from None
         ticket = admit()
@@ -369,6 +384,8 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
         async def whole() -> BaseModel:
             try:  # the prompts one after another, on this request's one admission slot
                 async with ticket:
+                    if listed:  # a later prompt too long for a member must not throw the earlier answers away
+                        await _check_fit(engine, req.prompts, params)
                     return await collect_text([engine.astream(p, **params) for p in req.prompts], completion_id=cid,
                                               model=name, method=engine.options.method, members=members(),
                                               ensemble_events=req.ensemble_events, echoes=echoes)

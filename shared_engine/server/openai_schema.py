@@ -107,6 +107,26 @@ UNSUPPORTED: dict[str, str] = {
 """Request fields this server refuses with a 400 rather than silently ignore (any other unknown field is ignored)."""
 
 
+MAX_PROMPTS = 2048
+"""The most prompts one legacy completions request may list: they are answered one after another on
+one admission slot, and each is checked before the first is answered."""
+
+
+def _text_or_texts(value: object, field: str) -> object:
+    """A field that is a string or a list of strings, refused with the item that is neither:
+    pydantic's union error named a branch (``prompt.str``: "Input should be a valid string") even
+    when a list was sent."""
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise ValueError(f"{field} must be a string or a list of strings, got {type(value).__name__}")
+    for index, item in enumerate(value):
+        if not isinstance(item, str):
+            raise ValueError(f"{field} must be a string or a list of strings: item {index} is "
+                             f"{'null' if item is None else type(item).__name__}")
+    return value
+
+
 class _GenerationRequest(BaseModel):
     """What both completion endpoints take: the model, streaming, sampling and the extensions."""
 
@@ -136,6 +156,11 @@ class _GenerationRequest(BaseModel):
         """Null is the default: OpenAI's spec makes ``stream`` nullable (clients that send unset
         options as null do), and the extension follows it."""
         return cls.model_fields[str(info.field_name)].default if value is None else value
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_texts(cls, value: object) -> object:
+        return _text_or_texts(value, "stop")
 
     @field_validator("stop")
     @classmethod
@@ -216,7 +241,12 @@ class CompletionRequest(_GenerationRequest):
             raise ValueError("the list of prompts is empty")
         if isinstance(value, list) and any(isinstance(v, int | list) for v in value):
             raise ValueError("token-id prompts are not supported (each member has its own vocabulary): send text")
-        return value
+        if isinstance(value, list) and len(value) > MAX_PROMPTS:
+            raise ValueError(f"a list of {len(value)} prompts: at most {MAX_PROMPTS} in one request (they are "
+                             "answered one after another); send several requests")
+        if value is None:
+            raise ValueError("the prompt must be a string or a list of strings, got null")
+        return _text_or_texts(value, "the prompt")
 
     @field_validator("echo", mode="before")
     @classmethod
@@ -234,6 +264,9 @@ class CompletionRequest(_GenerationRequest):
 
     def unsupported(self) -> tuple[str, str] | None:
         extra = self.model_extra or {}
+        logprobs = extra.get("logprobs")
+        if logprobs is not None and logprobs is not False:  # legacy 0 asks for the sampled tokens' log-probabilities
+            return "logprobs", UNSUPPORTED["logprobs"]
         if extra.get("suffix"):
             return "suffix", "insertion (a suffix after the completion) is not supported"
         if extra.get("best_of") not in (None, 1):
@@ -430,6 +463,11 @@ class TextCompletion(BaseModel):
     usage: Usage | None = None
     ensemble: EnsembleDelta | None = Field(
         None, description="Extension, on a streamed chunk: as on a chat chunk (``EnsembleDelta``).")
+
+    @model_serializer(mode="wrap")
+    def _delta_when_any(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A whole completion carries its summaries on its choices: no top-level ``ensemble: null``."""
+        return _left_out_when_none(handler(self), "ensemble")
 
 
 def text_completion_id() -> str:
