@@ -92,18 +92,39 @@ class SharedEnds:
 
 def span_end(continuation: bytes, words: int, shared: set[int], finished: bool) -> int:
     """Where a span of ``words`` words of ``continuation`` should end: after the ``words``-th
-    complete word if every member can stop there, else at the next complete word end they share;
-    failing that the last shared word end, then any shared boundary, then (only when the
-    continuation is finished, e.g. by EOS) its end. Returns 0 if there is no safe end yet."""
+    complete word if every member can stop there (or within the whitespace after it, ``word_cut``),
+    else at the next complete word they share such a cut after; failing that the last shared word
+    cut, then any shared boundary, then (only when the continuation is finished, e.g. by EOS) its
+    end. Returns 0 if there is no safe end yet."""
     ends = complete_word_ends(continuation)
     if finished:
         ends.append(valid_prefix_length(continuation))
-    usable = [e for e in ends if e in shared or (finished and e == len(continuation))]
-    later = [e for i, e in enumerate(ends) if i + 1 >= words and e in usable]
+    cuts = [(i, cut) for i, e in enumerate(ends)
+            if (cut := e if finished and e == len(continuation) else word_cut(continuation, e, shared)) is not None]
+    later = [cut for i, cut in cuts if i + 1 >= words]
     if later:
         return later[0]
-    if usable:
-        return usable[-1]
+    if cuts:
+        return cuts[-1][1]
     if shared:
         return max(shared)
     return valid_prefix_length(continuation) if finished else 0
+
+
+def word_cut(data: bytes, end: int, shared: set[int]) -> int | None:
+    """A shared boundary that ends the word ending at ``end``: ``end`` itself, or else the first one
+    within the whitespace that follows it. Qwen writes ":\n" as one token where Gemma writes ":" and
+    "\n", so after "Student:" no member set shares the word end, only the end of the new line;
+    without this a span found no word end to stop at and ran to its token limit (16 tokens for a
+    one-word span, and loops such as "Student:\n" x 20 won the vote by their low mean NLL)."""
+    if end in shared:
+        return end
+    at = end
+    while at < len(data) and data[at:at + 1] in _ASCII_SPACE:
+        at += 1
+        if at in shared:
+            return at
+    return None
+
+
+_ASCII_SPACE = frozenset(bytes([c]) for c in b" \t\n\r\x0b\x0c")

@@ -120,6 +120,25 @@ def test_spans_never_end_inside_a_token_of_any_member() -> None:
     assert span_end(b" So", 1, shared(b" So"), finished=False) == 0  # nothing safe yet: write on
 
 
+def test_a_word_whose_end_only_the_whitespace_after_it_shares_ends_there() -> None:
+    """Qwen writes ':\n' as one token, Gemma ':' + '\n': after 'Student:' no word end is shared, only
+    the end of the new line. span_end fell back to the LAST shared boundary, so a one-word span ran to
+    its token limit and a loop ('Student:\n' x 20, low mean NLL) won the vote on the real pair."""
+    from tests.test_alignment import _real_table
+
+    text = b"Student:\nStudent:\nStudent:\nStu"
+    tables = [_real_table("qwen2.5-coder-0.5b-instruct"), _real_table("gemma-3-270m")]
+    texts = [TokenizedText(table) for table in tables]
+    for tokens in texts:
+        tokens.set_text(b"Hi")
+    shared = SharedEnds(b"Hi", texts)(text)
+    assert 8 not in shared and 9 in shared  # after 'Student:' only the new line's end is shared
+    assert span_end(text, 1, shared, finished=False) == 9  # 'Student:\n', not all three
+    assert span_end(text, 2, shared, finished=False) == 18
+    assert span_end(b" Sofia, hi", 1, {3, 6, 8}, finished=False) == 8  # ' Sofia, ': the space's end is shared
+    assert span_end(b" Sofia, hi", 1, {3, 6, 7, 8}, finished=False) == 7  # the word end itself first
+
+
 @pytest.mark.parametrize("vote", ["always", "uncertain"])
 @pytest.mark.parametrize("threshold", [0.0, 1.0])  # always sure / never sure
 @pytest.mark.parametrize("kind", ["byte_level", "metaspace"])

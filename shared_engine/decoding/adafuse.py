@@ -47,7 +47,7 @@ from ..members import Session
 from ..members.base import exact_support
 from ..repetition import continues_loop
 from ..sampling import Sampler
-from ..words import SharedEnds, complete_word_ends, span_end, word_ends
+from ..words import SharedEnds, complete_word_ends, span_end, word_cut, word_ends
 from .decisions import ScoredSpan, SpanDecision
 from .report import count_span, count_span_round, count_span_source, count_turn_markers, span_event
 from .state import RequestState, spell_bytes
@@ -207,7 +207,7 @@ def _write(session: Session, context: list[int], first: torch.Tensor, token: int
 
 def _has_end(data: bytes, words: int, shared: set[int]) -> bool:
     ends = complete_word_ends(data)
-    return any(e in shared for e in ends[words - 1:])
+    return any(word_cut(data, e, shared) is not None for e in ends[words - 1:])
 
 
 def _propose(session: Session, context: list[int], first: torch.Tensor, table: TokenTable,
