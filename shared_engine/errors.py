@@ -1,5 +1,7 @@
 """Typed errors: every bad input surfaces as a ValueError subclass with a message a user can act on."""
 
+from __future__ import annotations
+
 
 class EnsembleError(Exception):
     """Base class of the engine's own errors."""
@@ -29,3 +31,9 @@ class MemberError(EnsembleError, RuntimeError):
         self.member = member
         self.url = url
         self.reason = reason
+
+    def __reduce__(self) -> tuple[type[MemberError], tuple[str, str, str]]:
+        """Rebuilt from its three parts: ``args`` holds the message alone, so unpickling (a process
+        pool's worker failing, a checkpointer) or ``copy`` called ``__init__`` with one argument and
+        raised a TypeError; a pool reported BrokenProcessPool and the cause was lost."""
+        return type(self), (self.member, self.url, self.reason)

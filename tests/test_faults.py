@@ -139,3 +139,15 @@ def test_a_killed_drafter_server_hands_drafting_to_the_next_member() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_member_error_survives_pickle_and_copy() -> None:
+    """A process pool's worker that raised it died as BrokenProcessPool (unpickling called
+    ``__init__`` with the message alone), and ``copy.copy`` raised a TypeError."""
+    import copy
+    import pickle
+
+    err = MemberError("qwen", "http://127.0.0.1:8080", "POST /completion timed out")
+    for again in (pickle.loads(pickle.dumps(err)), copy.copy(err)):
+        assert type(again) is MemberError and str(again) == str(err)
+        assert (again.member, again.url, again.reason) == (err.member, err.url, err.reason)
