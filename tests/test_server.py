@@ -25,7 +25,7 @@ from shared_engine import EnsembleEngine
 from shared_engine.members import HFMember
 from shared_engine.server import create_app
 from shared_engine.server.background import serve_in_background
-from tests.toy import toy_member
+from tests.toy import fitted_member, toy_member
 
 MODEL = "every-token-ensemble"
 USER = [{"role": "user", "content": "Sofia walked to the park"}]
@@ -178,6 +178,36 @@ def test_adafuse_spans_are_span_decisions_streamed_and_whole() -> None:
         if c["choices"] and c["choices"][0]["delta"].get("content"):
             assert ext["span"] in starts and ext["span"] in seen and ext["span"] <= ext["position"]
             assert ext["source"] == "ensemble"
+
+
+def test_text_held_back_by_a_stop_prefix_is_streamed_under_its_own_span() -> None:
+    # With stop ".\u2603" every span ending in "." holds its "." back (a possible start of the
+    # stop) until the next span's text shows it is none; it was sent in that next span's first chunk,
+    # labelled with the next span and position, so the live page marked it as the next decision's.
+    conversation = [{"role": "user", "content": "Say hello"},
+                    {"role": "assistant", "content": "Hello there, Sofia. Bye now. \n"}]
+    members = [fitted_member("fa", "byte_level", conversation, 80), fitted_member("fb", "metaspace", conversation, 80)]
+    engine = EnsembleEngine(members, method="adafuse", max_new_tokens=30, max_words=1)
+    body = {"model": "adafuse-ensemble", "messages": conversation[:1], "max_tokens": 30, "stream": True,
+            "stop": [".\u2603"], "ensemble_events": "all"}
+    with serve_in_background(create_app(engine)) as url:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as response:
+            chunks = [json.loads(p) for p in sse_payloads(response)[:-1]]
+    chosen: dict[int, str] = {}
+    texts: dict[int, str] = {}
+    for c in chunks:
+        ext = c.get("ensemble") or {}
+        chosen |= {d["position"]: d["chosen"] for d in ext.get("decisions", [])}
+        if c["choices"] and c["choices"][0]["delta"].get("content"):
+            later = [start for start in chosen if start > ext["span"]]
+            assert ext["span"] <= ext["position"] < min(later, default=ext["position"] + 1)
+            texts[ext["span"]] = texts.get(ext["span"], "") + c["choices"][0]["delta"]["content"]
+    held = [start for start, text in chosen.items() if text.endswith(".")]
+    assert held and max(held) < max(chosen)  # the case happened: a "." held back, then a span after it
+    spans = sorted(start for start, text in chosen.items() if text != "<eos>")
+    assert sorted(texts) == spans and all(texts[start] == chosen[start] for start in spans[:-1])
+    # the last span, " \n" then EOS: the "\n" is dropped as the start of a turn marker
+    assert chosen[spans[-1]].startswith(texts[spans[-1]])
 
 
 def test_confident_adafuse_spans_are_listed_only_on_request() -> None:

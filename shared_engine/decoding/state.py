@@ -107,6 +107,10 @@ class RequestState:
     _decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
     _call_ends: dict[str, CallEndFinder] = field(init=False, repr=False, default_factory=dict)
+    _origins: list[tuple[int, int, str]] = field(init=False, repr=False, default_factory=list)
+    """(offset in ``text``, position, source) where each committed token's characters start, from the
+    one holding the first unsent character on: text held back as a possible stop's start is sent
+    later under its own token's position and source, not the token that released it."""
 
     def __post_init__(self) -> None:
         self.stats.prompt_tokens = len(self.members[0].prompt_ids)
@@ -244,20 +248,25 @@ class RequestState:
                 self.stats.accepted_tokens += 1
             else:
                 self.stats.chosen_tokens += 1
-            self.text += self._decoder.decode(piece)
-            delta = self._release_text()
-            if delta:
-                if self.stats.time_to_first_token_s is None:
-                    self.stats.time_to_first_token_s = time.perf_counter() - self.started
-                events.append(TokenEvent(text=delta, source=source, position=position))
+            decoded = self._decoder.decode(piece)
+            if decoded:  # a character split across tokens is the token's that completes it
+                self._origins.append((len(self.text), position, source))
+                self.text += decoded
+            start = self.emitted
+            self._release_text()
+            released = self._token_events(start, self.emitted)
+            if released and self.stats.time_to_first_token_s is None:
+                self.stats.time_to_first_token_s = time.perf_counter() - self.started
+            events += released
             if not self.finish_reason and self.constraint is not None and self.constraint.finished:
                 self.finish_reason = "stop"
             if not self.finish_reason and self.stats.tokens >= self.max_new_tokens:
                 self.finish_reason = "length"
         return events
 
-    def _release_text(self) -> str:
-        """Text that can be sent now: stops at a stop string, holds back a possible stop prefix. A
+    def _release_text(self) -> None:
+        """Moves ``emitted`` past the text that can be sent now: stops at a stop string, holds back a
+        possible stop prefix. A
         ``CallEnd`` is found where it ends a call (its finder reads the call's JSON), and the answer
         ends after it."""
         cuts = []  # every stop is searched in the same text: the earliest wins, whatever the list order
@@ -276,9 +285,7 @@ class RequestState:
                     if self.text.endswith(stop[:n]):
                         hold = max(hold, n)
                         break
-        end = len(self.text) - hold
-        delta, self.emitted = self.text[self.emitted:end], max(self.emitted, end)
-        return delta
+        self.emitted = max(self.emitted, len(self.text) - hold)
 
     def flush(self) -> list[TokenEvent]:
         """At the end: release held-back text (a dangling partial character is dropped). After an EOS,
@@ -290,9 +297,25 @@ class RequestState:
         if held and self.finish_reason == "eos" and any(
                 stop.startswith(held) for record in self.members for stop in record.turn_stops):
             self.text = self.text[:self.emitted]
-        delta = self.text[self.emitted:]
-        self.emitted = len(self.text)
-        return [TokenEvent(text=delta, source="draft", position=self.stats.tokens)] if delta else []
+        start, self.emitted = self.emitted, len(self.text)
+        return self._token_events(start, self.emitted)
+
+    def _token_events(self, start: int, end: int) -> list[TokenEvent]:
+        """The events sending ``text[start:end]``: one per token whose characters it holds, each with
+        that token's position and source (held-back text may span several tokens, of earlier rounds
+        and other sources). Forgets the tokens wholly sent."""
+        events: list[TokenEvent] = []
+        origins = self._origins
+        last = 0  # the token holding text[end], the first character still unsent
+        for i, (offset, position, source) in enumerate(origins):
+            until = origins[i + 1][0] if i + 1 < len(origins) else end
+            if offset <= end:
+                last = i
+            if max(offset, start) < min(until, end):
+                events.append(TokenEvent(text=self.text[max(offset, start):min(until, end)],
+                                         source=source, position=position))
+        del origins[:last]
+        return events
 
     def sync_events(self) -> list[CacheSyncEvent]:
         events = []

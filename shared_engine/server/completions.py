@@ -9,6 +9,7 @@ otherwise they show only in the stats (``spans - fused_spans``) and in the chunk
 from __future__ import annotations
 
 import time
+from bisect import bisect_right
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from typing import Literal
@@ -54,6 +55,13 @@ def listed(event: EnsembleEvent | AdaFuseEvent, listing: Listing) -> bool:
     return bool(listing)
 
 
+def span_of(spans: list[int], position: int) -> int | None:
+    """The AdaFuse span (its start, of ``spans`` in order) holding the token at ``position``: text
+    held back as a possible stop's start comes after a later span's decision, yet is its own span's."""
+    index = bisect_right(spans, position)
+    return spans[index - 1] if index else None
+
+
 Shape = Literal["chat", "text"]
 """``chat``: chat completion chunks/objects; ``text``: legacy ``text_completion`` ones (no tool calls:
 a raw prompt takes no tools)."""
@@ -89,7 +97,7 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
         return sse(body.model_dump_json(exclude={"ensemble"}))
 
     pending: list[Decision] = []
-    span: int | None = None  # AdaFuse: the span being committed
+    spans: list[int] = []  # AdaFuse: the positions where the spans so far start
     async with aclosing(events):  # type: ignore[type-var]
         if shape == "chat":
             yield chunk(Delta(role="assistant", content=""))
@@ -98,14 +106,14 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
         try:
             async for event in events:
                 if isinstance(event, AdaFuseEvent):
-                    span = event.position
+                    spans.append(event.position)
                 if isinstance(event, EnsembleEvent | AdaFuseEvent):
                     if listed(event, ensemble_events):
                         pending.append(as_decision(event))
                 elif event.type == "token":
                     yield chunk(Delta(content=event.text),
                                 ensemble=EnsembleDelta(source=event.source, position=event.position,
-                                                       span=span, decisions=pending))
+                                                       span=span_of(spans, event.position), decisions=pending))
                     pending = []
                 elif isinstance(event, ToolCallEvent):
                     if event.error is None:
