@@ -405,10 +405,25 @@ class ChatEnsemble(BaseChatModel):
         if isinstance(engine, EnsembleEngine) and engine.loaded and "max_input_tokens" not in (self.profile or {}):
             self._note_context_window(engine.context_window)
 
+    def get_num_tokens_from_messages(
+        self, messages: list[BaseMessage],
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool] | None = None,
+    ) -> int:
+        """The most prompt tokens any member reads for ``messages`` (each in its own chat template,
+        ``EnsembleEngine.prompt_tokens``; loads the members): what ``trim_messages(token_counter=llm)``
+        counts, so a history trimmed to ``context_window - max_tokens`` fits every member."""
+        formatted = [convert_to_openai_tool(t) for t in tools] if tools else None
+        return self._engine().prompt_tokens(to_engine_messages(messages), tools=formatted)
+
+    def get_num_tokens(self, text: str) -> int:
+        """The most tokens any member reads for ``text`` as a prompt (its BOS included; loads the members)."""
+        return self._engine().prompt_tokens(text, raw_prompt=True)
+
     def get_token_ids(self, text: str) -> list[int]:
-        """Token ids in the drafter's tokenizer (what ``max_tokens`` and the usage count in), for
-        ``get_num_tokens`` and ``trim_messages(token_counter=llm)``: LangChain's default downloads
-        GPT-2's tokenizer (offline: minutes of retries, then 0)."""
+        """Token ids in the drafter's tokenizer (what ``max_tokens`` and the usage count in); no
+        weights loaded where its files are local. Not what a prompt costs: another member may spell
+        the text in more tokens (``get_num_tokens`` counts the most any member needs). LangChain's
+        default would download GPT-2's tokenizer (offline: minutes of retries, then 0)."""
         if self._tokenizer is None:
             self._tokenizer = self._drafter_tokenizer()
         return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -52,7 +52,7 @@ from .members import (
     parse_member_spec,
     release_member,
 )
-from .members.chat import Message, normalize_messages
+from .members.chat import Message, normalize_messages, render_plain
 from .options import EngineOptions, GenerationParams, validated
 from .policies import DraftSchedule, make_policy
 from .profile import apply_profile
@@ -187,6 +187,31 @@ class EnsembleEngine:
         """The smallest member context window: what a prompt plus its answer must fit in (loads
         the members)."""
         return min(m.context_window for m in self.members)
+
+    def prompt_tokens(self, messages_or_prompt: str | Sequence[Message], *,
+                      tools: Sequence[Mapping[str, Any]] | None = None, raw_prompt: bool = False) -> int:
+        """The most prompt tokens any member reads for this request: each member renders it as a
+        request's start does (its own chat template and tokenizer; ``raw_prompt``: the text as is, its
+        BOS included), so a prompt counted to at most ``context_window - max_new_tokens`` fits every
+        member. The drafter's count alone does not: SmolLM2 spells Chinese in 3 times Qwen's tokens.
+        Loads the members. An empty prompt counts 0; messages a strict template refuses (a history cut
+        mid-conversation, as a trimmer tries it) count in the plain format instead."""
+        if not messages_or_prompt:
+            return 0
+        if raw_prompt and isinstance(messages_or_prompt, str):  # any text, blank too (a request refuses that)
+            if self._closed:
+                raise EngineClosedError("the engine is closed")
+            return max(len(m.text_prompt_ids(messages_or_prompt)) for m in self.members)
+        _, plan, messages = self._prepare(messages_or_prompt, {}, tools=list(tools) if tools else None,
+                                          raw_prompt=raw_prompt)
+
+        def count(member: Member) -> int:
+            try:
+                return len(_render(member, messages, plan))
+            except InvalidRequestError:  # the template refuses these messages: the plain format's count
+                return len(member.text_prompt_ids(render_plain(messages)))
+
+        return max(count(m) for m in self.members)
 
     @property
     def labels(self) -> list[str]:
@@ -388,14 +413,7 @@ class EnsembleEngine:
         members = await asyncio.to_thread(lambda: self.members)
         _reject_oversized(messages, members, gen.max_new_tokens)
 
-        def render(member: Member) -> list[int]:
-            if plan.raw_prompt:  # one user message: the prompt string (_prepare)
-                ids = member.text_prompt_ids(messages[0]["content"])
-            else:
-                ids = member.prompt_ids(messages, tools=plan.tools) if plan.tools else member.prompt_ids(messages)
-            return list(ids) + list(member.table.encode_fragment(plan.prefix))
-
-        prompt_ids = await asyncio.to_thread(lambda: [render(m) for m in members])
+        prompt_ids = await asyncio.to_thread(lambda: [_render(m, messages, plan) for m in members])
         for member, ids in zip(members, prompt_ids):
             if len(ids) + gen.max_new_tokens > member.context_window:
                 raise ContextLengthError(
@@ -583,6 +601,15 @@ def _reject_ambiguous_names(members: Sequence[Member]) -> None:
 
 _NORMALISER_SHRINK = 4
 """Safety factor for the size bound below: a normaliser may shrink text (NFC composes Hangul jamo 3:1)."""
+
+
+def _render(member: Member, messages: list[dict[str, Any]], plan: OutputPlan) -> list[int]:
+    """``member``'s prompt ids for a request: its chat format (tools included) or the raw prompt, then the prefill."""
+    if plan.raw_prompt:  # one user message: the prompt string (_prepare)
+        ids = member.text_prompt_ids(messages[0]["content"])
+    else:
+        ids = member.prompt_ids(messages, tools=plan.tools) if plan.tools else member.prompt_ids(messages)
+    return list(ids) + list(member.table.encode_fragment(plan.prefix))
 
 
 def _reject_oversized(messages: Sequence[Message], members: Sequence[Member], max_new_tokens: int) -> None:
