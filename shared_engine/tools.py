@@ -27,10 +27,13 @@ the call's JSON strings, on a line of its own or right after the JSON), never at
 inside an argument, and what follows the first call is dropped.
 
 Parsing (``ToolCallParser``) is incremental, so tool markup never reaches the token stream, and
-lenient through ``json_repair`` (code fences, single quotes, unquoted keys, truncated JSON,
-arguments given as a JSON string); a bare JSON answer (an object, or a list of them as some
-models write several calls) counts as calls only when each names an offered tool; a tagged block
-that still cannot be read is reported as an invalid call, never guessed at.
+lenient through ``json_repair`` (code fences, single quotes, unquoted keys, a missing closing
+brace or tag, arguments given as a JSON string); a bare JSON answer (an object, or a list of them
+as some models write several calls) counts as calls only when each names an offered tool; a
+tagged block that still cannot be read is reported as an invalid call, never guessed at, and so is
+a call whose arguments were written but read as no object, or that the answer's end cut inside
+its arguments (``_cut``): json_repair would make ``{}`` or a cut value of them, and the tool would
+run on it. A call written without arguments, or with ``{}``, is a call with ``{}``.
 
 Structured output (``response_format`` json_object / json_schema): the members are asked for JSON
 (json_schema: with the schema), the answer is prefilled with ``{`` and **decoded under a
@@ -281,9 +284,11 @@ def _loads(text: str) -> Any:
     return loaded if isinstance(loaded, dict | list) and loaded else None
 
 
-def _as_call(obj: Any) -> tuple[str, dict[str, Any]] | None:
+def _as_call(obj: Any) -> tuple[str, dict[str, Any] | None] | None:
     """(name, arguments) from ``{"name", "arguments"}`` (or ``parameters``/``args``, or OpenAI's
-    ``{"function": {...}}`` wrapper); None if ``obj`` is no call."""
+    ``{"function": {...}}`` wrapper); None if ``obj`` is no call. The arguments are None when they
+    were written but read as no object (json_repair keeps garbage as a string, which reads as none):
+    such a call is reported, not run on ``{}``; none written, null or ``""`` is a call with ``{}``."""
     if not isinstance(obj, dict):
         return None
     if isinstance(obj.get("function"), dict):
@@ -292,22 +297,53 @@ def _as_call(obj: Any) -> tuple[str, dict[str, Any]] | None:
     args: Any = next((obj[k] for k in ("arguments", "parameters", "args", "input") if k in obj), {})
     if isinstance(args, str):
         args = _loads(args) if args.strip() else {}
-    if args is None:
+        if not isinstance(args, dict):
+            args = None  # unreadable, or a list where an object belongs
+    elif args is None:
         args = {}
-    if not isinstance(name, str) or not name.strip() or not isinstance(args, dict):
+    elif not isinstance(args, dict):
+        return None
+    if not isinstance(name, str) or not name.strip():
         return None
     return name.strip(), args
 
 
-def parse_calls(body: str, first_index: int = 0) -> list[ToolCallEvent]:
+def _cut(body: str, closed: bool) -> bool:
+    """Whether a call's JSON stops where json_repair would make up the rest (and the tool be run on
+    a value cut short, ``"Ber"``, or on ``{}``): right after a key, or, in a block its close tag did
+    not end (``closed`` False: max_new_tokens, a stop or the end of turn came first), inside a string
+    or a bracket the call opened inside itself. A call that leaves off its own closing brace, as
+    small models do, and one whose close tag ends an unclosed string, are read as written."""
+    scan = _JsonScan()
+    level = 0  # the depth of the call object: 1, or 2 in a list of calls
+    for char in body:
+        scan.step(char)
+        if not level and scan.depth:
+            level = scan.depth + (char == "[")
+        elif level and not scan.depth:
+            return False  # the value closed; what follows is no part of it
+    if not scan.quote and scan.depth and scan.last == ":":
+        return True
+    return not closed and (bool(scan.quote) or scan.depth > level)
+
+
+def parse_calls(body: str, first_index: int = 0, closed: bool = True) -> list[ToolCallEvent]:
     """The calls in the text of one ``<tool_call>`` block (usually one; a list is accepted),
-    numbered from ``first_index``; an unreadable block is one call with ``error`` set."""
+    numbered from ``first_index``; a block that cannot be read, is cut inside a call (``_cut``;
+    ``closed`` False: the answer stopped before the block's close tag) or holds a call whose
+    arguments are unreadable is one call with ``error`` set."""
     obj = _loads(body)
     items = obj if isinstance(obj, list) and obj else [obj]
     calls = [_as_call(item) for item in items]
+    error = None
     if any(c is None for c in calls):
-        return [ToolCallEvent(index=first_index, id=_new_id(), raw=body.strip(),
-                              error='not a {"name": ..., "arguments": {...}} object')]
+        error = 'not a {"name": ..., "arguments": {...}} object'
+    elif _cut(body, closed):
+        error = "cut off before the call's JSON ends"
+    elif unreadable := [c[0] for c in calls if c is not None and c[1] is None]:
+        error = f"the arguments of {unreadable[0]} are not a JSON object"
+    if error is not None:
+        return [ToolCallEvent(index=first_index, id=_new_id(), raw=body.strip(), error=error)]
     return [ToolCallEvent(index=first_index + i, id=_new_id(), name=call[0], arguments=call[1], raw=body.strip())
             for i, call in enumerate(calls) if call is not None]
 
@@ -561,7 +597,8 @@ class ToolCallParser:
 
     def close(self) -> list[str | ToolCallEvent]:
         """Release everything: an unterminated call (cut by a stop string or the length limit) is
-        still parsed; a held bare-JSON answer becomes a call only if it names an offered tool."""
+        still parsed, and reported invalid if it stops inside its arguments (``_cut``); a held
+        bare-JSON answer becomes a call only if it names an offered tool."""
         out = self.feed("")
         while self.in_call and self._call.in_string and not _complete(self.buffer):
             # a string never closed (or the call was cut): its first close tag ends the call after all
@@ -571,7 +608,7 @@ class ToolCallParser:
             out += self.feed("")
         rest, self.buffer = self.buffer, ""
         if self.in_call:
-            out += self._calls(rest)
+            out += self._calls(rest, closed=False)
         elif self.hold_all:
             out += self._bare(rest)
         elif rest:
@@ -610,13 +647,13 @@ class ToolCallParser:
             return self._text(rest)
         out: list[str | ToolCallEvent] = []
         for body in bodies:
-            out += self._calls(body)
+            out += self._calls(body, closed=False)  # no tag: only a value that closes is whole
         return out + self._text(rest[start:])
 
-    def _calls(self, body: str) -> list[ToolCallEvent]:
+    def _calls(self, body: str, closed: bool = True) -> list[ToolCallEvent]:
         calls = [call.model_copy(update={"arguments": coerce_arguments(call.arguments, self.schemas[call.name])})
                  if call.name in self.schemas and call.arguments else call
-                 for call in parse_calls(body, self.num_calls)]
+                 for call in parse_calls(body, self.num_calls, closed)]
         self.num_calls += len(calls)
         if not self._after_call:
             self._separator = self._pending_ws

@@ -76,7 +76,7 @@ def test_prefilled_unterminated_call_keeps_unicode() -> None:
 
 
 @pytest.mark.parametrize("body, name, arguments", [
-    ('{"name": "get_weather", "arguments": {"location": "Ber', "get_weather", {"location": "Ber"}),  # cut
+    ('{"name": "get_weather", "arguments": {"location": "Ber"}\n', "get_weather", {"location": "Ber"}),  # no last }
     ('{"name": "get_weather", "arguments": "{\\"location\\": \\"Rome\\"}"} trailing', "get_weather", {"location": "Rome"}),
     ('{"name": "get_weather", "parameters": {}}', "get_weather", {}),
     ("{'name': 'get_weather', 'arguments': {'location': 'Oslo', 'metric': True}}", "get_weather",
@@ -93,6 +93,41 @@ def test_unreadable_call_is_reported_not_guessed() -> None:
     [call] = parse_calls("get_weather(Paris)")
     assert call.name is None and call.arguments is None and call.error
     assert call.arguments_json == "get_weather(Paris)"
+
+
+HUNTED = '{"name": "get_weather", "arguments":\ufffd stationber 73?ou\ufffd\n   Berlinelf\ufffd49\ufffdited a'
+
+
+@pytest.mark.parametrize("body, closed", [
+    (HUNTED, True),  # AdaFuse's unconstrained forced call, cut by max_new_tokens
+    ('{"name": "get_weather", "arguments": "somewhere warm"}', True),
+    ('{"name": "get_weather", "arguments": {"location":', True),  # a key without its value
+    ('{"name": "get_weather", "arguments":', True),
+    ('{"name": "get_weather", "arguments": {"location": "Ber', False),  # cut: json_repair closes it as "Ber"
+    ('{"name": "get_weather", "arguments": {', False),
+    ('{"name": "get_weather", "arguments": "{\\"location\\": \\"Ro', False),
+    ('[{"name": "get_weather", "arguments": {}}, {"name": "get_weather", "arguments": {"location": "B', False),
+])
+def test_unreadable_or_cut_arguments_are_reported_not_run_with_empty_ones(body: str, closed: bool) -> None:
+    """Arguments json_repair could not read came back as a valid call get_weather({}), and a call
+    cut inside its arguments as one run on the cut value: an agent ran the tool without (or with
+    half) its arguments instead of seeing an invalid call. (``closed``: unreadable even when the
+    model's close tag ends the call; else only when the answer stopped before it.)"""
+    [call] = parse_calls(body, closed=False)
+    assert (call.name, call.arguments, call.raw) == (None, None, body.strip()) and call.error
+    assert bool(parse_calls(body)[0].error) == closed
+    text, [streamed] = run_parser(["<tool_call>\n", body])  # unterminated, as max_new_tokens leaves it
+    assert text == "" and streamed.error and streamed.raw == body.strip()
+    text, calls = run_parser(["<tool_call>\n", body, "\n</tool_call>"])
+    assert text == "" and bool(calls[0].error) == closed
+
+
+@pytest.mark.parametrize("body", ['{"name": "get_weather"}', '{"name": "get_weather", "arguments": {}}',
+                                  '{"name": "get_weather", "arguments": null}', '{"name": "get_weather", "arguments": ""}',
+                                  '{"name": "get_weather", "arguments": "{}"}'])
+def test_a_call_without_arguments_stays_a_call(body: str) -> None:
+    [call] = parse_calls(body)  # tools without parameters exist
+    assert (call.name, call.arguments, call.error) == ("get_weather", {}, None)
 
 
 def test_bare_json_answer_is_a_call_only_when_it_names_an_offered_tool() -> None:

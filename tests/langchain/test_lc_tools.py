@@ -324,6 +324,33 @@ def test_an_unreadable_call_is_an_invalid_tool_call_and_history_blocks_are_skipp
     assert to_engine_messages(history)[1] == {"role": "assistant", "content": "Let me look."}
 
 
+class CutCallEngine:
+    """The engine's own answer shaping (OutputPlan: prefill, tool-call parsing) over a scripted
+    answer cut by max_new_tokens: what AdaFuse wrote for a forced call on random toy members."""
+
+    text = "\ufffd stationber 73?ou\ufffd\n   Berlinelf\ufffd49\ufffdited a"  # after the prefill's '"arguments":'
+
+    async def astream(self, messages: list[dict], **params: object):
+        from shared_engine.tools import OutputOptions, OutputPlan
+        options = OutputOptions(**{k: v for k, v in params.items() if k in OutputOptions.model_fields})
+        shaper = OutputPlan(options).shaper()
+        for event in (TokenEvent(text=self.text, source="draft", position=0),
+                      FinishEvent(reason="length", text=self.text, stats=Stats())):
+            for shaped in shaper.on_event(event):
+                yield shaped
+
+
+def test_a_call_with_unreadable_arguments_is_an_invalid_tool_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Arguments json_repair could not read became a valid get_weather({}) call, which an agent ran
+    without its required argument; the call is an invalid_tool_call, with the text as written."""
+    monkeypatch.setattr(chat_models, "_shared_engine", lambda *args: CutCallEngine())
+    llm = ChatEnsemble(models=MODELS).bind_tools(TOOLS, tool_choice="get_weather")
+    message = llm.invoke("Weather in Paris?")
+    assert message.tool_calls == [] and message.response_metadata["finish_reason"] == "length"
+    [invalid] = message.invalid_tool_calls
+    assert json.loads(invalid["args"]).startswith('{"name": "get_weather", "arguments":\ufffd stationber')
+
+
 @pytest.fixture
 def no_gpt2(monkeypatch: pytest.MonkeyPatch) -> None:
     """LangChain's default token counter downloads GPT-2's tokenizer (offline: minutes of retries)."""
