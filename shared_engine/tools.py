@@ -762,7 +762,9 @@ class AnswerShaper:
     tool-call parser when tools are offered (text as ``token`` events, calls as ``tool_call``
     events), holds the text and calls of a structured-output answer until ``finish`` decides whether
     it is valid (an answer that calls a tool is not checked as JSON), and completes the ``finish``
-    event (text, tool calls, format error)."""
+    event (text, tool calls, format error). Text the parser holds back as a possible tag's start goes
+    out with the token that shows it is text (the next one, or the last at the end): its position can
+    lie one token late (the engine's own held stop-string text keeps each token's place, state.py)."""
 
     def __init__(self, plan: OutputPlan) -> None:
         self.plan = plan
@@ -772,6 +774,7 @@ class AnswerShaper:
         self.held: list[Event] = []
         self.format_error: str | None = None
         self._prefix_pending = bool(plan.prefix)
+        self._last: TokenEvent | None = None  # the answer's last token: what the parser still holds came from it
 
     def on_event(self, event: Event) -> list[Event]:
         out: list[Event] = []
@@ -781,8 +784,9 @@ class AnswerShaper:
         if event.type == "token":
             out += self._text(event)
         elif event.type == "finish":
-            if self.parser is not None:
-                out += self._pieces(self.parser.close(), TokenEvent(text="", source="draft", position=0))
+            if self.parser is not None:  # the text it held back (a possible tag's start) is the last token's
+                last = self._last or TokenEvent(text="", source="draft", position=0)
+                out += self._pieces(self.parser.close(), last)
             if self.plan.response_format is not None and not self.calls:  # an answer that calls a tool
                 self.format_error = format_error(self.text, self.plan.response_format)  # is no JSON answer
             out.append(FinishEvent(reason=event.reason, text=self.text, stats=event.stats,
@@ -806,6 +810,7 @@ class AnswerShaper:
         if self.parser is None:
             self.text += token.text
             return [token]
+        self._last = token
         return self._pieces(self.parser.feed(token.text), token)
 
     def _pieces(self, pieces: list[str | ToolCallEvent], token: TokenEvent) -> list[Event]:

@@ -319,6 +319,19 @@ def test_shaper_holds_structured_text_until_finish() -> None:
     assert "".join(e.text for e in shaper.release()) == '{"a": 1}'
 
 
+def test_text_the_parser_held_to_the_end_keeps_its_tokens_place() -> None:
+    """A possible tag's start held back to the end went out as position 0, source "draft": the
+    server now reads a chunk's AdaFuse span from its position, so it was labelled span 0 and the
+    live page attached it to the first token."""
+    shaper = OutputPlan(OutputOptions(tools=TOOLS)).shaper()
+    shown = shaper.on_event(TokenEvent(text="Hi", source="draft", position=0))
+    shown += shaper.on_event(TokenEvent(text=" <tool", source="ensemble", position=1))
+    shown += shaper.on_event(FinishEvent(reason="length", text="Hi <tool", stats=Stats()))
+    tokens = [e for e in shown if isinstance(e, TokenEvent)]
+    assert "".join(e.text for e in tokens) == "Hi <tool"
+    assert [(e.source, e.position) for e in tokens if "<" in e.text] == [("ensemble", 1)]
+
+
 # -- whole requests on toy members --------------------------------------------------------------------
 
 SMALL_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
