@@ -362,8 +362,10 @@ def no_gpt2(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lc_base, "get_tokenizer", download)
 
 
-def test_tokens_are_counted_with_the_drafters_tokenizer_without_loading_weights(
+def test_token_ids_are_the_drafters_without_loading_weights(
         monkeypatch: pytest.MonkeyPatch, no_gpt2: None) -> None:
+    """``get_token_ids``: the drafter's ids from its tokenizer files alone (a prompt's cost, which
+    loads the members, is ``get_num_tokens``: tests/langchain/test_lc_token_counts.py)."""
     from shared_engine.members.remote import LocalTokenizer
     from tests.toy import metaspace_tokenizer
 
@@ -377,14 +379,14 @@ def test_tokens_are_counted_with_the_drafters_tokenizer_without_loading_weights(
     monkeypatch.setattr(chat_models, "load_tokenizer", load_tokenizer, raising=False)
     llm = ChatEnsemble(models=list(reversed(MODELS)), drafter=1)  # the drafter: Qwen, named second
     text = "hello there, world"
-    assert llm.get_num_tokens(text) == len(tokenizer(text, add_special_tokens=False)["input_ids"]) > 0
+    assert len(llm.get_token_ids(text)) == len(tokenizer(text, add_special_tokens=False)["input_ids"]) > 0
     assert asked == [MODELS[0]] and not llm._engine().loaded  # the zoo's tokenizer files, no weights
-    llm.get_num_tokens(text)
+    llm.get_token_ids(text)
     assert asked == [MODELS[0]]  # read once
     llm.close()
 
 
-def test_trim_messages_counts_with_a_loaded_drafters_tokenizer(no_gpt2: None) -> None:
+def test_trim_messages_counts_with_the_loaded_members(no_gpt2: None) -> None:
     from langchain_core.messages import trim_messages
 
     from tests.toy import registered_members, toy_member
@@ -392,8 +394,9 @@ def test_trim_messages_counts_with_a_loaded_drafters_tokenizer(no_gpt2: None) ->
     toys = [toy_member("lc-count-sp", "metaspace"), toy_member("lc-count-bpe", "byte_level", seed=1)]
     with registered_members(toys) as names:
         llm = ChatEnsemble(models=names)
-        assert llm.get_num_tokens("hello world") == len(toys[0].tokenizer("hello world",
-                                                                          add_special_tokens=False)["input_ids"])
+        drafter_ids = toys[0].tokenizer("hello world", add_special_tokens=False)["input_ids"]
+        assert llm.get_token_ids("hello world") == drafter_ids
+        assert llm.get_num_tokens("hello world") == llm._engine().prompt_tokens("hello world", raw_prompt=True)
         history = [HumanMessage("a b c " * 20), AIMessage("d e f " * 20), HumanMessage("and now?")]
         kept = trim_messages(history, max_tokens=llm.get_num_tokens_from_messages(history[-1:]),
                              token_counter=llm, strategy="last")
