@@ -342,8 +342,9 @@ def parse_calls(body: str, first_index: int = 0, closed: bool = True) -> list[To
         error = "cut off before the call's JSON ends"
     elif unreadable := [c[0] for c in calls if c is not None and c[1] is None]:
         error = f"the arguments of {unreadable[0]} are not a JSON object"
-    if error is not None:
-        return [ToolCallEvent(index=first_index, id=_new_id(), raw=body.strip(), error=error)]
+    if error is not None:  # the tool it meant, where one was named: an agent's retry message can say it
+        name = calls[0][0] if len(calls) == 1 and calls[0] is not None else None
+        return [ToolCallEvent(index=first_index, id=_new_id(), name=name, raw=body.strip(), error=error)]
     return [ToolCallEvent(index=first_index + i, id=_new_id(), name=call[0], arguments=call[1], raw=body.strip())
             for i, call in enumerate(calls) if call is not None]
 

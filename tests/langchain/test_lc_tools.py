@@ -349,6 +349,7 @@ def test_a_call_with_unreadable_arguments_is_an_invalid_tool_call(monkeypatch: p
     assert message.tool_calls == [] and message.response_metadata["finish_reason"] == "length"
     [invalid] = message.invalid_tool_calls
     assert json.loads(invalid["args"]).startswith('{"name": "get_weather", "arguments":\ufffd stationber')
+    assert invalid["name"] == "get_weather"  # the tool it meant (was None): an agent's retry can name it
 
 
 @pytest.fixture
