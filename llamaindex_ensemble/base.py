@@ -228,6 +228,15 @@ class EnsembleLLM(FunctionCallingLLM):
         return LLMMetadata(context_window=window, num_output=self.max_tokens, is_chat_model=True,
                            is_function_calling_model=True, model_name=self.model_name)
 
+    def tokenizer_fn(self, text: str) -> list[int]:
+        """``text``'s token ids in the member that spells it in the most tokens
+        (``EnsembleEngine.longest_encoding``): LlamaIndex's memory counts with its own global
+        tokenizer (tiktoken's) and reads only ``context_window`` from an LLM, so a history it kept
+        could overflow a member whose tokenizer needs more tokens. Pass it as
+        ``ChatMemoryBuffer.from_defaults(llm=llm, tokenizer_fn=llm.tokenizer_fn)`` or set
+        ``Settings.tokenizer = llm.tokenizer_fn``. Loads the members."""
+        return self.engine.longest_encoding(text)
+
     def to_payload(self) -> dict[str, Any]:
         """What LlamaIndex puts in its LLM events; unlike ``metadata`` it never loads the members."""
         return {"class_name": self.class_name(), "model_name": self.model_name, "models": self.models,

@@ -213,6 +213,15 @@ class EnsembleEngine:
 
         return max(count(m) for m in self.members)
 
+    def longest_encoding(self, text: str) -> list[int]:
+        """The token ids of ``text`` (no special tokens) in the tokenizer of the member that spells
+        it in the most tokens: a tokenizer for counters that take any ``text -> tokens`` callable
+        (LlamaIndex's memory ``tokenizer_fn``, ``Settings.tokenizer``), so a history trimmed by it
+        fits every member, not just the drafter. Loads the members."""
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        return max((m.table.encode_fragment(text) for m in self.members), key=len)
+
     @property
     def labels(self) -> list[str]:
         """How stats and events name the members, in decoding order: a member's ``MemberConfig.name``,

@@ -97,3 +97,31 @@ def test_structured_predict_decodes_under_the_schema(toy_members: list) -> None:
     llm = EnsembleLLM(models=toy_members, method="safe", max_tokens=96)
     check = llm.structured_predict(Check, PromptTemplate("Check."))
     assert isinstance(check, Check)
+
+
+def test_memory_trimmed_with_the_llms_tokenizer_fits_every_member(toy_members: list) -> None:
+    """LlamaIndex's memory counts with a ``text -> tokens`` callable and reads only the context window
+    from an LLM; counted with the drafter's tokenizer, a kept history overflowed the verifier, whose
+    tokenizer spells the same text in more tokens. ``llm.tokenizer_fn`` counts the most any member needs."""
+    from llama_index.core.memory import ChatMemoryBuffer
+
+    llm = EnsembleLLM(models=toy_members, method="every-token", max_tokens=8)
+    text = "Tom walked to the park. " * 5
+    drafter, verifier = (m.table.encode_fragment(text) for m in toy_members)
+    assert len(drafter) < len(verifier) and llm.tokenizer_fn(text) == verifier
+    history = [ChatMessage(role=role, content=text) for _ in range(10)
+               for role in (MessageRole.USER, MessageRole.ASSISTANT)]
+    budget = llm.metadata.context_window - 8 - 96  # room for the answer and the chat template's markup
+
+    def drafters_count(text: str) -> list[int]:
+        return toy_members[0].table.encode_fragment(text)
+
+    for counter, fits in ((drafters_count, False), (llm.tokenizer_fn, True)):
+        memory = ChatMemoryBuffer.from_defaults(chat_history=history, token_limit=budget, tokenizer_fn=counter)
+        kept = memory.get()
+        assert 0 < len(kept) < len(history)
+        if fits:
+            assert llm.chat(kept).message.content is not None
+        else:  # the drafter's count keeps more than the verifier can read
+            with pytest.raises(ContextLengthError):
+                llm.chat(kept)
