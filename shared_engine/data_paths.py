@@ -25,7 +25,9 @@ def _candidates() -> list[Path]:
     env = os.environ.get("SAFE_ENSEMBLE_DATA")
     if env:  # an explicit setting is the only candidate: a typo must not silently read other data
         return [Path(env).expanduser()]
-    return [Path.cwd().parent / "shared" / "data", Path(__file__).resolve().parents[2] / "shared" / "data"]
+    beside_cwd = Path.cwd().parent / "shared" / "data"
+    beside_package = Path(__file__).resolve().parents[2] / "shared" / "data"
+    return [beside_cwd] if beside_cwd.resolve() == beside_package else [beside_cwd, beside_package]  # named once
 
 
 def find_data_dir() -> Path | None:

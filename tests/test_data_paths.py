@@ -33,6 +33,11 @@ def test_without_a_data_folder_the_bench_reads_the_packaged_sample(monkeypatch: 
     if data_paths.find_data_dir() is None:
         with pytest.raises(InvalidRequestError, match="looked in .*shared/data.* set SAFE_ENSEMBLE_DATA"):
             data_paths.data_dir()
+    monkeypatch.chdir(Path(data_paths.__file__).resolve().parents[1])  # the checkout's root, as `make` runs
+    if data_paths.find_data_dir() is None:  # its ../shared/data is the one beside the package: named once
+        with pytest.raises(InvalidRequestError) as once:
+            data_paths.data_dir()
+        assert str(once.value).count("shared/data") == 1, once.value
 
 
 def test_the_sample_ships_with_its_license_and_has_a_few_dozen_valid_records() -> None:
@@ -55,3 +60,30 @@ def test_a_data_folder_is_preferred_and_an_explicit_file_must_exist(monkeypatch:
     assert data_paths.gsm8k_file(tmp_path) == full and data_paths.gsm8k_file(tmp_path / "gsm8k") == full
     with pytest.raises(InvalidRequestError, match="not found"):
         data_paths.gsm8k_file(tmp_path / "empty-folder")
+
+
+def test_the_readmes_sample_eval_builds_its_few_shot_prompt(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """README Evaluation: `--data shared_engine/sample_data/gsm8k_test_sample.jsonl` tries eval on a clone
+    without the data folder; it failed after the members loaded ("GSM8K exemplars need the train split:
+    shared_engine/sample_data/train.jsonl not found"), leaving a config.json and an empty samples file."""
+    monkeypatch.setenv("SAFE_ENSEMBLE_DATA", str(tmp_path / "absent"))  # no data folder to take exemplars from
+    bench = get_benchmark("gsm8k", str(data_paths.GSM8K_SAMPLE))
+    messages = bench.messages(bench.dataset().records[0])
+    train = (data_paths.GSM8K_SAMPLE.parent / "train.jsonl").read_text().splitlines()
+    first_exemplar = json.loads(train[0])["question"]
+    assert len(train) == 4 and any(first_exemplar in str(m["content"]) for m in messages)
+
+
+async def test_an_eval_whose_prompt_cannot_be_built_fails_before_anything_is_written(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from shared_engine import EnsembleEngine
+    from shared_engine.evaluation.runner import RunConfig, evaluate
+
+    monkeypatch.setenv("SAFE_ENSEMBLE_DATA", str(tmp_path / "absent"))
+    data = tmp_path / "test.jsonl"  # a GSM8K file with no train.jsonl beside it
+    data.write_text(data_paths.GSM8K_SAMPLE.read_text().splitlines()[0] + "\n")
+    engine = EnsembleEngine(["never-loaded-a", "never-loaded-b"])  # loading these would fail: never tried
+    config = RunConfig(bench="gsm8k", method="safe", models=["a", "b"], max_new_tokens=8)
+    with pytest.raises(InvalidRequestError, match="train split"):
+        await evaluate(engine, get_benchmark("gsm8k", str(data)), config, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()

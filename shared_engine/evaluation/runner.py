@@ -267,9 +267,11 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
         raise InvalidRequestError(f"limit must be at least 1 question, got {limit}")
     if config.data is None:  # the file the questions come from: a resume with another one is refused
         config = config.model_copy(update=data_identity(bench.path))
-    _check_config(out, config, resume)
     dataset = bench.dataset()
     records: list[Record] = dataset.records[:limit] if limit is not None else dataset.records
+    if records:  # a prompt that cannot be built (its exemplars' file missing) fails before anything is written
+        bench.messages(records[0])  # or the members spend their load on it
+    _check_config(out, config, resume)
     wanted = {r.id for r in records}
     samples_file = out / SAMPLES
     done = {s.id: s for s in _stored(read_samples(samples_file), records, bench, samples_file) if s.id in wanted}
