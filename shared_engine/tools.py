@@ -673,7 +673,10 @@ def format_error(text: str, response_format: ResponseFormat) -> str | None:
         return f"a JSON {type(value).__name__}, not an object"
     spec = response_format.json_schema  # json_object may carry one too: checked, not shown to the members
     if spec is not None and spec.json_schema:
-        validator = jsonschema.validators.validator_for(spec.json_schema)(spec.json_schema)
+        # formats too ("checked and retried"): without a format_checker jsonschema only annotates them;
+        # date-time and time need rfc3339-validator (a base dependency), the rest the standard library
+        cls = jsonschema.validators.validator_for(spec.json_schema)
+        validator = cls(spec.json_schema, format_checker=cls.FORMAT_CHECKER)
         problem = jsonschema.exceptions.best_match(validator.iter_errors(value))
         if problem is not None:
             where = "/".join(map(str, problem.absolute_path)) or "the object"

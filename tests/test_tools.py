@@ -311,6 +311,23 @@ def test_format_validation() -> None:
         ResponseFormat(type="json_schema", json_schema={"name": "p", "schema": {"type": 3}})
 
 
+@pytest.mark.parametrize(("fmt", "good", "bad"), [
+    ("date", "1776-07-04", "July 4th, 1776"),
+    ("date-time", "1776-07-04T12:00:00Z", "yesterday"),
+    ("time", "12:00:00Z", "noon"),
+    ("email", "ann@example.com", "nobody"),
+    ("uuid", "12345678-1234-5678-1234-567812345678", "x"),
+    ("ipv4", "192.168.0.1", "999.1.1"),
+])
+def test_format_validation_checks_formats(fmt: str, good: str, bad: str) -> None:
+    """A string's ``format`` is checked (and so retried), as the README says: unchecked, a date
+    written as prose passed and broke the caller's own parsing (Pydantic's ``date``)."""
+    schema = {"type": "object", "properties": {"s": {"type": "string", "format": fmt}}, "required": ["s"]}
+    rf = ResponseFormat(type="json_schema", json_schema={"name": "x", "schema": schema})
+    assert format_error(json.dumps({"s": good}), rf) is None
+    assert format_error(json.dumps({"s": bad}), rf) == f"s: {bad!r} is not a {fmt!r}"
+
+
 def test_shaper_holds_structured_text_until_finish() -> None:
     plan = OutputPlan(OutputOptions(response_format={"type": "json_object"}))
     shaper = plan.shaper()
