@@ -36,7 +36,8 @@ its arguments (``_cut``): json_repair would make ``{}`` or a cut value of them, 
 run on it. A call written without arguments, or with ``{}``, is a call with ``{}``.
 
 Structured output (``response_format`` json_object / json_schema): the members are asked for JSON
-(json_schema: with the schema), the answer is prefilled with ``{`` and **decoded under a
+(json_schema: with the schema; its root must be an object, as OpenAI's structured outputs require:
+``OutputPlan`` refuses any other), the answer is prefilled with ``{`` and **decoded under a
 character-level JSON constraint** (``json_constraint.py``: the drafter drafts only tokens that keep
 the answer a valid prefix of JSON matching the schema, fusion only chooses such candidates, the
 answer ends when the value is complete); json_object constrains to any JSON object, or to the
@@ -684,6 +685,19 @@ def format_error(text: str, response_format: ResponseFormat) -> str | None:
     return None
 
 
+def _root_not_object(schema: Mapping[str, Any]) -> str | None:
+    """What a schema's root is where it can be no object (None: it can): such an answer is refused,
+    as OpenAI's structured outputs refuse it, since the answer is prefilled with ``{``."""
+    kind = schema.get("type")
+    if isinstance(kind, str) and kind != "object" or isinstance(kind, list) and "object" not in kind:
+        return f"type {kind!r}"
+    if isinstance(schema.get("enum"), list) and not any(isinstance(v, dict) for v in schema["enum"]):
+        return f"enum {schema['enum']!r}"
+    if "const" in schema and not isinstance(schema["const"], dict):
+        return f"const {schema['const']!r}"
+    return None
+
+
 # -- one request's plan and answer shaping ----------------------------------------------------------
 
 class OutputPlan:
@@ -697,6 +711,12 @@ class OutputPlan:
             raise InvalidRequestError(f"tool names must be unique, got {self.names}")
         fmt = options.response_format
         self.response_format = fmt if fmt is not None and fmt.type != "text" else None
+        schema = fmt.json_schema.json_schema if self.response_format and fmt and fmt.json_schema else {}
+        if (root := _root_not_object(schema)) is not None:
+            raise InvalidRequestError(
+                f"response_format's schema must have an object at its root (as OpenAI's structured outputs "
+                f"require), not {root}: wrap the value in an object, e.g. {{\"type\": \"object\", \"properties\": "
+                f"{{\"items\": <the schema>}}, \"required\": [\"items\"]}}")
         self.raw_prompt = options.raw_prompt
         if self.raw_prompt and (tools or self.response_format or options.tool_result_hint):
             raise InvalidRequestError("a raw prompt takes no tools, response_format or tool_result_hint: "

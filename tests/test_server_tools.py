@@ -144,6 +144,21 @@ def test_json_schema_output_is_validated_and_retried(serve: Any) -> None:
     assert retry_turn.startswith("That is not valid:") and "age" in retry_turn
 
 
+@pytest.mark.parametrize("schema", [{"type": "array", "items": {"type": "integer"}}, {"enum": ["yes", "no"]},
+                                    {"type": "string"}])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_json_schema_whose_root_is_no_object_is_a_400_naming_response_format(serve: Any, schema: dict[str, Any],
+                                                                              stream: bool) -> None:
+    # The answer is prefilled with "{": before, such a schema ran three unconstrained attempts of garbage
+    # and ended with a misleading format_error. OpenAI's structured outputs refuse it too.
+    url, engine = serve(['"a": 1}'])
+    with pytest.raises(openai.BadRequestError, match="object at its root") as bad:
+        client(url).chat.completions.create(
+            model=MODEL, messages=USER, stream=stream,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    assert bad.value.param == "response_format" and not engine.prompts
+
+
 def test_json_object_mode_streams_only_the_valid_answer(serve: Any) -> None:
     url, _ = serve(['"a": [1, 2', '"a": [1, 2]}'])
     stream = client(url).chat.completions.create(model=MODEL, messages=USER, stream=True,

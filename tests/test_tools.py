@@ -311,6 +311,23 @@ def test_format_validation() -> None:
         ResponseFormat(type="json_schema", json_schema={"name": "p", "schema": {"type": 3}})
 
 
+@pytest.mark.parametrize("schema", [{"type": "array", "items": {"type": "integer"}}, {"enum": ["yes", "no"]},
+                                    {"type": "string"}, {"const": 3}, {"type": ["array", "null"]}])
+@pytest.mark.parametrize("kind", ["json_schema", "json_object"])
+def test_a_schema_whose_root_is_no_object_is_refused(schema: dict[str, Any], kind: str) -> None:
+    """The answer is prefilled with ``{``: such a schema could never be met (three attempts of garbage,
+    then a misleading format_error), so it is refused up front, naming the field, as OpenAI does."""
+    with pytest.raises(InvalidRequestError, match=r"^response_format's schema must have an object at its root"):
+        OutputPlan(OutputOptions(response_format={"type": kind, "json_schema": {"name": "x", "schema": schema}}))
+
+
+@pytest.mark.parametrize("schema", [PERSON, {"type": ["object", "null"]}, {}, {"enum": [{"a": 1}, 2]},
+                                    {"anyOf": [PERSON, {"type": "object"}]}])
+def test_a_schema_whose_root_may_be_an_object_is_taken(schema: dict[str, Any]) -> None:
+    plan = OutputPlan(OutputOptions(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}))
+    assert plan.prefix == "{"
+
+
 @pytest.mark.parametrize(("fmt", "good", "bad"), [
     ("date", "1776-07-04", "July 4th, 1776"),
     ("date-time", "1776-07-04T12:00:00Z", "yesterday"),
