@@ -30,7 +30,8 @@ and then raises when decoding reaches it (an untyped value, ``allOf``, ``not``, 
 objects only, and it compares a fixed string (an enum or const value, a property name) with the
 text as written, escapes and all. So a schema is first rewritten into the part it takes
 (``_parser_schema``): ``oneOf`` becomes ``anyOf`` (exclusivity is left to the validation), ``const``
-and ``enum`` a union per JSON type, a fixed string its JSON spelling (``_as_parsed``), and what it
+and ``enum`` a union per JSON type, a fixed string its JSON spelling (``_as_parsed``), a
+``pattern`` (searched for, the parser matches the whole string) a whole-string regex (``_whole_match``), and what it
 cannot enforce is left free (an untyped value, ``not``, ``if``: any JSON value; an unsupported
 ``pattern``: any string); a schema it cannot approximate that way (several typed ``allOf`` parts, a
 ``$ref`` outside ``$defs``) is not constrained at all. Should the parser still raise mid-answer, the
@@ -160,8 +161,8 @@ class _Rewrite:
             return out
         if kind == "string":
             pattern = schema.get("pattern")
-            if isinstance(pattern, str) and _regex_ok(pattern):
-                out["pattern"] = pattern  # the parser takes a pattern or lengths, not both
+            if isinstance(pattern, str) and (whole := _whole_match(pattern)) is not None:
+                out["pattern"] = whole  # the parser takes a pattern or lengths, not both
                 return out
             low, high = schema.get("minLength"), schema.get("maxLength")
             if isinstance(low, int) and isinstance(high, int) and low > high:
@@ -226,13 +227,47 @@ def _as_parsed(value: str) -> str:
     return _ESCAPE.sub(lambda _: "\\", json.dumps(value, ensure_ascii=False)[1:-1])
 
 
-def _regex_ok(pattern: str) -> bool:
-    """Whether the parser can follow ``pattern`` (it reads it without the anchors)."""
+def _alternatives(pattern: str) -> list[str]:
+    """``pattern`` split at its top-level ``|`` (not inside a group or a character class, not escaped)."""
+    parts: list[str] = []
+    start, depth, in_class, escaped = 0, 0, False, False
+    for i, char in enumerate(pattern):
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char in "()":
+            depth += 1 if char == "(" else -1
+        elif char == "|" and depth == 0:
+            parts.append(pattern[start:i])
+            start = i + 1
+    return [*parts, pattern[start:]]
+
+
+def _whole_match(pattern: str) -> str | None:
+    """A JSON Schema ``pattern`` as the regex the parser matches the *whole* string against, or
+    None if the parser cannot follow it. ``pattern`` is searched for (it may occur anywhere in the
+    string unless anchored): each alternative is padded with ``.*`` on its unanchored sides (given
+    as is, ``^https?://`` let the string be ``https://`` only). An anchor elsewhere than at an
+    alternative's ends the parser rejects (then any string, left to the validation)."""
+    branches: list[str] = []
+    for branch in _alternatives(pattern):
+        head = branch.startswith("^")
+        body = branch[1:] if head else branch
+        before = body[:-1]
+        tail = body.endswith("$") and (len(before) - len(before.rstrip("\\"))) % 2 == 0  # not "\\$"
+        body = body[:-1] if tail else body
+        branches.append(("" if head else ".*") + f"(?:{body})" + ("" if tail else ".*"))
+    whole = "|".join(branches)
     try:
-        RegexParser(pattern.removeprefix("^").removesuffix("$"), _CONFIG)
+        RegexParser(whole, _CONFIG)
     except Exception:  # noqa: BLE001 - interegular rejects what it does not support
-        return False
-    return True
+        return None
+    return whole
 
 
 def _parser_schema(schema: Mapping[str, Any], *, object_only: bool = False) -> dict[str, Any] | None:
