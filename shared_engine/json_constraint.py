@@ -22,7 +22,8 @@ Where the lm-format-enforcer parser is stricter than JSON Schema (its defaults: 
 20 items unless the schema says more, at most 12 whitespace characters in a row), this project's
 settings relax it (``_CONFIG``); the validation with ``jsonschema`` after the answer stays, so a
 schema keyword the parser does not enforce (``minimum``, ``format``, ...) is still checked and
-retried (``tools.py``).
+retried (``tools.py``). So are ``minItems``/``maxItems`` of an array whose items the parser may count
+twice (booleans, nulls, arrays, number enums: ``_Rewrite._counted_twice``), which it is not given.
 
 The parser takes only part of JSON Schema, and much of what it does not take it accepts when built
 and then raises when decoding reaches it (an untyped value, ``allOf``, ``not``, a ``const`` number, an
@@ -171,9 +172,11 @@ class _Rewrite:
             return out
         if kind == "array":
             items = schema.get("items")
-            if isinstance(items, Mapping) and (item := self.schema(items)) != _ANY:
-                out["items"] = item  # a list of items (tuples) or prefixItems: any items
-            out.update({k: schema[k] for k in ("minItems", "maxItems") if isinstance(schema.get(k), int)})
+            item = self.schema(items) if isinstance(items, Mapping) else dict(_ANY)  # a list (tuples), prefixItems: any
+            if item != _ANY:
+                out["items"] = item
+            if not self._counted_twice(item):
+                out.update({k: schema[k] for k in ("minItems", "maxItems") if isinstance(schema.get(k), int)})
             return out
         if kind != "object":
             raise _Unsupported(schema)
@@ -196,6 +199,19 @@ class _Rewrite:
         if required:
             out["required"] = [_as_parsed(key) for key in required]
         return out
+
+    def _counted_twice(self, item: Mapping[str, Any], seen: frozenset[str] = frozenset()) -> bool:
+        """Whether the parser may count an array's item (rewritten) twice: lm-format-enforcer 0.11.3
+        counts a boolean, a null, an array or a number enum once when complete and again at the
+        ``,``, so minItems = maxItems = 3 closed a list of booleans after 2 (every try too short).
+        Such an array's bounds are left to the validation."""
+        ref = item.get("$ref")
+        if isinstance(ref, str):
+            name = ref.split("/")[-1]
+            return name not in seen and self._counted_twice(self.schema(self.defs[name]), seen | {name})
+        if isinstance(item.get("anyOf"), list):
+            return any(self._counted_twice(option, seen) for option in item["anyOf"])
+        return item.get("type") in ("boolean", "null", "array") or ("enum" in item and item.get("type") != "string")
 
 
 def _enum_schema(values: list[Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from enum import IntEnum
 from typing import Annotated, Literal, Union
 
 import jsonschema
@@ -162,6 +163,38 @@ def test_a_pydantic_oneOf_is_enforced_as_its_union() -> None:
         assert feed(start_state(schema, ""), valid).finished  # type: ignore[union-attr]
     for invalid in ('{"pet": {"anything": 1}}', '{"pet": {}}', '{"pet": {"kind": "cat", "barks": 3}}'):
         assert feed(start_state(schema, ""), invalid) is None  # before: any object went
+
+
+class Flags(BaseModel):
+    flags: list[bool] = Field(min_length=3, max_length=3)
+
+
+class Level(IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
+@pytest.mark.parametrize("item, value", [
+    ({"type": "boolean"}, True),
+    ({"type": "null"}, None),
+    ({"type": "array", "items": {"type": "integer"}}, [1]),
+    ({"enum": [1, 2]}, 2),
+    ({"type": ["integer", "null"]}, None),
+    ({"$ref": "#/$defs/Level"}, 1),
+])
+def test_an_array_of_items_the_parser_counts_twice_takes_as_many_items_as_the_schema_says(
+        item: dict, value: object) -> None:
+    # lm-format-enforcer counted each of these items twice: minItems = maxItems = 3 closed the list at 2
+    schema = {"type": "object", "properties": {"xs": {"type": "array", "items": item, "minItems": 3, "maxItems": 3}},
+              "required": ["xs"], "$defs": {"Level": {"type": "integer", "enum": [1, 2]}}}
+    text = json.dumps({"xs": [value] * 3})
+    jsonschema.validate(json.loads(text), schema)
+    assert feed(start_state(schema, ""), text).finished  # type: ignore[union-attr]
+    flags = Flags.model_json_schema()
+    assert feed(start_state(flags, ""), '{"flags": [true, false, true]}').finished  # type: ignore[union-attr]
+    counted_once = {"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 3}
+    assert feed(start_state(counted_once, ""), "[1, 2]]") is None  # bounds still enforced where counted right
+    assert feed(start_state(counted_once, ""), "[1, 2, 3]").finished  # type: ignore[union-attr]
 
 
 def test_a_forced_call_whose_parameters_hold_an_untyped_value_is_constrained_not_crashed() -> None:
