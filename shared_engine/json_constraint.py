@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from interegular.fsm import anything_else
 from lmformatenforcer import (
     CharacterLevelParser,
     CharacterLevelParserConfig,
@@ -59,6 +60,7 @@ from lmformatenforcer import (
     StringParser,
     UnionParser,
 )
+from lmformatenforcer.jsonschemaparser import StringParsingState
 
 from .alignment import TokenTable
 from .sampling import Sampler
@@ -318,17 +320,75 @@ def _feed(parser: CharacterLevelParser, char: str) -> CharacterLevelParser | Non
         return None if first is None else SequenceParser([first, *parser.parsers[1:]])
     if (char == " " or ord(char) > 127) and _free_text(parser):  # JSON strings take any non-ASCII character
         char = _STAND_IN
-    if char in parser.get_allowed_characters():
+    allowed = parser.get_allowed_characters()
+    if char in allowed:
         return parser.add_character(char)
+    if ord(char) > 127 and isinstance(parser, JsonSchemaParser) and (states := _strings(parser)):
+        return _into_string(parser, states, char)
     return None
+
+
+def _strings(parser: CharacterLevelParser) -> list[StringParsingState]:
+    """The JSON string states ``parser`` is inside (several: a union of string schemas), or none."""
+    if not isinstance(parser, JsonSchemaParser) or not parser.object_stack:
+        return []
+    top = parser.object_stack[-1]
+    states = top.parsers if isinstance(top, UnionParser) else [top]
+    inside = all(isinstance(s, StringParsingState) and s.seen_opening_quote and not s.seen_closing_quote
+                 for s in states)
+    return [s for s in states if isinstance(s, StringParsingState)] if inside else []
+
+
+def _string_takes(state: StringParsingState, char: str) -> bool:
+    """Whether the string ``state`` takes the non-ASCII ``char`` next (the parser offers the ASCII
+    alphabet only: a ``pattern`` string's regex, ``[^0-9]`` or ``\\w``, takes "é" all the same)."""
+    if state.regex_parser is not None:
+        return state.regex_parser.add_character(char).current_state != RegexParser.INVALID_STATE
+    if state.allowed_strings:
+        return any(s.startswith(state.parsed_string + char) for s in state.allowed_strings)
+    return state.max_length is None or len(state.parsed_string) < state.max_length
+
+
+def _into_string(parser: JsonSchemaParser, states: list[StringParsingState], char: str) -> CharacterLevelParser | None:
+    """``parser`` after the non-ASCII ``char`` inside its string, given to the string states that
+    take it (what ``JsonSchemaParser.add_character`` does for a character they offer)."""
+    fed: list[CharacterLevelParser] = [state.add_character(char) for state in states if _string_takes(state, char)]
+    if not fed:
+        return None
+    top = fed[0] if len(fed) == 1 else UnionParser(fed)
+    after = JsonSchemaParser(parser.context, parser.config, [*parser.object_stack[:-1], top])
+    after.last_parsed_string = parser.last_parsed_string
+    after.last_non_whitespace_character = char
+    return after
+
+
+def _regex_may_start(parser: CharacterLevelParser, head: bytes) -> bool:
+    """Whether a ``pattern`` string ``parser`` is inside may take a non-ASCII character starting
+    with the bytes ``head``: its regex has a way on for such a character (one it names, or any
+    character it does not name)."""
+    if isinstance(parser, UnionParser):
+        return any(_regex_may_start(p, head) for p in parser.parsers)
+    if isinstance(parser, SequenceParser):
+        return _regex_may_start(parser.parsers[0], head)
+    for state in _strings(parser):
+        regex = state.regex_parser
+        if regex is None:
+            continue
+        fsm = regex.context.pattern
+        for transition in fsm.map.get(regex.current_state, {}):
+            if any(symbol is anything_else or (ord(symbol) > 127 and symbol.encode("utf-8").startswith(head))
+                   for symbol in fsm.alphabet.by_transition[transition]):
+                return True
+    return False
 
 
 def _may_start(parser: CharacterLevelParser, head: bytes) -> bool:
     """Whether a character that can come next starts with the bytes ``head`` (of a character split
-    across pieces): inside a free-text string any, elsewhere one the parser allows (a key's or an
-    enum's "é", spelled b"\\xc3", b"\\xa9" by a byte-level vocabulary)."""
-    return _free_text(parser) or any(ord(c) > 127 and c.encode("utf-8").startswith(head)
-                                     for c in parser.get_allowed_characters())
+    across pieces): inside a free-text string any, inside a ``pattern`` string one its regex takes,
+    elsewhere one the parser allows (a key's or an enum's "é", spelled b"\\xc3", b"\\xa9" by a
+    byte-level vocabulary)."""
+    return _free_text(parser) or _regex_may_start(parser, head) or any(
+        ord(c) > 127 and c.encode("utf-8").startswith(head) for c in parser.get_allowed_characters())
 
 
 def _split_utf8(data: bytes) -> tuple[str, bytes] | None:

@@ -56,3 +56,30 @@ def test_a_string_that_cannot_match_its_pattern_is_still_rejected(pattern: str, 
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"s": value}, schema)
     assert not _writable(schema, value)
+
+
+@pytest.mark.parametrize("sub, value, ok", [
+    ({"type": "string", "pattern": "^[^0-9]+$"}, "café", True),  # the parser offered ASCII characters only
+    ({"type": "string", "pattern": "^[^0-9]+$"}, "東京", True),
+    ({"type": "string", "pattern": "@"}, "zoë@example.com", True),
+    ({"type": "string", "pattern": "^caf[éè]$"}, "café", True),
+    ({"type": "string", "pattern": "^é+$"}, "éé", True),
+    ({"anyOf": [{"type": "string", "pattern": "^a"}, {"type": "string", "pattern": "b$"}]}, "éb", True),
+    ({"anyOf": [{"type": "string", "pattern": "^a"}, {"type": "integer"}]}, "aé", True),
+    ({"type": "string", "pattern": "^[a-z]+$"}, "café", False),
+    ({"type": "string", "pattern": "^caf[éè]$"}, "cafë", False),
+])
+def test_a_pattern_string_takes_the_non_ascii_characters_its_pattern_allows(sub: dict, value: str, ok: bool) -> None:
+    schema = {"type": "object", "properties": {"s": sub}, "required": ["s"]}
+    assert (jsonschema.Draft202012Validator(schema).is_valid({"s": value})) is ok
+    state = feed(start_state(schema, ""), json.dumps({"s": value}, ensure_ascii=False))  # byte by byte
+    assert (state is not None and state.finished) is ok
+
+
+def test_a_non_ascii_character_a_pattern_rules_out_is_refused_at_its_first_byte() -> None:
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^caf[éè]$"}}}
+    state = feed(start_state(schema, ""), '{"s": "caf')
+    assert state is not None and state.after("é".encode()[:1]) is not None  # é and è start with b"\xc3"
+    assert state.after("東".encode()[:1]) is None
+    ascii_only = feed(start_state(_holding("^[a-z]+$"), ""), '{"s": "a')
+    assert ascii_only is not None and ascii_only.after("é".encode()[:1]) is None
