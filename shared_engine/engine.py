@@ -332,7 +332,9 @@ class EnsembleEngine:
                         else:
                             yield shaped
             assert finish is not None, "the decoding loop always ends with finish"
-            if finish.format_error and attempt < plan.attempts and finish.reason not in ("cancelled", "error"):
+            if (finish.format_error and attempt < plan.attempts and finish.reason not in ("cancelled", "error")
+                    and await self._retry_fits(plan.messages(messages, [*rejected, (finish.text, finish.format_error)]),
+                                               plan, gen)):
                 rejected.append((finish.text, finish.format_error))
                 retried.append(finish.stats)
                 yield FormatRetryEvent(attempt=attempt, error=finish.format_error, text=finish.text,
@@ -342,6 +344,17 @@ class EnsembleEngine:
                 yield event
             yield finish.model_copy(update={"rejected_attempts": retried}) if retried else finish
             return
+
+    async def _retry_fits(self, messages: list[dict[str, Any]], plan: OutputPlan, gen: GenerationParams) -> bool:
+        """Whether a structured-output retry's prompt (the request's, plus every rejected answer and its
+        correction) still leaves each member room for the answer. Where it does not, the request ends
+        with the last attempt and its format_error, as after the last try: a ContextLengthError there
+        lost that answer (a 400, or "generation failed" mid-stream) though the request's prompt fit."""
+        try:
+            await self._fitted_prompt_ids(messages, plan, gen)
+        except ContextLengthError:
+            return False
+        return True
 
     def check_request(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> None:
         """Raise the error ``astream`` would raise for this request before any member loads (bad

@@ -46,7 +46,8 @@ every member), a request that also offers tools (a call must stay possible), a p
 caller's that is no JSON start, and a schema the parser cannot take (``Stats.constrained`` says
 which happened). Either way the answer is held back until it parses (and validates with
 ``jsonschema``, which also checks keywords the parser does not enforce), and regenerated with the
-error fed back if it does not (``FORMAT_ATTEMPTS`` tries in all; under the constraint only an
+error fed back if it does not (``FORMAT_ATTEMPTS`` tries in all, fewer where a retry's prompt, which
+holds every rejected answer, would not fit; under the constraint only an
 answer cut by max_new_tokens or a keyword the parser does not enforce fails). The tokens of the
 accepted attempt are then released at once; an answer that never validates is released as is,
 with ``FinishEvent.format_error`` saying why.

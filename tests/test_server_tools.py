@@ -219,7 +219,7 @@ WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "paramet
     "type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}}}
 
 
-def test_a_tool_call_beside_a_json_response_format_is_one_call_in_one_attempt() -> None:
+def test_a_tool_call_beside_a_json_response_format_is_one_call_in_one_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
     # the members call the offered tool as bare JSON (no "{" prefill beside tools: it would shut out a
     # <tool_call>). That answer is a call, not a JSON answer to validate: before, it failed as JSON
     # ("" left), was retried twice, and each attempt's call was already sent (three calls; OpenAI's
@@ -234,6 +234,8 @@ def test_a_tool_call_beside_a_json_response_format_is_one_call_in_one_attempt() 
     assert events[-1].tool_calls == calls and events[-1].format_error is None
     # with tools offered, a rejected attempt (no call, no valid JSON) shows nothing of itself
     engine = ScriptedDecoding(['{"a": 1,, x', '{"ok": true}'])
+    for member in engine.members:  # a retry runs only where its prompt fits (here 602 tokens with the tools)
+        monkeypatch.setattr(member, "context_window", 4096)
     events = asyncio.run(_collect(engine.astream("Weather in Paris?", **options)))
     assert [e.type for e in events if e.type != "token"] == ["format_retry", "finish"]
     assert "".join(e.text for e in events if e.type == "token") == events[-1].text == '{"ok": true}'
