@@ -32,7 +32,8 @@ objects only, and it compares a fixed string (an enum or const value, a property
 text as written, escapes and all. So a schema is first rewritten into the part it takes
 (``_parser_schema``): ``oneOf`` becomes ``anyOf`` (exclusivity is left to the validation), ``const``
 and ``enum`` a union per JSON type, a fixed string its JSON spelling (``_as_parsed``), a
-``pattern`` (searched for, the parser matches the whole string) a whole-string regex (``_whole_match``), and what it
+``pattern`` (searched for, the parser matches the whole string; its ``\\w`` Unicode, the parser's ASCII)
+a whole-string regex (``_whole_match``), and what it
 cannot enforce is left free (an untyped value, ``not``, ``if``: any JSON value; an unsupported
 ``pattern``: any string); a schema it cannot approximate that way (several typed ``allOf`` parts, a
 ``$ref`` outside ``$defs``) is not constrained at all. Should the parser still raise mid-answer, the
@@ -245,47 +246,65 @@ def _as_parsed(value: str) -> str:
     return _ESCAPE.sub(lambda _: "\\", json.dumps(value, ensure_ascii=False)[1:-1])
 
 
-def _alternatives(pattern: str) -> list[str]:
-    """``pattern`` split at its top-level ``|`` (not inside a group or a character class, not escaped)."""
-    parts: list[str] = []
-    start, depth, in_class, escaped = 0, 0, False, False
-    for i, char in enumerate(pattern):
-        if escaped:
-            escaped = False
-        elif char == "\\":
-            escaped = True
-        elif in_class:
-            in_class = char != "]"
-        elif char == "[":
-            in_class = True
-        elif char in "()":
-            depth += 1 if char == "(" else -1
-        elif char == "|" and depth == 0:
-            parts.append(pattern[start:i])
-            start = i + 1
-    return [*parts, pattern[start:]]
+def _atoms(regex: str) -> list[str]:
+    """``regex`` cut into an escape (``\\x``), a whole character class (``[...]``) or one character each."""
+    atoms: list[str] = []
+    i = 0
+    while i < len(regex):
+        if regex[i] == "\\":
+            end = i + 2
+        elif regex[i] == "[":
+            end = i + 1 + regex.startswith("^", i + 1)
+            end += regex.startswith("]", end)  # a "]" first in a class is one of its characters
+            while end < len(regex) and regex[end] != "]":
+                end += 2 if regex[end] == "\\" else 1
+            end += 1
+        else:
+            end = i + 1
+        atoms.append(regex[i:end])
+        i = end
+    return atoms
+
+
+_NON_ASCII = "[^\\x00-\\x7f]"
+
+
+def _unicode_words(atoms: list[str]) -> str:
+    """The regex of ``atoms`` with ``\\w`` taking non-ASCII characters too: the validation (Python's
+    ``re``, as pydantic's) reads it so, the parser's regex library as ASCII letters, digits and
+    ``_`` ("café" was unwritable under ``^\\w+$``). Any non-ASCII character then: one that is no
+    letter is left to the validation."""
+    def word(atom: str) -> bool:
+        if atom == "\\w":
+            return True
+        return atom.startswith("[") and not atom.startswith("[^") and "\\w" in _atoms(atom[1:-1])
+    return "".join(f"(?:{atom}|{_NON_ASCII})" if word(atom) else atom for atom in atoms)
 
 
 def _whole_match(pattern: str) -> str | None:
     """A JSON Schema ``pattern`` as the regex the parser matches the *whole* string against, or
     None if the parser cannot follow it. ``pattern`` is searched for (it may occur anywhere in the
-    string unless anchored): each alternative is padded with ``.*`` on its unanchored sides (given
-    as is, ``^https?://`` let the string be ``https://`` only). An anchor elsewhere than at an
-    alternative's ends the parser rejects (then any string, left to the validation)."""
-    branches: list[str] = []
-    for branch in _alternatives(pattern):
-        head = branch.startswith("^")
-        body = branch[1:] if head else branch
-        before = body[:-1]
-        tail = body.endswith("$") and (len(before) - len(before.rstrip("\\"))) % 2 == 0  # not "\\$"
-        body = body[:-1] if tail else body
-        branches.append(("" if head else ".*") + f"(?:{body})" + ("" if tail else ".*"))
-    whole = "|".join(branches)
+    string unless anchored): each top-level alternative is padded with ``.*`` on its unanchored
+    sides (given as is, ``^https?://`` let the string be ``https://`` only). An anchor elsewhere
+    than at an alternative's ends the parser rejects (then any string, left to the validation)."""
+    branches: list[list[str]] = [[]]
+    depth = 0
+    for atom in _atoms(pattern):
+        depth += (atom == "(") - (atom == ")")
+        if atom == "|" and depth == 0:
+            branches.append([])
+        else:
+            branches[-1].append(atom)
+    whole = []
+    for atoms in branches:
+        head, tail = atoms[:1] == ["^"], atoms[-1:] == ["$"] and atoms != ["^"]
+        body = _unicode_words(atoms[head:len(atoms) - tail])
+        whole.append(("" if head else ".*") + f"(?:{body})" + ("" if tail else ".*"))
     try:
-        RegexParser(whole, _CONFIG)
+        RegexParser("|".join(whole), _CONFIG)
     except Exception:  # noqa: BLE001 - interegular rejects what it does not support
         return None
-    return whole
+    return "|".join(whole)
 
 
 def _parser_schema(schema: Mapping[str, Any], *, object_only: bool = False) -> dict[str, Any] | None:

@@ -66,6 +66,9 @@ def test_a_string_that_cannot_match_its_pattern_is_still_rejected(pattern: str, 
     ({"type": "string", "pattern": "^é+$"}, "éé", True),
     ({"anyOf": [{"type": "string", "pattern": "^a"}, {"type": "string", "pattern": "b$"}]}, "éb", True),
     ({"anyOf": [{"type": "string", "pattern": "^a"}, {"type": "integer"}]}, "aé", True),
+    ({"type": "string", "pattern": "^\\w+$"}, "café", True),  # \w: ASCII to the parser, not to the validation
+    ({"type": "string", "pattern": "^[\\w.-]+@"}, "josé.m@example.com", True),
+    ({"type": "string", "pattern": "^\\w+$"}, "ca fé", False),
     ({"type": "string", "pattern": "^[a-z]+$"}, "café", False),
     ({"type": "string", "pattern": "^caf[éè]$"}, "cafë", False),
 ])
