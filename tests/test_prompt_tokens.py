@@ -3,6 +3,8 @@ own format, as the request's start renders it (what the adapters' token counts g
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from shared_engine import EnsembleEngine, InvalidRequestError
@@ -31,7 +33,7 @@ def test_the_count_is_the_largest_member_rendering() -> None:
 def test_messages_a_strict_template_refuses_count_in_the_plain_format() -> None:
     """A trimmer counts cut histories (LangChain's trim_messages counts the newest turns in reverse):
     a template that refuses them must not make the count fail."""
-    tokenizer = byte_level_tokenizer()
+    tokenizer = copy.deepcopy(byte_level_tokenizer())  # the toy builder is cached: other tests read its template
     tokenizer.chat_template = STRICT
     strict = HFMember("count-strict", tiny_llama(tokenizer), tokenizer)
     engine = EnsembleEngine([strict], method="single")
