@@ -719,9 +719,10 @@ def _json_schema_format(schema: dict[str, Any] | type) -> dict[str, Any]:
     """``response_format``'s ``json_schema`` for a pydantic class, TypedDict, titled JSON schema or
     tool dict; a plain JSON schema without a top-level "title" (which langchain-core's tool
     conversion needs for the name) is taken as it is, as ChatOllama takes it."""
-    if isinstance(schema, dict) and "title" not in schema and ("properties" in schema or "type" in schema) \
-            and "function" not in schema and "parameters" not in schema:
-        return {"name": "response", "schema": schema}
+    if isinstance(schema, dict) and "function" not in schema and "parameters" not in schema and (
+            "title" not in schema and ("properties" in schema or "type" in schema)
+            or schema.get("type", "object") != "object"):  # a titled array or string schema: the engine refuses it
+        return {"name": str(schema.get("title") or "response"), "schema": schema}
     spec = convert_to_openai_tool(schema)["function"]
     return {"name": spec["name"], "schema": spec["parameters"]}
 

@@ -499,3 +499,13 @@ def test_a_schema_without_a_title_and_json_mode_without_a_schema_are_taken(monke
     for method in ("json_schema", "function_calling"):
         with pytest.raises(ValueError, match="needs a schema"):
             llm.with_structured_output(None, method=method)
+
+
+@pytest.mark.parametrize("method", ["json_schema", "json_mode"])
+def test_a_titled_schema_without_an_object_root_is_the_engines_readable_refusal(method: str) -> None:
+    """A titled array schema went through langchain-core's tool conversion, which has no "parameters"
+    for it: KeyError 'parameters' before the request reached the engine."""
+    llm = ChatEnsemble(models=MODELS)
+    with pytest.raises(InvalidRequestError, match="object at its root"):
+        llm.with_structured_output({"title": "Nums", "type": "array", "items": {"type": "integer"}},
+                                   method=method).invoke("Three numbers.")
