@@ -54,12 +54,27 @@ def toy_folders(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     ({"model": "m", "device": "tpu:0"}, "unknown device 'tpu:0'"),
     ({"model": "m", "device_map": "everywhere"}, "unknown device_map 'everywhere'"),
     ({"model": "vllm:m"}, "give a URL"),
+    ({"model": "llamacpp:m", "pin_slots": True}, "pin_slots: only for a llama.cpp server at a URL"),
+    ({"model": "vllm:http://h:1", "pin_slots": True}, "pin_slots: only for a llama.cpp server at a URL"),
 ])
 def test_bad_member_configs_are_refused_naming_the_problem(entry: dict, message: str) -> None:
     with pytest.raises(InvalidRequestError, match=message):
         member_config(entry)
     with pytest.raises(InvalidRequestError, match=message):  # the engine, before loading anything
         EnsembleEngine([entry, "other"], method="safe")
+
+
+def test_pin_slots_reaches_a_llamacpp_member_at_a_url_and_makes_it_another_member() -> None:
+    """A member at a URL pins no slot by default (another process may share the server); a config
+    (members file, ``MemberConfig``) can ask for pinning on a server no other process uses."""
+    import inspect
+
+    from shared_engine.members.llamacpp import LlamaCppMember
+
+    pinned = member_config({"model": "llamacpp:http://h:1", "pin_slots": True})
+    assert pinned.backend_options() == {"pin_slots": True}
+    assert "pin_slots" in inspect.signature(LlamaCppMember.__init__).parameters  # the loader takes it
+    assert pinned.key != member_config({"model": "llamacpp:http://h:1"}).key  # not the unpinned member
 
 
 @NO_CUDA

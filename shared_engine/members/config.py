@@ -38,6 +38,10 @@ LLAMACPP_FIELDS = ("threads", "slots", "n_ctx", "poll")
 """Options of a llama.cpp server this process starts for a GGUF."""
 LLAMACPP_CLIENT_FIELDS = ("reuse_prompt_cache",)
 """Options of any llama.cpp member, in this process or at a URL."""
+LLAMACPP_URL_FIELDS = ("pin_slots",)
+"""Options of a llama.cpp member at a URL (a ``llama-server`` this process did not start)."""
+OPTION_FIELDS = PLACEMENT_FIELDS + SERVER_FIELDS + LLAMACPP_FIELDS + LLAMACPP_CLIENT_FIELDS + LLAMACPP_URL_FIELDS
+"""Every backend option (the loaders' keywords)."""
 
 _UNSET_MEANS: dict[str, object] = {"device": "cpu", "dtype": "float32", "http": HttpSettings()}
 """What a loader does with an option left at None (its signature's default); an in-process
@@ -64,7 +68,7 @@ def loader_defaults(spec: MemberSpec) -> dict[str, object]:
     writes it: read from its loader's own signature (n_ctx=4096, top_k=20, slots, ...) and, for an
     option the loader leaves at None, from what it then runs with (threads: every core), so the two
     cannot drift apart."""
-    names = PLACEMENT_FIELDS + SERVER_FIELDS + LLAMACPP_FIELDS + LLAMACPP_CLIENT_FIELDS
+    names = OPTION_FIELDS
     parameters = inspect.signature(_loader(spec)).parameters
     unset = dict(_UNSET_MEANS)
     if spec.backend == "llamacpp" and not spec.is_url:
@@ -140,7 +144,7 @@ class MemberConfig(MemberDefaults):
     Unknown keys are an error naming the key. Placement fields (device, device_map, dtype,
     attn_implementation) apply to transformers members only; top_k and http to server members
     (llama.cpp, vLLM, SGLang); threads, slots, n_ctx and poll to a GGUF this process serves with llama.cpp;
-    reuse_prompt_cache to any llama.cpp member.
+    reuse_prompt_cache to any llama.cpp member; pin_slots to a llama.cpp member at a URL.
     """
 
     model: str = Field(min_length=1)
@@ -171,6 +175,11 @@ class MemberConfig(MemberDefaults):
     computed in two pieces instead of one batch, which can flip a greedy near-tie: the same request
     can answer differently after different predecessors (default False: every request is computed
     from position 0 and repeats bitwise)."""
+    pin_slots: bool | None = None
+    """llama.cpp at a URL: lease the server's slots and pin each request to one (``id_slot``), as a
+    server this process starts always is. Only for a server no other process uses: two clients that
+    both pin queue on the same slot (default: send no slot, llama.cpp picks the idle one holding the
+    request's prefix)."""
 
     @model_validator(mode="after")
     def _options_fit_backend(self) -> MemberConfig:
@@ -182,7 +191,9 @@ class MemberConfig(MemberDefaults):
         rules = ((PLACEMENT_FIELDS, spec.backend == "transformers", "transformers members"),
                  (SERVER_FIELDS, spec.backend != "transformers", "server members (llamacpp:, vllm:, sglang:)"),
                  (LLAMACPP_FIELDS, in_process_llamacpp, "a GGUF served by llama.cpp in this process (llamacpp:NAME)"),
-                 (LLAMACPP_CLIENT_FIELDS, spec.backend == "llamacpp", "llama.cpp members"))
+                 (LLAMACPP_CLIENT_FIELDS, spec.backend == "llamacpp", "llama.cpp members"),
+                 (LLAMACPP_URL_FIELDS, spec.backend == "llamacpp" and spec.is_url,
+                  "a llama.cpp server at a URL (llamacpp:http://...)"))
         for names, applies, runs in rules:
             given = [name for name in names if getattr(self, name) is not None]
             if given and not applies:
@@ -203,7 +214,7 @@ class MemberConfig(MemberDefaults):
 
     def backend_options(self) -> dict[str, Any]:
         """Keyword options for the backend's loader (only those that are set)."""
-        names = PLACEMENT_FIELDS + SERVER_FIELDS + LLAMACPP_FIELDS + LLAMACPP_CLIENT_FIELDS
+        names = OPTION_FIELDS
         return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
 
     @property
