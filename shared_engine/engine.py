@@ -147,13 +147,16 @@ class EnsembleEngine:
         Method ``single`` runs its drafter alone, so the other members given are never loaded."""
         return [self._specs[i] for i in self._order]
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+
     @property
     def members(self) -> list[Member]:
         """Members in decoding order (drafter first); loaded on first use, once per process."""
         with self._load_lock:
             if self._members is None:
-                if self._closed:
-                    raise EngineClosedError("the engine is closed")
+                self._check_open()
                 used = sorted(self._order)  # loaded in the order given
                 specs = [self._specs[i] for i in used]
                 configs = [s for s in specs if isinstance(s, MemberConfig)]
@@ -199,8 +202,7 @@ class EnsembleEngine:
         if not messages_or_prompt:
             return 0
         if raw_prompt and isinstance(messages_or_prompt, str):  # any text, blank too (a request refuses that)
-            if self._closed:
-                raise EngineClosedError("the engine is closed")
+            self._check_open()
             return max(len(m.text_prompt_ids(messages_or_prompt)) for m in self.members)
         _, plan, messages = self._prepare(messages_or_prompt, {}, tools=list(tools) if tools else None,
                                           raw_prompt=raw_prompt)
@@ -218,8 +220,7 @@ class EnsembleEngine:
         it in the most tokens: a tokenizer for counters that take any ``text -> tokens`` callable
         (LlamaIndex's memory ``tokenizer_fn``, ``Settings.tokenizer``), so a history trimmed by it
         fits every member, not just the drafter. Loads the members."""
-        if self._closed:
-            raise EngineClosedError("the engine is closed")
+        self._check_open()
         return max((m.table.encode_fragment(text) for m in self.members), key=len)
 
     @property
@@ -366,8 +367,7 @@ class EnsembleEngine:
     def _prepare(self, messages_or_prompt: str | Sequence[Message], params: Mapping[str, Any],
                  **output_options: Any) -> tuple[GenerationParams, OutputPlan, list[dict[str, Any]]]:
         """A request's generation parameters, output plan and messages, validated."""
-        if self._closed:
-            raise EngineClosedError("the engine is closed")
+        self._check_open()
         defaults = self.options.model_dump(include=set(GenerationParams.model_fields))
         gen = validated(GenerationParams, **{**defaults, **params})
         plan = OutputPlan(validated(OutputOptions, **output_options))
