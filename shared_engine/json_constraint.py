@@ -339,6 +339,8 @@ def _feed(parser: CharacterLevelParser, char: str) -> CharacterLevelParser | Non
         return None if first is None else SequenceParser([first, *parser.parsers[1:]])
     if (char == " " or ord(char) > 127) and _free_text(parser):  # JSON strings take any non-ASCII character
         char = _STAND_IN
+    if char == " " and isinstance(parser, JsonSchemaParser) and (states := _strings(parser)):
+        return _into_string(parser, states, char)  # an enum's, a key's or a pattern's space: see _string_add
     allowed = parser.get_allowed_characters()
     if char in allowed:
         return parser.add_character(char)
@@ -353,13 +355,13 @@ def _strings(parser: CharacterLevelParser) -> list[StringParsingState]:
         return []
     top = parser.object_stack[-1]
     states = top.parsers if isinstance(top, UnionParser) else [top]
-    inside = all(isinstance(s, StringParsingState) and s.seen_opening_quote and not s.seen_closing_quote
-                 for s in states)
+    inside = all(isinstance(s, StringParsingState) and s.require_opening_quote  # not true, null, an enum's 5
+                 and s.seen_opening_quote and not s.seen_closing_quote for s in states)
     return [s for s in states if isinstance(s, StringParsingState)] if inside else []
 
 
 def _string_takes(state: StringParsingState, char: str) -> bool:
-    """Whether the string ``state`` takes the non-ASCII ``char`` next (the parser offers the ASCII
+    """Whether the string ``state`` takes the non-ASCII ``char`` (or a space) next (the parser offers the ASCII
     alphabet only: a ``pattern`` string's regex, ``[^0-9]`` or ``\\w``, takes "é" all the same)."""
     if state.regex_parser is not None:
         return state.regex_parser.add_character(char).current_state != RegexParser.INVALID_STATE
@@ -368,16 +370,31 @@ def _string_takes(state: StringParsingState, char: str) -> bool:
     return state.max_length is None or len(state.parsed_string) < state.max_length
 
 
+def _string_add(state: StringParsingState, char: str) -> StringParsingState:
+    """The string ``state`` after the ordinary ``char`` (no quote, no backslash): what
+    ``StringParsingState.add_character`` does, but a space is kept. The parser drops whitespace at
+    a string's start (read as the whitespace before a value) and ``JsonSchemaParser`` caps a run of
+    spaces at ``max_consecutive_whitespaces``: an enum value, a const or a key starting with a
+    space, or holding more than 16 in a row, could not be written, and a pattern's regex never saw
+    a leading space (``"   ab"`` passed for ``^[ a]b$``)."""
+    after = state._clone()
+    after.parsed_string += char
+    if after.regex_parser is not None:
+        after.regex_parser = after.regex_parser.add_character(char)
+    return after
+
+
 def _into_string(parser: JsonSchemaParser, states: list[StringParsingState], char: str) -> CharacterLevelParser | None:
-    """``parser`` after the non-ASCII ``char`` inside its string, given to the string states that
-    take it (what ``JsonSchemaParser.add_character`` does for a character they offer)."""
-    fed: list[CharacterLevelParser] = [state.add_character(char) for state in states if _string_takes(state, char)]
+    """``parser`` after the non-ASCII ``char`` or the space inside its string, given to the string
+    states that take it (what ``JsonSchemaParser.add_character`` does for a character they offer;
+    a space in a string is not counted among the whitespace between tokens)."""
+    fed: list[CharacterLevelParser] = [_string_add(state, char) for state in states if _string_takes(state, char)]
     if not fed:
         return None
     top = fed[0] if len(fed) == 1 else UnionParser(fed)
     after = JsonSchemaParser(parser.context, parser.config, [*parser.object_stack[:-1], top])
     after.last_parsed_string = parser.last_parsed_string
-    after.last_non_whitespace_character = char
+    after.last_non_whitespace_character = parser.last_non_whitespace_character if char == " " else char
     return after
 
 

@@ -1,0 +1,53 @@
+"""Edges of the JSON constraint (shared_engine.json_constraint) where it and the validation
+(``jsonschema``) read a schema differently: spaces in fixed strings, boolean consts, integers,
+``additionalProperties`` beside ``properties``, Unicode ``\\d`` and ``\\s`` in a ``pattern``."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from shared_engine.json_constraint import call_start_state, start_state
+from tests.test_json_constraint import feed
+
+
+def _holding(sub: object) -> dict:
+    return {"type": "object", "properties": {"x": sub}, "required": ["x"]}
+
+
+def _writable(schema: dict, text: str) -> bool:
+    state = feed(start_state(schema, ""), text)  # byte by byte
+    return state is not None and state.finished
+
+
+# -- spaces in an enum value, a const, a key or a pattern string ---------------------------------
+
+@pytest.mark.parametrize("value", [" a", "a" + " " * 17 + "b", " " * 20, "a "])
+def test_a_fixed_string_starting_with_a_space_or_holding_a_long_run_of_them_is_writable(value: str) -> None:
+    """The parser dropped a space at a string's start and capped a run of spaces at 16: such an
+    enum value, const or key could not be written at all."""
+    keyed = {"type": "object", "properties": {value: {"type": "integer"}}, "required": [value]}
+    short = value.replace(" ", "", 1)  # one space short
+    for schema, answer, wrong in ((_holding({"enum": [value, "z"]}), {"x": value}, {"x": short}),
+                                  (_holding({"const": value}), {"x": value}, {"x": short}),
+                                  (keyed, {value: 1}, {short: 1})):
+        jsonschema.validate(answer, schema)
+        assert _writable(schema, json.dumps(answer)), (schema, answer)
+        assert not _writable(schema, json.dumps(wrong)), (schema, wrong)
+    called = feed(call_start_state({"f": _holding({"enum": [value]})}, "f"), ' {"x": ' + json.dumps(value) + "}}")
+    assert called is not None and called.finished
+
+
+@pytest.mark.parametrize("pattern, value, ok", [
+    ("^[ a]b$", "   ab", False),  # the parser let leading spaces by without its regex seeing them
+    ("^[ a]b$", " b", True),
+    ("^ x$", " x", True),        # and refused one the regex wants
+    ("^abc$", " abc", False),
+    ("b", "  " * 10 + "b", True),
+])
+def test_a_pattern_string_sees_its_leading_spaces(pattern: str, value: str, ok: bool) -> None:
+    schema = _holding({"type": "string", "pattern": pattern})
+    assert jsonschema.Draft202012Validator(schema).is_valid({"x": value}) is ok
+    assert _writable(schema, json.dumps({"x": value})) is ok
