@@ -214,19 +214,36 @@ class _Rewrite:
             return name not in seen and self._counted_twice(self.schema(self.defs[name]), seen | {name})
         if isinstance(item.get("anyOf"), list):
             return any(self._counted_twice(option, seen) for option in item["anyOf"])
-        return item.get("type") in ("boolean", "null", "array") or ("enum" in item and item.get("type") != "string")
+        return (item.get("type") in ("boolean", "null", "array") or "const" in item  # a _Bare boolean
+                or ("enum" in item and item.get("type") != "string"))
+
+
+class _Bare(str):
+    """A ``const`` the parser writes without quotes: lm-format-enforcer 0.11.3 quotes a const whose
+    type is exactly ``str`` and writes any other as it is, so ``_Bare("true")`` lets ``true`` only."""
 
 
 def _enum_schema(values: list[Any]) -> dict[str, Any]:
-    """``enum`` (or ``const``) as the parser takes it: its strings, its numbers, and any boolean /
-    null / object / array where it holds one (the parser takes strings or numbers only)."""
+    """``enum`` (or ``const``) as the parser takes it: its strings, its numbers, its booleans (one
+    of them: that one alone; ``const: true`` let ``false`` through, and a forced call's arguments
+    are not validated after), null, each object key by key (its keys all required, their values
+    fixed the same way) and any array where it holds one (the parser takes strings or numbers only;
+    an array's items in order it cannot say, the validation checks them)."""
     strings = [_as_parsed(v) for v in values if isinstance(v, str)]
     numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
     options: list[dict[str, Any]] = [{"type": "string", "enum": strings}] if strings else []
     options += [{"enum": numbers}] if numbers else []
-    for kind, python in (("boolean", bool), ("null", type(None)), ("object", dict), ("array", list)):
-        if any(isinstance(v, python) for v in values):
-            options.append({"type": kind})
+    booleans = {v for v in values if isinstance(v, bool)}
+    if booleans:
+        options.append({"type": "boolean"} if len(booleans) == 2 else {"const": _Bare(json.dumps(booleans.pop()))})
+    options += [{"type": "null"}] if None in values else []
+    for value in values:
+        if isinstance(value, dict):
+            names = [_as_parsed(key) for key in value]
+            fixed = {"type": "object", "properties": dict(zip(names, map(_enum_schema, ([v] for v in value.values())))),
+                     "required": names}
+            options.append(fixed if len(set(names)) == len(names) else {"type": "object"})  # two keys read alike
+    options += [{"type": "array"}] if any(isinstance(v, list) for v in values) else []
     if not options:
         raise _Unsupported(values)
     return options[0] if len(options) == 1 else {"anyOf": options}

@@ -51,3 +51,33 @@ def test_a_pattern_string_sees_its_leading_spaces(pattern: str, value: str, ok: 
     schema = _holding({"type": "string", "pattern": pattern})
     assert jsonschema.Draft202012Validator(schema).is_valid({"x": value}) is ok
     assert _writable(schema, json.dumps({"x": value})) is ok
+
+
+# -- const and enum values the parser has no form for ---------------------------------------------
+
+@pytest.mark.parametrize("sub, valid, invalid", [
+    ({"const": True}, "true", "false"),  # any boolean went
+    ({"const": False}, "false", "true"),
+    ({"enum": [False, "no"]}, "false", "true"),
+    ({"enum": [True, None]}, "null", "false"),
+    ({"const": {"a": 1, "b": [True], "c": {"d": False}}}, '{"b": [true], "c": {"d": false}, "a": 1}', '{"a": 1}'),
+    ({"const": {"a": True}}, '{"a": true}', '{"a": false}'),
+    ({"enum": [{"a": 1}, {"b": "x"}]}, '{"b": "x"}', '{"a": "x"}'),
+    ({"const": {}}, "{}", '{"a": 1}'),
+])
+def test_a_boolean_or_object_const_is_written_as_itself(sub: dict, valid: str, invalid: str) -> None:
+    schema = _holding(sub)
+    jsonschema.validate(json.loads(valid), sub)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(json.loads(invalid), sub)
+    assert _writable(schema, '{"x": ' + valid + "}")
+    assert not _writable(schema, '{"x": ' + invalid + "}")
+    call = call_start_state({"f": schema}, "f")  # a forced call's arguments are not validated after
+    assert feed(call, ' {"x": ' + invalid + "}}") is None
+    assert feed(call, ' {"x": ' + valid + "}}").finished  # type: ignore[union-attr]
+
+
+def test_an_array_of_a_boolean_const_takes_as_many_items_as_the_schema_says() -> None:
+    schema = _holding({"type": "array", "items": {"const": True}, "minItems": 3, "maxItems": 3})
+    assert _writable(schema, '{"x": [true, true, true]}')
+    assert not _writable(schema, '{"x": [true, false, true]}')
