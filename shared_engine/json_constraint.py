@@ -61,7 +61,7 @@ from lmformatenforcer import (
     StringParser,
     UnionParser,
 )
-from lmformatenforcer.jsonschemaparser import StringParsingState
+from lmformatenforcer.jsonschemaparser import NumberParsingState, StringParsingState
 
 from .alignment import TokenTable
 from .sampling import Sampler
@@ -360,10 +360,43 @@ def _feed(parser: CharacterLevelParser, char: str) -> CharacterLevelParser | Non
         return _into_string(parser, states, char)  # an enum's, a key's or a pattern's space: see _string_add
     allowed = parser.get_allowed_characters()
     if char in allowed:
-        return parser.add_character(char)
+        return _no_integer_exponent(parser.add_character(char)) if char in "eE" else parser.add_character(char)
     if ord(char) > 127 and isinstance(parser, JsonSchemaParser) and (states := _strings(parser)):
         return _into_string(parser, states, char)
     return None
+
+
+def _no_integer_exponent(parser: CharacterLevelParser) -> CharacterLevelParser | None:
+    """``parser`` without the integers that just took an exponent, None if nothing is left. The
+    parser writes an integer with one (``1e-3``, ``1e400``: no integer; ``1e3``: one to
+    ``jsonschema``, but a float to ``json.loads`` and to a strict pydantic ``int``), so an integer
+    is written in digits alone, which every reader takes as one."""
+    def dropped(option: CharacterLevelParser) -> CharacterLevelParser | None:
+        if isinstance(option, NumberParsingState):
+            return None if option.seen_exponent and not option.allow_floating_point else option
+        if isinstance(option, UnionParser):
+            kept = [k for k in (dropped(o) for o in option.parsers) if k is not None]
+            return None if not kept else option if len(kept) == len(option.parsers) else UnionParser(kept)
+        return option
+
+    if isinstance(parser, UnionParser):  # JsonSchemaParser splits on a union of objects or arrays
+        options = [k for k in (_no_integer_exponent(p) for p in parser.parsers) if k is not None]
+        return None if not options else options[0] if len(options) == 1 else UnionParser(options)
+    if not isinstance(parser, JsonSchemaParser) or not parser.object_stack:
+        return parser
+    top = dropped(parser.object_stack[-1])  # what took the character
+    if top is parser.object_stack[-1] or top is None:
+        return parser if top is not None else None
+    return _on_top(parser, top, parser.last_non_whitespace_character)
+
+
+def _on_top(parser: JsonSchemaParser, top: CharacterLevelParser, last: str) -> JsonSchemaParser:
+    """``parser`` with ``top`` in place of its top state, ``last`` its last non-whitespace character."""
+    after = JsonSchemaParser(parser.context, parser.config, [*parser.object_stack[:-1], top],
+                             parser.num_consecutive_whitespaces)
+    after.last_parsed_string = parser.last_parsed_string
+    after.last_non_whitespace_character = last
+    return after
 
 
 def _strings(parser: CharacterLevelParser) -> list[StringParsingState]:
@@ -408,10 +441,9 @@ def _into_string(parser: JsonSchemaParser, states: list[StringParsingState], cha
     fed: list[CharacterLevelParser] = [_string_add(state, char) for state in states if _string_takes(state, char)]
     if not fed:
         return None
-    top = fed[0] if len(fed) == 1 else UnionParser(fed)
-    after = JsonSchemaParser(parser.context, parser.config, [*parser.object_stack[:-1], top])
-    after.last_parsed_string = parser.last_parsed_string
-    after.last_non_whitespace_character = parser.last_non_whitespace_character if char == " " else char
+    after = _on_top(parser, fed[0] if len(fed) == 1 else UnionParser(fed),
+                    parser.last_non_whitespace_character if char == " " else char)
+    after.num_consecutive_whitespaces = 0
     return after
 
 

@@ -81,3 +81,26 @@ def test_an_array_of_a_boolean_const_takes_as_many_items_as_the_schema_says() ->
     schema = _holding({"type": "array", "items": {"const": True}, "minItems": 3, "maxItems": 3})
     assert _writable(schema, '{"x": [true, true, true]}')
     assert not _writable(schema, '{"x": [true, false, true]}')
+
+
+# -- integers --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sub, text, ok", [
+    ({"type": "integer"}, "1e-3", False),  # the parser let an integer take an exponent: 0.001
+    ({"type": "integer"}, "1E400", False),  # inf
+    ({"type": "integer"}, "1e3", False),   # 1000.0: a float to json.loads and to a strict pydantic int
+    ({"type": "integer"}, "-120", True),
+    ({"type": "integer"}, "1.0", False),
+    ({"type": ["integer", "null"]}, "2e1", False),
+    ({"anyOf": [{"type": "integer"}, {"type": "string"}]}, "2e1", False),
+    ({"type": "array", "items": {"type": "integer"}}, "[1, 2e1]", False),
+    ({"type": "number"}, "1e-3", True),
+    ({"type": ["integer", "number"]}, "1e-3", True),
+    ({"anyOf": [{"type": "integer"}, {"type": "object"}]}, "12", True),
+])
+def test_an_integer_is_written_in_digits_alone(sub: dict, text: str, ok: bool) -> None:
+    assert _writable(_holding(sub), '{"x": ' + text + "}") is ok
+    root = feed(start_state(sub, ""), text)  # a number at the root is complete, never finished (more digits)
+    assert (root is not None and root.complete) is ok
+    if ok:
+        jsonschema.validate(json.loads(text), sub)
