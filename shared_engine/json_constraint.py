@@ -185,8 +185,10 @@ class _Rewrite:
             raise _Unsupported(schema)
         required = [key for key in schema.get("required", []) if isinstance(key, str)]
         properties, extra = schema.get("properties"), schema.get("additionalProperties")
-        if isinstance(properties, Mapping) or extra is False:
-            # Given properties, the parser takes no other key; a required key not among them stays writable.
+        if (isinstance(properties, Mapping) and (properties or not isinstance(extra, Mapping))) or extra is False:
+            # Given properties, the parser takes no other key (it takes listed keys or free keys, not
+            # both); a required key not among them stays writable, its value additionalProperties'.
+            # No properties ({}) but an additionalProperties schema: free keys (below), not "{}" alone.
             props = properties if isinstance(properties, Mapping) else {}
             out["properties"] = {}
             for key, sub in props.items():
@@ -195,8 +197,10 @@ class _Rewrite:
                 name, value = _as_parsed(key), self.schema(sub)
                 seen = out["properties"].get(name)  # two keys the parser reads alike: either one's value
                 out["properties"][name] = value if seen is None else {"anyOf": [seen, value]}
-            out["properties"].update({_as_parsed(key): dict(_ANY) for key in required
-                                      if _as_parsed(key) not in out["properties"]})
+            beyond = [name for name in map(_as_parsed, required) if name not in out["properties"]]
+            if beyond:
+                value = self.schema(extra) if isinstance(extra, Mapping) else dict(_ANY)
+                out["properties"].update({name: value for name in beyond})
         elif isinstance(extra, Mapping) and (value := self.schema(extra)) != _ANY:
             out["additionalProperties"] = value
         if required:

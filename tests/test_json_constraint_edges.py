@@ -104,3 +104,24 @@ def test_an_integer_is_written_in_digits_alone(sub: dict, text: str, ok: bool) -
     assert (root is not None and root.complete) is ok
     if ok:
         jsonschema.validate(json.loads(text), sub)
+
+
+# -- additionalProperties beside properties -------------------------------------------------------
+
+STRINGS_BESIDE = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"],
+                  "additionalProperties": {"type": "string"}}
+
+
+@pytest.mark.parametrize("schema, text, ok", [
+    (STRINGS_BESIDE, '{"a": 1, "b": "x"}', True),
+    (STRINGS_BESIDE, '{"a": 1, "b": 5}', False),  # a required key beyond properties took any value
+    ({"type": "object", "properties": {}, "additionalProperties": {"type": "integer"}}, '{"k": 1, "j": 2}', True),
+    ({"type": "object", "properties": {}, "additionalProperties": {"type": "integer"}}, '{"k": "1"}', False),
+    ({"type": "object", "properties": {}, "additionalProperties": {"type": "integer"}, "required": ["k"]}, "{}", False),
+    ({"type": "object", "properties": {}}, "{}", True),  # an empty pydantic model: "{}" as before
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
+     '{"a": 1}', True),
+])
+def test_additional_properties_give_the_value_of_keys_beyond_properties(schema: dict, text: str, ok: bool) -> None:
+    assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(text)) is ok
+    assert _writable(schema, text) is ok
