@@ -70,7 +70,8 @@ class EnsembleEvent(_Event):
 
 
 class SpanCandidate(BaseModel):
-    text: str = Field(description="The candidate span ('<eos>' for ending the answer).")
+    text: str = Field(description="The candidate span ('<eos>' for ending the answer; a span that "
+                                  "ends it has '<eos>' after its text).")
     proposed_by: list[str] = Field(description="Members whose continuations gave this span.")
     member_nll: dict[str, float] = Field(description="Mean token NLL of the span under each member.")
     score: float = Field(description="Weighted mean of member_nll; the lowest wins.")

@@ -197,7 +197,7 @@ def test_uncertain_rounds_vote_and_change_the_answer() -> None:
     assert result.text != alone
     tokens = "".join(e.text for e in result.events if e.type == "token")
     assert tokens == result.text
-    joined = "".join(d.chosen for d in decisions if d.chosen != "<eos>")
+    joined = "".join(d.chosen.removesuffix("<eos>") for d in decisions)
     assert joined.startswith(result.text)  # exactly the chosen spans (the last one may be cut short)
 
 
@@ -209,8 +209,8 @@ def test_trained_pair_spans_end_on_shared_boundaries_and_recover_the_answer() ->
         assert result.text == ANSWER
         text = ANSWER.encode()
         shared = set(shared_boundaries(text, [_tokens(drafter, ANSWER), _tokens(verifier, ANSWER)]))
-        ends = [e.offset + len(e.chosen.encode()) for e in result.events if e.type == "adafuse"
-                and e.chosen != "<eos>"]
+        ends = [e.offset + len(e.chosen.removesuffix("<eos>").encode()) for e in result.events
+                if e.type == "adafuse" and e.chosen != "<eos>"]
         assert ends and all(end in shared for end in ends)
         assert not any(e.type == "adafuse" and e.chosen.endswith(" So") for e in result.events)
 
@@ -228,7 +228,7 @@ def test_candidates_are_scored_on_top_of_the_cached_answer() -> None:
         member.table.encode_fragment(" four five")
     first = _next_logits(session, context)
     before = session.num_forwards
-    nlls = _score(session, context, first, member.table, [b" six", b" seven", b"\xe5\x8c\x97"], {}, "a")
+    nlls = _score(session, context, first, member.table, [b" six", b" seven", b"\xe5\x8c\x97"], {}, "a", True)
     assert session.num_forwards - before == 3  # one forward per candidate ...
     assert session.last_sync[0] >= len(context) - 1  # ... on top of the kept answer cache
     ids = member.table.encode_fragment(" six")
@@ -271,6 +271,43 @@ def test_real_models_give_valid_text(models: list[str]) -> None:
     assert result.stats.spans == len(decisions) >= 2
     assert all(set(d.member_uncertainty) == set(engine.labels) for d in decisions)
     assert all(n > 0 for n in result.stats.forward_passes.values())
+
+
+def test_a_span_that_ends_the_answer_is_scored_with_the_eos_after_it() -> None:
+    """' 6.' + EOS is its own candidate: a member scores the EOS after the text as one more token (a
+    plain-format member, which ends its turn with a turn marker, the text only); before, ' 6.' + EOS
+    was scored as ' 6.' alone, so one member's early EOS ended the answer on the others' score of its
+    text ('What is 3.14 times 2?' -> '6.' on Qwen + SmolLM2)."""
+    from shared_engine.alignment import EOS_KEY
+    from shared_engine.decoding.adafuse import Span
+
+    member = toy_member("a", "byte_level", "llama", 1)
+    session = member.new_session()
+    context = member.prompt_ids([{"role": "user", "content": "Count: one two three"}]) + \
+        member.table.encode_fragment(" four five")
+    first = _next_logits(session, context)
+    text, ending = _score(session, context, first, member.table, [b" six", b" six" + EOS_KEY], {}, "a", True)
+    ids = member.table.encode_fragment(" six")
+    with torch.no_grad():
+        logp = torch.log_softmax(member.model(torch.tensor([context + ids])).logits[0, len(context) - 1:], -1)
+    picked = logp[torch.arange(len(ids)), torch.tensor(ids)]
+    end = torch.logsumexp(logp[len(ids), sorted(member.table.eos_ids)], 0)
+    assert text == pytest.approx(-float(picked.mean()), abs=1e-4)
+    assert ending == pytest.approx(-float(torch.cat([picked, end.reshape(1)]).mean()), abs=1e-4)
+    assert _score(session, context, first, member.table, [b" six" + EOS_KEY], {}, "a", False) == \
+        pytest.approx([text], abs=1e-4)  # a plain-format member: the text only
+    own = Span(b" six" + EOS_KEY, ids, -float(picked.mean()), 1, float(end))  # the writer's own, as it wrote it
+    assert own.own_nll(True) == pytest.approx(ending, abs=1e-4) and own.own_nll(False) == own.nll
+
+
+@pytest.mark.zoo
+def test_one_members_early_eos_does_not_end_the_answer_on_real_models() -> None:
+    """Qwen + SmolLM2: SmolLM2's ' 6.' + EOS (scored by Qwen as ' 6.' alone, 0.129) beat Qwen's
+    ' 6.28.' and the answer was '3.14 times 2 is 6.'; scored with each member's EOS after it, it loses."""
+    engine = EnsembleEngine(["transformers:qwen2.5-coder-0.5b-instruct", "transformers:smollm2-135m-instruct"],
+                            method="adafuse", max_new_tokens=32)
+    result = engine.generate([{"role": "user", "content": "What is 3.14 times 2? Answer with the number."}])
+    assert "6.28" in result.text and result.finish_reason == "eos", result.text
 
 
 @pytest.mark.parametrize("vote", ["always", "uncertain"])
@@ -357,4 +394,4 @@ def test_a_chosen_span_written_up_to_its_writers_eos_ends_the_answer() -> None:
     result = engine.generate(QUESTION, max_new_tokens=48, keep_events=True)
     decisions = [e for e in result.events if e.type == "adafuse"]
     assert result.text == "Hi Sofia, hi Sofia." and result.finish_reason == "eos"
-    assert decisions[-1].chosen == " Sofia." and "<eos>" not in [d.chosen for d in decisions]
+    assert decisions[-1].chosen == " Sofia.<eos>" and "<eos>" not in [d.chosen for d in decisions]

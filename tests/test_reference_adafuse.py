@@ -9,9 +9,12 @@ branches; spans holding bytes that are not UTF-8, which random members emit, hav
 count) and that the answer is exactly the chosen spans. The drafter reads its own committed ids:
 the ids it generated for a span it proposed (recomputed here: greedy from its first or branched first
 token), else its spelling of the chosen bytes; its NLL of every candidate it did not propose is
-recomputed on that context too. A chosen span after which a member that proposed it writes its EOS
-(greedy, as it wrote the span) ends the answer in that round, as the released code stops in the
-round whose chosen span holds the EOS (AdaFuse_two_models.py:1100).
+recomputed on that context too. A span after which a member that proposed it writes its EOS
+(greedy, as it wrote the span) is a candidate of its own, shown ``text<eos>``: every member scores
+its EOS after the text as one more token (the drafter; the verifier, plain-format, ends its turn with
+a turn marker and scores the text only), and chosen it
+ends the answer in that round, as the released code stops in the round whose chosen span holds the
+EOS (AdaFuse_two_models.py:1100).
 """
 
 from __future__ import annotations
@@ -34,9 +37,20 @@ def _logits(member, ids: list[int]) -> torch.Tensor:  # noqa: ANN001
         return member.model(torch.tensor([ids])).logits[0].float()
 
 
-def _nll(member, context: list[int], ids: list[int]) -> float:  # noqa: ANN001
-    logp = torch.log_softmax(_logits(member, context + ids)[len(context) - 1:-1], -1)
-    return -float(logp[torch.arange(len(ids)), torch.tensor(ids)].mean())
+def _nll(member, context: list[int], ids: list[int], ending: bool = False) -> float:  # noqa: ANN001
+    """Mean NLL of ``ids`` after ``context``; ``ending``: and of the member's EOS (any of its ids) after
+    them, where the member ends its turn with EOS (a plain-format member, with a turn-marker stop
+    string, scores the text only)."""
+    logp = torch.log_softmax(_logits(member, context + ids)[len(context) - 1:], -1)
+    picked = [float(logp[i, t]) for i, t in enumerate(ids)]
+    if ending and not member.stop_strings:
+        picked.append(float(torch.logsumexp(logp[len(ids), sorted(member.table.eos_ids)], 0)))
+    return -sum(picked) / len(picked)
+
+
+def _split(shown: str) -> tuple[str, bool]:
+    """A candidate's shown text: its text, and whether it ends the answer (``" Sofia.<eos>"``)."""
+    return (shown[:-len("<eos>")], True) if shown.endswith("<eos>") else (shown, False)
 
 
 def _generated_ids(member, context: list[int], text: bytes, branches: int) -> list[int] | None:  # noqa: ANN001
@@ -93,15 +107,16 @@ def test_adafuse_votes_equal_plain_recomputation(weights: tuple[float, float], e
                 for c in event.candidates:
                     assert c.score == pytest.approx(weights[0] * c.member_nll[drafter.name]
                                                     + weights[1] * c.member_nll["v"], abs=2e-3)
-                    if c.text == "<eos>" or "\ufffd" in c.text:
+                    text, ending = _split(c.text)
+                    if not text or "\ufffd" in text:
                         continue
                     # a member's own proposals keep their generation log-probs (same forward): not recomputed
                     if "v" not in c.proposed_by:
-                        nll = _nll(verifier, context, spell_bytes(verifier.table, c.text.encode()))
+                        nll = _nll(verifier, context, spell_bytes(verifier.table, text.encode()), ending)
                         assert c.member_nll["v"] == pytest.approx(nll, abs=2e-3), (event.chosen, c.text)
                         checked += 1
                     if drafter.name not in c.proposed_by:
-                        nll = _nll(drafter, drafter_context, spell_bytes(drafter.table, c.text.encode()))
+                        nll = _nll(drafter, drafter_context, spell_bytes(drafter.table, text.encode()), ending)
                         assert c.member_nll[drafter.name] == pytest.approx(nll, abs=2e-3), (event.chosen, c.text)
                         drafter_checked += 1
                 assert event.chosen == min(event.candidates, key=lambda c: c.score).text
@@ -113,27 +128,30 @@ def test_adafuse_votes_equal_plain_recomputation(weights: tuple[float, float], e
                     if margin >= THRESHOLD:
                         sure_rounds += 1
                         assert len(mine) == 1
-                        if name == "v" and mine[0].text != "<eos>" and len(word_ends(mine[0].text)) < 2:
+                        text, ending = _split(mine[0].text)
+                        if name == "v" and text and len(word_ends(text)) < 2:
                             # sure at step 1 gives 2 words, unless its own continuation ends there
-                            span = spell_bytes(verifier.table, mine[0].text.encode())
+                            span = spell_bytes(verifier.table, text.encode())
                             after = int(torch.argmax(_logits(verifier, context + span)[-1]))
-                            assert after in verifier.table.eos_ids, mine[0].text
+                            assert ending and after in verifier.table.eos_ids, mine[0].text
                     else:
                         assert len(mine) <= engine.options.num_candidates
-                        assert all(len(word_ends(c.text)) <= 1 or c.text == "<eos>" for c in mine), \
-                            [c.text for c in mine]
-                if event.chosen == "<eos>" or "\ufffd" in event.chosen:
+                        assert all(len(word_ends(_split(c.text)[0])) <= 1 for c in mine), [c.text for c in mine]
+                text, ending = _split(event.chosen)
+                if not text or "\ufffd" in text:
                     break
                 chosen = next(c for c in event.candidates if c.text == event.chosen)
                 branches = engine.options.num_candidates
-                own = (_generated_ids(drafter, drafter_context, event.chosen.encode(), branches)
+                own = (_generated_ids(drafter, drafter_context, text.encode(), branches)
                        if drafter.name in chosen.proposed_by else None)
-                ends = (drafter.name in chosen.proposed_by
-                        and _ends_at_eos(drafter, drafter_context, event.chosen.encode(), branches)) \
-                    or ("v" in chosen.proposed_by and _ends_at_eos(verifier, context, event.chosen.encode(), branches))
-                drafter_context += own or spell_bytes(drafter.table, event.chosen.encode())
-                answer += event.chosen.encode()
-                if ends:  # the answer ends in this round: no round votes on <eos> after it
+                # an ending candidate is one whose proposer writes its EOS right after the text
+                assert ending == ((drafter.name in chosen.proposed_by
+                                   and _ends_at_eos(drafter, drafter_context, text.encode(), branches))
+                                  or ("v" in chosen.proposed_by
+                                      and _ends_at_eos(verifier, context, text.encode(), branches))), event.chosen
+                drafter_context += own or spell_bytes(drafter.table, text.encode())
+                answer += text.encode()
+                if ending:  # the answer ends in this round: no round votes on <eos> after it
                     assert event is events[-1] and result.finish_reason == "eos", event.chosen
                     eos_spans += 1
             else:

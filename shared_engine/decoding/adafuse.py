@@ -21,8 +21,12 @@ Where this differs from the released code (ensembling.md §3), on purpose:
 - a "word" is one whitespace-split word (the released beam-1 path takes up to ``--span_length``,
   default 4, of them as its "first word"; the paper describes one);
 - a span its writer wrote up to its EOS ends the answer when chosen (the released code stops in
-  the round whose span holds the EOS string); the EOS is not part of the span's bytes or NLL, and
-  the span ends the answer if any member that proposed those bytes reached its EOS right after them;
+  the round whose span holds the EOS string) and is a candidate of its own (``text + EOS_KEY``):
+  every member that ends its turn with EOS scores the ending too (its end-of-turn log-prob after the
+  text is one more term of the span's mean NLL), so one member's early EOS does not end the answer
+  on the others' score of its text alone (the released code stops on the EOS string without scoring
+  it). A plain-format member (a base model; it ends its turn by writing ``"\nUser:"``, never with
+  EOS mass) scores the text only: its near-zero EOS would veto every ending;
 - KV caches are kept across rounds (``Session.sync``); the prefix is never re-encoded;
 - N members; entropy as an alternative to the margin; first-token branching for every member.
 
@@ -162,13 +166,29 @@ class Continuation:
         return None
 
 
+def span_text(key: bytes) -> bytes:
+    """A candidate's text: its bytes without the EOS that ends the answer after it."""
+    return key[:-len(EOS_KEY)] if key.endswith(EOS_KEY) else key
+
+
+def ends_answer(key: bytes) -> bool:
+    """Whether a candidate ends the answer (EOS_KEY alone, or a span its writer ended with EOS)."""
+    return key.endswith(EOS_KEY)
+
+
 @dataclass(frozen=True, slots=True)
 class Span:
-    key: bytes  # the span's bytes, or EOS_KEY
-    ids: list[int] | None  # the writer's own ids for it
-    nll: float | None  # its mean NLL under the writer
+    key: bytes  # the span's bytes, + EOS_KEY where its writer's EOS came right after them (ends the answer)
+    ids: list[int] | None  # the writer's own ids for its text
+    nll: float | None  # the mean NLL of its text under the writer
     words: int
-    eos: bool = False  # the writer's EOS came right after the span: chosen, it ends the answer
+    end_logprob: float | None = None  # the writer's log-prob of its EOS after the text (an ending span)
+
+    def own_nll(self, scores_end: bool) -> float | None:
+        """The writer's score of its span, as ``_score`` scores others' (see ``_score``)."""
+        if self.nll is None or self.end_logprob is None or not scores_end or not self.ids:
+            return self.nll
+        return (self.nll * len(self.ids) - self.end_logprob) / (len(self.ids) + 1)
 
 
 def _next_logits(session: Session, context: list[int]) -> torch.Tensor:
@@ -200,9 +220,10 @@ def _write(session: Session, context: list[int], first: torch.Tensor, token: int
     if boundaries is None:  # re-tokenizing for every member is the costly part: once per stop
         boundaries = shared(cont.data)
     end = span_end(cont.data, wanted, boundaries, finished=cont.eos) or valid_prefix_length(cont.data)
-    key = cont.data[:end]
-    return Span(key, cont.ids_up_to(end), cont.nll_up_to(end), len(word_ends(key.decode("utf-8", "ignore"))),
-                eos=cont.eos and end == len(cont.data))
+    text = cont.data[:end]
+    ending = cont.eos and end == len(cont.data)
+    return Span(text + EOS_KEY if ending else text, cont.ids_up_to(end), cont.nll_up_to(end),
+                len(word_ends(text.decode("utf-8", "ignore"))), cont.logprobs[-1] if ending else None)
 
 
 def _has_end(data: bytes, words: int, shared: set[int]) -> bool:
@@ -244,26 +265,31 @@ def _argmax(logits: torch.Tensor) -> int:
 
 
 def _score(session: Session, context: list[int], first: torch.Tensor, table: TokenTable,
-           keys: list[bytes], own: dict[bytes, float], name: str) -> list[float]:
+           keys: list[bytes], own: dict[bytes, float], name: str, scores_end: bool) -> list[float]:
     """Blocking: mean token NLL of each candidate span under this member, through its own
     tokenization, each in one forward on top of the cached answer (own spans reuse their
-    generation log-probs)."""
+    generation log-probs). A span that ends the answer has its EOS as one more token
+    (``scores_end``: a member that ends its turn with EOS; a plain-format one scores the text only)."""
     scores = []
     for key in keys:
+        text = span_text(key)
         if key in own:
             scores.append(own[key])
-        elif key == EOS_KEY:
+        elif not text:  # EOS_KEY: end the answer here
             logp = torch.log_softmax(first.float(), dim=-1)
             scores.append(-float(torch.logsumexp(logp[list(table.eos_ids)], 0)))
         else:
             try:
-                ids = spell_bytes(table, key, name)
+                ids = spell_bytes(table, text, name)
             except ValueError:
                 scores.append(UNSPELLABLE_NLL)
                 continue
             rows = session.sync(context + ids, len(context))
-            logp = torch.log_softmax(rows[:-1].float(), dim=-1)
-            scores.append(-float(logp[torch.arange(len(ids)), torch.tensor(ids)].mean()))
+            logp = torch.log_softmax(rows.float(), dim=-1)
+            picked = logp[torch.arange(len(ids)), torch.tensor(ids)]
+            if scores_end and key != text and table.eos_ids:
+                picked = torch.cat([picked, torch.logsumexp(logp[-1, list(table.eos_ids)], 0).reshape(1)])
+            scores.append(-float(picked.mean()))
     return scores
 
 
@@ -320,7 +346,7 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
     before = state.stats.tokens
     for event in state.commit(_span_ids(state, outlook, chosen, proposals), "ensemble" if voted else "draft"):
         yield event
-    if not state.finish_reason and any(sp.eos for props in proposals for sp in props if sp.key == chosen):
+    if not state.finish_reason and ends_answer(chosen):
         state.finish_reason = "eos"  # as the released code, which stops in the round whose span holds the EOS
     count_span(state.stats, decision, state.stats.tokens - before)
     count_span_source(state.stats, own=chosen == decision.drafter_proposal, voted=voted,
@@ -391,8 +417,8 @@ def _candidate_keys(state: RequestState, outlook: _Outlook, proposals: Proposals
 def _ends_in_loop(state: RequestState, key: bytes, tail: bytes | None = None) -> bool:
     """Whether the answer would end in a loop the guard stops (repetition.py) after span ``key``
     (``tail``: the answer's end, ``state.loop_tail()``, where the caller has it)."""
-    if state.loop_guard is None or key == EOS_KEY:
-        return False
+    if state.loop_guard is None or ends_answer(key):
+        return False  # an answer that ends here ends any loop
     tail = (state.loop_tail() or b"") if tail is None else tail
     return state.loop_at(state.loop_tail(tail + key)) is not None
 
@@ -415,10 +441,13 @@ async def _score_candidates(state: RequestState, outlook: _Outlook, proposals: P
     """Every weighted member's mean NLL of every candidate, [weighted members, candidates] in the
     order of ``state.weighted()`` (see ``_score``); a member weighted 0 scores nothing (0 * an
     infinite NLL, a top-K backend's, would make every score NaN)."""
-    owns = [{sp.key: sp.nll for sp in props if sp.nll is not None} for props in proposals]
+    scores_end = [not m.turn_stops for m in state.members]
+    owns = [{sp.key: nll for sp in props if (nll := sp.own_nll(scores_end[i])) is not None}
+            for i, props in enumerate(proposals)]
     nlls = await gather_all(*(
         state.members[i].member.run(_score, state.members[i].session, outlook.contexts[i], outlook.firsts[i],
-                                    state.members[i].table, keys, owns[i], state.members[i].member.name)
+                                    state.members[i].table, keys, owns[i], state.members[i].member.name,
+                                    scores_end[i])
         for i in state.weighted()))
     return torch.tensor(nlls, dtype=torch.float32)
 
@@ -470,5 +499,6 @@ def _span_ids(state: RequestState, outlook: _Outlook, chosen: bytes, proposals: 
     spelling of the span's bytes. An empty span (a member wrote only text-less tokens) still has to
     move the answer on: the drafter's most likely token."""
     own = next((sp.ids for sp in proposals[0] if sp.key == chosen and sp.ids), None)
-    return own or (state.ids_for_piece(chosen) if chosen
+    text = span_text(chosen)
+    return own or (state.ids_for_piece(text) if text
                    else [int(torch.argmax(without_specials(outlook.firsts[0], state.drafter.table)))])

@@ -27,8 +27,10 @@ NLL_DIGITS = 4
 
 
 def show(key: bytes) -> str:
-    """A candidate as display text: ``<eos>`` for ending the answer, bytes decoded leniently."""
-    return "<eos>" if key == EOS_KEY else key.decode("utf-8", "replace")
+    """A candidate as display text: ``<eos>`` for ending the answer (after an AdaFuse span's text where
+    its writer ended with it: ``" Sofia.<eos>"``), bytes decoded leniently."""
+    text = key[:-len(EOS_KEY)] if key.endswith(EOS_KEY) else key
+    return text.decode("utf-8", "replace") + ("<eos>" if text != key else "")
 
 
 # -- SAFE's round and the per-token baselines ----------------------------------------------------
