@@ -38,11 +38,32 @@ Prompt = str | list[dict[str, str]]
 
 
 def gsm8k_questions(path: str | None, limit: int) -> list[str]:
-    """The first ``limit`` GSM8K questions: from ``path``, the full data, or the packaged sample."""
+    """The first ``limit`` GSM8K questions: from ``path``, the full data, or the packaged sample. Blank
+    lines are skipped; a line that is no JSON object with a ``question`` is an error naming the file and
+    line (it was a JSONDecodeError or KeyError traceback, where eval and calibrate say one line)."""
     file = gsm8k_file(path)
-    with file.open() as f:
-        rows = [json.loads(line) for _, line in zip(range(limit), f)]
-    return [f"{row['question']}\n{COT_INSTRUCTION}" for row in rows]
+    questions: list[str] = []
+    try:
+        with file.open(encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if len(questions) >= limit:
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise InvalidRequestError(f"{file}, line {number}: not JSON ({err.msg}); --data takes a "
+                                              'GSM8K-format JSONL file, one {"question": ...} per line') from None
+                if not isinstance(row, dict) or not isinstance(row.get("question"), str):
+                    raise InvalidRequestError(f"{file}, line {number}: no \"question\" string; --data takes a "
+                                              'GSM8K-format JSONL file, one {"question": ...} per line')
+                questions.append(f"{row['question']}\n{COT_INSTRUCTION}")
+    except UnicodeDecodeError:
+        raise InvalidRequestError(f"{file} is not UTF-8 text; --data takes a GSM8K-format JSONL file") from None
+    if not questions:
+        raise InvalidRequestError(f"{file} holds no questions; --data takes a GSM8K-format JSONL file")
+    return questions
 
 
 def bench_prompts(args: argparse.Namespace) -> tuple[list[Prompt], list[str], str]:
