@@ -125,3 +125,32 @@ STRINGS_BESIDE = {"type": "object", "properties": {"a": {"type": "integer"}}, "r
 def test_additional_properties_give_the_value_of_keys_beyond_properties(schema: dict, text: str, ok: bool) -> None:
     assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(text)) is ok
     assert _writable(schema, text) is ok
+
+
+# -- \d and \s in a pattern, as Python's re (the validation) reads them ----------------------------
+
+@pytest.mark.parametrize("pattern, value, ok", [
+    ("^\\d+$", "١٢٣", True),     # Arabic-Indic digits: \d to re, not to the parser's regex library
+    ("^[\\d.]+$", "٣.١", True),
+    ("^a\\sb$", "a\u00a0b", True),  # a no-break space: \s to re
+    ("^[^\\s]+$", "a\u3000b", False),
+    ("^\\D+$", "١", False),        # the parser let it through
+    ("^[^\\d]+$", "x١", False),
+    ("^\\S+$", "a\u2003b", False),
+    ("^\\d+$", "12a", False),
+    ("^\\d+$", "é", False),
+    ("^\\d+$", "42", True),
+    ("^[\\w\\d]+$", "é٣", True),
+])
+def test_a_patterns_digits_and_whitespace_are_unicode_as_the_validation_reads_them(
+        pattern: str, value: str, ok: bool) -> None:
+    schema = _holding({"type": "string", "pattern": pattern})
+    assert jsonschema.Draft202012Validator(schema).is_valid({"x": value}) is ok
+    assert _writable(schema, json.dumps({"x": value}, ensure_ascii=False)) is ok
+
+
+@pytest.mark.parametrize("raw", ["\t", "\n"])
+def test_a_string_takes_no_raw_control_character_even_where_a_pattern_would(raw: str) -> None:
+    schema = _holding({"type": "string", "pattern": "^a\\sb$"})  # \s offered a raw tab: invalid JSON
+    assert not _writable(schema, '{"x": "a' + raw + 'b"}')
+    assert _writable(schema, '{"x": "a b"}')
