@@ -697,3 +697,15 @@ def test_ctrl_c_says_the_answers_are_saved_and_resume_continues(tmp_path: Path, 
         eval_cli.run(args)
     err = capsys.readouterr().err
     assert f"the answers so far are saved in {tmp_path / 'run' / SAMPLES}" in err and "with --resume continues" in err
+
+
+async def test_the_progress_bar_shows_chrf_on_the_scale_of_the_final_line(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """FLORES' bar showed chrF=0.412 (sentence chrF / 100) while the run's last line said chrf=41.2."""
+    from shared_engine.evaluation.scoring import Score
+
+    bench = dataclasses.replace(toy_bench(tmp_path, questions=2), metric="chrf",
+                                score=lambda out, r: Score(extracted=out, correct=False, value=0.5))
+    await evaluate(engine(), bench, config(max_new_tokens=2), tmp_path / "run")
+    err = capsys.readouterr().err
+    assert "chrF=50.0" in err and "chrF=0.5" not in err, err

@@ -293,7 +293,9 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
             tokens += (sample.stats or {}).get("tokens", 0)
             elapsed += (sample.stats or {}).get("elapsed_s", 0.0)
             bar.update(1)
-            bar.set_postfix({"chrF" if bench.metric == "chrf" else "acc": f"{correct / len(done):.3f}",
+            # translation: mean sentence chrF on the 0-100 scale the summary's corpus chrF is read in
+            running = (f"{100 * correct / len(done):.1f}" if bench.metric == "chrf" else f"{correct / len(done):.3f}")
+            bar.set_postfix({"chrF" if bench.metric == "chrf" else "acc": running,
                              "tok/s": f"{tokens / elapsed:.1f}" if elapsed else "-"})
             if on_sample is not None:
                 on_sample(sample)
