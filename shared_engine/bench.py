@@ -139,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         args.json = str(Path(args.json).expanduser())  # --json=~/x.json: no shell expands ~ after '='
         check_output_file(Path(args.json), "--json", "results'")
-    text = json.dumps(run_bench(args), indent=2)
+    results = run_bench(args)
+    text = json.dumps(results, indent=2)
     print(text, flush=True)
     if args.json:
         try:
@@ -149,6 +150,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: cannot write the results to {args.json} ({err.strerror or err}); they are printed above",
                   file=sys.stderr)
             return 2
+    if results.get("interrupted"):  # as eval: what was measured is kept, and the exit status says Ctrl-C
+        print(f"interrupted: the results above cover the prompts every method answered before Ctrl-C"
+              f"{f' (also in {args.json})' if args.json else ''}", file=sys.stderr)
+        return 130
     return 0
 
 
@@ -162,9 +167,23 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     backends: list[str | None] = [chosen] if isinstance(chosen, str) else list(chosen)
     if len(backends) == 1:
         return _run_backend(args, backends[0])[0]
-    runs = {b: _run_backend(args, b) for b in backends}
+    runs: dict[str | None, tuple[dict[str, Any], dict[str, list[str]]]] = {}
+    stopped, asked = False, list(backends)
+    for b in backends:  # a Ctrl-C ends the run: the backends measured so far are reported
+        try:
+            runs[b] = _run_backend(args, b)
+        except KeyboardInterrupt:  # before this backend measured a prompt
+            if not runs:
+                raise
+            stopped = True
+        if stopped or runs[b][0].get("interrupted"):
+            stopped, backends = True, list(runs)
+            break
     by_backend = {str(b): results for b, (results, _) in runs.items()}
     results: dict[str, Any] = {"backends": by_backend, "note": "measured in one process, one after the other"}
+    if stopped:
+        results["interrupted"] = True
+        results["backends_asked"] = [str(b) for b in asked]
     base = str(backends[0])
     for other in map(str, backends[1:]):
         for method, row in by_backend[other]["methods"].items():
@@ -334,27 +353,35 @@ def _run_backend(args: argparse.Namespace, backend: str | None) -> tuple[dict[st
             "no --drafter or --profile: every method drafts with the first member, as single does, so the ratios "
             "compare methods drafting with the same model (SAFE's own default, drafter=auto, picks the drafter per "
             "prompt; measure it with a method entry such as safe:drafter=auto)")
+    order, repeats = list(engines), max(1, getattr(args, "repeats", 1))
+    # per prompt answered by every method (and repeat): each method's answers to it, first repeat first
+    measured: list[dict[str, list[Any]]] = []
+    with tqdm(total=len(prompts) * len(order) * repeats, desc="bench", file=sys.stderr) as bar:
+        try:
+            for i, prompt in enumerate(prompts):
+                done: dict[str, list[Any]] = {entry: [] for entry in order}
+                for repeat in range(repeats):
+                    # every method answers this prompt before the next one, each first in turn: a drift of
+                    # the machine's speed falls on all methods alike instead of on whichever ran last
+                    shift = (i * repeats + repeat) % len(order)
+                    for entry in order[shift:] + order[:shift]:
+                        done[entry].append(engines[entry].generate(prompt, stop=stop))
+                        bar.update()
+                measured.append(done)  # whole prompts only: every method's numbers cover the same prompts
+        except KeyboardInterrupt:  # Ctrl-C: the prompts measured so far are reported, not thrown away
+            if not measured:
+                raise
+            results.update(interrupted=True, prompts=len(measured), prompts_asked=len(prompts))
     totals = {entry: _Totals() for entry in engines}
     answers: dict[str, list[str]] = {entry: [] for entry in engines}
     rates: dict[str, list[float]] = {entry: [] for entry in engines}  # tokens/s per prompt, for paired ratios
-    order, repeats = list(engines), max(1, getattr(args, "repeats", 1))
-    with tqdm(total=len(prompts) * len(order) * repeats, desc="bench", file=sys.stderr) as bar:
-        for i, prompt in enumerate(prompts):
-            tokens_s: dict[str, list[float]] = {}
-            for repeat in range(repeats):
-                # every method answers this prompt before the next one, each first in turn: a drift of
-                # the machine's speed falls on all methods alike instead of on whichever ran last
-                shift = (i * repeats + repeat) % len(order)
-                for entry in order[shift:] + order[:shift]:
-                    answer = engines[entry].generate(prompt, stop=stop)
-                    totals[entry].add(answer.stats)
-                    if repeat == 0:
-                        answers[entry].append(answer.text)
-                    tokens_s.setdefault(entry, []).append(
-                        answer.stats.tokens / answer.stats.elapsed_s if answer.stats.elapsed_s else 0.0)
-                    bar.update()
-            for entry, values in tokens_s.items():
-                rates[entry].append(sum(values) / len(values))
+    for done in measured:
+        for entry, replies in done.items():
+            for reply in replies:
+                totals[entry].add(reply.stats)
+            answers[entry].append(replies[0].text)
+            rates[entry].append(sum(r.stats.tokens / r.stats.elapsed_s if r.stats.elapsed_s else 0.0
+                                    for r in replies) / len(replies))
     for entry in engines:
         results["methods"][entry] = {**totals[entry].row(engines[entry].options), **settings[entry]}
     results["repeats"] = repeats

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,50 @@ def test_blank_lines_in_the_data_are_skipped(tmp_path: Path) -> None:
     data.write_bytes(b"\xff\xfe\x00binary")
     with pytest.raises(Exception, match="not UTF-8 text"):
         gsm8k_questions(str(data), 2)
+
+
+def interrupt_after(monkeypatch: pytest.MonkeyPatch, answers: int) -> None:
+    """Ctrl-C while the engines answer: the ``answers + 1``-th answer raises KeyboardInterrupt."""
+    from shared_engine import EnsembleEngine as Engine
+
+    generate, calls = Engine.generate, []
+
+    def interrupted(self: Engine, prompt: object, **params: object) -> object:
+        if params.get("max_new_tokens") != 4:  # not the warm-up
+            calls.append(1)
+            if len(calls) > answers:
+                raise KeyboardInterrupt
+        return generate(self, prompt, **params)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Engine, "generate", interrupted)
+
+
+def test_ctrl_c_keeps_the_prompts_measured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C during bench threw every measurement away: exit 130, nothing printed, --json not written."""
+    from tests.toy import registered_members, toy_member
+
+    interrupt_after(monkeypatch, 5)  # 2 prompts x 2 methods, then 1 answer of the third prompt
+    out = tmp_path / "bench.json"
+    with registered_members([toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]):
+        rc = main(["bench", "--models", "a,b", "--prompts", "4", "--max-new-tokens", "3", "--methods", "single,safe",
+                   "--json", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 130 and "interrupted: the results above" in captured.err
+    printed = json.loads(captured.out)
+    assert printed == json.loads(out.read_text())
+    assert printed["interrupted"] is True and printed["prompts"] == 2 and printed["prompts_asked"] == 4
+    assert set(printed["methods"]) == {"single", "safe"}  # whole prompts only: both methods over the same two
+    assert printed["methods"]["safe"]["per_prompt_vs_single"]["prompts"] == 2
+
+
+def test_ctrl_c_before_any_prompt_is_measured_still_stops(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.toy import registered_members, toy_member
+
+    interrupt_after(monkeypatch, 1)  # within the first prompt: nothing whole to report
+    out = tmp_path / "bench.json"
+    with registered_members([toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]):
+        rc = main(["bench", "--models", "a,b", "--prompts", "2", "--max-new-tokens", "3", "--methods", "single,safe",
+                   "--json", str(out)])
+    assert rc == 130 and not out.exists() and capsys.readouterr().out == ""
