@@ -30,7 +30,7 @@ import json
 import threading
 import uuid
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import partial
@@ -202,6 +202,14 @@ def _close_engine(engine: EnsembleEngine) -> None:
     threading.Thread(target=engine.close, name="ChatEnsemble engine close").start()
 
 
+def _is_model_profile(value: Any) -> bool:
+    """``profile`` names two things: langchain-core's ``ModelProfile`` (a mapping, or None: resolved
+    by ``_resolve_model_profile``), which LangChain passes back when it rebuilds a model
+    (``configurable_fields``), and the engine's calibration profile (a path). Anything else goes to
+    the engine, which refuses it readably."""
+    return value is None or isinstance(value, Mapping)
+
+
 @dataclass
 class _Request:
     """One call, translated: engine messages and the engine's keyword arguments."""
@@ -292,6 +300,8 @@ class ChatEnsemble(BaseChatModel):
         values = dict(values)
         options = dict(values.get("engine_options") or {})
         for key in _ENGINE_OPTION_KEYS & values.keys():
+            if key == "profile" and _is_model_profile(values[key]):
+                continue  # langchain-core's own field, not the engine's calibration profile
             options[key] = values.pop(key)
         placement = dict(values.get("member_options") or {})
         for key in MemberDefaults.model_fields.keys() & values.keys():

@@ -113,7 +113,7 @@ def profile_digest(path: str | Path) -> str:
     shared engine, LangChain's response cache) would keep a re-fitted profile's old values."""
     try:
         return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()[:16]
-    except OSError:
+    except (OSError, TypeError, ValueError):  # not a path (a dict, a number), a NUL in it: not a file
         return "unreadable"  # the engine refuses it with the reason
 
 
