@@ -94,10 +94,24 @@ def _backends(value: str) -> list[str]:
     return backends
 
 
+def method_entries(value: str) -> list[str]:
+    """``--methods`` split into its entries at commas, except a comma inside an entry's flag value:
+    a piece that names no method continues the entry before it when that entry sets flags, so
+    ``single,safe:weights=2,1`` is single and ``safe:weights=2,1`` (it was an "unknown method '1'")."""
+    entries: list[str] = []
+    for piece in value.split(","):
+        head = piece.split(":", 1)[0].strip()
+        if entries and ":" in entries[-1] and head not in METHODS:
+            entries[-1] += "," + piece
+        elif piece.strip():
+            entries.append(piece)
+    return [entry.strip() for entry in entries]
+
+
 def _method_list(value: str) -> str:
     """``--methods`` as given, refused when it names no method (``","`` ran nothing and then failed
     on the empty results, after the members had loaded)."""
-    if not any(entry.strip() for entry in value.split(",")):
+    if not method_entries(value):
         raise argparse.ArgumentTypeError("name at least one method, e.g. single,safe")
     return value
 
@@ -122,7 +136,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     bench.add_argument("--methods", type=_method_list, default="single,safe,every-token,adafuse",
                        help="comma-separated; an entry may change engine flags for itself, e.g. "
                             "safe:draft-schedule=adaptive, and is then compared with its method (vs_safe, "
-                            "same_answers_as_safe)")
+                            "same_answers_as_safe); a flag's value may hold commas (safe:weights=2,1). With "
+                            "--drafter auto, single runs the first member")
     bench.add_argument("--repeats", type=_at_least_one, default=1,
                        help="answer every prompt this many times per method (ratios steadier on a noisy machine)")
     bench.add_argument("--json", help="write the results here")
@@ -326,7 +341,7 @@ def _run_backend(args: argparse.Namespace, backend: str | None) -> tuple[dict[st
     prompts, stop, source = bench_prompts(args)
     if len(prompts) < args.prompts:
         print(f"bench: {source} has only {len(prompts)} prompts", file=sys.stderr)
-    entries = [m.strip() for m in args.methods.split(",") if m.strip()]
+    entries = method_entries(args.methods)
     args, pinned = _same_drafter(args)
     results: dict[str, Any] = {"models": args.models, "backend": backend or "default", "prompts": len(prompts),
                                "prompts_from": getattr(args, "prompts_from", None) or GSM8K_COT,
@@ -338,6 +353,11 @@ def _run_backend(args: argparse.Namespace, backend: str | None) -> tuple[dict[st
                                "weights": None, "profile": args.profile,
                                "methods": {}}
     runs = [(entry, *parse_method(entry, args)) for entry in entries]  # a bad entry fails before any run
+    single_pinned = False
+    for index, (entry, method, method_args) in enumerate(runs):
+        if method == "single" and method_args.drafter == "auto":  # single runs one member: the first
+            runs[index] = (entry, method, argparse.Namespace(**{**vars(method_args), "drafter": 0}))
+            single_pinned = True
     engines = {}
     for entry, method, method_args in runs:  # engines that ask for the same members share them
         engines[entry] = engine_from_args(method_args, method, backend)
@@ -353,6 +373,10 @@ def _run_backend(args: argparse.Namespace, backend: str | None) -> tuple[dict[st
             "no --drafter or --profile: every method drafts with the first member, as single does, so the ratios "
             "compare methods drafting with the same model (SAFE's own default, drafter=auto, picks the drafter per "
             "prompt; measure it with a method entry such as safe:drafter=auto)")
+    if single_pinned:
+        results["single_drafter_note"] = (
+            "drafter auto chooses among members per request; single runs one member, here the first, so the "
+            "ratios to single compare the per-request choice with the first member alone")
     order, repeats = list(engines), max(1, getattr(args, "repeats", 1))
     # per prompt answered by every method (and repeat): each method's answers to it, first repeat first
     measured: list[dict[str, list[Any]]] = []

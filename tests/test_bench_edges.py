@@ -84,3 +84,27 @@ def test_ctrl_c_before_any_prompt_is_measured_still_stops(monkeypatch: pytest.Mo
         rc = main(["bench", "--models", "a,b", "--prompts", "2", "--max-new-tokens", "3", "--methods", "single,safe",
                    "--json", str(out)])
     assert rc == 130 and not out.exists() and capsys.readouterr().out == ""
+
+
+def test_drafter_auto_runs_single_on_the_first_member() -> None:
+    """``bench --drafter auto`` (documented in --help) failed the default methods: "method 'single' runs
+    one member (name it with drafter=)"."""
+    from shared_engine.bench import run_bench
+    from tests.test_bench_cli import bench_args, members
+    from tests.toy import registered_members
+
+    with registered_members(members()):
+        results = run_bench(bench_args("--methods", "single,safe", "--drafter", "auto"))
+    assert results["methods"]["single"]["drafter"] == "a" and results["methods"]["safe"]["drafter"] == "auto"
+    assert "single_drafter_note" in results and "drafter_note" not in results
+
+
+def test_a_methods_entry_may_hold_commas_in_a_flag_value() -> None:
+    """``--methods single,safe:weights=2,1`` failed with "unknown method '1'" (split at every comma)."""
+    from shared_engine.bench import method_entries, parse_method
+    from tests.test_bench_cli import bench_args
+
+    assert method_entries("single,safe:weights=2,1,every-token") == ["single", "safe:weights=2,1", "every-token"]
+    assert method_entries("single, safe") == ["single", "safe"]
+    method, args = parse_method("safe:weights=2,1", bench_args())
+    assert method == "safe" and args.weights == [2.0, 1.0]
