@@ -301,6 +301,9 @@ class LlamaCppMember(RemoteMember):
         self.model_path: str | None = served if isinstance(served, str) and served else None
         """The model the server said it serves at the start: every answer names its model, and one
         restarted on another model behind the same URL would otherwise be read through this vocabulary."""
+        self.model_names: frozenset[str] = _served_names(props)
+        """Every name the server went by at the start (its model's path and its ``--alias``): an answer
+        names the alias when there is one, the path otherwise."""
         total = server.slots if server is not None else _server_slots(props)
         self.slots = SlotPool(total if self.pin_slots else 0)
         if total + SPARE_CALLS > CALLS_IN_FLIGHT:  # a call per slot, and some without one
@@ -380,12 +383,12 @@ class LlamaCppMember(RemoteMember):
         results = answer if isinstance(answer, list) else [answer]
         if len(results) != len(prompts) or not all(isinstance(r, dict) for r in results):
             raise self.malformed("/completion results", answer)
-        other = next((r["model"] for r in results if self.model_path and isinstance(r.get("model"), str)
-                      and r["model"] != self.model_path), None)
+        other = next((r["model"] for r in results if self.model_names and isinstance(r.get("model"), str)
+                      and r["model"] not in self.model_names), None)
         if other is not None:
-            raise self.client.error(f"the server now serves {other}, not {self.model_path} (restarted on another "
-                                    "model?): its answers cannot be read with this member's vocabulary; "
-                                    "reconnect the member")
+            known = " or ".join(sorted(self.model_names))
+            raise self.client.error(f"the server now serves {other}, not {known} (restarted on another model?): "
+                                    "its answers cannot be read with this member's vocabulary; reconnect the member")
         return sorted(results, key=lambda r: int(r.get("index", 0)))
 
     def score(self, ids: list[int], first_row: int, slot: int | None = None, fresh: bool = False) -> list[TopK]:
@@ -448,6 +451,14 @@ def _server_context(props: Any, default: int) -> int:
         return int(props["default_generation_settings"]["n_ctx"])
     except (KeyError, TypeError, ValueError):
         return default
+
+
+def _served_names(props: Any) -> frozenset[str]:
+    """The names a llama.cpp server's ``/props`` says its model goes by (``model_path``, and
+    ``model_alias`` when started with ``--alias``, which its answers then name instead)."""
+    if not isinstance(props, dict):
+        return frozenset()
+    return frozenset(v for v in (props.get("model_path"), props.get("model_alias")) if isinstance(v, str) and v)
 
 
 def _answered_slot(result: dict[str, Any]) -> int | None:

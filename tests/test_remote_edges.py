@@ -1,0 +1,46 @@
+"""Edges of server members found by running them against real servers, checked here against loopback
+stand-ins: a llama-server started with ``--alias``, settings that must not leak or be mistyped, two
+members of one server, a server of another type than the prefix says, redirects, URL spellings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shared_engine.errors import MemberError
+from shared_engine.members.http import HttpSettings
+from shared_engine.members.llamacpp import LlamaCppMember
+from shared_engine.members.remote import LocalTokenizer
+from tests import toy
+from tests.fixture_server import serve
+
+
+def toy_tokenizer() -> LocalTokenizer:
+    tok = toy.byte_level_tokenizer()
+    return LocalTokenizer(tok, len(tok), frozenset(), 512)
+
+
+def test_a_llamacpp_server_with_an_alias_answers_under_its_alias() -> None:
+    """``llama-server --alias qwen-coder``: /props gives the file as model_path, every /completion answer
+    names the alias; every request failed with 'the server now serves qwen-coder, not /models/x.gguf'."""
+    serving = {"model": "qwen-coder"}
+
+    def handler(method: str, path: str, body: object) -> tuple[int, bytes]:
+        if path == "/props":
+            return 200, json.dumps({"total_slots": 1, "model_path": "/models/qwen.gguf", "model_alias": "qwen-coder",
+                                    "default_generation_settings": {"n_ctx": 512}}).encode()
+        return 200, json.dumps({"model": serving["model"], "completion_probabilities": [
+            {"top_logprobs": [{"id": 5, "logprob": -0.1}]}]}).encode()
+
+    with serve(handler) as (url, _):
+        member = LlamaCppMember("ll", url, toy_tokenizer(), check_tokenizer=False, http=HttpSettings(retries=0))
+        try:
+            assert [e.ids for e in member.score([1, 2, 3], 3)] == [[5]]
+            serving["model"] = "/models/qwen.gguf"  # the path is its name too
+            assert [e.ids for e in member.score([1, 2, 3], 3)] == [[5]]
+            serving["model"] = "gemma"  # restarted on another model: still refused
+            with pytest.raises(MemberError, match="now serves gemma, not /models/qwen.gguf or qwen-coder"):
+                member.score([1, 2, 3], 3)
+        finally:
+            member.close()
