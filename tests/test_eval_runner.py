@@ -709,3 +709,27 @@ async def test_the_progress_bar_shows_chrf_on_the_scale_of_the_final_line(tmp_pa
     await evaluate(engine(), bench, config(max_new_tokens=2), tmp_path / "run")
     err = capsys.readouterr().err
     assert "chrF=50.0" in err and "chrF=0.5" not in err, err
+
+
+def test_runs_in_folders_of_the_same_name_get_labels_and_bars_of_their_own(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """old/eval-runs/X and new/eval-runs/X (the default --out in two checkouts) were both labelled
+    "safe (m) [X]", and each plot drew their two bars at one x position: one run disappeared."""
+    from shared_engine.evaluation import compare
+
+    rows = [{"id": str(i), "correct": i < 2, "value": float(i < 2)} for i in range(3)]
+    old = _run_folder(tmp_path / "old" / "eval-runs" / "X", "gsm8k", rows)
+    new = _run_folder(tmp_path / "new" / "eval-runs" / "X", "gsm8k", rows)
+    other = _run_folder(tmp_path / "Y", "gsm8k", rows)
+    bars: dict[str, list[float]] = {}
+
+    def record(fig: Any, path: Path) -> Path:
+        bars[path.name] = [patch.get_x() for patch in fig.axes[0].patches]
+        return path
+
+    monkeypatch.setattr(compare, "_save", record)
+    text = compare.compare_runs([old, new, other], tmp_path / "plots")
+    for tag in ("old/eval-runs/X", "new/eval-runs/X", "Y"):
+        assert f"| gsm8k | safe (m) [{tag}] | 3 |" in text, text
+    for name in ("gsm8k-accuracy.png", "gsm8k-tokens-per-s.png"):
+        assert len(set(bars[name])) == 3, bars

@@ -83,10 +83,27 @@ def load_summaries(dirs: list[Path]) -> list[dict[str, Any]]:
         summary["dir"] = str(file.parent)  # the run's folder, whether the folder or its summary was given
         summaries.append(summary)
     labels = Counter(s["label"] for s in summaries)
-    for summary in summaries:  # the same settings run twice (another commit, another day): say which folder
-        if labels[summary["label"]] > 1:
-            summary["label"] += f" [{Path(summary['dir']).name}]"
+    for label in [label for label, count in labels.items() if count > 1]:
+        # the same settings run twice (another commit, another day): say which folder
+        same = [s for s in summaries if s["label"] == label]
+        for summary, tag in zip(same, _folder_tags([Path(s["dir"]) for s in same])):
+            summary["label"] += f" [{tag}]"
     return summaries
+
+
+def _folder_tags(folders: list[Path]) -> list[str]:
+    """The shortest end of each folder's path that tells it from the others: its name, else as many
+    parents before it as it takes (old/eval-runs/X and new/eval-runs/X, the default --out in two checkouts)."""
+    parts = [folder.resolve().parts for folder in folders]
+
+    def tag(i: int) -> str:
+        mine = parts[i]
+        for depth in range(1, len(mine)):
+            if all(other[-depth:] != mine[-depth:] for j, other in enumerate(parts) if j != i):
+                return str(Path(*mine[-depth:]))
+        return str(Path(*mine))  # the same folder given twice
+
+    return [tag(i) for i in range(len(parts))]
 
 
 def table(summaries: list[dict[str, Any]]) -> str:
@@ -126,13 +143,16 @@ def plot(summaries: list[dict[str, Any]], folder: Path) -> list[Path]:
         unit = "chrF" if chrf else "accuracy (%)"
         n = "/".join(sorted({str(s["n"]) for s in runs}))
 
+        # one x position per run (not per label: two runs with one label drew their bars on one spot)
+        places = list(range(len(runs)))
         fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(runs)), 4))
         if chrf:
-            ax.bar(labels, scores, color="tab:blue")
+            ax.bar(places, scores, color="tab:blue")
         else:
             low = [100 * (s["score"] - s["ci95"][0]) for s in runs]
             high = [100 * (s["ci95"][1] - s["score"]) for s in runs]
-            ax.bar(labels, scores, yerr=[low, high], capsize=4, color="tab:blue")
+            ax.bar(places, scores, yerr=[low, high], capsize=4, color="tab:blue")
+        ax.set_xticks(places, labels)
         ax.set_ylabel(unit)
         ax.set_title(f"{bench}: {unit} per run\nN={n}{'' if chrf else ', error bars: 95% Wilson interval'}",
                      fontsize=10)
@@ -162,7 +182,8 @@ def plot(summaries: list[dict[str, Any]], folder: Path) -> list[Path]:
         written.append(_save(fig, folder / f"{bench}-vs-ensemble-rate.png"))
 
         fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(runs)), 4))
-        ax.bar(labels, [s["tokens_per_s"] for s in runs], color="tab:orange")
+        ax.bar(places, [s["tokens_per_s"] for s in runs], color="tab:orange")
+        ax.set_xticks(places, labels)
         ax.set_ylabel("tokens/s (generation incl. prefill)")
         ax.set_title(f"{bench}: speed per run (N={n}; on a shared machine, runs made at\n"
                      "different times compare only roughly)", fontsize=10)
