@@ -45,6 +45,7 @@ from .errors import ContextLengthError, EnsembleError, InvalidRequestError
 from .evaluation import prompts
 from .evaluation.benchmarks import Benchmark, get_benchmark
 from .evaluation.datasets import Record
+from .loading import loading_notice
 from .members import load_member, with_backend
 from .profile import EnsembleProfile, FitInfo, local_sources, member_keys
 
@@ -362,7 +363,9 @@ def calibrate(models: Sequence[str | Member], bench: str = "gsm8k", data: str | 
     names = member_keys(models)
     if len(set(names)) != len(names):  # before loading any: a load takes seconds to minutes
         raise InvalidRequestError(f"calibrate needs distinct members, got {names}")
-    members = [load_member(with_backend(m, backend)) if isinstance(m, str) else m for m in models]
+    to_load = [m for m in models if isinstance(m, str)]
+    with loading_notice(to_load, progress and bool(to_load)):  # seconds to minutes, said as eval says it
+        members = [load_member(with_backend(m, backend)) if isinstance(m, str) else m for m in models]
     evidence = collect(members, bench, records, benchmark, progress, limit)
     profile = fit_profile(members, names, evidence, bench, path, evidence.questions)
     return profile.model_copy(update={"sources": local_sources(models)})

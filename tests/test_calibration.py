@@ -654,3 +654,18 @@ def test_the_calibrate_summary_shows_a_small_weight_and_help_names_calibrate(
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "safe-ensemble calibrate" in " ".join(capsys.readouterr().out.split("positional arguments")[0].split())
+
+
+def test_calibrate_says_while_its_members_load(train_file: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """calibrate printed nothing while its members loaded (26 s for the zoo pair, before the first bar);
+    bench, eval, run and serve say "loading N members ... loaded in X s". --no-progress keeps it quiet, as eval."""
+    with registered_members([toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]):
+        assert main(["calibrate", "--models", "a,b", "--data", str(train_file), "--limit", "1",
+                     "--out", str(tmp_path / "p.json")]) == 0
+        err = capsys.readouterr().err
+        assert "loading 2 members (a, b) ...\n" in err and "\nloaded in " in err
+        assert err.index("loading 2 members") < err.index("calibrate gsm8k")  # before the questions' bar
+        assert main(["calibrate", "--models", "a,b", "--data", str(train_file), "--limit", "1",
+                     "--out", str(tmp_path / "p.json"), "--no-progress"]) == 0
+        assert "loading" not in capsys.readouterr().err
