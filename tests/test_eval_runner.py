@@ -494,6 +494,8 @@ async def test_compare_skips_its_own_plots_folder_when_a_glob_picks_it_up(tmp_pa
 def test_a_profile_run_has_its_own_default_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The default --out ignored --profile: a plain run and a --profile run collided (--resume refused)."""
     from shared_engine.evaluation import cli
+
+    monkeypatch.chdir(tmp_path)  # the default --out is under the working directory, not the clone's
     from shared_engine.profile import EnsembleProfile, FitInfo
 
     profile = tmp_path / "tuned.json"
@@ -733,3 +735,19 @@ def test_runs_in_folders_of_the_same_name_get_labels_and_bars_of_their_own(tmp_p
         assert f"| gsm8k | safe (m) [{tag}] | 3 |" in text, text
     for name in ("gsm8k-accuracy.png", "gsm8k-tokens-per-s.png"):
         assert len(set(bars[name])) == 3, bars
+
+
+@pytest.mark.parametrize("argv", [["--limit", "0"], ["--data", "no/such/file.jsonl"], ["--out", "notes.txt"]])
+def test_a_start_that_fails_on_its_arguments_leaves_no_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              argv: list[str]) -> None:
+    """``--limit 0`` or a missing --data left an empty eval-runs/... folder (the engine's fit cache made it
+    before the run's checks), and ``--out notes.txt`` (a file) failed on the fit cache instead of saying so."""
+    from shared_engine.evaluation import cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("notes\n")
+    data = ["--data", str(_gsm8k_file(tmp_path))] if "--data" not in argv else []
+    args = build_parser().parse_args(["eval", "--bench", "gsm8k", "--models", "a,b", "--no-progress", *data, *argv])
+    with pytest.raises(InvalidRequestError, match="at least 1|no/such/file|--out notes.txt is a file"):
+        cli.run(args)
+    assert not (tmp_path / "eval-runs").exists() and (tmp_path / "notes.txt").read_text() == "notes\n"

@@ -21,7 +21,7 @@ from ..members import LOCAL_BACKENDS
 from ..members.spec import default_backend, parse_member_spec, split_prefix, with_backend
 from ..options import METHODS, GenerationParams
 from .benchmarks import BENCHMARKS, FLORES_PAIRS, get_benchmark
-from .runner import CONFIG, SAMPLES, RunConfig, evaluate
+from .runner import CONFIG, SAMPLES, RunConfig, check_start, evaluate
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -137,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     profile = f"-{Path(args.profile).stem}" if args.profile else ""
     default = f"eval-runs/{bench.name}-{method}-{'+'.join(_short(m) for m in shown)}{profile}"
     out = Path(args.out or default).expanduser()  # `--out=~/run`: the shell expands no ~ after '='
+    check_start(bench, out, args.limit)  # before the engine: its fit cache makes the folder
     # drafter='auto' keeps its fits beside the answers, so a run resumed in another process (tiers) finds its
     # few-shot blocks scored (EngineOptions drops the file where no drafter is chosen)
     engine = single or engine_from_args(args, method, fit_cache=str(out / FITS))

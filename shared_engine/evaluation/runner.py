@@ -31,7 +31,7 @@ from ..events import mean_draft_length
 from ..loading import load_with_notice
 from ..options import EngineOptions
 from .benchmarks import Benchmark
-from .datasets import Record
+from .datasets import Dataset, Record
 from .prompts import PROMPT_VERSION
 from .scoring import corpus_translation
 
@@ -210,9 +210,22 @@ def summarize(samples: list[Sample], config: RunConfig, bench: Benchmark, skippe
     return summary
 
 
-def _check_config(out: Path, config: RunConfig, resume: bool) -> None:
+def check_start(bench: Benchmark, out: Path, limit: int | None) -> tuple[Dataset, list[Record]]:
+    """What a run's start fails on before anything is built, loaded or written (the CLI checks it before
+    it builds the engine, whose fit cache makes the --out folder): ``limit``, the data and its first
+    prompt (its exemplars' file missing), and ``out`` naming a file; the dataset and the records asked."""
+    if limit is not None and limit < 1:
+        raise InvalidRequestError(f"limit must be at least 1 question, got {limit}")
+    dataset = bench.dataset()
+    records: list[Record] = dataset.records[:limit] if limit is not None else dataset.records
+    if records:  # a prompt that cannot be built (its exemplars' file missing) fails before anything is written
+        bench.messages(records[0])  # or the members spend their load on it
     if out.exists() and not out.is_dir():
         raise InvalidRequestError(f"--out {out} is a file: give a folder for the run")
+    return dataset, records
+
+
+def _check_config(out: Path, config: RunConfig, resume: bool) -> None:
     config_file, samples_file = out / CONFIG, out / SAMPLES
     answered = samples_file.exists() and samples_file.stat().st_size > 0
     if answered and not resume:
@@ -263,14 +276,9 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
                    limit: int | None = None, resume: bool = False, progress: bool = True,
                    on_sample: Callable[[Sample], None] | None = None) -> dict[str, Any]:
     """Answer the first ``limit`` questions (those not yet in ``out`` when resuming); return the summary."""
-    if limit is not None and limit < 1:
-        raise InvalidRequestError(f"limit must be at least 1 question, got {limit}")
+    dataset, records = check_start(bench, out, limit)
     if config.data is None:  # the file the questions come from: a resume with another one is refused
         config = config.model_copy(update=data_identity(bench.path))
-    dataset = bench.dataset()
-    records: list[Record] = dataset.records[:limit] if limit is not None else dataset.records
-    if records:  # a prompt that cannot be built (its exemplars' file missing) fails before anything is written
-        bench.messages(records[0])  # or the members spend their load on it
     _check_config(out, config, resume)
     wanted = {r.id for r in records}
     samples_file = out / SAMPLES
