@@ -121,6 +121,11 @@ _ENGINES: dict[tuple[Any, ...], _SharedEngine] = {}
 _ENGINES_LOCK = threading.Lock()
 _PENDING_RELEASES: collections.deque[tuple[Any, ...]] = collections.deque()
 """Chat models closed or collected whose count-off has not been applied yet (see ``_release_engine``)."""
+_EngineConfig = tuple[Sequence[str | MemberConfig], str, dict[str, Any], str | None]
+"""Members, method, options, profile digest: ``_engine_key``'s arguments (``ChatEnsemble._engine_config``)."""
+_MOVE_LOCK = threading.Lock()
+"""One chat model at a time moves to another configuration's engine (``ChatEnsemble._engine``): two
+threads of one model moving at once would both hold the new engine, and one hold would never be given back."""
 
 
 def _engine_key(members: Sequence[str | MemberConfig], method: str, options: dict[str, Any],
@@ -290,6 +295,7 @@ class ChatEnsemble(BaseChatModel):
     _release: Any = PrivateAttr(default=None)  # weakref.finalize that gives the shared engine back
     _tokenizer: Any = PrivateAttr(default=None)  # the drafter's, for get_token_ids (read on first use)
     _profile_digest: str | None = PrivateAttr(default=None)  # what engine_options' profile held (profile_digest)
+    _digested_profile: Any = PrivateAttr(default=None)  # the profile path _profile_digest was read from
 
     @model_validator(mode="before")
     @classmethod
@@ -350,8 +356,7 @@ class ChatEnsemble(BaseChatModel):
         if self.members and self.models != [m.model for m in self.members]:
             raise InvalidRequestError("give models or members, not both")
         validated(MemberDefaults, **self.member_options)
-        _hold_shared_engine(*self._engine_config())
-        self._release = weakref.finalize(self, _release_engine, _engine_key(*self._engine_config()))
+        self._hold(self._engine_config())
         defaults = {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed, "stop": self.stop}
         validated(GenerationParams, max_new_tokens=self.max_tokens,
                   **{k: v for k, v in defaults.items() if v is not None})
@@ -370,9 +375,13 @@ class ChatEnsemble(BaseChatModel):
         if self._closed:
             clone._release = self._release
             return clone
-        _hold_shared_engine(*clone._engine_config())
-        clone._release = weakref.finalize(clone, _release_engine, _engine_key(*clone._engine_config()))
+        clone._hold(clone._engine_config())
         return clone
+
+    def _hold(self, config: _EngineConfig) -> None:
+        """Count this model as one more user of ``config``'s shared engine, with a count-off of its own."""
+        _hold_shared_engine(*config)
+        self._release = weakref.finalize(self, _release_engine, _engine_key(*config))
 
     def close(self) -> None:
         """Give the shared engine back now (also done when this model is garbage-collected); a
@@ -588,14 +597,16 @@ class ChatEnsemble(BaseChatModel):
         params.update(kwargs)  # tools, tool_choice, response_format, ...: the engine checks the names
         return _Request(to_engine_messages(messages), params)
 
-    def _engine_config(self) -> tuple[Sequence[str | MemberConfig], str, dict[str, Any], str | None]:
+    def _engine_config(self) -> _EngineConfig:
         """What identifies the shared engine: members, method, engine plus placement options, and
         what the profile they name held when this model was made (read on the first call, which
         may be langchain-core's profile validator, before ``_validate_engine``: an engine built
         under another key would be held by no one)."""
         profile = self.engine_options.get("profile")
-        if profile is not None and self._profile_digest is None:
-            self._profile_digest = profile_digest(profile)
+        if profile is None:
+            self._profile_digest = None
+        elif self._profile_digest is None or profile != self._digested_profile:  # a copy given another profile
+            self._digested_profile, self._profile_digest = profile, profile_digest(profile)
         return (self.members or self.models, self.method, {**self.member_options, **self.engine_options},
                 self._profile_digest)
 
@@ -604,7 +615,25 @@ class ChatEnsemble(BaseChatModel):
         again would hold nothing: an engine no one counts off, its members loaded for good)."""
         if self._closed:
             raise EngineClosedError("this ChatEnsemble is closed (close() gave its engine back); make a new one")
-        return _shared_engine(*self._engine_config())
+        config = self._engine_config()
+        held = self._release.peek() if self._release is not None else None  # None: still being validated
+        if held is not None and held[2] != (_engine_key(*config),):
+            self._move(config)
+        return _shared_engine(*config)
+
+    def _move(self, config: _EngineConfig) -> None:
+        """Hold ``config``'s engine and give the old one back: the configuration changed after this
+        model took its hold (``model_copy(update={"engine_options": ...})`` copies before it updates,
+        or ``engine_options`` was edited), and the new engine would be held by no one, never closed."""
+        with _MOVE_LOCK:
+            old = self._release
+            held = old.peek()
+            if held is None:
+                raise EngineClosedError("this ChatEnsemble is closed (close() gave its engine back); make a new one")
+            if held[2] == (_engine_key(*config),):
+                return  # another thread moved it
+            self._hold(config)
+        old()  # outside the lock: the last user closes the old engine
 
     @property
     def _closed(self) -> bool:

@@ -60,3 +60,28 @@ def test_a_profile_neither_path_nor_model_profile_is_the_engines_readable_refusa
     with pytest.raises(ValueError, match="profile must be a path to a profile JSON"):
         ChatEnsemble(models=["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"], profile=profile)
 
+
+
+def test_a_copy_with_other_engine_options_or_edited_options_holds_its_own_engine() -> None:
+    """``model_copy(update={"engine_options": ...})`` copies (and holds the original's engine) before
+    it updates, and an edited ``engine_options`` is read at the next call: the engine built for the new
+    configuration was held by no one, so ``close()`` and collection never closed it (its members
+    stayed loaded), while the copy counted itself a user of the original's engine until it went."""
+    toys = [toy_member("lc-move-bpe", "byte_level"), toy_member("lc-move-sp", "metaspace", seed=1)]
+    with registered_members(toys) as names:
+        llm = ChatEnsemble(models=names, max_tokens=2, weights=[2, 1])
+        original = chat_models._engine_key(*llm._engine_config())
+        copy = llm.model_copy(update={"engine_options": {"weights": [1, 3]}})
+        assert copy.invoke("Hi").response_metadata["ensemble"]["member_weights"] == {names[0]: 0.25, names[1]: 0.75}
+        moved = chat_models._engine_key(*copy._engine_config())
+        assert (chat_models._ENGINES[original].users, chat_models._ENGINES[moved].users) == (1, 1)
+        copy.close()
+        assert moved not in chat_models._ENGINES and chat_models._ENGINES[original].users == 1
+
+        llm.engine_options["weights"] = [3, 1]  # edited in place: the next call moves this model too
+        assert llm.invoke("Hi").response_metadata["ensemble"]["member_weights"] == {names[0]: 0.75, names[1]: 0.25}
+        assert original not in chat_models._ENGINES
+        edited = chat_models._engine_key(*llm._engine_config())
+        assert chat_models._ENGINES[edited].users == 1
+        llm.close()
+        assert not [key for key in chat_models._ENGINES if key[0] == tuple(names)]
