@@ -124,7 +124,9 @@ async def auto_weights(members: Sequence[Member], sessions: Sequence[Session], p
     try:
         losses = reference_losses(fits, reference=0)
     except ValueError as err:
-        reason = f"weights='auto' fell back to the configured weights: {err} (its prompt shows no message content)"
+        reason = (f"weights='auto' fell back to the configured weights: {err} (too little of the prompt's "
+                  f"content to score: a member's first prompt token is predicted by nothing, so a one-token raw "
+                  f"prompt scores no bytes, nor does a prompt without message content)")
         log.warning(reason)
         return AutoWeights(None, per_byte, reason)
     try:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import queue
 import threading
 import time
@@ -37,7 +38,15 @@ from pydantic import BaseModel
 from typing_extensions import TypeIs
 
 from .auto_weights import ANSWER_TOKENS, FitCache, auto_weights, choose_drafter
-from .decoding import AdaFuseSettings, FusionSettings, RequestState, adafuse_round, decode_round, request_members
+from .decoding import (
+    AdaFuseSettings,
+    FusionSettings,
+    RequestMember,
+    RequestState,
+    adafuse_round,
+    decode_round,
+    request_members,
+)
 from .decoding.adafuse import DEFAULT_THRESHOLD, TOKENS_PER_WORD, round_room
 from .errors import ContextLengthError, EngineClosedError, InvalidRequestError, MemberError
 from .events import Event, FinishEvent, FormatRetryEvent, Stats, ToolCallEvent
@@ -493,7 +502,7 @@ class EnsembleEngine:
         choice = await choose_drafter([m.member for m in records], [m.session for m in records],
                                       [m.prompt_ids for m in records], messages, self._answer_fits)
         state.stats.drafter_choice_s = round(time.perf_counter() - began, 3)
-        state.stats.answer_nll_per_byte = {m.label: round(v, 5) for m, v in zip(records, choice.nll_per_byte)}
+        state.stats.answer_nll_per_byte = _finite_by_label(records, choice.nll_per_byte)
         if state.stats.drafter_choice_s >= SLOW_DRAFTER_CHOICE_S and not self._warned_slow_choice:
             self._warned_slow_choice = True  # once per engine: the block is cached now, the advice stands
             log.warning(
@@ -519,7 +528,7 @@ class EnsembleEngine:
             records = state.members
             fitted = await auto_weights([m.member for m in records], [m.session for m in records],
                                         [m.prompt_ids for m in records], messages, self.options.weights_temperature)
-            state.stats.prompt_nll_per_byte = {m.label: round(v, 5) for m, v in zip(records, fitted.nll_per_byte)}
+            state.stats.prompt_nll_per_byte = _finite_by_label(records, fitted.nll_per_byte)
             if fitted.weights is not None:
                 state.set_weights(fitted.weights)
                 if self.options.drafter == "auto" and state.drafter.weight <= 0:  # no say (a +inf prompt loss):
@@ -569,6 +578,13 @@ class EnsembleEngine:
     def stream(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> Generator[Event, None, None]:
         """Blocking iterator over ``astream``'s events."""
         return iterate_sync(self.astream(messages_or_prompt, **params))
+
+
+def _finite_by_label(records: Sequence[RequestMember], values: Sequence[float]) -> dict[str, float]:
+    """The members' fits for the stats, by label: a member that scored no bytes (NaN: a prompt too short,
+    its first token is never scored) or gave a token no probability (+inf) is left out, as JSON holds no
+    such number (a whole server answer failed with HTTP 500 on a NaN)."""
+    return {m.label: round(v, 5) for m, v in zip(records, values) if math.isfinite(v)}
 
 
 def _release_all(specs: Sequence[MemberConfig]) -> None:

@@ -318,7 +318,8 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
         try:
             if not req.stream:
                 result = await cancel_on_disconnect(request.receive, whole())
-                return JSONResponse(result.model_dump())  # OpenAI's nulls kept: content, logprobs
+                # pydantic's JSON, as the stream's: a non-finite float (a -inf logprob) is null, not an HTTP 500
+                return Response(result.model_dump_json(), media_type="application/json")  # OpenAI's nulls kept
             assert events is not None, "a streamed request has its events"
             # Wait for a slot and the first event before answering 200, so that a request the
             # engine rejects (e.g. too long for a member's context) still gets a proper 400.
