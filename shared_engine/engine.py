@@ -543,7 +543,8 @@ class EnsembleEngine:
 
     def _round_function(self, drafter_weight: float) -> RoundFunction:
         """The method's decoding round, bound to its settings: ``(state, sampler) -> events``.
-        ``drafter_weight``: this request's; a drafter weighted 0 only proposes (no confidence gate)."""
+        ``drafter_weight``: this request's; a drafter weighted 0 only proposes (no confidence gate, no
+        gac-threshold gate)."""
         opts = self.options
         if opts.method == "adafuse":
             settings = AdaFuseSettings(
@@ -553,9 +554,11 @@ class EnsembleEngine:
             return lambda state, sampler: adafuse_round(state, settings, sampler)
         draft = (DraftSchedule.adaptive(opts.draft_length, opts.max_draft_length, opts.drafter_confidence)
                  if opts.draft_schedule == "adaptive" else DraftSchedule.fixed(opts.draft_length))
-        # a drafter weighted 0 (named so, or by weights='auto') only proposes: the others decide every token
-        policy = make_policy(opts.method, draft, opts.gate_threshold,
-                             opts.drafter_confidence if drafter_weight > 0 else None, opts.overlap)
+        # a drafter weighted 0 (named so, or by weights='auto') only proposes: the others decide every token,
+        # neither its confidence (safe) nor its max probability (gac-threshold) lets it write a token alone
+        has_say = drafter_weight > 0
+        policy = make_policy(opts.method, draft, opts.gate_threshold if has_say else None,
+                             opts.drafter_confidence if has_say else None, opts.overlap)
         fusion = FusionSettings(self.fuser, opts.sharpen, opts.plausibility)
         return lambda state, sampler: decode_round(state, policy, fusion, sampler)
 

@@ -132,7 +132,7 @@ class EngineOptions(GenerationParams):
                           "from each member's fit of the prompt (PackLLM-sim, see auto_weights.py). A member "
                           "weighted 0 has no say: it adds no fusion candidates, never leads an AdaFuse round and "
                           "drafter='auto' never picks it; named as the drafter it only proposes (no "
-                          "drafter_confidence gate: the others decide every token).")
+                          "drafter_confidence or gate_threshold gate: the others decide every token).")
 
     @field_validator("weights")
     @classmethod

@@ -131,11 +131,12 @@ def agree(own_probs: list[float], argmax_is_own: list[bool], weights: torch.Tens
     return mean > 0.5
 
 
-def make_policy(method: str, draft: DraftSchedule, gate_threshold: float,
+def make_policy(method: str, draft: DraftSchedule, gate_threshold: float | None,
                 drafter_confidence: float | None = None,
                 overlap: Literal["auto", "on", "off"] = "off") -> Policy:
     """The policy of ``method``; ``draft`` is SAFE's schedule (``single`` drafts its first length,
-    fixed: with nobody to check the draft there is nothing to adapt to)."""
+    fixed: with nobody to check the draft there is nothing to adapt to). ``gate_threshold`` None:
+    gac-threshold verifies every token (a drafter weighted 0 is never sure enough to write alone)."""
     if method == "safe":
         return Policy("safe", draft, verify_draft=True, require_boundary=True, skip_consensus=True,
                       drafter_confidence=drafter_confidence, overlap=overlap)

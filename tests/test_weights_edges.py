@@ -1,4 +1,5 @@
-"""Member weights at their edges: fits that score nothing."""
+"""Member weights at their edges: fits that score nothing, a drafter weighted 0 under gac-threshold,
+``single``'s reported weight, and weights beyond float32's range."""
 
 from __future__ import annotations
 
@@ -57,3 +58,15 @@ def test_a_non_finite_float_in_a_whole_answer_is_written_as_null(auto_url: str,
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["ensemble"]["stats"]["prompt_nll_per_byte"] == {"a": None}
 
+
+def test_gac_threshold_with_the_drafter_weighted_0_verifies_every_token() -> None:
+    """The drafter's max probability gated verification: a sure drafter weighted 0 wrote the whole answer
+    alone (0 fused tokens). Now the others decide every token, as every-token with the same fusion."""
+    from tests.test_auto_drafter import FEW_SHOT, answers_member
+
+    sure, plain = answers_member("fits", "metaspace"), toy_member("random", "byte_level", "llama", seed=2)
+    gated = EnsembleEngine([sure, plain], method="gac-threshold", drafter=0, weights=[0, 1])
+    every = EnsembleEngine([sure, plain], method="every-token", fusion="gac", drafter=0, weights=[0, 1])
+    result = gated.generate(FEW_SHOT, max_new_tokens=12)
+    assert result.stats.ensembled_tokens > 0
+    assert result.text == every.generate(FEW_SHOT, max_new_tokens=12).text
