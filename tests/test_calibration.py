@@ -669,3 +669,34 @@ def test_calibrate_says_while_its_members_load(train_file: Path, tmp_path: Path,
         assert main(["calibrate", "--models", "a,b", "--data", str(train_file), "--limit", "1",
                      "--out", str(tmp_path / "p.json"), "--no-progress"]) == 0
         assert "loading" not in capsys.readouterr().err
+
+
+def test_zoo_names_are_read_on_transformers_and_the_profile_says_how_each_member_was_read(
+        train_file: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """calibrate read zoo names on their default backend, llama.cpp, whose rows hold 20 exact entries
+    (SmolLM2's answer: -96.4 nats against transformers' -88.3), while the profile said "top-64
+    distributions". Names without a prefix now load on transformers (exact), a top-K member is warned
+    about, and the profile's method names each member's backend and what of its distribution was exact."""
+    from shared_engine import calibration
+    from tests.test_remote_members import TopKOfHF
+
+    a, b = toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)
+    asked: list[str] = []
+
+    def load(spec: str) -> HFMember:
+        asked.append(spec)
+        return a if "qwen" in spec else b
+
+    monkeypatch.setattr(calibration, "load_member", load)
+    zoo = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
+    profile = calibrate(zoo, "gsm8k", str(train_file), limit=1, progress=False)
+    assert asked == [f"transformers:{name}" for name in zoo]
+    assert "qwen2.5-coder-0.5b-instruct (transformers, full distributions)" in profile.fitted.method
+    calibrate(zoo, "gsm8k", str(train_file), limit=1, progress=False, backend="llamacpp")  # asked for: as asked
+    assert asked[2:] == [f"llamacpp:{name}" for name in zoo]
+
+    with caplog.at_level("WARNING"):
+        profile = calibrate([a, TopKOfHF(b, 10)], "gsm8k", str(train_file), limit=1, progress=False)
+    assert "member b gives only its top-10 log-probabilities per position" in caplog.text
+    assert "b (TopKOfHF, top-10 per position exact, the rest spread evenly)" in profile.fitted.method
+    assert "a (transformers, full distributions)" in profile.fitted.method
