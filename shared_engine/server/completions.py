@@ -15,7 +15,7 @@ from contextlib import aclosing
 from typing import Literal
 
 from ..errors import EngineClosedError
-from ..events import AdaFuseEvent, EnsembleEvent, Event, FinishEvent, ToolCallEvent, Usage
+from ..events import AdaFuseEvent, EnsembleEvent, Event, FinishEvent, TokenEvent, ToolCallEvent, Usage
 from .openai_schema import (
     AssistantMessage,
     ChatCompletion,
@@ -62,6 +62,20 @@ def span_of(spans: list[int], position: int) -> int | None:
     return spans[index - 1] if index else None
 
 
+def text_positions(token: TokenEvent, sent: int | None, fusions: list[int], span: int | None) -> list[int]:
+    """``EnsembleDelta.positions`` of a text chunk: the tokens after the last one sent (``sent``) up
+    to this one wrote no text of their own, so they hold the first bytes of a character this text
+    completes (their fusions would link to nothing otherwise); and text that a fused choice wrote as
+    several drafter tokens (source ``ensemble`` outside an AdaFuse span) comes from the last fusion
+    at or before it, the only one whose decision exists (its later tokens were not fused)."""
+    first = token.position if sent is None or sent >= token.position else sent + 1
+    positions = set(range(first, token.position + 1))
+    fusion = span_of(fusions, token.position) if token.source == "ensemble" and span is None else None
+    if fusion is not None:
+        positions.add(fusion)
+    return sorted(positions)
+
+
 Shape = Literal["chat", "text"]
 """``chat``: chat completion chunks/objects; ``text``: legacy ``text_completion`` ones (no tool calls:
 a raw prompt takes no tools)."""
@@ -98,6 +112,8 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
 
     pending: list[Decision] = []
     spans: list[int] = []  # AdaFuse: the positions where the spans so far start
+    fusions: list[int] = []  # the positions of the token fusions so far, in order
+    sent: int | None = -1  # the last position a text chunk named (None: unknown, after a tool call)
     async with aclosing(events):  # type: ignore[type-var]
         if shape == "chat":
             yield chunk(Delta(role="assistant", content=""))
@@ -107,15 +123,23 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
             async for event in events:
                 if isinstance(event, AdaFuseEvent):
                     spans.append(event.position)
+                elif isinstance(event, EnsembleEvent):
+                    fusions.append(event.position)
                 if isinstance(event, EnsembleEvent | AdaFuseEvent):
                     if listed(event, ensemble_events):
                         pending.append(as_decision(event))
                 elif event.type == "token":
+                    span = span_of(spans, event.position)
                     yield chunk(Delta(content=event.text),
-                                ensemble=EnsembleDelta(source=event.source, position=event.position,
-                                                       span=span_of(spans, event.position), decisions=pending))
+                                ensemble=EnsembleDelta(source=event.source, position=event.position, span=span,
+                                                       positions=text_positions(event, sent, fusions, span),
+                                                       decisions=pending))
                     pending = []
+                    sent = max(event.position, sent) if sent is not None else event.position
+                elif event.type == "format_retry":  # a new answer: its positions start again
+                    fusions, sent = [], -1
                 elif isinstance(event, ToolCallEvent):
+                    sent = None  # the call's tokens sent no text: the next text holds none of theirs
                     if event.error is None:
                         call = ToolCallDelta(index=event.index, **ToolCallOut.from_event(event).model_dump())
                         yield chunk(Delta(tool_calls=[call]))

@@ -334,9 +334,10 @@ class EnsembleDelta(BaseModel):
     """Extension on a streamed chunk: where its text came from and the decisions made so far.
 
     ``decisions`` lists the ensemble decisions made since the previous chunk; a decision arrives
-    on the chunk of the text it concerns or an earlier one (match a token decision by
-    ``position``, a span decision by ``span``). ``stats``, ``format_error`` and ``failed_members``
-    are set on the final chunk only, whatever ``ensemble_events`` says (it lists decisions only)."""
+    on the chunk of the text it concerns or an earlier one (match a token decision to every chunk
+    whose ``positions`` hold its position, a span decision by ``span``). ``stats``, ``format_error``
+    and ``failed_members`` are set on the final chunk only, whatever ``ensemble_events`` says (it
+    lists decisions only)."""
 
     source: Literal["draft", "ensemble", "prefix"] | None = Field(
         None, description="'ensemble': this text was chosen by fusion (a fused token or a voted "
@@ -344,6 +345,12 @@ class EnsembleDelta(BaseModel):
     position: int | None = Field(None, description="Answer position (drafter tokens) of this text.")
     span: int | None = Field(None, description="AdaFuse: position of the span decision this text "
                                                "belongs to (listed or not).")
+    positions: list[int] | None = Field(
+        None, description="Every answer position this text comes from, in order (``position`` among them): "
+                          "a character split over several tokens goes out with the token that completes it, "
+                          "so the tokens holding its first bytes are listed here; text that one fused choice "
+                          "wrote as several drafter tokens also lists the fused token's position. A token "
+                          "decision concerns every chunk whose positions hold its own.")
     decisions: list[Decision] = []
     stats: Stats | None = None
     format_error: str | None = Field(
