@@ -44,3 +44,13 @@ def test_a_llamacpp_server_with_an_alias_answers_under_its_alias() -> None:
                 member.score([1, 2, 3], 3)
         finally:
             member.close()
+
+
+def test_a_typo_inside_http_settings_is_refused_naming_the_key() -> None:
+    """``http: {timeout: 5, api-key: sk-x, retry: 0}`` was accepted as the defaults (60 s, no key, 2 retries)."""
+    from shared_engine.errors import InvalidRequestError
+    from shared_engine.members import member_config
+
+    with pytest.raises(InvalidRequestError, match=r"http\.timeout: Extra inputs.*http\.api-key: Extra inputs"):
+        member_config({"model": "vllm:http://h:8000", "http": {"timeout": 5, "api-key": "sk-x"}})
+    assert member_config({"model": "vllm:http://h:8000", "http": {"timeout_s": 5}}).http == HttpSettings(timeout_s=5)

@@ -38,9 +38,10 @@ RETRY_STATUS = frozenset({429, 502, 503, 504})
 
 
 class HttpSettings(BaseModel):
-    """Per-member network settings."""
+    """Per-member network settings. Unknown keys are an error naming the key (a mistyped ``timeout``
+    or ``api-key`` silently left the defaults, and no key, in place)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     timeout_s: float = Field(60.0, gt=0)
     """Deadline for one request, connect to last byte."""
