@@ -248,10 +248,10 @@ class EnsembleEngine:
         return labels
 
     def _weights(self) -> torch.Tensor:
+        if self.options.method == "single":  # the drafter alone, all the say (its given weight may be 0)
+            return torch.ones(1)
         if not isinstance(self.options.weights, list):  # ('auto' replaces these once the prompt is read)
             return self._drafter_weighted(len(self._specs))
-        if self.options.method == "single":  # the drafter alone (its given weight may be 0)
-            return torch.ones(1)
         ordered = torch.tensor([self.options.weights[i] for i in self._order], dtype=torch.float32)
         return ordered / ordered.sum()  # checked when the options were built
 

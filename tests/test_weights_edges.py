@@ -70,3 +70,12 @@ def test_gac_threshold_with_the_drafter_weighted_0_verifies_every_token() -> Non
     result = gated.generate(FEW_SHOT, max_new_tokens=12)
     assert result.stats.ensembled_tokens > 0
     assert result.text == every.generate(FEW_SHOT, max_new_tokens=12).text
+
+
+@pytest.mark.parametrize("given", [2, 3])
+def test_single_reports_its_one_member_weighing_1(given: int) -> None:
+    """With no weights list the one member that ran was reported at 1/N (0.5 with two members given),
+    though member_weights sum to 1."""
+    members = [*_pair(), toy_member("c", "byte_level", "gpt2", 3)][:given]
+    stats = EnsembleEngine(members, method="single").generate("Hi", max_new_tokens=2).stats
+    assert stats.member_weights == {"a": 1.0}
