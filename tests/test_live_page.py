@@ -127,3 +127,18 @@ def test_page_links_every_card_to_the_text_it_made() -> None:
         assert page.locator("#answer .tok.focus").all_inner_texts() == [" ", "m", "ade"]
         assert page.locator("#answer .tok.kept").all_inner_texts() == [".", "!", "?"]
         assert not errors, errors
+
+
+def test_a_card_bolds_one_chosen_row_and_names_a_partial_characters_text() -> None:
+    """Candidates holding some bytes of a character all read "\ufffd": a card bolded every such row
+    as chosen, and its "chose \ufffd" said nothing of the character it was part of."""
+    with live_page(ScriptedEvents(SCRIPT)) as (page, errors):
+        answer(page)
+        first = page.locator('#decisions [data-decision="t1"]')
+        assert first.locator("tr.chosen").count() == 1
+        assert first.locator("tr").nth(1).get_attribute("class") == "chosen"  # the highest, the fused choice
+        assert "chose \ufffd (part of \U0001f600)" in first.inner_text()
+        assert first.locator("tr.chosen code.t").get_attribute("title").startswith("bytes of a character")
+        assert all(page.locator(f'#decisions [data-decision="{key}"] tr.chosen').count() == 1
+                   for key in ("t2", "t3", "t5", "t8", "t9"))
+        assert not errors, errors
