@@ -142,3 +142,13 @@ def test_a_card_bolds_one_chosen_row_and_names_a_partial_characters_text() -> No
         assert all(page.locator(f'#decisions [data-decision="{key}"] tr.chosen').count() == 1
                    for key in ("t2", "t3", "t5", "t8", "t9"))
         assert not errors, errors
+
+
+def test_page_says_which_member_was_dropped_mid_answer() -> None:
+    """A member dropped mid-answer (on_member_failure="degrade") was never shown: the page ignored
+    the final chunk's failed_members, and the answer looked like the whole ensemble's."""
+    with live_page(ScriptedEvents(SCRIPT[:1], failed_members={"b": "server down"})) as (page, errors):
+        answer(page)
+        assert page.inner_text("#answer") == "Hi "
+        assert page.inner_text("#error") == "member b dropped mid-answer: server down"
+        assert not errors, errors
