@@ -54,3 +54,27 @@ def test_a_typo_inside_http_settings_is_refused_naming_the_key() -> None:
     with pytest.raises(InvalidRequestError, match=r"http\.timeout: Extra inputs.*http\.api-key: Extra inputs"):
         member_config({"model": "vllm:http://h:8000", "http": {"timeout": 5, "api-key": "sk-x"}})
     assert member_config({"model": "vllm:http://h:8000", "http": {"timeout_s": 5}}).http == HttpSettings(timeout_s=5)
+
+
+def test_an_api_key_is_sent_but_never_dumped_or_shown() -> None:
+    """A member's API key was written in plain text wherever member options are dumped (an eval run's
+    config.json and summary, a refused resume's differences, a repr in a log)."""
+    from shared_engine.members import member_config
+    from shared_engine.members.http import JsonClient
+
+    config = member_config({"model": "vllm:http://h:8000", "http": {"api_key": "sk-VERY-SECRET"}})
+    shown = [repr(config), str(config), config.model_dump_json(), json.dumps(config.model_dump(mode="json")),
+             config.key, repr(config.http)]
+    assert not [s for s in shown if "sk-VERY-SECRET" in s]
+    assert config.model_dump(mode="json")["http"]["api_key"] == "**********"
+    # the key still reaches the server, and survives the defaults being applied
+    assert member_config(config).http is not None
+    client = JsonClient("m", "http://127.0.0.1:9", member_config(config).http)
+    try:
+        assert client._client.headers["Authorization"] == "Bearer sk-VERY-SECRET"
+    finally:
+        client.close()
+    # two keys are still two members (the registry keys them apart), one key one member
+    other = member_config({"model": "vllm:http://h:8000", "http": {"api_key": "sk-OTHER"}})
+    assert other.key != config.key
+    assert member_config({"model": "vllm:http://h:8000", "http": {"api_key": "sk-VERY-SECRET"}}).key == config.key

@@ -14,6 +14,7 @@ a transformers member does not set itself and do not touch other backends.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import json
 from collections.abc import Callable
@@ -225,6 +226,9 @@ class MemberConfig(MemberDefaults):
         defaults = loader_defaults(self.spec)
         options = {k: v for k, v in self.model_dump(mode="json", include=set(self.backend_options())).items()
                    if defaults.get(k) != v}
+        if self.http is not None and self.http.api_key is not None:  # dumped masked: two keys, two members
+            digest = hashlib.sha256(self.http.api_key.get_secret_value().encode()).hexdigest()[:16]
+            options["http"] = {**options["http"], "api_key": f"sha256:{digest}"}
         return str(self.spec) + (f"?{json.dumps(options, sort_keys=True)}" if options else "")
 
     def with_defaults(self, defaults: MemberDefaults | None, backend: str | None = None) -> MemberConfig:

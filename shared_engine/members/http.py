@@ -29,7 +29,7 @@ from typing import Any
 
 import httpcore
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from ..errors import InvalidRequestError, MemberError
 from .spec import check_url
@@ -50,8 +50,9 @@ class HttpSettings(BaseModel):
     """Extra attempts after a transport failure or a 429/502/503/504."""
     backoff_s: float = Field(0.25, ge=0)
     """First retry waits this long; each further retry doubles it."""
-    api_key: str | None = None
-    """Sent as ``Authorization: Bearer ...`` when set."""
+    api_key: SecretStr | None = None
+    """Sent as ``Authorization: Bearer ...`` when set. A secret: dumps and reprs show ``**********``
+    (an eval run's config.json, a resume's differences, logs), only the header carries it."""
 
 
 class _Retryable(Exception):
@@ -183,7 +184,8 @@ class JsonClient:
         self.member = member
         self.base_url = base_url.rstrip("/")
         self.settings = settings or HttpSettings()
-        headers = {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
+        key = self.settings.api_key.get_secret_value() if self.settings.api_key else ""
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         timeout = httpx.Timeout(self.settings.timeout_s, connect=self.settings.connect_timeout_s)
         try:
             check_url(self.base_url)
