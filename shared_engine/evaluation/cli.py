@@ -21,7 +21,7 @@ from ..members import LOCAL_BACKENDS
 from ..members.spec import default_backend, parse_member_spec, split_prefix, with_backend
 from ..options import METHODS, GenerationParams
 from .benchmarks import BENCHMARKS, FLORES_PAIRS, get_benchmark
-from .runner import CONFIG, SAMPLES, RunConfig, check_start, evaluate
+from .runner import CONFIG, SAMPLES, SUMMARY, RunConfig, check_start, evaluate
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -153,8 +153,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # main exits 130 without a word: say that nothing answered is lost
         samples = out / SAMPLES
         if samples.is_file() and samples.stat().st_size:
-            print(f"\ninterrupted: the answers so far are saved in {samples}; the same command with --resume "
-                  "continues", file=sys.stderr)
+            print(f"\ninterrupted: the answers so far are saved in {samples} ({SUMMARY} scores them, marked "
+                  "interrupted); the same command with --resume continues", file=sys.stderr)
         raise
     score = summary["score"]
     ci = summary["ci95"]

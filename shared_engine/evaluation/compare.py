@@ -72,7 +72,10 @@ def load_summaries(dirs: list[Path]) -> list[dict[str, Any]]:
     for folder in dirs:
         file = folder / SUMMARY if folder.is_dir() else folder
         if not file.is_file():
-            raise InvalidRequestError(f"no {SUMMARY} in {folder}")
+            answered = (folder / SAMPLES).is_file() and (folder / SAMPLES).stat().st_size
+            raise InvalidRequestError(f"no {SUMMARY} in {folder}" + (
+                " (its run stopped before writing one: the same eval command with --resume writes it)"
+                if answered else ""))
         try:
             summary = json.loads(file.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -117,7 +120,8 @@ def table(summaries: list[dict[str, Any]]) -> str:
         if s["metric"] == "exact_match" and s.get("f1") is not None:
             shown += f" EM, F1 {s['f1']:.1%}"
         ci = "-" if s["metric"] == "chrf" else f"{s['ci95'][0]:.1%}–{s['ci95'][1]:.1%}"
-        lines.append(f"| {s['bench']} | {s['label']} | {s['n']} | {shown} | {ci} | {s['ensemble_rate']:.1%} | "
+        n = f"{s['n']} (interrupted)" if s.get("interrupted") else s["n"]
+        lines.append(f"| {s['bench']} | {s['label']} | {n} | {shown} | {ci} | {s['ensemble_rate']:.1%} | "
                      f"{s['tokens_per_s']:.2f} | {s['mean_output_tokens']:.0f} | "
                      f"{s.get('seconds_per_question', '-')} | {_forwards(s)} | {s['truncated']} | {s['failures']} | "
                      f"{s['max_new_tokens']} |")
@@ -326,6 +330,24 @@ def _failed_note(summaries: list[dict[str, Any]]) -> str:
         return ""
     return ("\n\nnote: questions that failed for a passing reason (a member's timeout) are left out of N and the "
             "pairing (rerun with --resume): " + "; ".join(parts))
+
+
+def _unfinished_note(summaries: list[dict[str, Any]]) -> str:
+    """Lines naming the runs that were interrupted (scored on the answers so far), and those whose
+    samples hold another number of answers than their summary counts (a run still going, or killed
+    before it could write its summary): their row is out of date, while the pairing reads every answer."""
+    interrupted = [f"{s['label']}: {s['n']} of {s.get('asked', '?')}" for s in summaries if s.get("interrupted")]
+    stale = [f"{s['label']}: {len(rescored(Path(s['dir'])).rows)} answers, the summary counts {s['n']}"
+             for s in summaries
+             if (Path(s["dir"]) / SAMPLES).is_file() and len(rescored(Path(s["dir"])).rows) != s["n"]]
+    note = ""
+    if interrupted:
+        note += ("\n\nnote: interrupted runs, scored on the questions answered so far (the same eval command "
+                 "with --resume continues them): " + "; ".join(interrupted))
+    if stale:
+        note += ("\n\nnote: summary out of date (a run still going, or stopped before it wrote its summary; "
+                 "--resume rewrites it): " + "; ".join(stale))
+    return note
 
 
 def _malformed_note(summaries: list[dict[str, Any]]) -> str:
@@ -677,7 +699,7 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
         skipped_note += (f"\n\nnote: skipped {', '.join(str(d) for d in unanswered)} (a run that answered no "
                          "question: its start failed)")
     return (text + _mixed_prompts_note(summaries) + _rescored_note(summaries, rescoring) + _failed_note(summaries)
-            + _malformed_note(summaries)
+            + _malformed_note(summaries) + _unfinished_note(summaries)
             + skipped_note
             + "\n\nplots: " + ", ".join(str(p) for p in written))
 

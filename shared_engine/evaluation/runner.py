@@ -4,7 +4,8 @@
 max_new_tokens, prompt version); ``DIR/samples.jsonl`` gets one line per answered question,
 flushed at once, so an interrupted run loses at most the question in flight and ``resume=True``
 continues with the questions not yet in the file (greedy decoding makes the result the same as an
-uninterrupted run). On resume the stored answers are scored again with the current scorer, a
+uninterrupted run). An interrupted run (Ctrl-C) writes the summary of the answers so far, marked
+``interrupted``. On resume the stored answers are scored again with the current scorer, a
 question that failed for a passing reason (a member's server timing out) is asked again, and the
 summary is always recomputed from the whole JSONL.
 """
@@ -287,32 +288,51 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
     correct = sum(s.value for s in done.values())  # running accuracy (mean sentence chrF for translation)
     tokens = sum((s.stats or {}).get("tokens", 0) for s in done.values())
     elapsed = sum((s.stats or {}).get("elapsed_s", 0.0) for s in done.values())
-    if todo:  # a member that cannot load fails the run here, not every question as an answer's failure
-        await asyncio.to_thread(load_with_notice, engine, progress)
-    bar = tqdm(total=len(records), initial=len(done), desc=f"{config.bench} {config.method}", unit="q",
-               file=sys.stderr, disable=not progress, dynamic_ncols=True)
-    with samples_file.open("a", encoding="utf-8") as f:
-        for record in todo:
-            sample = await _answer(engine, bench, config, record)
-            f.write(sample.model_dump_json() + "\n")
-            f.flush()
-            done[sample.id] = sample
-            correct += sample.value
-            tokens += (sample.stats or {}).get("tokens", 0)
-            elapsed += (sample.stats or {}).get("elapsed_s", 0.0)
-            bar.update(1)
-            # translation: mean sentence chrF on the 0-100 scale the summary's corpus chrF is read in
-            running = (f"{100 * correct / len(done):.1f}" if bench.metric == "chrf" else f"{correct / len(done):.3f}")
-            bar.set_postfix({"chrF" if bench.metric == "chrf" else "acc": running,
-                             "tok/s": f"{tokens / elapsed:.1f}" if elapsed else "-"})
-            if on_sample is not None:
-                on_sample(sample)
-    bar.close()
+    try:
+        if todo:  # a member that cannot load fails the run here, not every question as an answer's failure
+            await asyncio.to_thread(load_with_notice, engine, progress)
+        with tqdm(total=len(records), initial=len(done), desc=f"{config.bench} {config.method}", unit="q",
+                  file=sys.stderr, disable=not progress, dynamic_ncols=True) as bar, \
+                samples_file.open("a", encoding="utf-8") as f:
+            for record in todo:
+                sample = await _answer(engine, bench, config, record)
+                f.write(sample.model_dump_json() + "\n")
+                f.flush()
+                done[sample.id] = sample
+                correct += sample.value
+                tokens += (sample.stats or {}).get("tokens", 0)
+                elapsed += (sample.stats or {}).get("elapsed_s", 0.0)
+                bar.update(1)
+                # translation: mean sentence chrF on the 0-100 scale the summary's corpus chrF is read in
+                running = f"{100 * correct / len(done):.1f}" if bench.metric == "chrf" else f"{correct / len(done):.3f}"
+                bar.set_postfix({"chrF" if bench.metric == "chrf" else "acc": running,
+                                 "tok/s": f"{tokens / elapsed:.1f}" if elapsed else "-"})
+                if on_sample is not None:
+                    on_sample(sample)
+    except BaseException:  # Ctrl-C (a cancellation under asyncio.run), a crash: the summary of what is answered
+        if done or (out / SUMMARY).exists():  # a summary left from before would count another set of answers
+            _write_summary(out, done, records, dataset, config, bench, interrupted=True)
+        raise
+    return _write_summary(out, done, records, dataset, config, bench)
+
+
+def _write_summary(out: Path, done: dict[str, Sample], records: list[Record], dataset: Dataset, config: RunConfig,
+                   bench: Benchmark, interrupted: bool = False) -> dict[str, Any]:
+    """``summary.json`` of the answers in ``done``. An interrupted run's counts what it answered so far,
+    with ``interrupted`` and ``asked`` (the questions it was to answer), so that ``compare`` neither
+    fails on a run without one nor reads one the answers have outgrown; ``--resume`` rewrites it."""
     ordered = [done[r.id] for r in records if r.id in done]
     summary = summarize(ordered, config, bench, dataset.skipped, len(dataset.records))
-    if any(row.get("id") not in wanted for row in sample_rows(samples_file)):  # resumed with a smaller limit:
-        summary["ids"] = [s.id for s in ordered]  # what the summary counts, for compare to pair the same
-    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    if interrupted:
+        summary.update(interrupted=True, asked=len(records))
+    wanted = {r.id for r in records}
+    samples = out / SAMPLES
+    # resumed with a smaller limit: what the summary counts, for compare to pair the same
+    if samples.exists() and any(row.get("id") not in wanted for row in sample_rows(samples)):
+        summary["ids"] = [s.id for s in ordered]
+    partial = out / (SUMMARY + ".part")  # a second Ctrl-C while it is written leaves the old file whole
+    partial.write_text(json.dumps(summary, indent=2) + "\n")
+    partial.replace(out / SUMMARY)
     return summary
 
 
