@@ -152,3 +152,16 @@ def test_page_says_which_member_was_dropped_mid_answer() -> None:
         assert page.inner_text("#answer") == "Hi "
         assert page.inner_text("#error") == "member b dropped mid-answer: server down"
         assert not errors, errors
+
+
+def test_page_leaves_the_length_to_the_server_unless_set() -> None:
+    """The page always asked for max_tokens 128, whatever `serve --max-new-tokens` said."""
+    with live_page(ScriptedEvents(SCRIPT[:1])) as (page, errors):
+        bodies: list[dict[str, Any]] = []
+        page.on("request", lambda r: bodies.append(json.loads(r.post_data or "{}"))
+                if "chat/completions" in r.url else None)
+        answer(page)
+        page.fill("#max-tokens", "5")
+        answer(page)
+        assert ["max_tokens" in body for body in bodies] == [False, True] and bodies[1]["max_tokens"] == 5
+        assert not errors, errors
