@@ -252,8 +252,7 @@ class EnsembleEngine:
             return torch.ones(1)
         if not isinstance(self.options.weights, list):  # ('auto' replaces these once the prompt is read)
             return self._drafter_weighted(len(self._specs))
-        ordered = torch.tensor([self.options.weights[i] for i in self._order], dtype=torch.float32)
-        return ordered / ordered.sum()  # checked when the options were built
+        return _normalised([self.options.weights[i] for i in self._order])  # checked when the options were built
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -518,9 +517,7 @@ class EnsembleEngine:
     def _drafter_weighted(self, members: int) -> torch.Tensor:
         """The default weights (no list given) in decoding order: ``drafter_weight_for(members)`` for the
         drafter, 1 for each other member, normalised."""
-        raw = torch.ones(members)
-        raw[0] = self.options.drafter_weight_for(members)
-        return raw / raw.sum()
+        return _normalised([self.options.drafter_weight_for(members)] + [1.0] * (members - 1))
 
     async def _request_weights(self, state: RequestState, messages: Sequence[Message]) -> None:
         """``weights="auto"``: this request's member weights from the prompt (auto_weights.py)."""
@@ -581,6 +578,15 @@ class EnsembleEngine:
     def stream(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> Generator[Event, None, None]:
         """Blocking iterator over ``astream``'s events."""
         return iterate_sync(self.astream(messages_or_prompt, **params))
+
+
+def _normalised(weights: Sequence[float]) -> torch.Tensor:
+    """Finite non-negative ``weights``, not all 0, scaled to sum to 1 (float32): divided by the largest first,
+    in float64, so that weights of any finite size keep their ratios (weights=[1e39, 1] overflowed float32,
+    [1e-46, 1e-46] underflowed it: NaN weights failed the first request with an IndexError)."""
+    values = torch.tensor(list(weights), dtype=torch.float64)
+    values = values / values.max()
+    return (values / values.sum()).to(torch.float32)
 
 
 def _finite_by_label(records: Sequence[RequestMember], values: Sequence[float]) -> dict[str, float]:

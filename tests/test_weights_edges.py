@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -79,3 +80,27 @@ def test_single_reports_its_one_member_weighing_1(given: int) -> None:
     members = [*_pair(), toy_member("c", "byte_level", "gpt2", 3)][:given]
     stats = EnsembleEngine(members, method="single").generate("Hi", max_new_tokens=2).stats
     assert stats.member_weights == {"a": 1.0}
+
+
+@pytest.mark.parametrize(("weights", "expected"), [([1e39, 1], {"a": 1.0, "b": 0.0}),
+                                                   ([1e-46, 1e-46], {"a": 0.5, "b": 0.5}),
+                                                   ([1e308, 1e308], {"a": 0.5, "b": 0.5})])
+def test_weights_beyond_float32_keep_their_ratios(weights: list[float], expected: dict[str, float],
+                                                  tmp_path: Path) -> None:
+    """Weights the options accept (finite, non-negative, not all 0) were normalised in float32: 1e39
+    overflowed, 1e-46 underflowed, 1e308 + 1e308 overflowed the sum; NaN weights then failed the first
+    request with an IndexError (`run --weights 1e39,1`: a traceback). Likewise from a profile."""
+    from shared_engine.profile import EnsembleProfile, FitInfo
+
+    stats = EnsembleEngine(_pair(), method="every-token", weights=weights).generate("Hi", max_new_tokens=2).stats
+    assert stats.member_weights == expected
+    path = tmp_path / "profile.json"
+    EnsembleProfile(members=["a", "b"], weights=weights, drafter="a",
+                    fitted=FitInfo(bench="gsm8k", data="train.jsonl", questions=1, method="test")).save(path)
+    stats = EnsembleEngine(_pair(), method="every-token", profile=str(path)).generate("Hi", max_new_tokens=2).stats
+    assert stats.member_weights == expected
+
+
+def test_a_drafter_weight_beyond_float32_keeps_its_ratio() -> None:
+    stats = EnsembleEngine(_pair(), method="every-token", drafter_weight=1e39).generate("Hi", max_new_tokens=2).stats
+    assert stats.member_weights == {"a": 1.0, "b": 0.0}
