@@ -4,6 +4,7 @@ real-model page tests are in test_server_zoo.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -165,3 +166,44 @@ def test_page_leaves_the_length_to_the_server_unless_set() -> None:
         answer(page)
         assert ["max_tokens" in body for body in bodies] == [False, True] and bodies[1]["max_tokens"] == 5
         assert not errors, errors
+
+
+class SlowEvents(ScriptedEvents):
+    """An answer that takes seconds, a token at a time, unless stopped."""
+
+    async def _decode(self, messages: list[dict[str, Any]], plan: OutputPlan,
+                      gen: GenerationParams) -> AsyncIterator[Event]:
+        for position in range(40):
+            await asyncio.sleep(0.1)
+            yield TokenEvent(text="la ", source="draft", position=position)
+        yield FinishEvent(reason="length", text="la " * 40, stats=Stats(prompt_tokens=5, tokens=40))
+
+
+def test_the_load_line_lets_go_of_a_stopped_answer() -> None:
+    """After Stop the load line stayed "active 1/4": the page asked /health once, before the server
+    had noticed the stop."""
+    with live_page(SlowEvents([])) as (page, errors):
+        page.click("#send")
+        page.wait_for_selector("#answer .tok")
+        page.click("#stop")
+        page.wait_for_function("!document.getElementById('send').disabled")
+        page.wait_for_function("document.getElementById('load').textContent.startsWith('active 0/')", timeout=5_000)
+        assert page.inner_text("#error") == "stopped (the server cancelled the generation)"
+        assert not errors, errors
+
+
+def test_a_401_says_how_to_give_the_page_the_key() -> None:
+    """On a server with an API key the page said "send 'Authorization: Bearer <key>'", which a
+    browser user cannot do; the page takes the key from its address (/#api_key=KEY)."""
+    with browser(create_app(ScriptedEvents(SCRIPT[:1]), api_key="s3cret")) as (url, page):
+        for fragment, expected in [("", f"401: no API key given. The server wants an API key: open this page as "
+                                        f"{url}/#api_key=KEY"),
+                                   ("#api_key=wrong", "401: Incorrect API key provided. (the key given as "
+                                                      "#api_key=… in this page's address)"),
+                                   ("#api_key=s3cret", "")]:
+            page.goto(f"{url}/{fragment}")
+            page.reload()  # a fragment alone does not load the page again
+            page.wait_for_function("document.getElementById('model').textContent.includes('every-token')")
+            page.click("#send")
+            page.wait_for_function("!document.getElementById('send').disabled")
+            assert page.inner_text("#error") == expected
