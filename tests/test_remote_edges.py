@@ -78,3 +78,17 @@ def test_an_api_key_is_sent_but_never_dumped_or_shown() -> None:
     other = member_config({"model": "vllm:http://h:8000", "http": {"api_key": "sk-OTHER"}})
     assert other.key != config.key
     assert member_config({"model": "vllm:http://h:8000", "http": {"api_key": "sk-VERY-SECRET"}}).key == config.key
+
+
+@pytest.mark.parametrize("spec", ["vllm:HTTP://127.0.0.1:8000", "llamacpp:Http://127.0.0.1:8080", "HTTPS://h:1"])
+def test_a_url_with_its_scheme_in_capitals_is_a_url(spec: str) -> None:
+    """'vllm:HTTP://...' was refused ('vllm members are servers: give a URL'), 'llamacpp:Http://...' was
+    looked up as a zoo name, a bare 'HTTPS://...' read as a backend prefix."""
+    from shared_engine.errors import InvalidRequestError
+    from shared_engine.members import parse_member_spec
+
+    if spec.startswith("HTTPS"):  # no backend: a URL needs one, and the error says so (not 'unknown backend')
+        with pytest.raises(InvalidRequestError, match="a URL needs a server backend prefix"):
+            parse_member_spec(spec)
+        return
+    assert parse_member_spec(spec).is_url

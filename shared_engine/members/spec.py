@@ -39,7 +39,8 @@ class MemberSpec(BaseModel):
 
     @property
     def is_url(self) -> bool:
-        return self.target.startswith(("http://", "https://"))
+        """An http(s) URL; a scheme is case-insensitive (``HTTP://host`` is one too)."""
+        return self.target.lower().startswith(("http://", "https://"))
 
     def __str__(self) -> str:
         return f"{self.backend}:{self.target}" + (f"#{self.tokenizer}" if self.tokenizer else "")
@@ -65,7 +66,7 @@ def _unknown_prefix(spec: str) -> InvalidRequestError | None:
     """``unknown backend`` for ``vlm:http://...`` or ``llama.cpp:NAME``: read as a model name, the
     typo got "unknown model" with a list of zoo names that says nothing of the prefix."""
     head, sep, _ = spec.partition(":")
-    if not sep or head in BACKENDS or not _PREFIX_LIKE.fullmatch(head) or head in ("http", "https"):
+    if not sep or head in BACKENDS or not _PREFIX_LIKE.fullmatch(head) or head.lower() in ("http", "https"):
         return None
     if Path(spec).expanduser().exists():  # a file whose name holds a colon
         return None
