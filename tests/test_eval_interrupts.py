@@ -111,3 +111,21 @@ async def test_a_crash_part_way_leaves_a_summary_marked_interrupted(tmp_path: Pa
                               on_sample=crash_after_two)
     summary = json.loads((tmp_path / "run" / SUMMARY).read_text())
     assert (summary["n"], summary["interrupted"], summary["asked"]) == (2, True, 3)
+
+
+def test_ctrl_c_while_the_members_load_stops_the_run_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The members loaded in a worker thread: Ctrl-C cancelled the run, then asyncio.run waited for the
+    load to end (the zoo's models, llama.cpp servers: up to minutes) before the CLI exited."""
+    import time
+
+    def slow_load(engine: Any, notice: bool = True) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(20)
+
+    monkeypatch.setattr(runner, "load_with_notice", slow_load)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        _eval(tmp_path, tmp_path / "run", 2)
+    assert time.monotonic() - started < 10
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert not (tmp_path / "run" / SUMMARY).exists()  # nothing answered

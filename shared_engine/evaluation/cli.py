@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
                        engine_options=options, member_options=member_options)
     try:
         summary = asyncio.run(evaluate(engine, bench, config, out, limit=args.limit, resume=args.resume,
-                                       progress=not args.no_progress))
+                                       progress=not args.no_progress, interruptible_load=True))
     except KeyboardInterrupt:  # main exits 130 without a word: say that nothing answered is lost
         samples = out / SAMPLES
         if samples.is_file() and samples.stat().st_size:

@@ -17,7 +17,9 @@ import hashlib
 import json
 import logging
 import math
+import signal
 import sys
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -275,8 +277,11 @@ def _differences(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
 
 async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, out: Path, *,
                    limit: int | None = None, resume: bool = False, progress: bool = True,
-                   on_sample: Callable[[Sample], None] | None = None) -> dict[str, Any]:
-    """Answer the first ``limit`` questions (those not yet in ``out`` when resuming); return the summary."""
+                   on_sample: Callable[[Sample], None] | None = None,
+                   interruptible_load: bool = False) -> dict[str, Any]:
+    """Answer the first ``limit`` questions (those not yet in ``out`` when resuming); return the summary.
+    ``interruptible_load`` (the CLI, alone on its event loop): the members load on the main thread, not in a
+    worker, so Ctrl-C stops the load at once (``asyncio.run`` waits for a worker's load to end first)."""
     dataset, records = check_start(bench, out, limit)
     if config.data is None:  # the file the questions come from: a resume with another one is refused
         config = config.model_copy(update=data_identity(bench.path))
@@ -290,7 +295,7 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
     elapsed = sum((s.stats or {}).get("elapsed_s", 0.0) for s in done.values())
     try:
         if todo:  # a member that cannot load fails the run here, not every question as an answer's failure
-            await asyncio.to_thread(load_with_notice, engine, progress)
+            await _load(engine, progress, interruptible_load)
         with tqdm(total=len(records), initial=len(done), desc=f"{config.bench} {config.method}", unit="q",
                   file=sys.stderr, disable=not progress, dynamic_ncols=True) as bar, \
                 samples_file.open("a", encoding="utf-8") as f:
@@ -314,6 +319,20 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
             _write_summary(out, done, records, dataset, config, bench, interrupted=True)
         raise
     return _write_summary(out, done, records, dataset, config, bench)
+
+
+async def _load(engine: EnsembleEngine, notice: bool, interruptible: bool) -> None:
+    """``load_with_notice``; ``interruptible`` on the main thread: there with Ctrl-C's own handler, which
+    raises at once (asyncio.run's only cancels the run, which then waits for the load), and blocking the
+    event loop meanwhile (nothing else runs on the CLI's)."""
+    if not (interruptible and threading.current_thread() is threading.main_thread()):
+        await asyncio.to_thread(load_with_notice, engine, notice)
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        load_with_notice(engine, notice)
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
 
 def _write_summary(out: Path, done: dict[str, Sample], records: list[Record], dataset: Dataset, config: RunConfig,
