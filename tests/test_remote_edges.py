@@ -92,3 +92,33 @@ def test_a_url_with_its_scheme_in_capitals_is_a_url(spec: str) -> None:
             parse_member_spec(spec)
         return
     assert parse_member_spec(spec).is_url
+
+
+def test_a_redirect_is_named_with_where_it_points() -> None:
+    """A server behind a proxy that redirects (http -> https, a moved path) was reported as 'answered
+    something that is not JSON: ''', saying nothing of the redirect."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from shared_engine.members.http import JsonClient
+
+    class Redirect(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(301)
+            self.send_header("Location", "https://example.invalid" + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = JsonClient("m", f"http://127.0.0.1:{server.server_address[1]}", HttpSettings(retries=0))
+    try:
+        with pytest.raises(MemberError, match="GET /props answered HTTP 301, a redirect to https://example.invalid/props"):
+            client.get("/props")
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()

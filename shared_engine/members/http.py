@@ -9,7 +9,8 @@ and may be retried. Rules:
   the client's connections is given what is left of its request's deadline (``_DeadlineBackend``),
   the lookup of the server's name included (``_lookup``: ``getaddrinfo`` takes no timeout);
 - transport failures (refused, reset, closed mid-answer, timed out) and 429/502/503/504 are retried
-  ``retries`` times with exponential backoff; other 4xx/5xx and non-JSON bodies fail at once;
+  ``retries`` times with exponential backoff; other 4xx/5xx, redirects (not followed: named with
+  where they point) and non-JSON bodies fail at once;
 - every failure surfaces as ``MemberError`` naming the member and the URL (a URL httpx cannot
   parse, a body it cannot decode, a client already closed included: those fail at once).
 
@@ -235,6 +236,7 @@ class JsonClient:
             with self._client.stream(method, path, json=body) as response:
                 chunks = list(response.iter_bytes())
                 status = response.status_code
+                location = response.headers.get("location")
         except httpx.TimeoutException as exc:
             raise _Retryable(f"timed out after {self.settings.timeout_s:g} s ({type(exc).__name__})",
                              timed_out=True) from exc
@@ -255,6 +257,10 @@ class JsonClient:
             raise _Retryable(f"HTTP {status}: {text[:200]}")
         if status >= 400:
             raise self.error(f"{method} {path} answered HTTP {status}: {text[:300]}")
+        if 300 <= status < 400:  # not followed (a POST would be resent as a GET, a key to another host)
+            where = f" to {location}" if location else ""
+            raise self.error(f"{method} {path} answered HTTP {status}, a redirect{where}: give the member the URL "
+                             "the server answers at")
         try:
             return json.loads(text)
         except json.JSONDecodeError as exc:
