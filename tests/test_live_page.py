@@ -207,3 +207,15 @@ def test_a_401_says_how_to_give_the_page_the_key() -> None:
             page.click("#send")
             page.wait_for_function("!document.getElementById('send').disabled")
             assert page.inner_text("#error") == expected
+
+
+def test_a_card_says_its_character_was_never_finished() -> None:
+    """The answer's last fusion chose the first byte of a character the answer ended before
+    completing (the engine drops such bytes): its card linked to nothing and did not say why."""
+    with live_page(ScriptedEvents([*SCRIPT, fusion(10, 15, "\ufffd", "\ufffd", [("\ufffd", 0.9)])])) as (page, errors):
+        answer(page)
+        assert page.inner_text("#answer") == ANSWER
+        assert "(a character the answer ended before finishing: not shown)" in \
+            page.locator('#decisions [data-decision="t10"] .head').inner_text()
+        assert "part of" in page.locator('#decisions [data-decision="t1"] .head').inner_text()
+        assert not errors, errors
