@@ -122,3 +122,30 @@ def test_a_redirect_is_named_with_where_it_points() -> None:
         client.close()
         server.shutdown()
         server.server_close()
+
+
+def test_a_server_of_another_type_than_the_prefix_is_named_with_the_prefix_it_needs() -> None:
+    """'vllm:http://<a llama-server>': llama.cpp reads no prompt from vLLM's /tokenize request and answers
+    [], and the member said 'the local tokenizer and the server's disagree ... (server [])', advice to
+    change the tokenizer rather than the prefix."""
+    from shared_engine.members.sglang import SGLangMember
+    from shared_engine.members.vllm import VLLMMember
+
+    owner = {"name": "llamacpp"}
+
+    def llama_server(method: str, path: str, body: object) -> tuple[int, bytes]:
+        if path == "/v1/models":
+            return 200, json.dumps({"object": "list", "data": [{"id": "qwen", "owned_by": owner["name"]}]}).encode()
+        if path == "/tokenize":
+            return 200, json.dumps({"tokens": []}).encode()  # no "content": nothing tokenized
+        return 404, b'{"error": "File Not Found"}'
+
+    with serve(llama_server) as (url, _):
+        with pytest.raises(MemberError, match=rf"not a vllm server: it says it is llamacpp \(did you mean "
+                                              rf"'llamacpp:{url}'\?\)"):
+            VLLMMember("v", url, toy_tokenizer(), model="qwen", http=HttpSettings(retries=0))
+        with pytest.raises(MemberError, match=f"not a sglang server.*did you mean 'llamacpp:{url}'"):
+            SGLangMember("s", url, toy_tokenizer(), http=HttpSettings(retries=0))
+        owner["name"] = "someone"  # a server that does not say what it is: the prefixes to check
+        with pytest.raises(MemberError, match=r"not a vllm server \(check the backend prefix: llamacpp, vllm, sglang"):
+            VLLMMember("v", url, toy_tokenizer(), model="qwen", http=HttpSettings(retries=0))

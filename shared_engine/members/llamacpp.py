@@ -274,6 +274,8 @@ class LlamaCppSession(RemoteSession):
 class LlamaCppMember(RemoteMember):
     """A llama.cpp model (see the module docstring for the wire protocol)."""
 
+    backend = "llamacpp"
+
     def __init__(self, name: str, url: str, tokenizer: MemberTokenizer, *, top_k: int = DEFAULT_TOP_K,
                  context_window: int | None = None, http: HttpSettings | None = None,
                  server: LocalLlamaServer | None = None, check_tokenizer: bool = True,

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -37,6 +37,7 @@ from .base import Capabilities, R
 from .chat import PLAIN_TEMPLATE_STOPS, Message, render_prompt_ids, render_text_ids
 from .http import HttpSettings, JsonClient
 from .session import PrefixSession
+from .spec import BACKENDS, did_you_mean
 from .topk import TopK, topk_rows
 
 PROBE_TEXT = "Hello, world! Grüße aus Köln, 東京 🙂.\n    def f(x):\n        return x**2  # 42"
@@ -147,6 +148,8 @@ class RemoteMember(ABC):
     """A model behind a server; subclasses map ``score`` and ``server_tokenize`` onto its API."""
 
     capabilities: Capabilities
+    backend: ClassVar[str] = "remote"
+    """The spec prefix that names this server type (``vllm``), for errors."""
 
     def __init__(self, name: str, url: str, tokenizer: MemberTokenizer, *, top_k: int = DEFAULT_TOP_K,
                  context_window: int | None = None, http: HttpSettings | None = None,
@@ -194,6 +197,9 @@ class RemoteMember(ABC):
     def check_tokenizer(self) -> None:
         local = self.tokenizer.encode(PROBE_TEXT)
         remote = self.server_tokenize(PROBE_TEXT)
+        if local and not remote:  # a server of another type: llama.cpp reads no prompt from vLLM's request
+            raise self.client.error(f"the server tokenized a probe text to no tokens: it is not a {self.backend} "
+                                    f"server{wrong_server_hint(self.client, self.backend)}")
         if local != remote:
             at = common_prefix_len(local, remote)
             raise self.client.error(
@@ -237,6 +243,19 @@ class RemoteMember(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, {self.url!r}, top_k={self.top_k})"
+
+
+def wrong_server_hint(client: JsonClient, expected: str) -> str:
+    """`` (did you mean 'llamacpp:URL'?)`` when the server at ``client``'s URL says it is another type
+    than ``expected`` (``owned_by`` in its OpenAI-compatible ``/v1/models``: llamacpp, vllm, sglang),
+    else a hint to check the prefix. Asked only once a member has failed."""
+    try:
+        owner = client.get("/v1/models")["data"][0]["owned_by"]
+    except (MemberError, KeyError, TypeError, IndexError):
+        owner = None
+    if isinstance(owner, str) and owner.lower() in BACKENDS and owner.lower() != expected:
+        return f": it says it is {owner}{did_you_mean(owner.lower(), client.base_url)}"
+    return f" (check the backend prefix: {', '.join(b for b in BACKENDS if b != 'transformers')})"
 
 
 def member_executor(name: str, threads: int) -> ThreadPoolExecutor:

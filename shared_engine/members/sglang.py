@@ -24,6 +24,8 @@ from .topk import TopK
 class SGLangMember(RemoteMember):
     """A model served by ``python -m sglang.launch_server`` (see the module docstring)."""
 
+    backend = "sglang"
+
     def wire_capabilities(self) -> dict[str, bool]:
         return {"block_scoring": True, "prefix_cache": True, "token_id_prompts": True}
 

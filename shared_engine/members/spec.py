@@ -62,6 +62,11 @@ _ALIASES = {"hf": "transformers", "huggingface": "transformers", "torch": "trans
 """Other names users give a backend, for the hint."""
 
 
+def did_you_mean(backend: str, target: str = "") -> str:
+    """The hint an error about a spec's backend prefix ends with: `` (did you mean 'vllm:...'?)``."""
+    return f" (did you mean '{backend}:{target}'?)"
+
+
 def _unknown_prefix(spec: str) -> InvalidRequestError | None:
     """``unknown backend`` for ``vlm:http://...`` or ``llama.cpp:NAME``: read as a model name, the
     typo got "unknown model" with a list of zoo names that says nothing of the prefix."""
@@ -72,7 +77,7 @@ def _unknown_prefix(spec: str) -> InvalidRequestError | None:
         return None
     meant = _ALIASES.get(head.lower()) or next(
         iter(difflib.get_close_matches(head.lower().replace(".", ""), BACKENDS, n=1, cutoff=0.5)), None)
-    hint = f" (did you mean '{meant}:'?)" if meant else ""
+    hint = did_you_mean(meant) if meant else ""
     return InvalidRequestError(f"unknown backend {head!r} in member spec {spec!r}{hint}; a spec is "
                                f"[BACKEND:]MODEL_OR_URL with BACKEND one of {', '.join(BACKENDS)}")
 

@@ -34,6 +34,8 @@ def served_model(client_answer: Any) -> tuple[str, str | None, int | None]:
 class VLLMMember(RemoteMember):
     """A model served by ``vllm serve`` (see the module docstring)."""
 
+    backend = "vllm"
+
     def __init__(self, name: str, url: str, tokenizer: MemberTokenizer, *, model: str,
                  top_k: int = DEFAULT_TOP_K, context_window: int | None = None,
                  http: HttpSettings | None = None, check_tokenizer: bool = True) -> None:
