@@ -446,9 +446,7 @@ class EnsembleEngine:
         prompt_ids = await asyncio.to_thread(lambda: [_render(m, messages, plan) for m in members])
         for member, ids in zip(members, prompt_ids):
             if len(ids) + gen.max_new_tokens > member.context_window:
-                raise ContextLengthError(
-                    f"prompt ({len(ids)} tokens) + max_new_tokens ({gen.max_new_tokens}) exceed "
-                    f"{member.name}'s context window of {member.context_window} tokens")
+                raise _too_long(f"prompt ({len(ids)} tokens)", gen.max_new_tokens, member)
             room = round_room(self.options.max_words)  # else AdaFuse's first round sees a full window: "" answer
             if self.options.method == "adafuse" and len(ids) + room > member.context_window:
                 raise ContextLengthError(
@@ -667,9 +665,18 @@ def _reject_oversized(messages: Sequence[Message], members: Sequence[Member], ma
     for member in members:
         least = size // (member.table.longest_piece * _NORMALISER_SHRINK)
         if least + max_new_tokens > member.context_window:
-            raise ContextLengthError(
-                f"prompt ({size} bytes: at least {least} tokens) + max_new_tokens ({max_new_tokens}) exceed "
-                f"{member.name}'s context window of {member.context_window} tokens")
+            raise _too_long(f"prompt ({size} bytes: at least {least} tokens)", max_new_tokens, member)
+
+
+def _too_long(prompt: str, max_new_tokens: int, member: Member) -> ContextLengthError:
+    """The error for a request that does not fit ``member``'s window, naming the part to cut: where
+    ``max_new_tokens`` alone fills the window, no prompt could fit (a short prompt with
+    ``max_tokens=100000`` read as if the prompt were too long)."""
+    window = f"{member.name}'s context window of {member.context_window} tokens"
+    if max_new_tokens >= member.context_window:
+        return ContextLengthError(f"max_new_tokens ({max_new_tokens}) alone fills {window}: ask for fewer new "
+                                  f"tokens (at most {member.context_window - 1} with any prompt)")
+    return ContextLengthError(f"{prompt} + max_new_tokens ({max_new_tokens}) exceed {window}")
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:

@@ -180,13 +180,15 @@ class Stats(BaseModel):
     drafter: str = Field("", description="The member that drafted (drafter='auto': chosen for this request).")
     answer_nll_per_byte: dict[str, float] = Field(
         default_factory=dict, description="drafter='auto': each member's NLL of the prompt's example answers, "
-                                          "nats per byte (the lowest drafts).")
+                                          "nats per byte (the lowest drafts); a member with no finite fit "
+                                          "is left out.")
     drafter_choice_s: float = Field(0.0, description="drafter='auto': seconds spent choosing the drafter (the "
                                                      "members scoring the example answers; near 0 where "
                                                      "every fit was cached), part of time_to_first_token_s.")
     prompt_nll_per_byte: dict[str, float] = Field(
         default_factory=dict, description="weights='auto': each member's NLL of the prompt's content, "
-                                          "nats per byte (lower = fits better).")
+                                          "nats per byte (lower = fits better); a member that could score "
+                                          "none of it is left out.")
 
 
 FormatRetryEvent.model_rebuild()

@@ -218,6 +218,20 @@ def test_context_too_long_is_a_clear_error() -> None:
         EnsembleEngine([member], method="single").generate("hello " * 10, max_new_tokens=10**6)
 
 
+def test_a_request_whose_max_new_tokens_alone_fills_the_window_says_so() -> None:
+    """'prompt (2 bytes: at least 0 tokens) + max_new_tokens (100000) exceed ...' blamed a two-byte
+    prompt; the error names the part to cut (seen on the live page, max_tokens 100000)."""
+    member = toy_member("toy")
+    window = member.context_window
+    engine = EnsembleEngine([member], method="single")
+    for prompt in ("hi", "hello " * 10):
+        with pytest.raises(ContextLengthError, match=rf"max_new_tokens \({window}\) alone fills toy's context "
+                                                     rf"window of {window} tokens: ask for fewer new tokens"):
+            engine.generate(prompt, max_new_tokens=window)
+    with pytest.raises(ContextLengthError, match=r"^prompt \(\d+ tokens\) \+ max_new_tokens"):
+        engine.generate("hello " * 10, max_new_tokens=window - 3)
+
+
 def test_the_drafter_may_be_named_without_its_backend_prefix() -> None:
     """``--drafter qwen`` for a member given as ``llamacpp:qwen`` (nothing is loaded to decide)."""
     engine = EnsembleEngine(["llamacpp:first-model", "llamacpp:second-model"], drafter="second-model")
