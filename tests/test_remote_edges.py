@@ -149,3 +149,27 @@ def test_a_server_of_another_type_than_the_prefix_is_named_with_the_prefix_it_ne
         owner["name"] = "someone"  # a server that does not say what it is: the prefixes to check
         with pytest.raises(MemberError, match=r"not a vllm server \(check the backend prefix: llamacpp, vllm, sglang"):
             VLLMMember("v", url, toy_tokenizer(), model="qwen", http=HttpSettings(retries=0))
+
+
+def test_a_url_ending_in_v1_is_told_to_give_the_servers_root() -> None:
+    """'vllm:http://host:8000/v1' (the OpenAI base URL users copy) asked /v1/v1/models and failed with a
+    bare 404."""
+    from shared_engine.members.http import JsonClient
+
+    def openai_server(method: str, path: str, body: object) -> tuple[int, bytes]:
+        return (200, b'{"data": []}') if path == "/v1/models" else (404, b'{"detail": "Not Found"}')
+
+    with serve(openai_server) as (url, _):
+        for given in (f"{url}/v1", f"{url}/v1/"):
+            client = JsonClient("m", given, HttpSettings(retries=0))
+            try:
+                with pytest.raises(MemberError, match=f"HTTP 404.*the URL ends in /v1: give the server's root, {url};"):
+                    client.get("/v1/models")
+            finally:
+                client.close()
+        client = JsonClient("m", url, HttpSettings(retries=0))  # the root: no hint on another 404
+        try:
+            with pytest.raises(MemberError, match=r"HTTP 404: \{\"detail\": \"Not Found\"\}$"):
+                client.get("/props")
+        finally:
+            client.close()

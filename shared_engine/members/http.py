@@ -215,6 +215,15 @@ class JsonClient:
         timed out too, and the server computed every copy)."""
         return self._call("POST", path, body, retry_timeouts)
 
+    def _v1_hint(self, status: int) -> str:
+        """For a 404 at a URL ending in /v1 (the OpenAI base URL users copy): the member adds the API's
+        paths itself, so it asked for /v1/v1/models."""
+        url = httpx.URL(self.base_url)
+        if status != 404 or not url.path.rstrip("/").endswith("/v1"):
+            return ""
+        root = str(url.copy_with(path=url.path.rstrip("/").removesuffix("/v1") or "/")).rstrip("/")
+        return f" (the URL ends in /v1: give the server's root, {root}; the member adds /v1/... itself)"
+
     def _call(self, method: str, path: str, body: dict[str, Any] | None, retry_timeouts: bool = True) -> Any:
         attempts = self.settings.retries + 1
         last = ""
@@ -256,7 +265,7 @@ class JsonClient:
         if status in RETRY_STATUS:
             raise _Retryable(f"HTTP {status}: {text[:200]}")
         if status >= 400:
-            raise self.error(f"{method} {path} answered HTTP {status}: {text[:300]}")
+            raise self.error(f"{method} {path} answered HTTP {status}: {text[:300]}{self._v1_hint(status)}")
         if 300 <= status < 400:  # not followed (a POST would be resent as a GET, a key to another host)
             where = f" to {location}" if location else ""
             raise self.error(f"{method} {path} answered HTTP {status}, a redirect{where}: give the member the URL "
