@@ -103,6 +103,8 @@ def parse_member_spec(spec: str, backend: str | None = None) -> MemberSpec:
         raise InvalidRequestError(f"a URL needs a server backend prefix (llamacpp:, vllm:, sglang:), got {spec!r}")
     if parsed.is_url:
         check_url(parsed.target, spec)
+        # 'URL/' is the same server as 'URL': one member, not two that each lease its slots
+        parsed = parsed.model_copy(update={"target": parsed.target.rstrip("/")})
     return parsed
 
 
