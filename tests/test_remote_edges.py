@@ -9,6 +9,7 @@ import json
 import pytest
 
 from shared_engine.errors import MemberError
+from shared_engine.members import load_member
 from shared_engine.members.http import HttpSettings
 from shared_engine.members.llamacpp import LlamaCppMember
 from shared_engine.members.remote import LocalTokenizer
@@ -146,6 +147,10 @@ def test_a_server_of_another_type_than_the_prefix_is_named_with_the_prefix_it_ne
             VLLMMember("v", url, toy_tokenizer(), model="qwen", http=HttpSettings(retries=0))
         with pytest.raises(MemberError, match=f"not a sglang server.*did you mean 'llamacpp:{url}'"):
             SGLangMember("s", url, toy_tokenizer(), http=HttpSettings(retries=0))
+        # 'sglang:' connecting to it: its /get_model_info is a 404 (before: that alone, no hint)
+        with pytest.raises(MemberError, match=rf"get_model_info answered HTTP 404.*not a sglang server: it says "
+                                              rf"it is llamacpp \(did you mean 'llamacpp:{url}'\?\)"):
+            load_member(f"sglang:{url}#toy", http=HttpSettings(retries=0))
         owner["name"] = "someone"  # a server that does not say what it is: the prefixes to check
         with pytest.raises(MemberError, match=r"not a vllm server \(check the backend prefix: llamacpp, vllm, sglang"):
             VLLMMember("v", url, toy_tokenizer(), model="qwen", http=HttpSettings(retries=0))

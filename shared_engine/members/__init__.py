@@ -205,8 +205,9 @@ def _build(config: MemberConfig, progress: bool) -> Member:
 def _connect(spec: MemberSpec, options: dict[str, Any]) -> Member:
     """A member for a running server. Its tokenizer comes from the spec, else from the model path the
     server reports; a llama.cpp server whose model file is not on this machine provides it itself."""
+    from ..errors import MemberError
     from .http import HttpSettings, JsonClient
-    from .remote import load_tokenizer
+    from .remote import load_tokenizer, wrong_server_hint
 
     probe = JsonClient(str(spec), spec.target, options.get("http") or HttpSettings())
     try:
@@ -223,7 +224,12 @@ def _connect(spec: MemberSpec, options: dict[str, Any]) -> Member:
         if spec.backend == "sglang":
             from .sglang import SGLangMember
 
-            info = probe.get("/get_model_info")
+            try:
+                info = probe.get("/get_model_info")
+            except MemberError as exc:  # a llama-server or vLLM has no such route: say which prefix it needs
+                if "HTTP 404" not in exc.reason:
+                    raise
+                raise probe.error(f"{exc.reason}: not a sglang server{wrong_server_hint(probe, 'sglang')}") from exc
             path = spec.tokenizer or (info.get("tokenizer_path") or info.get("model_path")
                                       if isinstance(info, dict) else None)
             if not path:

@@ -55,7 +55,8 @@ def test_sync_complete_inside_the_sync_bridge(real_llm: EnsembleLLM) -> None:
 
 async def test_context_length_error_is_a_clear_value_error(real_llm: EnsembleLLM) -> None:
     # the smallest window among the members: llama.cpp's n_ctx per slot (4096) for the zoo's default
-    with pytest.raises(ContextLengthError, match=r"max_new_tokens \(9000\) alone fills .* context window of 4096 tokens"):
+    with pytest.raises(ContextLengthError,
+                       match=r"max_new_tokens \(9000\) alone fills .* context window of 4096 tokens"):
         await real_llm.achat([ChatMessage(role=MessageRole.USER, content="hi")], max_tokens=9000)
 
 
