@@ -30,7 +30,8 @@ Parsing (``ToolCallParser``) is incremental, so tool markup never reaches the to
 lenient through ``json_repair`` (code fences, single quotes, unquoted keys, a missing closing
 brace or tag, arguments given as a JSON string); a bare JSON answer (an object, or a list of them
 as some models write several calls) counts as calls only when each names an offered tool; a
-tagged block that still cannot be read is reported as an invalid call, never guessed at, and so is
+tagged block that still cannot be read, or that names a tool never offered (an example in the
+answer's prose), is reported as an invalid call, never guessed at or run, and so is
 a call whose arguments were written but read as no object, or that the answer's end cut inside
 its arguments (``_cut``): json_repair would make ``{}`` or a cut value of them, and the tool would
 run on it. A call written without arguments, or with ``{}``, is a call with ``{}``.
@@ -58,7 +59,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal
 
 import json_repair
@@ -329,17 +330,21 @@ def _cut(body: str, closed: bool) -> bool:
     return not closed and (bool(scan.quote) or scan.depth > level)
 
 
-def parse_calls(body: str, first_index: int = 0, closed: bool = True) -> list[ToolCallEvent]:
+def parse_calls(body: str, first_index: int = 0, closed: bool = True,
+                names: Collection[str] | None = None) -> list[ToolCallEvent]:
     """The calls in the text of one ``<tool_call>`` block (usually one; a list is accepted),
     numbered from ``first_index``; a block that cannot be read, is cut inside a call (``_cut``;
-    ``closed`` False: the answer stopped before the block's close tag) or holds a call whose
-    arguments are unreadable is one call with ``error`` set."""
+    ``closed`` False: the answer stopped before the block's close tag), holds a call whose
+    arguments are unreadable or (``names`` given) one that names no offered tool is one call with
+    ``error`` set: a tagged example of a made-up tool in a reply's prose is no call to run."""
     obj = _loads(body)
     items = obj if isinstance(obj, list) and obj else [obj]
     calls = [_as_call(item) for item in items]
     error = None
     if any(c is None for c in calls):
         error = 'not a {"name": ..., "arguments": {...}} object'
+    elif names is not None and (unoffered := [c[0] for c in calls if c is not None and c[0] not in names]):
+        error = f"{unoffered[0]!r} is not an offered tool"
     elif _cut(body, closed):
         error = "cut off before the call's JSON ends"
     elif unreadable := [c[0] for c in calls if c is not None and c[1] is None]:
@@ -656,7 +661,7 @@ class ToolCallParser:
     def _calls(self, body: str, closed: bool = True) -> list[ToolCallEvent]:
         calls = [call.model_copy(update={"arguments": coerce_arguments(call.arguments, self.schemas[call.name])})
                  if call.name in self.schemas and call.arguments else call
-                 for call in parse_calls(body, self.num_calls, closed)]
+                 for call in parse_calls(body, self.num_calls, closed, self.names)]
         self.num_calls += len(calls)
         if not self._after_call:
             self._separator = self._pending_ws

@@ -138,6 +138,31 @@ def test_bare_json_answer_is_a_call_only_when_it_names_an_offered_tool() -> None
     assert run_parser(list(answer)) == (answer, [])
 
 
+DELETE_ALL = '{"name": "delete_all", "arguments": {"confirm": true}}'
+BOTH = '[{"name": "get_weather", "arguments": {}}, {"name": "delete_all", "arguments": {}}]'
+
+
+@pytest.mark.parametrize("answer, text, raw, name", [
+    (f"Sure, the format is:\n```\n<tool_call>\n{DELETE_ALL}\n</tool_call>\n```\nThat is how it works.",
+     "Sure, the format is:\n```\n```\nThat is how it works.", DELETE_ALL, "delete_all"),
+    (f"<tool_call>\n{DELETE_ALL}", "", DELETE_ALL, "delete_all"),  # unterminated
+    (f"<tool_call>{BOTH}</tool_call>", "", BOTH, None),  # one block: a list names no one tool
+])
+def test_a_tagged_call_of_a_tool_never_offered_is_invalid_not_run(answer: str, text: str, raw: str,
+                                                                   name: str | None) -> None:
+    """With tools=[get_weather], an answer explaining the format with a made-up tool in a code
+    fence came back as a valid call delete_all({"confirm": true}) (a bare JSON answer counts only
+    when it names an offered tool; a tagged one was not checked): the server and LangChain
+    forwarded it as a call to run. It is an invalid call now, its text kept as the members wrote
+    it (the server shows it as text, LangChain's invalid_tool_calls and LlamaIndex's hold it)."""
+    for deltas in ([answer], list(answer)):
+        shown, [call] = run_parser(deltas)
+        assert (shown, call.name, call.arguments, call.raw) == (text, name, None, raw)
+        assert call.error == "'delete_all' is not an offered tool"
+    [offered] = parse_calls('{"name": "get_weather", "arguments": {}}', names={"get_weather"})
+    assert offered.error is None
+
+
 @settings(derandomize=os.environ.get("HYPOTHESIS_EXPLORE") != "1", database=None)
 @given(st.lists(st.sampled_from(["<tool_call>", "</tool_call>", "<tool", "_call>", "`", "\n", " ", "{", "}", "[",
                                  '"name": "get_weather"', "word", "é"]), max_size=12))
