@@ -8,8 +8,9 @@ are parsed back out of the shared answer text. The format is Hermes / Qwen2.5's:
     </tool_call>
 
 Rendering (``render_prompt_ids`` in ``members/chat.py``): a member whose chat template renders
-``tools=`` (Qwen2.5) gets its own rendering, default system prompt included; every other member
-(SmolLM2, base models, llama.cpp servers) gets the one documented fallback, the block of
+``tools=`` (Qwen2.5) gets its own rendering, default system prompt included (a llama.cpp member
+reading its tokenizer from the server: the server's ``/apply-template``, the same text); every
+other member (SmolLM2, base models) gets the one documented fallback, the block of
 ``tools_system_block`` appended to the system message -- for Qwen, word for word what its own
 template writes. Earlier calls and tool results are written back as ``<tool_call>`` blocks in the
 assistant turn and one user turn of ``<tool_response>`` blocks (``tool_history_as_text``), again

@@ -8,6 +8,7 @@ import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -153,6 +154,66 @@ def test_a_server_that_lists_part_of_its_vocabulary_is_refused_with_its_url() ->
 
     with serve(partial) as (url, _), pytest.raises(MemberError, match=f"{url}.*listed 2 of 4 token ids"):
         LlamaCppServerTokenizer(url)
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+QWEN_LIKE = "{%- if tools %}{{ tools | tojson }}{%- endif %}{{ messages }}"  # what /props shows: renders tools=
+
+
+def _tool_server(template: str, renders_tools: bool) -> Any:
+    """A stand-in llama.cpp server of a two-id vocabulary whose /apply-template writes tools= (as
+    the current build does for a template that renders them) or drops them (an older build)."""
+    def answer(method: str, path: str, body: Any) -> tuple[int, bytes]:
+        if path == "/apply-template":
+            tools = body.get("tools") if renders_tools else None
+            head = f"You are Qwen, created by Alibaba Cloud.\n{json.dumps(tools)}\n" if tools else ""
+            return 200, json.dumps({"prompt": head + json.dumps(body["messages"])}).encode()
+        answers = {
+            "/props": {"bos_token": "", "eos_token": "", "chat_template": template},
+            "/v1/models": {"data": [{"meta": {"n_vocab": 2}}]},
+            "/tokenize": {"tokens": [1]},
+            "/completion": {"completion_probabilities": [{"top_logprobs": [
+                {"id": 0, "bytes": [], "logprob": -1.0}, {"id": 1, "bytes": [97], "logprob": -2.0}]}]},
+        }
+        return 200, json.dumps(answers[path]).encode()
+    return answer
+
+
+EARLIER_CALL = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>'},
+                {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}]
+
+
+@pytest.mark.parametrize("template, renders_tools, own", [
+    (QWEN_LIKE, True, True),  # the server's rendering: its template's own default system prompt
+    (QWEN_LIKE, False, False),  # a build that drops tools=: the fallback, not a prompt without tools
+    ("{{ messages }}", True, False),  # SmolLM2's template renders no tools: the fallback, as locally
+])
+@pytest.mark.parametrize("messages", [[{"role": "user", "content": "Weather in Paris?"}], EARLIER_CALL])
+def test_tools_go_through_the_servers_template_where_it_renders_them(
+        template: str, renders_tools: bool, own: bool, messages: list[dict[str, str]]) -> None:
+    """A llama.cpp member reading its tokenizer from the server always put tools into the fallback
+    system message ("You are a helpful assistant." + the tools block), on the belief that
+    /apply-template renders no tools; it renders them as transformers' apply_chat_template(tools=)
+    does ("You are Qwen, created by Alibaba Cloud. ..."), so the same model saw another prompt as a
+    member with a local tokenizer. Tools now go to /apply-template where the template renders them."""
+    from shared_engine.tools import with_tools_system
+    from tests.fixture_server import serve
+
+    with serve(_tool_server(template, renders_tools)) as (url, log):
+        remote = LlamaCppServerTokenizer(url)
+        try:
+            del log[:]
+            remote.prompt_ids(messages, TOOLS)
+        finally:
+            remote.close()
+    [prompt] = [body["content"] for _, path, body in log if path == "/tokenize" and body["parse_special"]]
+    fallback = with_tools_system(messages, TOOLS)
+    assert prompt == (f"You are Qwen, created by Alibaba Cloud.\n{json.dumps(TOOLS)}\n{json.dumps(messages)}"
+                      if own else json.dumps(fallback))
+    sent = [body for _, path, body in log if path == "/apply-template"]
+    assert ("tools" in sent[0]) == (template == QWEN_LIKE)  # a template that renders none is not sent them
+    assert sent[-1]["messages"] == (messages if own else fallback)
 
 
 @pytest.mark.zoo

@@ -10,7 +10,10 @@ chat format. A llama.cpp server gives all three without any file on the client:
 - encoding: ``/tokenize`` (no special-token parsing: answer text such as "</s>" stays text), one
   loopback request per re-encode.
 - prompts: ``/apply-template`` renders the GGUF's own chat template, then ``/tokenize`` with
-  special-token parsing. A GGUF without a template (Gemma-3-270m base) gets llama.cpp's built-in
+  special-token parsing. Tools go to ``/apply-template`` too where the template renders them
+  (Qwen2.5: the text of transformers' ``apply_chat_template(tools=...)``), else, or where the
+  server drops them, into the system message (``tools.with_tools_system``), as with a local
+  tokenizer. A GGUF without a template (Gemma-3-270m base) gets llama.cpp's built-in
   ChatML, whose ``<|im_start|>`` is no control token of that vocabulary: such a model gets the
   library's plain format instead, as it does with a local tokenizer.
 - byte fallback: where two ids spell the same bytes (Gemma's ``<0x0A>`` and ``"\\n"``), the one the
@@ -22,12 +25,13 @@ their members load the tokenizer on the client (see docs/members.md, Remote memb
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
 from ..alignment import END_OF_TURN_TOKENS, TokenTable
-from ..tools import with_tools_system
+from ..tools import template_renders_tools, with_tools_system
 from .chat import Message, render_plain
 from .http import HttpSettings, JsonClient
 
@@ -59,9 +63,9 @@ class LlamaCppServerTokenizer:
             self.special_ids = {i for i, piece in enumerate(self.pieces) if not piece}
             self.eos_ids = {i for text in {props.get("eos_token") or "", *END_OF_TURN_TOKENS} if text
                             for i in [self._control_token(text)] if i is not None}
-            template = props.get("chat_template") or ""
-            self.has_chat_template = bool(template) and (
-                "<|im_start|>" not in template or self._control_token("<|im_start|>") is not None)
+            self.chat_template: str = props.get("chat_template") or ""  # tools.template_renders_tools reads it
+            self.has_chat_template = bool(self.chat_template) and (
+                "<|im_start|>" not in self.chat_template or self._control_token("<|im_start|>") is not None)
         except BaseException:
             self.client.close()  # a server that cannot give its vocabulary keeps no connection of ours
             raise
@@ -122,16 +126,31 @@ class LlamaCppServerTokenizer:
         return llamacpp_tokenize(self.client, text)
 
     def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Message] | None = None) -> list[int]:
-        if tools:  # /apply-template renders no tools: the documented fallback, in the system message
+        """As ``chat.render_prompt_ids`` with a local tokenizer: tools through the GGUF's template
+        where it renders them (Qwen2.5: its own system prompt and tools block, word for word), else
+        the documented fallback in the system message."""
+        if not self.has_chat_template:
+            return self.text_prompt_ids(render_plain(with_tools_system(messages, tools) if tools else messages))
+        if tools and template_renders_tools(self):
+            text = self._apply_template(messages, tools)
+            # a server whose /apply-template drops tools= (an older llama.cpp) writes each name no more
+            # often than the conversation does (an earlier call in it names its tool too)
+            written = json.dumps([dict(m) for m in messages], ensure_ascii=False)
+            if all(text.count(name) > written.count(name) for t in tools for name in [t["function"]["name"]]):
+                return self.text_prompt_ids(text)
+        if tools:
             messages = with_tools_system(messages, tools)
-        if self.has_chat_template:
-            answer: Any = self.client.post("/apply-template", {"messages": [dict(m) for m in messages]})
-            if not isinstance(answer, dict) or not isinstance(answer.get("prompt"), str):
-                raise self.client.error(f"answered an unexpected shape (/apply-template): {str(answer)[:200]}")
-            text = answer["prompt"]
-        else:
-            text = render_plain(messages)
-        return self.text_prompt_ids(text)
+        return self.text_prompt_ids(self._apply_template(messages))
+
+    def _apply_template(self, messages: Sequence[Message], tools: Sequence[Message] | None = None) -> str:
+        """The server's rendering of the conversation in its GGUF's chat template."""
+        request: dict[str, Any] = {"messages": [dict(m) for m in messages]}
+        if tools:
+            request["tools"] = [dict(t) for t in tools]
+        answer: Any = self.client.post("/apply-template", request)
+        if not isinstance(answer, dict) or not isinstance(answer.get("prompt"), str):
+            raise self.client.error(f"answered an unexpected shape (/apply-template): {str(answer)[:200]}")
+        return str(answer["prompt"])
 
     def text_prompt_ids(self, text: str) -> list[int]:
         """As ``chat.render_text_ids`` reads text with a transformers tokenizer: special-token names
