@@ -463,11 +463,12 @@ class EnsembleEngine:
         members, prompt_ids = await self._fitted_prompt_ids(messages, plan, gen)
         records = request_members(members, self.labels, [m.new_session() for m in members], prompt_ids,
                                   self._weights(), chat_turn=not plan.raw_prompt)
-        stops = tuple(gen.stop) + tuple(plan.stops) + tuple(s for r in records for s in r.turn_stops)
+        stops = tuple(gen.stop) + tuple(plan.stops)  # the members' turn stops: RequestState.every_member_writes
         # AdaFuse's spans are written by every member unconstrained: its JSON is validated and retried only.
-        constraint = plan.constraint() if self.options.method != "adafuse" else None
+        adafuse = self.options.method == "adafuse"
+        constraint = plan.constraint() if not adafuse else None
         state = RequestState(records, gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)), constraint=constraint,
-                             loop_guard=gen.loop_guard)
+                             loop_guard=gen.loop_guard, every_member_writes=adafuse)
         self._live[id(state)] = state
         return state, Sampler(gen.temperature, gen.top_p, gen.seed)
 

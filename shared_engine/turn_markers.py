@@ -20,6 +20,12 @@ source's first word, and doubling its share turned two German answers English.
 Where the member itself writes (it drafts, or proposes an AdaFuse span), the answer's start is the
 exception: there the marker is dropped and the rest renormalised, since the member must write
 something; later its stop string ends the answer where it writes the marker (trimmed, as ever).
+Only there: in SAFE and the baselines the drafter writes the answer (a fused token is its spelling,
+and a plain verifier's marker is its EOS, never a token), so a plain member's stop string ends the
+answer where it drafts, and a chat drafter's line "User: hi" (an example chat it was asked for)
+stays whoever verifies it. In AdaFuse any member may write a span, so every plain member's stop
+string applies whoever wrote the span: a span's writer is not one member (several may propose the
+same span) and the marker may straddle two spans of different writers, so it is not restricted.
 Members with a chat template have no such stop string and are never changed.
 """
 

@@ -94,6 +94,11 @@ class RequestState:
     stop: tuple[str, ...] = ()
     constraint: JsonPrefix | None = None  # response_format: the JSON parser state of the answer so far
     loop_guard: int | None = None  # bytes an exact repetition at the answer's end may reach (repetition.py)
+    every_member_writes: bool = False
+    """Whether any member may write the answer (AdaFuse's spans): then every plain-format member's turn
+    stop ends it. Else the drafter writes it (a fused token is its spelling, and a plain verifier's
+    turn marker is read as its EOS), so only the drafter's turn stops do: a chat drafter's line
+    "User: hi" is its text, whoever verifies it."""
     answer: bytearray = field(default_factory=bytearray)
     drafter_ids: list[int] = field(default_factory=list)
     text: str = ""  # decoded answer (complete characters only)
@@ -270,7 +275,8 @@ class RequestState:
         ``CallEnd`` is found where it ends a call (its finder reads the call's JSON), and the answer
         ends after it."""
         cuts = []  # every stop is searched in the same text: the earliest wins, whatever the list order
-        for stop in self.stop:
+        writers = self.members if self.every_member_writes else self.members[:1]  # the drafter now (it may change)
+        for stop in self.stop + tuple(s for record in writers for s in record.turn_stops):
             finder = self._call_ends.get(stop) if isinstance(stop, CallEnd) else None
             cut = finder.find(self.text) if finder else self.text.find(stop, max(0, self.emitted - len(stop)))
             if cut >= 0:
@@ -279,8 +285,8 @@ class RequestState:
             self.text = self.text[:min(cuts)]
             self.finish_reason = "stop"
         hold = 0
-        if not self.finish_reason:
-            for stop in self.stop:
+        if not self.finish_reason:  # every member's turn stop is held back: ``flush`` may drop its start
+            for stop in self.stop + tuple(s for record in self.members for s in record.turn_stops):
                 for n in range(min(len(stop) - 1, len(self.text)), 0, -1):
                     if self.text.endswith(stop[:n]):
                         hold = max(hold, n)
