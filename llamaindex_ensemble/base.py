@@ -21,13 +21,19 @@ Design:
   LlamaIndex way.
 - Unknown keyword arguments (e.g. another provider's ``format=``) are ignored with a warning, as
   other LlamaIndex LLMs do.
+- Each ``EnsembleLLM`` builds its own engine, which holds its members in the registry; ``close()``,
+  ``aclose()`` or garbage collection of the LLM and of every copy of it closes that engine, so the
+  members no other engine holds are unloaded (``_SharedEngine``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
+import threading
 import warnings
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +65,7 @@ from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.types import PydanticProgramMode
 from pydantic import BaseModel, Field, PrivateAttr
 
-from shared_engine import EnsembleEngine, InvalidRequestError, MemberConfig, MemberDefaults
+from shared_engine import EngineClosedError, EnsembleEngine, InvalidRequestError, MemberConfig, MemberDefaults
 from shared_engine.engine import iterate_sync
 from shared_engine.events import Event, FinishEvent
 from shared_engine.members import Member
@@ -119,6 +125,42 @@ class _Turn:
         return extra
 
 
+class _SharedEngine:
+    """The engine an ``EnsembleLLM`` built, shared with its copies (``model_copy``, ``copy.deepcopy``):
+    each holds it with a token of its own, and the last one to let go (``close()``, ``aclose()``, or a
+    ``weakref.finalize`` when it is collected) closes the engine, which releases its members. Without
+    this, every dropped ``EnsembleLLM`` kept its members held in the registry, loaded for good.
+
+    Tokens live in a set, whose add and discard need no lock: a finalizer runs inside any garbage
+    collection, also one triggered while this thread holds a lock it would wait for."""
+
+    def __init__(self, engine: EnsembleEngine) -> None:
+        self.engine = engine
+        self._users: set[object] = set()
+
+    def hold(self, llm: EnsembleLLM) -> weakref.finalize[..., Any]:
+        """One more user, let go of when ``llm`` is collected or the returned finalizer is called."""
+        token = object()
+        self._users.add(token)
+        return weakref.finalize(llm, self.release, token)
+
+    def let_go(self, token: object) -> EnsembleEngine | None:
+        """Count off ``token``; the engine to close if it was the last user."""
+        self._users.discard(token)
+        return None if self._users else self.engine
+
+    def release(self, token: object) -> None:
+        engine = self.let_go(token)
+        if engine is None:
+            return
+        try:  # on an event loop's thread, a member's close (a llama.cpp server's: seconds) froze the loop
+            asyncio.get_running_loop()
+        except RuntimeError:
+            engine.close()
+            return
+        threading.Thread(target=engine.close, name="EnsembleLLM engine close").start()
+
+
 _FRAMEWORK_DIRS = tuple(str(Path(folder).resolve()) + os.sep for folder in
                         [*map(str, llama_index.core.__path__), *map(str, llama_index_instrumentation.__path__),
                          str(Path(__file__).parent)])
@@ -144,6 +186,7 @@ class EnsembleLLM(FunctionCallingLLM):
     recognised by name. ``members=[MemberConfig(...)]`` instead of ``models`` gives each member its
     own device / dtype / server options; ``member_options={"dtype": "bfloat16"}`` (or ``dtype=``)
     sets them for every transformers member. Members load on first use (once per process).
+    ``close()`` / ``aclose()`` (or garbage collection of the LLM and its copies) releases them.
     """
 
     models: list[str] = Field(description="Member names (zoo names, local folders, .gguf paths, hub ids, specs).")
@@ -166,6 +209,8 @@ class EnsembleLLM(FunctionCallingLLM):
                     "None disables it (multi-step tool chains).")
 
     _engine: EnsembleEngine = PrivateAttr()
+    _shared: _SharedEngine = PrivateAttr()
+    _release: weakref.finalize[..., Any] = PrivateAttr()  # this LLM's hold on the engine (see _SharedEngine)
 
     def __init__(self, models: Sequence[str | Member] | None = None, method: str = "safe",
                  max_tokens: int | None = None, temperature: float = 0.0, context_window: int | None = None,
@@ -200,14 +245,51 @@ class EnsembleLLM(FunctionCallingLLM):
                          max_tokens=max_tokens, temperature=temperature, context_window=context_window,
                          engine_options=engine_options, step_events=step_events, **fields)
         self._engine = engine
+        self._shared = _SharedEngine(engine)
+        self._release = self._shared.hold(self)
+
+    def __copy__(self) -> EnsembleLLM:
+        return self._holding(super().__copy__())
 
     def __deepcopy__(self, memo: dict[int, Any] | None = None) -> EnsembleLLM:
         """A deep copy (``copy.deepcopy``, ``model_copy(deep=True)``) shares the engine: it holds the
         loaded members and their locks and threads, which cannot be copied (a TypeError before), and
         requests on one engine are independent. The fields are copied as usual."""
         memo = {} if memo is None else memo
-        memo[id(self._engine)] = self._engine
-        return super().__deepcopy__(memo)
+        for shared in (self._engine, self._shared, self._release):
+            memo[id(shared)] = shared
+        return self._holding(super().__deepcopy__(memo))
+
+    def _holding(self, clone: EnsembleLLM) -> EnsembleLLM:
+        """A copy is one more user of the engine with a hold of its own (closing or collecting the
+        original leaves it working); a copy of a closed LLM is closed."""
+        if not self._closed:
+            clone._release = self._shared.hold(clone)
+        return clone
+
+    def close(self) -> None:
+        """Release the members (also done when this LLM is garbage-collected): the engine closes once
+        this LLM and its copies are all closed, unloading members no other engine holds (on an event
+        loop's thread in a worker thread). A closed LLM takes no more calls (``EngineClosedError``)."""
+        self._release()
+
+    async def aclose(self) -> None:
+        """``close()`` for async code: waits (``EnsembleEngine.aclose``) until the engine has stopped and
+        let go of its members, off the event loop."""
+        detached = self._release.detach()
+        if detached is None:
+            return
+        engine = self._shared.let_go(detached[2][0])
+        if engine is not None:
+            await engine.aclose()
+
+    @property
+    def _closed(self) -> bool:
+        return not self._release.alive
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosedError("this EnsembleLLM is closed (close() released its members); make a new one")
 
     @classmethod
     def class_name(cls) -> str:
@@ -216,6 +298,7 @@ class EnsembleLLM(FunctionCallingLLM):
     @property
     def engine(self) -> EnsembleEngine:
         """The underlying engine (shared by every call; members are loaded once per process)."""
+        self._check_open()
         return self._engine
 
     @property
@@ -224,7 +307,7 @@ class EnsembleLLM(FunctionCallingLLM):
 
     @property
     def metadata(self) -> LLMMetadata:
-        window = self.context_window or self._engine.context_window
+        window = self.context_window or self.engine.context_window
         return LLMMetadata(context_window=window, num_output=self.max_tokens, is_chat_model=True,
                            is_function_calling_model=True, model_name=self.model_name)
 
@@ -247,6 +330,7 @@ class EnsembleLLM(FunctionCallingLLM):
 
     def _request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> _Request:
         """Validate now, so bad input fails at call time even for streams (InvalidRequestError)."""
+        self._check_open()
         kwargs = dict(kwargs)
         output = {k: kwargs.pop(k) for k in _TOOL_KWARGS if k in kwargs}
         # Fields are read per request, so ``llm.max_tokens = 64`` after construction takes effect.
