@@ -23,7 +23,6 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Literal, Protocol
 
 import torch
@@ -192,8 +191,27 @@ class _UnionVocab:
     index: list[torch.Tensor]  # per member: union index of every token id (-1: not a candidate)
 
 
-@lru_cache(maxsize=8)
+_UNIONS = 8
+"""Verifier sets one drafter's table remembers a union for (then it starts over)."""
+
+
 def _union_vocab(tables: tuple[TokenTable, ...]) -> _UnionVocab:
+    """The union of ``tables``' candidates, remembered in the drafter's (``tables[0]``) ``memo`` under
+    weak references to the others (a dead one equals no live table, so a reused id finds nothing):
+    no table keeps another alive."""
+    unions: dict[tuple[weakref.ref[TokenTable], ...], _UnionVocab] | None = tables[0].memo.get("union_vocab")
+    if unions is None:
+        unions = tables[0].memo["union_vocab"] = {}
+    key = tuple(map(weakref.ref, tables[1:]))
+    found = unions.get(key)
+    if found is None:
+        if len(unions) >= _UNIONS:
+            unions.clear()
+        found = unions[key] = _build_union_vocab(tables)
+    return found
+
+
+def _build_union_vocab(tables: tuple[TokenTable, ...]) -> _UnionVocab:
     position: dict[bytes, int] = {EOS_KEY: 0}
     keys = [EOS_KEY]
     index = []
@@ -347,11 +365,29 @@ def _is_word_char(char: str) -> bool:
     return char.isalnum() or char == "_"
 
 
-@lru_cache(maxsize=65536)
+_FIRST_PIECES = 65536
+"""Texts whose first piece one table remembers (then it starts over)."""
+
+
 def _first_piece(table: TokenTable, text: bytes) -> bytes | None:
     """The bytes of the first token of ``table``'s own tokenization of ``text`` (None: unknown). A
     text that is one of its tokens counts as written in that token, without asking the tokenizer
-    (for a llama.cpp member every encode is a request to its server)."""
+    (for a llama.cpp member every encode is a request to its server). Remembered in the table's
+    ``memo``, so it goes with the table."""
+    known: dict[bytes, bytes | None] | None = table.memo.get("first_piece")
+    if known is None:
+        known = table.memo["first_piece"] = {}
+    try:
+        return known[text]
+    except KeyError:
+        pass
+    if len(known) >= _FIRST_PIECES:
+        known.clear()
+    found = known[text] = _tokenize_first_piece(table, text)
+    return found
+
+
+def _tokenize_first_piece(table: TokenTable, text: bytes) -> bytes | None:
     if table.token_id(text) is not None:
         return text
     try:

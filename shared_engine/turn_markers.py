@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from functools import lru_cache
 
 import torch
 
@@ -46,12 +45,28 @@ MARKER_COUNTED = 0.01
 """A turn marker counts in ``Stats.turn_markers`` where it held at least this share of a member's mass."""
 
 
-@lru_cache(maxsize=64)
+_MARKER_STOPS = 64
+"""Stop strings one table remembers marker ids for (then it starts over)."""
+
+
 def _marker_ids(table: TokenTable, stop: bytes) -> tuple[frozenset[int], ...]:
     """Per m: the ids whose piece writes the role word of ``stop`` once the text before them ends
     with its first m bytes. The role word is the stop string up to its last letter ("\\nUser" of
     "\\nUser:"); what a piece writes after it must agree with the rest (":"), so "Users" is a word.
-    Built once per (tokenizer, stop string): one pass over the vocabulary."""
+    Built once per (tokenizer, stop string): one pass over the vocabulary, kept in the table's
+    ``memo`` (so it goes with the table)."""
+    known: dict[bytes, tuple[frozenset[int], ...]] | None = table.memo.get("marker_ids")
+    if known is None:
+        known = table.memo["marker_ids"] = {}
+    found = known.get(stop)
+    if found is None:
+        if len(known) >= _MARKER_STOPS:
+            known.clear()
+        found = known[stop] = _build_marker_ids(table, stop)
+    return found
+
+
+def _build_marker_ids(table: TokenTable, stop: bytes) -> tuple[frozenset[int], ...]:
     core = stop.rstrip(b":;,.!?-> \t")  # "\nUser" of "\nUser:"
     rest = stop[len(core):]
     per_m = []

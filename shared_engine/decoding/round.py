@@ -44,7 +44,6 @@ import asyncio
 import threading
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 
@@ -567,9 +566,16 @@ def _keeps_valid(constraint: JsonPrefix, key: bytes) -> bool:
     return constraint.complete if key == EOS_KEY else constraint.after(key) is not None
 
 
-@lru_cache(maxsize=8)
 def _ids_by_bytes(table: TokenTable) -> dict[bytes, list[int]]:
-    """Every id that can stand for a candidate string (byte-fallback duplicates included)."""
+    """Every id that can stand for a candidate string (byte-fallback duplicates included), built once
+    per table and kept in its ``memo`` (so it goes with the table)."""
+    found: dict[bytes, list[int]] | None = table.memo.get("ids_by_bytes")
+    if found is None:
+        found = table.memo["ids_by_bytes"] = _build_ids_by_bytes(table)
+    return found
+
+
+def _build_ids_by_bytes(table: TokenTable) -> dict[bytes, list[int]]:
     out: dict[bytes, list[int]] = {}
     for token in range(table.vocab_size):
         key = candidate_key(table, token)
