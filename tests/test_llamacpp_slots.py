@@ -322,6 +322,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
             params.append(server_params)
 
     monkeypatch.setattr(xllamacpp, "Server", Recorded)
+    monkeypatch.setattr(LocalLlamaServer, "_wait_until_serving", lambda self, timeout_s: None)  # nothing serves
     return params
 
 

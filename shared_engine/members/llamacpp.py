@@ -69,7 +69,7 @@ from typing import Any
 
 import httpx
 
-from ..errors import InvalidRequestError
+from ..errors import InvalidRequestError, MemberError
 from ..options import DEFAULT_MAX_ACTIVE
 from .http import HttpSettings
 from .remote import (
@@ -128,16 +128,26 @@ def unset_server_options() -> dict[str, int]:
     return {"threads": default_threads(), "poll": int(xlc.CommonParams().cpuparams.poll)}
 
 
+SERVER_START_TIMEOUT_S = 60.0
+"""How long a new in-process server may take to start its task loop after loading (milliseconds, usually)."""
+
+_NEVER_STOPPED: list[Any] = []
+"""In-process servers whose task loop never started: stopping one would hang (see ``_wait_until_serving``)."""
+
+
 class LocalLlamaServer:
     """A llama.cpp server for one GGUF inside this process (xllamacpp), on a free loopback port.
 
     It lives as long as this object; ``close`` (or garbage collection) stops it. ``embeddings``: also
     serve ``/embeddings`` with pooling ``none`` (completions are unchanged; measured: the same ms per
     decoded token), which the engine does not use yet (docs/speed.md, "On few-shot prompts").
+    The constructor returns once the server answers through its task loop (``/metrics``, which it
+    serves for that).
     """
 
     def __init__(self, gguf: str | Path, n_ctx: int = 4096, threads: int | None = None,
-                 slots: int = DEFAULT_MAX_ACTIVE, poll: int | None = None, embeddings: bool = False) -> None:
+                 slots: int = DEFAULT_MAX_ACTIVE, poll: int | None = None, embeddings: bool = False,
+                 start_timeout_s: float = SERVER_START_TIMEOUT_S) -> None:
         try:
             import xllamacpp as xlc
         except ImportError as exc:  # pragma: no cover - xllamacpp is a dependency
@@ -155,6 +165,7 @@ class LocalLlamaServer:
         params.warmup = False
         params.verbosity = -1
         params.cache_ram_mib = HOST_PROMPT_CACHE_MIB
+        params.endpoint_metrics = True  # answered by the task loop: _wait_until_serving asks it
         if embeddings:  # an embeddings prompt must fit one physical batch: the batch spans a slot's window
             params.embedding = True
             params.pooling_type = xlc.llama_pooling_type.LLAMA_POOLING_TYPE_NONE
@@ -168,6 +179,22 @@ class LocalLlamaServer:
             raise _unloadable(self.gguf, n_ctx * slots) from err
         address = str(self._server.listening_address)
         self.url = address if address.startswith("http") else f"http://{address}"
+        self._wait_until_serving(start_timeout_s)
+
+    def _wait_until_serving(self, timeout_s: float) -> None:
+        """Return once the server's task loop runs. xllamacpp's constructor returns when the model is
+        loaded, before its init thread enters that loop; a stop sent in between is lost, and the
+        server's destructor then joins that thread forever (creating a server and closing it at once
+        hung, on a loaded machine every time). ``/metrics`` is answered by the loop, so an answer
+        means a stop will be seen. A loop that never starts is an error, and that server is kept,
+        never stopped: stopping it would hang as well."""
+        try:
+            httpx.get(f"{self.url}/metrics", timeout=timeout_s, trust_env=False).raise_for_status()
+        except httpx.HTTPError as err:
+            _NEVER_STOPPED.append(self._server)
+            self._server = None
+            raise MemberError(self.gguf.name, self.url, f"the in-process llama.cpp server did not start serving "
+                                                        f"within {timeout_s:g} s after loading ({err!r})") from err
 
     def close(self) -> None:
         self._server = None
