@@ -13,7 +13,14 @@ from shared_engine import ContextLengthError, EnsembleEngine, InvalidRequestErro
 from shared_engine.alignment import TokenizedText, shared_boundaries
 from shared_engine.members import HFMember
 from tests.loop_watch import loop_gaps
-from tests.toy import byte_level_tokenizer, metaspace_tokenizer, registered_members, tiny_llama, toy_member
+from tests.toy import (
+    byte_level_tokenizer,
+    memorise,
+    metaspace_tokenizer,
+    registered_members,
+    tiny_llama,
+    toy_member,
+)
 
 ANSWER = "Hi Sofia, hi Sofia."
 QUESTION = [{"role": "user", "content": "Greet her twice."}]
@@ -26,21 +33,7 @@ def trained_member(kind: str, seed: int = 0) -> HFMember:
     torch.manual_seed(seed)
     model = copy.deepcopy(tiny_llama(tokenizer, seed))
     member = HFMember(f"{kind}-trained", model, tokenizer)
-    prompt = member.prompt_ids(QUESTION)
-    answer = member.table.encode_fragment(ANSWER) + [tokenizer.eos_token_id]
-    ids = torch.tensor([prompt + answer])
-    labels = ids.clone()
-    labels[0, : len(prompt)] = -100
-    model.train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(300):
-        loss = model(input_ids=ids, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if loss.item() < 0.01:
-            break
-    model.eval()
+    memorise(model, member.prompt_ids(QUESTION), member.table.encode_fragment(ANSWER) + [tokenizer.eos_token_id])
     return member
 
 

@@ -7,13 +7,12 @@ import copy
 from functools import cache
 
 import pytest
-import torch
 
 from shared_engine import EnsembleEngine
 from shared_engine.decoding import RequestState, request_members
 from shared_engine.members import HFMember
 from shared_engine.members.chat import PLAIN_TEMPLATE_STOPS
-from tests.toy import TOKENIZERS, tiny_llama, toy_member
+from tests.toy import TOKENIZERS, memorise, tiny_llama, toy_member
 
 QUESTION = [{"role": "user", "content": "Show a short example chat."}]
 CHAT = "Sample chat:\nUser: hi\nAssistant: hello!"
@@ -27,20 +26,7 @@ def memorised(tokenizer: str) -> HFMember:
     tok = TOKENIZERS[tokenizer]()
     model = copy.deepcopy(tiny_llama(tok, 5))
     member = HFMember(f"says-chat-{tokenizer}", model, tok)
-    prompt = member.prompt_ids(QUESTION)
-    ids = torch.tensor([prompt + member.table.encode_fragment(CHAT) + [tok.eos_token_id]])
-    labels = ids.clone()
-    labels[0, :len(prompt)] = -100
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model.train()
-    for _ in range(300):
-        loss = model(input_ids=ids, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if loss.item() < 0.01:
-            break
-    model.eval()
+    memorise(model, member.prompt_ids(QUESTION), member.table.encode_fragment(CHAT) + [tok.eos_token_id])
     return member
 
 

@@ -267,6 +267,24 @@ def registered_members(members: list) -> Iterator[list[str]]:
             unregister_member(member.name)
 
 
+def memorise(model: PreTrainedModel, prompt: list[int], answer: list[int], steps: int = 300) -> None:
+    """Train ``model`` until it writes ``answer`` (ids, its EOS included) after ``prompt`` (loss < 0.01, at
+    most ``steps`` steps; only the answer is scored): a toy member whose greedy answer is known."""
+    ids = torch.tensor([prompt + answer])
+    labels = ids.clone()
+    labels[0, :len(prompt)] = -100
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if loss.item() < 0.01:
+            break
+    model.eval()
+
+
 def fitted_member(name: str, tokenizer: str, conversation: str | list[dict[str, str]], steps: int = 30) -> HFMember:
     """A tiny model trained a few steps on ``conversation`` (a prompt or messages) as its own chat
     template renders it: a real model that fits that text far better than a random one of its size."""
