@@ -47,7 +47,6 @@ from .evaluation.benchmarks import Benchmark, get_benchmark
 from .evaluation.datasets import Record
 from .loading import loading_notice
 from .members import load_member, with_backend
-from .members.base import exact_support
 from .profile import EnsembleProfile, FitInfo, local_sources, member_keys
 
 if TYPE_CHECKING:  # the fitting's own imports (torch, the token tables) wait for a fit: `--help` is instant
@@ -356,6 +355,7 @@ def member_reading(member: Member) -> str:
     """How a member's log-probabilities were read: its backend and whether its distributions are full
     or top-K (a top-K member's reference tokens outside its K are scored with the rest's even share)."""
     from .members import HFMember
+    from .members.base import exact_support
     from .members.llamacpp import LlamaCppMember
     from .members.sglang import SGLangMember
     from .members.vllm import VLLMMember
@@ -393,6 +393,8 @@ def calibrate(models: Sequence[str | Member], bench: str = "gsm8k", data: str | 
     with loading_notice(to_load, progress and bool(to_load)):  # seconds to minutes, said as eval says it
         members = [load_member(with_backend(m, backend or CALIBRATE_BACKEND)) if isinstance(m, str) else m
                    for m in models]
+    from .members.base import exact_support  # torch: loaded with the members, not for --help
+
     for name, member in zip(names, members):
         k = exact_support(member)
         if k is not None:  # before minutes of reading, not in the profile alone

@@ -19,6 +19,7 @@ from shared_engine.auto_weights import (
 from shared_engine.errors import InvalidRequestError
 from shared_engine.members import HFMember
 from shared_engine.members.chat import normalize_messages
+from tests.eval_files import gsm8k_file
 from tests.toy import fitted_member, registered_members, toy_member
 
 FEW_SHOT = [
@@ -315,7 +316,6 @@ def test_eval_keeps_its_fits_beside_its_answers_and_out_of_its_config(tmp_path: 
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """So a run resumed in tiers (one process each) finds its few-shot blocks scored; where the fits
     live changes no answer, so it is not part of what makes two runs comparable."""
-    import json
 
     import shared_engine.evaluation.cli as eval_cli
     from shared_engine.cli import main
@@ -328,8 +328,7 @@ def test_eval_keeps_its_fits_beside_its_answers_and_out_of_its_config(tmp_path: 
                 "truncated": 0, "failures": 0, "skipped": {}}
 
     monkeypatch.setattr(eval_cli, "evaluate", fake_evaluate)
-    data = tmp_path / "gsm8k.jsonl"
-    data.write_text(json.dumps({"question": "1 + 1?", "answer": "#### 2"}) + "\n")
+    data = gsm8k_file(tmp_path, [("1 + 1?", "2")])
     common = ["eval", "--bench", "gsm8k", "--data", str(data), "--models", "a,b", "--no-progress"]
     assert main([*common, "--out", str(tmp_path / "run")]) == 0
     assert seen["engine"].options.fit_cache == str(tmp_path / "run" / eval_cli.FITS)

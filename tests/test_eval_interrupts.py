@@ -15,14 +15,12 @@ from shared_engine.cli import build_parser
 from shared_engine.evaluation import runner
 from shared_engine.evaluation.compare import compare_runs
 from shared_engine.evaluation.runner import SAMPLES, SUMMARY
+from tests.eval_files import gsm8k_file
 from tests.toy import registered_members, toy_member
 
 
 def _data(tmp_path: Path, questions: int) -> Path:
-    file = tmp_path / "questions.jsonl"
-    file.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": f"#### {2 * i}"}) + "\n"
-                            for i in range(questions)))
-    return file
+    return gsm8k_file(tmp_path, [(f"What is {i} + {i}?", str(2 * i)) for i in range(questions)], "questions.jsonl")
 
 
 def _eval(tmp_path: Path, out: Path, limit: int, *extra: str) -> None:

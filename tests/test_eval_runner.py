@@ -21,6 +21,7 @@ from shared_engine.evaluation.runner import SAMPLES, SUMMARY
 from shared_engine.evaluation.scoring import score_number
 from shared_engine.options import METHODS
 from tests.benchdata import needs_data
+from tests.eval_files import gsm8k_file
 from tests.toy import toy_member
 
 TIMING = {"tokens_per_s", "elapsed_s", "seconds_per_question", "mean_time_to_first_token_s",
@@ -38,9 +39,7 @@ def toy_bench(tmp_path: Path, questions: int = 3):  # noqa: ANN201 - a Benchmark
 
 
 def _gsm8k_file(tmp_path: Path) -> Path:
-    file = tmp_path / "gsm8k.jsonl"
-    file.write_text(json.dumps({"question": "1 + 1?", "answer": "#### 2"}) + "\n")
-    return file
+    return gsm8k_file(tmp_path, [("1 + 1?", "2")])
 
 
 def engine() -> EnsembleEngine:
