@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,28 @@ from shared_engine.evaluation.compare import compare_runs
 from shared_engine.evaluation.runner import SAMPLES, SUMMARY
 from tests.eval_files import gsm8k_file
 from tests.toy import registered_members, toy_member
+
+
+@pytest.fixture(autouse=True)
+def ctrl_c_raises() -> Iterator[None]:
+    """Ctrl-C as an interactive run has it: a suite started in the background (``make test &``) inherits
+    SIGINT ignored, and these tests' SIGINT did nothing there."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_run_that_ignores_ctrl_c_keeps_ignoring_it_while_its_members_load(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Started in the background (SIGINT ignored), the load did not make the run interruptible."""
+    seen = []
+    monkeypatch.setattr(runner, "load_with_notice", lambda engine, notice=True: seen.append(
+        signal.getsignal(signal.SIGINT)))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    members = [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
+    with registered_members(members):
+        _eval(tmp_path, tmp_path / "run", 1)
+    assert seen == [signal.SIG_IGN] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def _data(tmp_path: Path, questions: int) -> Path:

@@ -324,8 +324,10 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
 async def _load(engine: EnsembleEngine, notice: bool, interruptible: bool) -> None:
     """``load_with_notice``; ``interruptible`` on the main thread: there with Ctrl-C's own handler, which
     raises at once (asyncio.run's only cancels the run, which then waits for the load), and blocking the
-    event loop meanwhile (nothing else runs on the CLI's)."""
-    if not (interruptible and threading.current_thread() is threading.main_thread()):
+    event loop meanwhile (nothing else runs on the CLI's). A process that ignores Ctrl-C (started in the
+    background: ``eval ... &``) keeps ignoring it."""
+    if not (interruptible and threading.current_thread() is threading.main_thread()) \
+            or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         await asyncio.to_thread(load_with_notice, engine, notice)
         return
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
