@@ -23,7 +23,6 @@ are wrapped to pass the model run's id and callbacks on; see ``_OwnRun``.)
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import functools
 import json
@@ -195,16 +194,9 @@ def _count_off_pending() -> None:
 
 
 def _close_engine(engine: EnsembleEngine) -> None:
-    """``engine.close()``: running requests end at their next round; members go when they have. On an
-    event loop's thread (``llm.close()`` or a collection in an async app) it runs in a worker thread:
-    a member's close waits for a call a cancelled request left running (an in-process llama.cpp
-    server's: seconds), and on the loop thread that froze every coroutine; the members go moments later."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        engine.close()
-        return
-    threading.Thread(target=engine.close, name="ChatEnsemble engine close").start()
+    """``engine.close()``: running requests end at their next round; members go when they have (off an
+    event loop's thread: ``close_from_anywhere``)."""
+    engine.close_from_anywhere("ChatEnsemble engine close")
 
 
 def _is_model_profile(value: Any) -> bool:

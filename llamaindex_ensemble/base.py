@@ -28,10 +28,8 @@ Design:
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
-import threading
 import warnings
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Mapping, Sequence
@@ -151,14 +149,8 @@ class _SharedEngine:
 
     def release(self, token: object) -> None:
         engine = self.let_go(token)
-        if engine is None:
-            return
-        try:  # on an event loop's thread, a member's close (a llama.cpp server's: seconds) froze the loop
-            asyncio.get_running_loop()
-        except RuntimeError:
-            engine.close()
-            return
-        threading.Thread(target=engine.close, name="EnsembleLLM engine close").start()
+        if engine is not None:
+            engine.close_from_anywhere("EnsembleLLM engine close")
 
 
 _FRAMEWORK_DIRS = tuple(str(Path(folder).resolve()) + os.sep for folder in

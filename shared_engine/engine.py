@@ -270,6 +270,18 @@ class EnsembleEngine:
         (a llama.cpp member's, seconds): on an event loop, ``await aclose()`` instead."""
         _release_all(self._stop())
 
+    def close_from_anywhere(self, thread_name: str = "engine close") -> None:
+        """``close()`` for a caller that may be on an event loop's thread (an adapter's ``close()``, or a
+        finalizer run by a collection in an async app): there it runs in a worker thread, since a member's
+        close waits for a call a cancelled request left running (an in-process llama.cpp server's:
+        seconds), which froze every coroutine; the members go moments later."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self.close()
+            return
+        threading.Thread(target=self.close, name=thread_name).start()
+
     def _stop(self) -> list[MemberConfig]:
         """``close()`` but for releasing: the members to let go of now (none while requests run: the
         last of them lets go)."""
