@@ -53,9 +53,12 @@ class VerifyEvent(_Event):
 
 
 class Candidate(BaseModel):
-    text: str
+    text: str = Field(description="The candidate as text ('<eos>' for ending the answer; bytes that are "
+                                  "no whole character read as '\ufffd': see ``hex``).")
     member_probs: dict[str, float]
     fused: float
+    hex: str | None = Field(None, description="The candidate's bytes in hex where they are not whole UTF-8 "
+                                              "characters (several such candidates all read '\ufffd').")
 
 
 class EnsembleEvent(_Event):
@@ -65,6 +68,8 @@ class EnsembleEvent(_Event):
     candidates: list[Candidate]
     sharpened: bool
     chosen: str
+    chosen_index: int | None = Field(None, description="Index in ``candidates`` of the chosen one (None "
+                                                       "where it is not among those listed).")
     drafted: str | None = Field(None, description="What the drafter had proposed here, if anything.")
     changed: bool = Field(description="The fused choice differs from the drafted token.")
 
@@ -75,6 +80,8 @@ class SpanCandidate(BaseModel):
     proposed_by: list[str] = Field(description="Members whose continuations gave this span.")
     member_nll: dict[str, float] = Field(description="Mean token NLL of the span under each member.")
     score: float = Field(description="Weighted mean of member_nll; the lowest wins.")
+    hex: str | None = Field(None, description="The span's bytes in hex where they are not whole UTF-8 "
+                                              "characters.")
 
 
 class AdaFuseEvent(_Event):
@@ -92,6 +99,8 @@ class AdaFuseEvent(_Event):
     words: int = Field(description="Words in the committed span.")
     candidates: list[SpanCandidate]
     chosen: str
+    chosen_index: int | None = Field(None, description="Index in ``candidates`` (best score first) of "
+                                                       "the span committed.")
 
 
 class CacheSyncEvent(_Event):

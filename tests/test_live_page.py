@@ -27,10 +27,15 @@ if TYPE_CHECKING:
 MODEL = "every-token-ensemble"
 
 
-def fusion(position: int, offset: int, chosen: str, drafted: str, rows: list[tuple[str, float]]) -> EnsembleEvent:
-    candidates = [Candidate(text=text, member_probs={"a": p, "b": p}, fused=p) for text, p in rows]
+def fusion(position: int, offset: int, chosen: str, drafted: str, rows: list[tuple[str, float]],
+           chosen_index: int = 0) -> EnsembleEvent:
+    """As the engine sends it (report.fusion_event): a "\ufffd" row (part of a character) with its
+    bytes in hex (made up here: they only tell the rows apart), the chosen row by index."""
+    candidates = [Candidate(text=text, member_probs={"a": p, "b": p}, fused=p,
+                            hex=f"f0 9f {i:02x}" if text == "\ufffd" else None) for i, (text, p) in enumerate(rows)]
     return EnsembleEvent(position=position, offset=offset, candidates=candidates, sharpened=False,
-                         chosen=chosen, drafted=drafted, changed=chosen != drafted or position == 2)
+                         chosen=chosen, chosen_index=chosen_index, drafted=drafted,
+                         changed=chosen != drafted or position == 2)
 
 
 # "Hi " (0), then 😀 written by four byte tokens (1-4) of which 1-3 were fused (2 changed): the
@@ -138,10 +143,26 @@ def test_a_card_bolds_one_chosen_row_and_names_a_partial_characters_text() -> No
         first = page.locator('#decisions [data-decision="t1"]')
         assert first.locator("tr.chosen").count() == 1
         assert first.locator("tr").nth(1).get_attribute("class") == "chosen"  # the highest, the fused choice
-        assert "chose \ufffd (part of \U0001f600)" in first.inner_text()
+        assert "chose \ufffd f0 9f 00 (part of \U0001f600)" in first.inner_text()
         assert first.locator("tr.chosen code.t").get_attribute("title").startswith("bytes of a character")
         assert all(page.locator(f'#decisions [data-decision="{key}"] tr.chosen').count() == 1
                    for key in ("t2", "t3", "t5", "t8", "t9"))
+        assert not errors, errors
+
+
+def test_a_card_bolds_the_row_the_engine_chose_among_rows_that_read_alike() -> None:
+    """When sampling picked the second of two "\ufffd" rows, the page bolded the first (it matched rows
+    by text) and showed both rows alike; the event's chosen_index and each row's bytes tell them apart."""
+    script = [TokenEvent(text="Hi ", source="draft", position=0),
+              fusion(1, 3, "\ufffd", "\ufffd", [("\ufffd", 0.6), ("\ufffd", 0.3), ("x", 0.1)], chosen_index=1),
+              TokenEvent(text="\U0001f600", source="draft", position=1)]
+    with live_page(ScriptedEvents(script)) as (page, errors):
+        answer(page)
+        card = page.locator('#decisions [data-decision="t1"]')
+        assert card.locator("tr.chosen").count() == 1
+        assert card.locator("tr").nth(2).get_attribute("class") == "chosen"
+        assert card.locator("tr.chosen code.t").inner_text() == "\ufffd f0 9f 01"
+        assert "chose \ufffd f0 9f 01" in card.inner_text()
         assert not errors, errors
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -62,6 +63,24 @@ def test_a_fusion_event_shows_the_most_probable_candidates_rounded() -> None:
     assert (event.chosen, event.drafted, event.changed) == ("<eos>", " w3", True)
     assert (event.position, event.offset) == (7, 30)
     assert fusion_event(_fusion(b" w1", None)).drafted is None
+    assert event.chosen_index is None  # <eos> is the least probable of the 15: not listed
+
+
+def test_the_event_says_which_row_was_chosen_and_the_bytes_of_partial_characters() -> None:
+    """Two candidates holding different first bytes of a character both read "\ufffd": the row chosen
+    is given by index, and each such row by its bytes, so a reader (the live page) can tell them apart."""
+    keys = [b" a", "\u00e9".encode()[:1], "\u4e2d".encode()[:1], "\u4e2d".encode()[:2] + EOS_KEY]
+    member_probs = torch.tensor([[0.4, 0.3, 0.2, 0.1], [0.4, 0.3, 0.2, 0.1]])
+    fused = Fused(keys, member_probs, member_probs[0])
+    event = fusion_event(FusionDecision(position=0, offset=0, members=("a", "b"), fused=fused, sharpened=False,
+                                        chosen=keys[2], drafted=keys[1]))
+    assert [c.text for c in event.candidates] == [" a", "\ufffd", "\ufffd", "\ufffd<eos>"]
+    assert [c.hex for c in event.candidates] == [None, "c3", "e4", "e4 b8"]
+    assert (event.chosen, event.chosen_index) == ("\ufffd", 2)
+    span = span_event(_span(True, b" one", None))
+    assert span.chosen_index == 0 and span.candidates[0].text == span.chosen == " one"
+    leader = replace(_span(False, b" one", None), chosen=b" two words")  # vote="uncertain": a sure leader's
+    assert span_event(leader).chosen_index == 1  # span is committed whatever it scores
 
 
 def _span(voted: bool, chosen: bytes, drafter_proposal: bytes | None) -> SpanDecision:

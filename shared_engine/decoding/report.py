@@ -33,6 +33,17 @@ def show(key: bytes) -> str:
     return text.decode("utf-8", "replace") + ("<eos>" if text != key else "")
 
 
+def partial_hex(key: bytes) -> str | None:
+    """A candidate's bytes in hex where ``show`` cannot read them whole (part of a character's
+    bytes reads "\ufffd", and several such candidates read alike); None for whole characters."""
+    text = key[:-len(EOS_KEY)] if key.endswith(EOS_KEY) else key
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError:
+        return text.hex(" ")
+    return None
+
+
 # -- SAFE's round and the per-token baselines ----------------------------------------------------
 
 def count_draft(stats: Stats, drafted: int, chosen: int, loop_breaks: int = 0) -> None:
@@ -101,10 +112,13 @@ def fusion_event(decision: FusionDecision) -> EnsembleEvent:
     order = torch.argsort(fused.fused, descending=True)[:CANDIDATES_SHOWN].tolist()
     candidates = [Candidate(text=show(fused.keys[i]), fused=round(float(fused.fused[i]), PROB_DIGITS),
                             member_probs={label: round(float(fused.member_probs[m, i]), PROB_DIGITS)
-                                          for m, label in enumerate(decision.members)})
+                                          for m, label in enumerate(decision.members)},
+                            hex=partial_hex(fused.keys[i]))
                   for i in order]
+    listed = [fused.keys[i] for i in order]
     return EnsembleEvent(position=decision.position, offset=decision.offset, candidates=candidates,
                          sharpened=decision.sharpened, chosen=show(decision.chosen),
+                         chosen_index=listed.index(decision.chosen) if decision.chosen in listed else None,
                          drafted=show(decision.drafted) if decision.drafted else None, changed=decision.changed)
 
 
@@ -144,13 +158,16 @@ def count_span_source(stats: Stats, own: bool, voted: bool, committed: int) -> N
 
 
 def span_event(decision: SpanDecision) -> AdaFuseEvent:
+    # Best first, as shown (stable: candidates whose shown scores tie keep the proposal order).
+    ranked = sorted(decision.candidates, key=lambda c: round(c.score, NLL_DIGITS))
     candidates = [SpanCandidate(text=show(c.key), proposed_by=c.proposed_by,
                                 member_nll={label: round(v, NLL_DIGITS) for label, v in c.member_nll.items()},
-                                score=round(c.score, NLL_DIGITS))
-                  for c in decision.candidates]
-    candidates.sort(key=lambda c: c.score)  # best first (stable: ties keep the proposal order)
+                                score=round(c.score, NLL_DIGITS), hex=partial_hex(c.key))
+                  for c in ranked]
+    listed = [c.key for c in ranked]
     return AdaFuseEvent(position=decision.position, offset=decision.offset, uncertainty=decision.uncertainty,
                         member_uncertainty={label: round(v, NLL_DIGITS)
                                             for label, v in decision.member_uncertainty.items()},
                         leader=decision.leader, fused=decision.voted, words=decision.words,
-                        candidates=candidates, chosen=show(decision.chosen))
+                        candidates=candidates, chosen=show(decision.chosen),
+                        chosen_index=listed.index(decision.chosen) if decision.chosen in listed else None)
