@@ -60,7 +60,9 @@ class Sampler:
         and the softmax to NaN; shifted, it tends to the argmax as it should."""
         shifted = logits - logits.max(dim=-1, keepdim=True).values
         # A T below float32's tiny (1e-300) became 0.0 in the division, 0/0 NaN: clamped, it stays greedy.
-        return torch.softmax(shifted / max(self.temperature, torch.finfo(torch.float32).tiny), dim=-1)
+        # One above float32's max (1e39) became inf, and a masked logit's -inf / inf NaN: clamped, uniform.
+        f32 = torch.finfo(torch.float32)
+        return torch.softmax(shifted / min(max(self.temperature, f32.tiny), f32.max), dim=-1)
 
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.generator))

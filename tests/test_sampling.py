@@ -132,3 +132,16 @@ def test_a_tiny_temperature_samples_like_greedy(method: str) -> None:
     sampler = Sampler(temperature=1e-40, seed=0)
     assert sampler.from_probs(torch.tensor([0.2, 0.5, 0.3])) == 1
     assert torch.equal(sampler.tempered(torch.tensor([0.2, 0.5, 0.3])), torch.tensor([0.0, 1.0, 0.0]))
+
+
+@pytest.mark.parametrize("method", ["single", "safe", "adafuse"])
+def test_a_temperature_beyond_float32_samples_uniformly(method: str) -> None:
+    """T = 1e39 is a valid (if useless) temperature: it became inf in float32, a special token's masked
+    logit -inf / inf was NaN, and the request failed in torch.multinomial ('probability tensor contains
+    either inf, nan or element < 0'); clamped to float32's max, it samples (all but) uniformly."""
+    members = [toy_member("a", "byte_level", "llama", 1)] + ([toy_member("b", "metaspace", "gpt2", 2)]
+                                                              if method != "single" else [])
+    engine = EnsembleEngine(members, method=method)
+    assert engine.generate("Hello", max_new_tokens=4, temperature=1e39, seed=3).finish_reason in {"length", "eos"}
+    probs = Sampler(temperature=1e308, seed=0).tempered(torch.tensor([0.0, 0.5, 0.5]))
+    assert torch.isfinite(probs).all() and float(probs[1]) == pytest.approx(1 / 3)
