@@ -74,6 +74,20 @@ def test_the_readmes_sample_eval_builds_its_few_shot_prompt(monkeypatch: pytest.
     assert len(train) == 4 and any(first_exemplar in str(m["content"]) for m in messages)
 
 
+def test_data_sample_names_the_packaged_sample_from_any_folder(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    """The README's path into the package (`--data shared_engine/sample_data/...`) works only from a
+    clone's root: an installed user got "benchmark file not found". `--data sample` names it anywhere."""
+    monkeypatch.setenv("SAFE_ENSEMBLE_DATA", str(tmp_path / "absent"))
+    monkeypatch.chdir(tmp_path)
+    bench = get_benchmark("gsm8k", "sample")
+    assert len(bench.dataset().records) == 32 and bench.messages(bench.dataset().records[0])
+    with pytest.raises(InvalidRequestError, match="GSM8K sample only"):
+        get_benchmark("arc-challenge", "sample")
+    (tmp_path / "sample").write_text(data_paths.GSM8K_SAMPLE.read_text())  # a file named so is that file
+    assert get_benchmark("gsm8k", "sample").path == Path("sample")
+
+
 async def test_an_eval_whose_prompt_cannot_be_built_fails_before_anything_is_written(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from shared_engine import EnsembleEngine

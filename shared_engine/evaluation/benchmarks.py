@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..data_paths import find_data_dir, not_found
+from ..data_paths import GSM8K_SAMPLE, find_data_dir, not_found
 from ..errors import InvalidRequestError
 from . import datasets, prompts, scoring
 from .datasets import Dataset, Record
@@ -52,7 +52,17 @@ class Benchmark:
         return data.model_copy(update={"records": kept, "skipped": skipped})
 
 
+SAMPLE = "sample"
+"""``--data sample``: the GSM8K sample the package ships (its first 32 test questions), found from any
+folder (a path into the package works only from a clone's root)."""
+
+
 def _main_path(data: str | None, relative: str) -> Path:
+    if data == SAMPLE and not Path(data).exists():
+        if relative != "gsm8k/test.jsonl":
+            raise InvalidRequestError("--data sample: the package ships a GSM8K sample only "
+                                      "(other benchmarks need the data folder)")
+        return GSM8K_SAMPLE
     if data is None:
         root = find_data_dir()
         if root is None:

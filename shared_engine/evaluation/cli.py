@@ -36,7 +36,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--method", choices=METHODS, help="default: safe (single with one model)")
     parser.add_argument("--pair", choices=FLORES_PAIRS, default="en-de", help="flores language pair")
     parser.add_argument("--limit", type=int, help="first N questions (BBH / MMLU-Redux: interleaved over tasks)")
-    parser.add_argument("--data", help="benchmark file or folder (default: $SAFE_ENSEMBLE_DATA or ../shared/data)")
+    parser.add_argument("--data", help="benchmark file or folder (default: $SAFE_ENSEMBLE_DATA or ../shared/data); "
+                                         "'sample': the GSM8K sample the package ships")
     parser.add_argument("--out", help="output folder (default: eval-runs/BENCH-METHOD-MODELS, "
                                           "with -PROFILE (the file's name) after it under --profile)")
     parser.add_argument("--resume", action="store_true", help="continue a run: skip questions already answered")
