@@ -153,7 +153,13 @@ def main() -> None:
 
             app = create_app(EnsembleEngine(MEMBERS, method="safe"), model_name=args.model)
             base_url = stack.enter_context(serve_in_background(app))
-        model = args.model or served_model(base_url)
+        try:
+            model = args.model or served_model(base_url)
+        except openai.APIConnectionError:  # a traceback of httpx's and openai's frames said only this
+            sys.exit(f"no server answers at {base_url}: start one with 'safe-ensemble serve ...' "
+                     "or leave out --base-url")
+        except openai.APIError as err:  # e.g. a 401 (the server has --api-key) or a 404 (not this server)
+            sys.exit(f"GET {base_url}/v1/models failed: {api_error(err)}")
         if args.base_url is None:
             print(f"serving {model} at {base_url}/v1 (page: {base_url}/)")
         for name, client in (("openai", with_openai), ("curl", with_curl), ("langchain", with_langchain)):

@@ -96,3 +96,16 @@ def test_an_error_in_the_stream_is_a_readable_line_from_curl(monkeypatch: pytest
         cookbook.with_curl(url, MODEL, 20)
     out = capsys.readouterr().out
     assert "[curl] the stream ended with an error: generation failed: the member's process died" in out, out
+
+
+def test_no_server_at_the_base_url_is_one_readable_line(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Asking a dead URL for its model ended in a 40-line httpx/openai traceback (APIConnectionError)."""
+    cookbook = load()
+    with serve_in_background(create_app(toy_engine())) as url:
+        pass  # the port was just served and is now closed: nothing answers there
+    monkeypatch.setattr(sys, "argv", ["streaming_app.py", "--base-url", f"{url}/v1"])
+    with pytest.raises(SystemExit) as exit_:
+        cookbook.main()
+    assert exit_.value.code == f"no server answers at {url}: start one with 'safe-ensemble serve ...' " \
+                               "or leave out --base-url"
