@@ -553,8 +553,8 @@ def _is_complete(folder: Path, gguf_sha256: str | None = None) -> bool:
 
 
 @contextlib.contextmanager
-def _transformers_bars(enabled: bool) -> Iterator[None]:
-    """Silence transformers' progress bars while we convert, if the caller asked for quiet.
+def transformers_bars(enabled: bool) -> Iterator[None]:
+    """Silence transformers' progress bars while we convert or load, if the caller asked for quiet.
 
     The GGUF dequantization bar uses plain tqdm and ignores transformers'
     switch, so it is muted by swapping that module's ``tqdm`` for the duration
@@ -611,7 +611,7 @@ def _dequantize_to(gguf: Path, out_dir: Path, progress: bool) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with _transformers_bars(progress):
+    with transformers_bars(progress):
         with readable_gguf(gguf):
             tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
             model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
@@ -786,7 +786,7 @@ def tokenizer_dir(name: str, progress: bool = True) -> Path:
                 tmp_dir = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
                 try:
                     _as_created(tmp_dir, folder=True)
-                    with _transformers_bars(progress):
+                    with transformers_bars(progress):
                         AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(tmp_dir)
                     marker = {"gguf_sha256": spec.sha256, "zoo_name": spec.name, "tokenizer_only": True}
                     (tmp_dir / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")

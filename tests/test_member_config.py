@@ -457,3 +457,12 @@ def test_cuda_and_cuda_0_share_one_memory_budget(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(InvalidRequestError, match="do not fit on cuda:0"):
         devices.check_fits([("a", torch.device("cuda"), 10 * 2**30), ("b", torch.device("cuda:0"), 10 * 2**30)])
     devices.check_fits([("a", torch.device("cuda:0"), 10 * 2**30), ("b", torch.device("cuda:1"), 10 * 2**30)])
+
+
+def test_a_quiet_load_shows_no_transformers_bar(toy_folders: list[Path], capfd: pytest.CaptureFixture[str]) -> None:
+    """'calibrate --no-progress' (and every quiet load) still printed transformers' "Loading weights"
+    bar for each transformers member; a load with progress shows it as before."""
+    quiet = load_member(MemberConfig(model=str(toy_folders[0]), dtype="bfloat16"), progress=False)  # not loaded before
+    assert "Loading weights" not in capfd.readouterr().err and quiet is not None
+    load_member(MemberConfig(model=str(toy_folders[1]), dtype="bfloat16"), progress=True)  # not loaded before
+    assert "Loading weights" in capfd.readouterr().err

@@ -182,14 +182,15 @@ def unregister_member(name: str) -> None:
 
 
 def _build(config: MemberConfig, progress: bool) -> Member:
-    from ..zoo import gguf_path, resolve
+    from ..zoo import gguf_path, resolve, transformers_bars
 
     spec, options = config.spec, config.backend_options()
     if spec.backend == "transformers":
         from .hf import HFMember
 
         resolved = resolve(spec.target, progress=progress)
-        return HFMember.from_pretrained(resolved.name, resolved.path, **options)
+        with transformers_bars(progress):  # its "Loading weights" bar too ('--no-progress')
+            return HFMember.from_pretrained(resolved.name, resolved.path, **options)
     from .remote import load_tokenizer
 
     if spec.backend == "llamacpp" and not spec.is_url:
