@@ -3,10 +3,11 @@
 Requests are validated strictly (``"5"`` is not an integer, as with OpenAI) so that a client bug
 surfaces as a 400 naming the parameter instead of a silent coercion. Unknown request fields are
 accepted and ignored, as OpenAI-compatible servers usually do, except those whose silent omission
-would change the answer's meaning (the legacy ``functions``, ``logprobs``): those get a 400 saying
-they are not supported. ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``response_format`` and the
-extension ``tool_result_hint`` go to the engine's one mechanism (``shared_engine.tools``); calls come back as OpenAI
-``tool_calls``, streamed as one delta per call.
+would change the answer's meaning (the legacy ``functions``, ``logprobs``, audio output, an image
+part in a message): those get a 400 saying they are not supported. ``tools``, ``tool_choice``,
+``parallel_tool_calls``, ``response_format`` and the extension ``tool_result_hint`` go to the engine's
+one mechanism (``shared_engine.tools``); calls come back as OpenAI ``tool_calls``, streamed as one
+delta per call.
 
 The ensemble extension: every response carries an extra top-level ``ensemble`` object (OpenAI
 clients keep unknown fields in ``model_extra`` and otherwise ignore them); see ``EnsembleDelta``,
@@ -15,6 +16,7 @@ clients keep unknown fields in ``model_extra`` and otherwise ignore them); see `
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -23,11 +25,15 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
     SerializerFunctionWrapHandler,
     ValidationInfo,
     field_validator,
     model_serializer,
+    model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from ..events import AdaFuseEvent, EnsembleEvent, OpenAIFinishReason, Stats, ToolCallEvent, Usage
 from ..members.chat import join_text_parts
@@ -69,6 +75,25 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    _non_text_part: tuple[int, str] | None = PrivateAttr(None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _note_non_text_part(cls, data: object, handler: ModelWrapValidatorHandler[ChatMessage]) -> ChatMessage:
+        """A part this server cannot read (``image_url``, ``input_audio``, ``file``: OpenAI's vision and
+        audio requests) is noted, for ``ChatCompletionRequest.unsupported`` to refuse by name, rather
+        than failing as pydantic's union error ("content.str: Input should be a valid string"). It
+        stands in the list as empty text meanwhile, so that the other parts keep their indexes."""
+        found = None
+        if isinstance(data, dict) and isinstance(content := data.get("content"), list):
+            found = next(((index, part["type"]) for index, part in enumerate(content) if isinstance(part, dict)
+                          and isinstance(part.get("type"), str) and part["type"] != "text"), None)
+            if found is not None:
+                data = {**data, "content": [{"type": "text", "text": ""} if index == found[0] else part
+                                            for index, part in enumerate(content)]}
+        message = handler(data)
+        message._non_text_part = found
+        return message
 
     def as_engine_message(self) -> dict[str, Any]:
         """The engine's message form: ``developer`` is OpenAI's newer name for ``system``."""
@@ -103,6 +128,7 @@ UNSUPPORTED: dict[str, str] = {
     "frequency_penalty": _NO_PENALTY,
     "presence_penalty": _NO_PENALTY,
     "logit_bias": "token ids differ between the members, so a logit bias has no single meaning",
+    "audio": "audio output is not supported (this server writes text only)",
 }
 """Request fields this server refuses with a 400 rather than silently ignore (any other unknown field is ignored)."""
 
@@ -140,7 +166,7 @@ class _GenerationRequest(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int | None = Field(None, ge=1, le=1, description="Only one choice per request.")
+    n: int | None = Field(None, ge=1, description="Only one choice per request.")
     loop_guard: int | None = Field(
         None, ge=0, le=4096,
         description="Extension: an exact repetition at the answer's end may reach this many bytes, then no "
@@ -156,6 +182,16 @@ class _GenerationRequest(BaseModel):
         """Null is the default: OpenAI's spec makes ``stream`` nullable (clients that send unset
         options as null do), and the extension follows it."""
         return cls.model_fields[str(info.field_name)].default if value is None else value
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value: int | None) -> int | None:
+        """Said why: pydantic's bound read "Input should be less than or equal to 1"."""
+        if value is not None and value > 1:
+            raise PydanticCustomError(
+                "less_than_equal", "n must be 1: this server returns one choice per request (send the request "
+                                   "{n} times for {n} answers)", {"n": value})
+        return value
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -173,6 +209,11 @@ class _GenerationRequest(BaseModel):
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) for a feature this server cannot honour, rather than ignore."""
         extra = self.model_extra or {}
+        modalities = extra.get("modalities")
+        if modalities and not (isinstance(modalities, list) and all(m == "text" for m in modalities)):
+            # ["text", "audio"] would get text alone
+            return "modalities", (f"only text output is supported (send [\"text\"] or leave it out), "
+                                  f"not {json.dumps(modalities)}")
         # a falsy value (OpenAI's neutral 0, {}, false) changes nothing and is accepted
         return next(((param, why) for param, why in UNSUPPORTED.items() if extra.get(param)), None)
 
@@ -208,6 +249,15 @@ class ChatCompletionRequest(_GenerationRequest):
         None, min_length=1,
         description="Extension: with tools offered and a conversation that ends with tool results, a user "
                     "turn added after them asking for a plain-text answer (shared_engine.tools.OutputOptions).")
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """A message part that is not text first: its path, as pydantic's errors name one."""
+        for m, message in enumerate(self.messages):
+            if message._non_text_part is not None:
+                index, kind = message._non_text_part
+                return (f"messages.{m}.content.{index}",
+                        f"{kind!r} parts are not supported (this server reads text only)")
+        return super().unsupported()
 
     def conflict(self) -> tuple[str, str] | None:
         if self.tool_choice not in (None, "auto", "none") and not self.tools:
