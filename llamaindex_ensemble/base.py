@@ -36,7 +36,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, 
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import llama_index.core
 import llama_index_instrumentation
@@ -153,6 +153,14 @@ class _SharedEngine:
             engine.close_from_anywhere("EnsembleLLM engine close")
 
 
+def _member_models(members: Sequence[MemberConfig | dict[str, Any]] | str) -> list[Any] | None:
+    """The model of each member (``members`` as given or as ``to_dict`` wrote it); None for a str."""
+    if isinstance(members, str):
+        return None
+    return [m.model if isinstance(m, MemberConfig) else m.get("model") if isinstance(m, dict) else m
+            for m in members]
+
+
 _FRAMEWORK_DIRS = tuple(str(Path(folder).resolve()) + os.sep for folder in
                         [*map(str, llama_index.core.__path__), *map(str, llama_index_instrumentation.__path__),
                          str(Path(__file__).parent)])
@@ -181,18 +189,24 @@ class EnsembleLLM(FunctionCallingLLM):
     ``close()`` / ``aclose()`` (or garbage collection of the LLM and its copies) releases them.
     """
 
-    models: list[str] = Field(description="Member names (zoo names, local folders, .gguf paths, hub ids, specs).")
+    # The fields that built the engine are frozen: assigning one (``llm.method = "adafuse"``) changed
+    # ``model_name`` while the engine went on running the original ensemble.
+    models: list[str] = Field(frozen=True,
+                              description="Member names (zoo names, local folders, .gguf paths, hub ids, specs).")
     members: list[MemberConfig] | None = Field(
-        None, description="Members with their own options (device, dtype, server settings), instead of models.")
+        None, frozen=True,
+        description="Members with their own options (device, dtype, server settings), instead of models.")
     member_options: dict[str, Any] = Field(
-        default_factory=dict, description="MemberDefaults for every transformers member that sets none "
-                                          "(device, device_map, dtype, attn_implementation, compile).")
-    method: str = Field("safe", description="safe | every-token | gac-threshold | single | adafuse")
+        default_factory=dict, frozen=True,
+        description="MemberDefaults for every transformers member that sets none "
+                    "(device, device_map, dtype, attn_implementation, compile).")
+    method: str = Field("safe", frozen=True, description="safe | every-token | gac-threshold | single | adafuse")
     max_tokens: int = Field(256, ge=1, description="Default answer length cap (drafter tokens).")
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy.")
     context_window: int | None = Field(
-        None, description="Override; default: the smallest member's context window (loads the members).")
-    engine_options: dict[str, Any] = Field(default_factory=dict, description="Extra EnsembleEngine options.")
+        None, ge=1, description="Override; default: the smallest member's context window (loads the members).")
+    engine_options: dict[str, Any] = Field(default_factory=dict, frozen=True,
+                                           description="Extra EnsembleEngine options.")
     step_events: bool = Field(False, description="Also send draft/verify/cache_sync as EnsembleStepEvent.")
     tool_result_hint: str | None = Field(
         DEFAULT_TOOL_RESULT_HINT,
@@ -208,8 +222,14 @@ class EnsembleLLM(FunctionCallingLLM):
                  max_tokens: int | None = None, temperature: float = 0.0, context_window: int | None = None,
                  step_events: bool = False, members: Sequence[MemberConfig | dict[str, Any]] | None = None,
                  member_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        if (models is None) == (members is None):
+        if models is not None and members is not None and list(models) == _member_models(members):
+            models = None  # what to_dict()/to_json() and pickling write beside members: the same members
+        if models is None and members is None:
+            raise InvalidRequestError("give models=[names] or members=[MemberConfig(...)]")
+        if models is not None and members is not None:
             raise InvalidRequestError("give models or members (MemberConfig list), not both")
+        if context_window is not None and context_window < 1:  # 0 read as "not given": it loaded the members
+            raise InvalidRequestError(f"context_window must be at least 1, got {context_window}")
         if "max_new_tokens" in kwargs:  # the engine's name for it (ChatEnsemble takes it too)
             if max_tokens is not None:
                 raise InvalidRequestError("give max_tokens or max_new_tokens, not both")
@@ -228,7 +248,8 @@ class EnsembleLLM(FunctionCallingLLM):
         validated(MemberDefaults, **placement)
         # Validates method, options, member configs, parameters and member count first, so bad values
         # raise the engine's InvalidRequestError (not LlamaIndex's field errors); loads nothing yet.
-        specs: list[Any] = list(members if members is not None else models or [])
+        given = members if members is not None else models
+        specs: Any = given if isinstance(given, str) else list(given or [])  # the engine refuses a str
         engine = EnsembleEngine(specs, method=method,
                                 max_new_tokens=max_tokens, temperature=temperature, **placement, **engine_options)
         names = [s.model if isinstance(s, MemberConfig) else s.name for s in engine.member_specs]
@@ -239,6 +260,30 @@ class EnsembleLLM(FunctionCallingLLM):
         self._engine = engine
         self._shared = _SharedEngine(engine)
         self._release = self._shared.hold(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The fields only: unpickling (``IngestionPipeline(num_workers=N)`` pickles its transformations)
+        builds a new engine from them in ``__setstate__``."""
+        built = [s.name for s in self._engine.member_specs if not isinstance(s, MemberConfig)]
+        if built:
+            raise InvalidRequestError(f"an EnsembleLLM over built members ({', '.join(built)}) cannot be pickled: "
+                                      "unpickling rebuilds it from names; give names or MemberConfigs")
+        return {**super().__getstate__(), "__pydantic_private__": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Build a new engine from the pickled fields. LlamaIndex's fallback, when ``__init__`` failed
+        (``models`` beside ``members`` did), restored an LLM without an engine that said it was closed;
+        here the error surfaces."""
+        self.__init__(**state["__dict__"])  # type: ignore[misc]
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy sharing this LLM's engine; ``update`` may not change the fields that built the engine
+        (they would describe another ensemble than the one running)."""
+        frozen = sorted(k for k in update or {} if (info := type(self).model_fields.get(k)) and info.frozen)
+        if frozen:
+            raise InvalidRequestError(f"model_copy cannot update {frozen}: they built this LLM's engine; "
+                                      "make a new EnsembleLLM(...) for another ensemble")
+        return super().model_copy(update=update, deep=deep)
 
     def __copy__(self) -> EnsembleLLM:
         return self._holding(super().__copy__())

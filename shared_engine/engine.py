@@ -97,6 +97,10 @@ class EnsembleEngine:
         ``attn_implementation``, ``compile`` for transformers members, ``slots`` for in-process llama.cpp ones)
         applied to every member that does not set its own.
         Bad configs (unknown dtype or key, a device this machine lacks) fail here, loading nothing."""
+        if isinstance(members, str):  # "a,b" as on the CLI was split into one member per character
+            names = [name.strip() for name in members.split(",") if name.strip()]
+            raise InvalidRequestError(f"give the members as a list of names, e.g. {names!r}, "
+                                      f"not the string {members!r}")
         if not members:
             raise InvalidRequestError("an ensemble needs at least one member")
         placement = {k: options.pop(k) for k in list(options) if k in MemberDefaults.model_fields}

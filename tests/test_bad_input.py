@@ -143,6 +143,8 @@ def test_engine_rejects_bad_member_lists(toys: list) -> None:
         EnsembleEngine(toys[:1], method="safe")  # an ensemble of one
     with pytest.raises(InvalidRequestError):
         EnsembleEngine([toys[0], 42])  # not a name, not a member
+    with pytest.raises(InvalidRequestError, match=r"list of names, e\.g\. \['a', 'b'\], not the string 'a,b'"):
+        EnsembleEngine("a,b")  # as on the CLI: was split into the members 'a', ',', 'b'
     with pytest.raises(InvalidRequestError, match="unknown model"):
         _first_event(EnsembleEngine([toys[0], "no-such-model-anywhere"]), "hi")
 
@@ -367,7 +369,10 @@ def test_llamaindex_warns_about_and_ignores_an_unknown_argument(toys: list) -> N
     pytest.param({"temperature": -1.0}, id="negative-temperature"),
     pytest.param({"draft_length": 0}, id="draft-length-zero"),
     pytest.param({"top_p": 0.0}, id="top-p-zero"),
+    pytest.param({"context_window": 0}, id="zero-context-window"),
+    pytest.param({"context_window": -5}, id="negative-context-window"),
+    pytest.param({"models": "toy-bpe,toy-sp"}, id="models-as-one-string"),
 ])
 def test_llamaindex_rejects_bad_construction(toys: list, options: dict[str, Any]) -> None:
     with pytest.raises(InvalidRequestError):
-        EnsembleLLM(models=toys, **options)
+        EnsembleLLM(**{"models": toys, **options})
