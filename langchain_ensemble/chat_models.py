@@ -66,6 +66,7 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import (
     Runnable,
     RunnableConfig,
+    RunnableGenerator,
     RunnableLambda,
     RunnableMap,
     RunnablePassthrough,
@@ -360,6 +361,20 @@ class ChatEnsemble(BaseChatModel):
     def __deepcopy__(self, memo: dict[int, Any] | None = None) -> ChatEnsemble:
         return self._holding(super().__deepcopy__(memo))
 
+    def __getstate__(self) -> dict[Any, Any]:
+        """Pickled without its count-off (a ``weakref.finalize`` pickles as a dead one: the restored
+        model was closed from the start); ``__setstate__`` holds the engine anew."""
+        state = super().__getstate__()
+        private = dict(state.get("__pydantic_private__") or {})
+        private["_release"] = None
+        return {**state, "__pydantic_private__": private}
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        """A restored model (pickle: multiprocessing, joblib, cloudpickle) is one more user of the
+        shared engine, as a copy is (``_holding``)."""
+        super().__setstate__(state)
+        self._hold(self._engine_config())
+
     def _holding(self, clone: ChatEnsemble) -> ChatEnsemble:
         """A copy (``model_copy``, ``copy.deepcopy``) is one more user of the shared engine, with a
         count-off of its own: it shared the original's before, so closing or collecting the original
@@ -470,6 +485,10 @@ class ChatEnsemble(BaseChatModel):
     def _identifying_params(self) -> dict[str, Any]:
         return {"models": list(self.models), "method": self.method, "max_tokens": self.max_tokens,
                 "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
+                # a default stop or tool_result_hint changes the answer: the LLM cache keys on them too
+                # ("default_stop": LangChain sets "stop" to the call's own, None where it gives none)
+                **({"default_stop": list(self.stop)} if self.stop else {}),
+                **({"tool_result_hint": self.tool_result_hint} if self.tool_result_hint else {}),
                 **self.engine_options, **self.member_options,
                 **({"profile_digest": self._profile_digest} if self._profile_digest is not None else {}),
                 **({"members": [m.model_dump(exclude_none=True) for m in self.members]} if self.members else {})}
@@ -492,11 +511,15 @@ class ChatEnsemble(BaseChatModel):
         *,
         tool_choice: dict[str, Any] | str | bool | None = None,
         parallel_tool_calls: bool | None = None,
+        strict: bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
         """Bind tools; ``tool_choice`` "auto" (default), "none", "any"/"required"/True or a tool
         name. A forced choice prefills the answer with the start of a tool call, which makes even
-        a 0.5B model produce a parseable call; ``parallel_tool_calls=False`` stops after one call."""
+        a 0.5B model produce a parseable call; ``parallel_tool_calls=False`` stops after one call.
+        ``strict`` (which code written for ChatOpenAI passes) is accepted and changes nothing: a
+        forced call's arguments are already decoded under the tool's schema; an unforced call is
+        parsed, not constrained, and one that cannot be read is an ``invalid_tool_call``."""
         formatted = [convert_to_openai_tool(t) for t in tools]
         if formatted:  # reject an unknown tool name now, not at invoke
             forced_tool(tool_choice, [t["function"]["name"] for t in formatted])
@@ -542,9 +565,10 @@ class ChatEnsemble(BaseChatModel):
             if schema is None:
                 raise ValueError("method='function_calling' needs a schema (json_mode takes none: any JSON object)")
             llm = self.bind_tools([schema], tool_choice="any", ls_structured_output_format=ls_format)
-            parser = (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_pydantic
-                      else JsonOutputKeyToolsParser(key_name=convert_to_openai_tool(schema)["function"]["name"],
-                                                    first_tool_only=True))
+            name = convert_to_openai_tool(schema)["function"]["name"]
+            # LangChain's tools parsers read an answer without a readable call as None: it must fail here
+            parser = _readable_call(name) | (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_pydantic
+                                            else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
         else:
             if schema is None and method == "json_schema":
                 raise ValueError("method='json_schema' needs a schema (json_mode takes none: any JSON object)")
@@ -693,8 +717,13 @@ class ChatEnsemble(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
+        async for chunk in self._atranslated(_Translator(self), messages, stop, run_manager, kwargs):
+            yield chunk
+
+    async def _atranslated(self, translator: _Translator, messages: list[BaseMessage], stop: list[str] | None,
+                           run_manager: AsyncCallbackManagerForLLMRun | None, kwargs: dict[str, Any]
+                           ) -> AsyncIterator[ChatGenerationChunk]:
         request = self._request(messages, stop, kwargs)
-        translator = _Translator(self)
         events = self._engine().astream(request.messages, **request.params)
         try:
             async for event in events:
@@ -712,8 +741,12 @@ class ChatEnsemble(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
+        yield from self._translated(_Translator(self), messages, stop, run_manager, kwargs)
+
+    def _translated(self, translator: _Translator, messages: list[BaseMessage], stop: list[str] | None,
+                    run_manager: CallbackManagerForLLMRun | None, kwargs: dict[str, Any]
+                    ) -> Iterator[ChatGenerationChunk]:
         request = self._request(messages, stop, kwargs)
-        translator = _Translator(self)
         # The engine runs on a helper thread; events are handled here, on the caller's thread,
         # where LangChain's context (parent run for custom events) lives.
         events = iterate_sync(self._engine().astream(request.messages, **request.params))
@@ -732,8 +765,10 @@ class ChatEnsemble(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        chunks = self._stream(messages, stop, run_manager=run_manager, **kwargs)
-        return generate_from_stream(_announce(chunks, run_manager) if run_manager else chunks)
+        translator = _Translator(self)
+        chunks = self._translated(translator, messages, stop, run_manager, kwargs)
+        return translator.with_call_errors(generate_from_stream(_announce(chunks, run_manager) if run_manager
+                                                                else chunks))
 
     async def _agenerate(
         self,
@@ -742,8 +777,10 @@ class ChatEnsemble(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        chunks = self._astream(messages, stop, run_manager=run_manager, **kwargs)
-        return await agenerate_from_stream(_aannounce(chunks, run_manager) if run_manager else chunks)
+        translator = _Translator(self)
+        chunks = self._atranslated(translator, messages, stop, run_manager, kwargs)
+        return translator.with_call_errors(await agenerate_from_stream(_aannounce(chunks, run_manager) if run_manager
+                                                                       else chunks))
 
 
 def _json_schema_format(schema: dict[str, Any] | type) -> dict[str, Any]:
@@ -775,6 +812,48 @@ def _valid_answer(message: AIMessage, cut_ok: bool) -> AIMessage:
     return message
 
 
+def _readable_call(name: str) -> Runnable[Any, Any]:
+    """Passes the answer (or its chunks) on, then raises ``OutputParserException`` where it holds no
+    readable call of ``name`` (cut by max_tokens, or unreadable: the engine made it an
+    ``invalid_tool_call``): LangChain's tools parsers read that as ``None``, so ``invoke`` gave None,
+    ``stream`` nothing and ``include_raw=True`` no ``parsing_error`` (ChatOpenAI raises there)."""
+
+    def check(message: BaseMessage | None) -> None:
+        if not isinstance(message, AIMessage) or message.tool_calls:
+            return
+        invalid = message.invalid_tool_calls[0] if message.invalid_tool_calls else None
+        raw = str(message.text)
+        args = invalid.get("args") if invalid is not None else None
+        if args:
+            try:  # the translator writes an unreadable call's text as a JSON string
+                raw = str(json.loads(args))
+            except ValueError:
+                raw = args
+        if message.response_metadata.get("finish_reason") == "length":
+            why = "the call was cut by max_tokens before its JSON ended"
+        elif invalid is not None:
+            why = f"the call could not be read ({invalid.get('error') or 'not a call of it'})"
+        else:
+            why = "the answer holds no call"
+        raise OutputParserException(f"no readable call of {name!r}: {why}", llm_output=raw)
+
+    def transform(chunks: Iterator[Any]) -> Iterator[Any]:
+        whole = None
+        for chunk in chunks:
+            yield chunk
+            whole = chunk if whole is None else whole + chunk
+        check(whole)
+
+    async def atransform(chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        whole = None
+        async for chunk in chunks:
+            yield chunk
+            whole = chunk if whole is None else whole + chunk
+        check(whole)
+
+    return RunnableGenerator(transform, atransform, name="readable_call")
+
+
 def _announce(chunks: Iterator[ChatGenerationChunk], run_manager: CallbackManagerForLLMRun
               ) -> Iterator[ChatGenerationChunk]:
     """``on_llm_new_token`` for a non-streaming ``invoke`` too (as ChatOllama does); the streaming
@@ -796,6 +875,9 @@ class _Translator:
 
     def __init__(self, model: ChatEnsemble) -> None:
         self.model = model
+        self.call_errors: dict[str | None, str] = {}
+        """Why each unreadable call is one, by id: LangChain makes streamed calls whose arguments are no
+        object ``invalid_tool_calls`` with ``error`` None, and rebuilds them so as each chunk is added."""
 
     def on_event(self, event: Event) -> list[ChatGenerationChunk]:
         if event.type == "token":
@@ -804,12 +886,24 @@ class _Translator:
             # an unreadable call's raw text as a JSON string: LangChain reads args that are no
             # object as an invalid_tool_call (raw JSON object text would pass as a call named '')
             args = json.dumps(event.raw, ensure_ascii=False) if event.error else event.arguments_json
+            if event.error:
+                self.call_errors[event.id] = event.error
             chunk = tool_call_chunk(name=event.name, args=args, id=event.id, index=event.index)
             return [ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[chunk]))]
         if event.type == "finish":
             self.model._after_request()
             return [self._final(event)]
         return []
+
+    def with_call_errors(self, result: ChatResult) -> ChatResult:
+        """The whole answer's invalid calls say why (``error``), as ChatOpenAI's non-streamed ones do
+        (streamed chunks cannot carry it: LangChain rebuilds their invalid calls as it adds them)."""
+        for generation in result.generations:
+            message = generation.message
+            for call in message.invalid_tool_calls if isinstance(message, AIMessage) else ():
+                if call.get("error") is None and call.get("id") in self.call_errors:
+                    call["error"] = self.call_errors[call["id"]]
+        return result
 
     def _final(self, finish: FinishEvent) -> ChatGenerationChunk:
         """The last chunk carries usage and metadata (set once: LangChain sums/concatenates)."""
