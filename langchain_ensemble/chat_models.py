@@ -156,6 +156,28 @@ _hold_shared_engine = functools.partial(_shared_engine, hold=True)
 """Bound here, not looked up per call: tests replace ``_shared_engine`` with a scripted engine."""
 
 
+def _listed(members: Any) -> list[Any]:
+    """``members`` as given, refused readably where it is one string ("a,b" as on the CLI)."""
+    if isinstance(members, str):
+        names = [name.strip() for name in members.split(",") if name.strip()]
+        raise InvalidRequestError(f"give the members as a list, e.g. {names!r}, not the string {members!r}")
+    try:
+        return list(members)
+    except TypeError:
+        raise InvalidRequestError(f"members must be a list, not {type(members).__name__}") from None
+
+
+def _member_config(member: Any) -> MemberConfig:
+    """One entry of ``members``: a MemberConfig, its fields as a mapping, or a model name."""
+    if isinstance(member, MemberConfig):
+        return member
+    if isinstance(member, str):
+        return validated(MemberConfig, model=member)
+    if isinstance(member, Mapping):
+        return validated(MemberConfig, **member)
+    raise InvalidRequestError(f"members: {member!r} is not a MemberConfig, a mapping of its fields or a model name")
+
+
 def _release_engine(key: tuple[Any, ...]) -> None:
     """One chat model of this configuration is closed or collected; the last one closes the
     engine, which releases the members it loaded (unloaded unless another engine holds them).
@@ -307,8 +329,7 @@ class ChatEnsemble(BaseChatModel):
             placement[key] = values.pop(key)
         values["member_options"] = placement
         if values.get("members") and not values.get("models"):
-            values["members"] = [m if isinstance(m, MemberConfig) else validated(MemberConfig, **m)
-                                 for m in values["members"]]
+            values["members"] = [_member_config(m) for m in _listed(values["members"])]
             values["models"] = [m.model for m in values["members"]]
         if "max_new_tokens" in values and "max_tokens" not in values:
             values["max_tokens"] = values.pop("max_new_tokens")

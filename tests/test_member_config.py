@@ -236,6 +236,21 @@ def test_langchain_adapter_passes_member_configs_and_options() -> None:
         ChatEnsemble(models=["x", "y"], members=configs)
 
 
+def test_langchain_members_given_as_a_string_or_names_are_read_or_refused_readably() -> None:
+    """members="a,b" (as on the CLI) and members=["a", "b"] crashed with "TypeError: validated() argument
+    after ** must be a mapping, not str" (the engine and EnsembleLLM refuse the string readably)."""
+    from langchain_ensemble import ChatEnsemble
+
+    with pytest.raises(ValueError, match=r"as a list, e.g. \['a', 'b'\], not the string 'a,b'"):
+        ChatEnsemble(members="a,b")
+    with pytest.raises(ValueError, match="not a MemberConfig"):
+        ChatEnsemble(members=[1])
+    with pytest.raises(ValueError, match="must be a list, not int"):
+        ChatEnsemble(members=3)
+    llm = ChatEnsemble(members=["a", {"model": "b", "dtype": "bfloat16"}])
+    assert llm._engine().member_specs == [MemberConfig(model="a"), MemberConfig(model="b", dtype="bfloat16")]
+
+
 def test_llamaindex_adapter_passes_member_configs_and_options() -> None:
     from llamaindex_ensemble import EnsembleLLM
 
@@ -246,9 +261,9 @@ def test_llamaindex_adapter_passes_member_configs_and_options() -> None:
     assert placed == [("bfloat16", None), (None, "eager")]
     by_option = EnsembleLLM(models=["a", "b"], member_options={"dtype": "float16"}, draft_length=2)
     assert [s.dtype for s in by_option.engine.member_specs] == ["float16", "float16"]
-    with pytest.raises(InvalidRequestError, match="colour"):
+    with pytest.raises(ValueError, match="colour"):
         EnsembleLLM(models=["a", "b"], member_options={"colour": 1})
-    with pytest.raises(InvalidRequestError, match="not both"):
+    with pytest.raises(ValueError, match="not both"):
         EnsembleLLM(models=["a", "b"], members=configs)
 
 
@@ -269,11 +284,11 @@ def test_member_names_key_stats_and_events_pick_the_drafter_and_change_nothing_e
 
 def test_member_names_are_unique_and_single_out_one_member(toy_folders: list[Path]) -> None:
     a, b = (str(f) for f in toy_folders)
-    with pytest.raises(InvalidRequestError, match="both named 'x'"):
+    with pytest.raises(ValueError, match="both named 'x'"):
         EnsembleEngine([MemberConfig(model=a, name="x"), MemberConfig(model=b, name="x")])
-    with pytest.raises(InvalidRequestError, match="'llamacpp:q'"):  # drafter="q" would be ambiguous
+    with pytest.raises(ValueError, match="'llamacpp:q'"):  # drafter="q" would be ambiguous
         EnsembleEngine([MemberConfig(model="p", name="q"), "llamacpp:q"])
-    with pytest.raises(InvalidRequestError, match="name"):
+    with pytest.raises(ValueError, match="name"):
         EnsembleEngine([{"model": a, "name": ""}, b])
     twice = EnsembleEngine([MemberConfig(model=a, name="first"), MemberConfig(model=a, name="second")])
     assert twice.labels == ["first", "second"] and twice.members[0] is twice.members[1]  # one set of weights
@@ -400,7 +415,7 @@ def test_a_hub_id_loads_from_the_local_hub_cache(tmp_path: Path, monkeypatch: py
     assert member.name == "HuggingFaceTB/SmolLM2-135M-Instruct" and member.model.dtype is torch.bfloat16
     answer = EnsembleEngine([member], method="single").generate("What is 2 + 2?", max_new_tokens=4)
     assert answer.text.strip()
-    with pytest.raises(InvalidRequestError, match="'someone/not-cached'.*not in the local hub cache"):
+    with pytest.raises(ValueError, match="'someone/not-cached'.*not in the local hub cache"):
         _ = EnsembleEngine(["someone/not-cached"], method="single").members
 
 
@@ -454,7 +469,7 @@ def test_cuda_and_cuda_0_share_one_memory_budget(monkeypatch: pytest.MonkeyPatch
     from shared_engine.members import devices
 
     monkeypatch.setattr(devices, "available_bytes", lambda device: 15 * 2**30)
-    with pytest.raises(InvalidRequestError, match="do not fit on cuda:0"):
+    with pytest.raises(ValueError, match="do not fit on cuda:0"):
         devices.check_fits([("a", torch.device("cuda"), 10 * 2**30), ("b", torch.device("cuda:0"), 10 * 2**30)])
     devices.check_fits([("a", torch.device("cuda:0"), 10 * 2**30), ("b", torch.device("cuda:1"), 10 * 2**30)])
 
