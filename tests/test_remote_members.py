@@ -220,6 +220,25 @@ def test_a_server_that_never_answers_fails_within_the_deadline() -> None:
     assert url in str(err.value) and "2 attempt" in str(err.value)
 
 
+def test_a_server_this_process_starts_has_no_deadline_unless_one_is_given() -> None:
+    """An in-process llama.cpp member got a remote server's 60 s deadline: a long prefill on a slow
+    CPU (a large GGUF, or Qwen's 8-shot GSM8K prompt on 2 busy cores in an eval) failed its request
+    "timed out after 60 s (not retried)" though the server was computing it. Without a deadline the
+    call waits for the answer; a deadline the user gives is kept."""
+    from shared_engine.members.llamacpp import local_http
+
+    def slow(method: str, path: str, body: Any) -> tuple[int, bytes]:
+        time.sleep(1.0)
+        return 200, b'{"ok": 1}'
+
+    assert local_http(None).timeout_s is None and local_http(HttpSettings(retries=0)).timeout_s is None
+    assert local_http(HttpSettings(timeout_s=30)).timeout_s == 30
+    with serve(slow) as (url, _):
+        assert JsonClient("m", url, local_http(HttpSettings(retries=0))).post("/completion", {}) == {"ok": 1}
+        with pytest.raises(MemberError, match="timed out after 0.3 s"):
+            JsonClient("m", url, HttpSettings(timeout_s=0.3, retries=0)).post("/completion", {}, retry_timeouts=False)
+
+
 def test_a_timed_out_call_is_not_retried_where_the_server_would_compute_every_copy() -> None:
     """A llama.cpp server goes on computing a ``/completion`` its client gave up on: a retry queued behind it
     in the same slot timed out too (timeout 3 s, 2 retries: the error after 9.4 s, the server busy until 48 s)."""

@@ -44,8 +44,9 @@ class HttpSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    timeout_s: float = Field(60.0, gt=0)
-    """Deadline for one request, connect to last byte."""
+    timeout_s: float | None = Field(60.0, gt=0)
+    """Deadline for one request, connect to last byte (None: none; the default of a llama.cpp server
+    this process starts, whose answers take as long as its compute does)."""
     connect_timeout_s: float = Field(5.0, gt=0)
     retries: int = Field(2, ge=0)
     """Extra attempts after a transport failure or a 429/502/503/504."""
@@ -240,15 +241,15 @@ class JsonClient:
         raise self.error(f"{method} {path} failed after {attempts} attempt(s): {last}")
 
     def _once(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
-        self._deadline.at = time.monotonic() + self.settings.timeout_s
+        self._deadline.at = None if self.settings.timeout_s is None else time.monotonic() + self.settings.timeout_s
         try:
             with self._client.stream(method, path, json=body) as response:
                 chunks = list(response.iter_bytes())
                 status = response.status_code
                 location = response.headers.get("location")
         except httpx.TimeoutException as exc:
-            raise _Retryable(f"timed out after {self.settings.timeout_s:g} s ({type(exc).__name__})",
-                             timed_out=True) from exc
+            after = f" after {self.settings.timeout_s:g} s" if self.settings.timeout_s is not None else ""
+            raise _Retryable(f"timed out{after} ({type(exc).__name__})", timed_out=True) from exc
         except httpx.TransportError as exc:
             raise _Retryable(f"{type(exc).__name__}: {exc or 'connection failed'}") from exc
         except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:

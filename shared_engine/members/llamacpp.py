@@ -373,8 +373,8 @@ class LlamaCppMember(RemoteMember):
         the server batches the active slots in one decode)."""
         window = min(n_ctx, tokenizer.context_window or n_ctx)
         server = LocalLlamaServer(gguf, n_ctx=window, threads=threads, slots=slots, poll=poll)
-        return cls(name, server.url, tokenizer, top_k=top_k, context_window=window, http=http, server=server,
-                   reuse_prompt_cache=reuse_prompt_cache)
+        return cls(name, server.url, tokenizer, top_k=top_k, context_window=window, http=local_http(http),
+                   server=server, reuse_prompt_cache=reuse_prompt_cache)
 
     def wire_capabilities(self) -> dict[str, bool]:
         return {"block_scoring": False, "prefix_cache": True, "token_id_prompts": True}
@@ -481,10 +481,10 @@ class LlamaCppMember(RemoteMember):
 
     def close(self) -> None:
         """Start no other call; with an in-process server, wait for the calls running in it (a
-        cancelled request's call goes on in its thread; each ends by its HTTP deadline), then close
-        the client and stop the server. Dropped under a running ``/completion``, llama.cpp never
-        answered it: the call failed, and this close returned, only at the client's timeout (60 s
-        by default). A call of the closing thread itself (a garbage collection inside it) is not
+        cancelled request's call goes on in its thread until the server answers it), then close
+        the client and stop the server (dropped under a running ``/completion``, llama.cpp never
+        answered it: the call failed, and this close returned, only at the client's timeout). A call
+        of the closing thread itself (a garbage collection inside it) is not
         waited for. Slow for an event loop: the engine lets go of its members off the loop."""
         me = threading.get_ident()
         with self._calls:
@@ -494,6 +494,15 @@ class LlamaCppMember(RemoteMember):
         super().close()
         if self.server is not None:
             self.server.close()
+
+
+def local_http(http: HttpSettings | None) -> HttpSettings:
+    """The settings for a server this process starts: no deadline unless one is given. Its answer
+    takes as long as its compute does (a 4k-token prefill of a 7B GGUF on a few cores: minutes), and
+    the 60 s a remote server gets failed such members' first request ("timed out after 60 s");
+    ``close`` waits for the calls running in it, so none is left unanswered."""
+    http = http or HttpSettings()
+    return http if "timeout_s" in http.model_fields_set else http.model_copy(update={"timeout_s": None})
 
 
 def _server_context(props: Any, default: int) -> int:
