@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from shared_engine import EnsembleEngine
+from shared_engine.alignment import EOS_KEY
 from shared_engine.decoding.round import FusionSettings, _fuse, _guarded_token
 from shared_engine.decoding.state import RequestState, request_members
 from shared_engine.errors import InvalidRequestError
@@ -103,6 +104,20 @@ def test_fusion_never_chooses_a_candidate_that_continues_the_loop() -> None:
     assert free.chosen == b" a" and not free.loop_blocked  # unguarded, the fused favourite repeats the loop
     guarded = _fuse(dists, weights, settings, Sampler(), len(CATS), drafted, 0, loop=loop_unit(CATS, 32))
     assert guarded.chosen == b" and" and guarded.loop_blocked and not guarded.changed
+
+
+def test_an_adafuse_span_that_loops_inside_and_ends_on_other_text_is_ruled_out() -> None:
+    """AdaFuse checked the answer's end only after a whole span: with loop_guard=16 a span repeating
+    " na" to 36 bytes and then ending " Batman" passed; the same span ending " na" was ruled out."""
+    from shared_engine.decoding.adafuse import _ends_in_loop
+
+    member = toy_member("toy-bpe", "byte_level")
+    state = RequestState(request_members([member], ["a"], [member.new_session()], [[1]]), 100, loop_guard=16)
+    state.answer += b"Count:"
+    assert _ends_in_loop(state, b" na" * 12)
+    assert _ends_in_loop(state, b" na" * 12 + b" Batman")
+    assert not _ends_in_loop(state, b" na na Batman and Robin")  # under the limit: not a loop
+    assert not _ends_in_loop(state, b" na" * 12 + EOS_KEY)  # ending the answer ends any loop
 
 
 # -- whole requests -------------------------------------------------------------------------------

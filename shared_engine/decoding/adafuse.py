@@ -415,12 +415,15 @@ def _candidate_keys(state: RequestState, outlook: _Outlook, proposals: Proposals
 
 
 def _ends_in_loop(state: RequestState, key: bytes, tail: bytes | None = None) -> bool:
-    """Whether the answer would end in a loop the guard stops (repetition.py) after span ``key``
-    (``tail``: the answer's end, ``state.loop_tail()``, where the caller has it)."""
+    """Whether the answer would end in a loop the guard stops (repetition.py) after span ``key``, or
+    after one of its words: a span of up to 32 tokens could repeat a unit far past the limit and
+    end on other text (" na na ... na Batman"). ``tail``: the answer's end, ``state.loop_tail()``,
+    where the caller has it."""
     if state.loop_guard is None or ends_answer(key):
         return False  # an answer that ends here ends any loop
     tail = (state.loop_tail() or b"") if tail is None else tail
-    return state.loop_at(state.loop_tail(tail + key)) is not None
+    return any(state.loop_at(state.loop_tail(tail + key[:end])) is not None
+               for end in [*complete_word_ends(key), len(key)])
 
 
 def _loop_free_token(state: RequestState, logits: torch.Tensor, voice: int) -> bytes:
