@@ -19,6 +19,7 @@ the registry key is the spec plus those options. Hub ids (``org/name``) load fro
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -138,7 +139,22 @@ def _apply_pending_releases() -> set[str]:
             close = getattr(member, "close", None)
             if close is not None:
                 close()
+        if closing:
+            return_freed_memory()
     return freed
+
+
+def return_freed_memory() -> bool:
+    """Hand the heap memory freed by closed members back to the OS (glibc's ``malloc_trim``; whether
+    it ran: False where the C library is not glibc). Members are built in a new worker thread per
+    engine (``asyncio.to_thread``), whose allocations land in another malloc arena each time, and
+    glibc keeps freed arena memory: a process that built and closed an engine of one llama.cpp member
+    10 times grew 500 -> 823 MB (RSS) with 147 MB in use; trimmed after each close, near 495 MB."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        return True
+    except (OSError, AttributeError):  # not glibc (macOS, musl, Windows)
+        return False
 
 
 def check_members_fit(configs: Sequence[MemberConfig], progress: bool = True) -> None:
