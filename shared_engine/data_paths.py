@@ -26,7 +26,10 @@ def _candidates() -> list[Path]:
     if env:  # an explicit setting is the only candidate: a typo must not silently read other data
         return [Path(env).expanduser()]
     beside_cwd = Path.cwd().parent / "shared" / "data"
-    beside_package = Path(__file__).resolve().parents[2] / "shared" / "data"
+    package = Path(__file__).resolve().parent
+    if package.parent.name in ("site-packages", "dist-packages"):  # installed: no repository to look beside
+        return [beside_cwd]
+    beside_package = package.parents[1] / "shared" / "data"
     return [beside_cwd] if beside_cwd.resolve() == beside_package else [beside_cwd, beside_package]  # named once
 
 

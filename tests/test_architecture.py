@@ -145,3 +145,14 @@ def test_the_lazy_packages_give_every_name_they_list() -> None:
     from shared_engine.engine import EnsembleEngine
 
     assert shared_engine.EnsembleEngine is EnsembleEngine
+
+
+def test_every_typed_package_ships_its_py_typed_marker() -> None:
+    """shared_engine had no py.typed: a user's mypy on `from shared_engine import EnsembleEngine` (the
+    README's import) said "module is installed, but missing library stubs or py.typed marker"."""
+    import tomllib
+
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    for package in ("shared_engine", "langchain_ensemble", "llamaindex_ensemble", "llama_index.llms.safe_ensemble"):
+        assert (ROOT / package.replace(".", "/") / "py.typed").is_file(), package
+        assert "py.typed" in package_data.get(package, []), package

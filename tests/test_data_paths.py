@@ -88,6 +88,18 @@ def test_data_sample_names_the_packaged_sample_from_any_folder(monkeypatch: pyte
     assert get_benchmark("gsm8k", "sample").path == Path("sample")
 
 
+def test_an_installed_package_looks_for_data_beside_the_working_folder_only(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path) -> None:
+    """Installed, "beside the package" is inside the environment: the error named
+    '.../venv/lib/python3.11/shared/data' as a place the data was looked for."""
+    monkeypatch.delenv("SAFE_ENSEMBLE_DATA", raising=False)
+    monkeypatch.chdir(tmp_path)
+    installed = tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "shared_engine" / "data_paths.py"
+    monkeypatch.setattr(data_paths, "__file__", str(installed))
+    assert data_paths._candidates() == [tmp_path.parent / "shared" / "data"]
+    assert "venv" not in str(data_paths.not_found())
+
+
 async def test_an_eval_whose_prompt_cannot_be_built_fails_before_anything_is_written(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from shared_engine import EnsembleEngine
