@@ -156,3 +156,12 @@ def test_every_typed_package_ships_its_py_typed_marker() -> None:
     for package in ("shared_engine", "langchain_ensemble", "llamaindex_ensemble", "llama_index.llms.safe_ensemble"):
         assert (ROOT / package.replace(".", "/") / "py.typed").is_file(), package
         assert "py.typed" in package_data.get(package, []), package
+
+
+def test_the_license_text_ships_with_the_package() -> None:
+    """pyproject said Apache-2.0 but no file held the license text, which the license asks to distribute."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License\n                           Version 2.0")
