@@ -189,6 +189,24 @@ def test_device_helper_on_the_cpu() -> None:
     assert home.dtype is torch.float32 and home.device.type == "cpu" and torch.equal(home, rows.float())
 
 
+def test_an_offloaded_embedding_takes_its_ids_where_accelerate_runs_it(toy_folders: list[Path]) -> None:
+    """A device_map that offloads embed_tokens ('disk'; 'cpu' under accelerate on a GPU machine) left
+    its weight on meta: the ids were built there and the first forward failed "Cannot copy out of
+    meta tensor". They go to accelerate's execution device, and the answer is the unmapped one."""
+    a = str(toy_folders[0])
+    offload = {"model.embed_tokens": "disk", "model.layers": "cpu", "model.norm": "cpu",
+               "model.rotary_emb": "cpu", "lm_head": "cpu"}
+    mapped = EnsembleEngine([MemberConfig(model=a, device_map=offload)], method="single", max_new_tokens=5)
+    plain = EnsembleEngine([MemberConfig(model=a, device_map={"": "cpu"})], method="single", max_new_tokens=5)
+    try:
+        assert mapped.members[0].model.get_input_embeddings().weight.device.type == "meta"
+        assert devices.input_device(mapped.members[0].model) == torch.device("cpu")
+        assert mapped.generate("hi").text == plain.generate("hi").text
+    finally:
+        mapped.close()
+        plain.close()
+
+
 def test_weights_that_cannot_fit_are_refused_before_loading(toy_folders: list[Path], tmp_path: Path) -> None:
     big = tmp_path / "big"
     shutil.copytree(toy_folders[0], big)

@@ -93,9 +93,21 @@ def check_device_map(device_map: str | dict[str, Any]) -> None:
 
 
 def input_device(model: Any) -> torch.device:
-    """Where a model's input ids must go: its (first) embedding's device, also under a device_map."""
+    """Where a model's input ids must go: its (first) embedding's device, also under a device_map.
+
+    An embedding that a device_map offloads ('disk', or 'cpu' under accelerate on a GPU machine) has
+    its weight on ``meta``; accelerate's hook brings it in on its execution device, where the ids
+    must be too (ids on ``meta`` failed the first forward: "Cannot copy out of meta tensor")."""
+    import torch
+
     embeddings = model.get_input_embeddings()
-    return embeddings.weight.device
+    device = embeddings.weight.device
+    if device.type != "meta":
+        return device
+    execution = getattr(getattr(embeddings, "_hf_hook", None), "execution_device", None)
+    if isinstance(execution, int):  # accelerate names a GPU by its index
+        return torch.device("cuda", execution)
+    return torch.device(execution if execution is not None else "cpu")
 
 
 def to_host(logits: torch.Tensor) -> torch.Tensor:
