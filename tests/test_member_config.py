@@ -282,7 +282,8 @@ def test_llamaindex_adapter_passes_member_configs_and_options() -> None:
     with pytest.raises(ValueError, match="colour"):
         EnsembleLLM(models=["a", "b"], member_options={"colour": 1})
     with pytest.raises(ValueError, match="not both"):
-        EnsembleLLM(models=["a", "b"], members=configs)
+        EnsembleLLM(models=["x", "y"], members=configs)
+    assert EnsembleLLM(models=["a", "b"], members=configs).members == llm.members  # as to_dict() writes them (0183e63)
 
 
 # -- display names (MemberConfig.name) ---------------------------------------------------------
