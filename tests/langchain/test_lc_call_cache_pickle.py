@@ -12,6 +12,7 @@ from pydantic import BaseModel
 import langchain_ensemble.chat_models as chat_models
 from langchain_ensemble import ChatEnsemble
 from shared_engine.events import FinishEvent, Stats, TokenEvent, ToolCallEvent
+from tests.langchain.test_lc_tools import CutCallEngine as ShapedCutCall
 
 MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
 
@@ -23,19 +24,10 @@ class Person(BaseModel):
     age: int
 
 
-class CutCallEngine:
+class CutCallEngine(ShapedCutCall):
     """The engine's own answer shaping over a forced call cut by max_new_tokens."""
 
     text = ' {"name": "Bob", "age'  # after the prefill's '"arguments":'
-
-    async def astream(self, messages: list[dict], **params: object):
-        from shared_engine.tools import OutputOptions, OutputPlan
-        options = OutputOptions(**{k: v for k, v in params.items() if k in OutputOptions.model_fields})
-        shaper = OutputPlan(options).shaper()
-        for event in (TokenEvent(text=self.text, source="draft", position=0),
-                      FinishEvent(reason="length", text=self.text, stats=Stats())):
-            for shaped in shaper.on_event(event):
-                yield shaped
 
 
 class UnreadableCallEngine:
