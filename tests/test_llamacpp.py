@@ -205,7 +205,7 @@ def test_two_concurrent_requests_each_keep_their_own_slot_and_prefix_cache() -> 
 
     member = LlamaCppMember.from_gguf("smol-two-slots", gguf_path(SMOL, progress=False), load_tokenizer(SMOL),
                                       n_ctx=1024, slots=2)
-    assert member.client.settings.timeout_s is None  # its own server: no deadline (local_http)
+    assert member.client.deadline_s is None  # its own server: no deadline (local_http)
     calls: list[tuple[int | None, float, float, list[dict]]] = []  # (slot sent, start, end, results)
     send = member.client.post
 

@@ -24,7 +24,7 @@ import torch
 
 from shared_engine import EnsembleEngine
 from shared_engine.errors import InvalidRequestError, MemberError
-from shared_engine.members import Capabilities, HFMember, parse_member_spec, with_backend
+from shared_engine.members import Capabilities, HFMember, MemberConfig, MemberDefaults, parse_member_spec, with_backend
 from shared_engine.members.http import HttpSettings, JsonClient
 from shared_engine.members.remote import LocalTokenizer, RemoteMember
 from shared_engine.members.sglang import SGLangMember
@@ -231,10 +231,19 @@ def test_a_server_this_process_starts_has_no_deadline_unless_one_is_given() -> N
         time.sleep(1.0)
         return 200, b'{"ok": 1}'
 
-    assert local_http(None).timeout_s is None and local_http(HttpSettings(retries=0)).timeout_s is None
+    assert local_http(None).timeout_s == math.inf and local_http(HttpSettings(retries=0)).timeout_s == math.inf
     assert local_http(HttpSettings(timeout_s=30)).timeout_s == 30
+    assert JsonClient("m", "http://h:1", HttpSettings()).deadline_s == 60  # a server at a URL: 60 s
+    # the config's round trips (engine defaults, a dump as to_dict/pickle write it) keep "not given"
+    config = MemberConfig(model="llamacpp:x.gguf", http={"retries": 3}).with_defaults(MemberDefaults(slots=2))
+    again = MemberConfig.model_validate(config.model_dump())
+    assert config.http is not None and again.http is not None
+    assert local_http(config.http).timeout_s == local_http(again.http).timeout_s == math.inf
+    gguf = "llamacpp:x.gguf"
+    assert MemberConfig(model=gguf, http={"timeout_s": 60}).key != MemberConfig(model=gguf).key
     with serve(slow) as (url, _):
-        assert JsonClient("m", url, local_http(HttpSettings(retries=0))).post("/completion", {}) == {"ok": 1}
+        client = JsonClient("m", url, local_http(HttpSettings(retries=0)))
+        assert client.deadline_s is None and client.post("/completion", {}) == {"ok": 1}
         with pytest.raises(MemberError, match="timed out after 0.3 s"):
             JsonClient("m", url, HttpSettings(timeout_s=0.3, retries=0)).post("/completion", {}, retry_timeouts=False)
 

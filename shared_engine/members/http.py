@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import socket
 import threading
 import time
@@ -38,15 +39,20 @@ from .spec import check_url
 RETRY_STATUS = frozenset({429, 502, 503, 504})
 
 
+REMOTE_TIMEOUT_S = 60.0
+"""A request's deadline where ``HttpSettings.timeout_s`` is not given (a server at a URL)."""
+
+
 class HttpSettings(BaseModel):
     """Per-member network settings. Unknown keys are an error naming the key (a mistyped ``timeout``
     or ``api-key`` silently left the defaults, and no key, in place)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    timeout_s: float | None = Field(60.0, gt=0)
-    """Deadline for one request, connect to last byte (None: none; the default of a llama.cpp server
-    this process starts, whose answers take as long as its compute does)."""
+    timeout_s: float | None = Field(None, gt=0)
+    """Deadline for one request, connect to last byte; ``inf``: none. None: the backend's default,
+    ``REMOTE_TIMEOUT_S`` for a server at a URL, none for a llama.cpp server this process starts (its
+    answers take as long as its compute does: ``llamacpp.local_http``)."""
     connect_timeout_s: float = Field(5.0, gt=0)
     retries: int = Field(2, ge=0)
     """Extra attempts after a transport failure or a 429/502/503/504."""
@@ -186,9 +192,12 @@ class JsonClient:
         self.member = member
         self.base_url = base_url.rstrip("/")
         self.settings = settings or HttpSettings()
+        given = REMOTE_TIMEOUT_S if self.settings.timeout_s is None else self.settings.timeout_s
+        self.deadline_s = None if math.isinf(given) else given
+        """Seconds a request may take, connect to last byte; None: no deadline."""
         key = self.settings.api_key.get_secret_value() if self.settings.api_key else ""
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        timeout = httpx.Timeout(self.settings.timeout_s, connect=self.settings.connect_timeout_s)
+        timeout = httpx.Timeout(self.deadline_s, connect=self.settings.connect_timeout_s)
         try:
             check_url(self.base_url)
             self._client = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
@@ -241,14 +250,14 @@ class JsonClient:
         raise self.error(f"{method} {path} failed after {attempts} attempt(s): {last}")
 
     def _once(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
-        self._deadline.at = None if self.settings.timeout_s is None else time.monotonic() + self.settings.timeout_s
+        self._deadline.at = None if self.deadline_s is None else time.monotonic() + self.deadline_s
         try:
             with self._client.stream(method, path, json=body) as response:
                 chunks = list(response.iter_bytes())
                 status = response.status_code
                 location = response.headers.get("location")
         except httpx.TimeoutException as exc:
-            after = f" after {self.settings.timeout_s:g} s" if self.settings.timeout_s is not None else ""
+            after = f" after {self.deadline_s:g} s" if self.deadline_s is not None else ""
             raise _Retryable(f"timed out{after} ({type(exc).__name__})", timed_out=True) from exc
         except httpx.TransportError as exc:
             raise _Retryable(f"{type(exc).__name__}: {exc or 'connection failed'}") from exc

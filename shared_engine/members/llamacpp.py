@@ -59,6 +59,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import weakref
@@ -497,12 +498,12 @@ class LlamaCppMember(RemoteMember):
 
 
 def local_http(http: HttpSettings | None) -> HttpSettings:
-    """The settings for a server this process starts: no deadline unless one is given. Its answer
-    takes as long as its compute does (a 4k-token prefill of a 7B GGUF on a few cores: minutes), and
-    the 60 s a remote server gets failed such members' first request ("timed out after 60 s");
-    ``close`` waits for the calls running in it, so none is left unanswered."""
+    """The settings for a server this process starts: no deadline (``timeout_s=inf``) unless one is
+    given. Its answer takes as long as its compute does (a 4k-token prefill of a 7B GGUF on a few
+    cores: minutes), and the 60 s a server at a URL gets failed such members' requests ("timed out
+    after 60 s"); ``close`` waits for the calls running in it, so none is left unanswered."""
     http = http or HttpSettings()
-    return http if "timeout_s" in http.model_fields_set else http.model_copy(update={"timeout_s": None})
+    return http if http.timeout_s is not None else http.model_copy(update={"timeout_s": math.inf})
 
 
 def _server_context(props: Any, default: int) -> int:
