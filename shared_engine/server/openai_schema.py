@@ -83,14 +83,17 @@ class ChatMessage(BaseModel):
         """A part this server cannot read (``image_url``, ``input_audio``, ``file``: OpenAI's vision and
         audio requests) is noted, for ``ChatCompletionRequest.unsupported`` to refuse by name, rather
         than failing as pydantic's union error ("content.str: Input should be a valid string"). It
-        stands in the list as empty text meanwhile, so that the other parts keep their indexes."""
+        stands in the list as empty text meanwhile (every such part: a second image failed as the union
+        error again), so that the other parts keep their indexes; the first is named."""
         found = None
         if isinstance(data, dict) and isinstance(content := data.get("content"), list):
-            found = next(((index, part["type"]) for index, part in enumerate(content) if isinstance(part, dict)
-                          and isinstance(part.get("type"), str) and part["type"] != "text"), None)
-            if found is not None:
-                data = {**data, "content": [{"type": "text", "text": ""} if index == found[0] else part
-                                            for index, part in enumerate(content)]}
+            other = [isinstance(part, dict) and isinstance(part.get("type"), str) and part["type"] != "text"
+                     for part in content]
+            if any(other):
+                index = other.index(True)
+                found = (index, content[index]["type"])
+                data = {**data, "content": [{"type": "text", "text": ""} if odd else part
+                                            for odd, part in zip(other, content)]}
         message = handler(data)
         message._non_text_part = found
         return message
