@@ -88,6 +88,7 @@ from shared_engine import (
 )
 from shared_engine.engine import iterate_sync
 from shared_engine.events import Event, FinishEvent
+from shared_engine.members import member_config
 from shared_engine.members.chat import join_text_parts
 from shared_engine.members.remote import load_tokenizer
 from shared_engine.options import Method, validated
@@ -168,13 +169,10 @@ def _listed(members: Any) -> list[Any]:
 
 
 def _member_config(member: Any) -> MemberConfig:
-    """One entry of ``members``: a MemberConfig, its fields as a mapping, or a model name."""
-    if isinstance(member, MemberConfig):
-        return member
-    if isinstance(member, str):
-        return validated(MemberConfig, model=member)
-    if isinstance(member, Mapping):
-        return validated(MemberConfig, **member)
+    """One entry of ``members``: a MemberConfig, its fields as a mapping, or a model name (read by the
+    engine's ``member_config``, as a members file's entries are); a Member object needs the engine."""
+    if isinstance(member, str | Mapping | MemberConfig):
+        return member_config(dict(member) if isinstance(member, Mapping) else member)
     raise InvalidRequestError(f"members: {member!r} is not a MemberConfig, a mapping of its fields or a model name")
 
 
