@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Literal, TypeVar, get_args
 
@@ -224,11 +225,29 @@ class EngineOptions(GenerationParams):
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
+_OTHER_NAMES = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens",
+                "stop_sequences": "stop", "random_seed": "seed"}
+"""What other APIs (OpenAI, Anthropic, Mistral) call an engine parameter: users of the engine itself bring
+those names, and the adapters' names are not accepted here."""
+
+
+def _unknown_name_hint(model: type[BaseModel], name: object) -> str:
+    """`` (did you mean 'max_new_tokens'?)`` for a parameter the model does not have, or nothing."""
+    if not isinstance(name, str):
+        return ""
+    known = _OTHER_NAMES.get(name)
+    if known is None or known not in model.model_fields:
+        known = next(iter(difflib.get_close_matches(name, list(model.model_fields), n=1, cutoff=0.75)), None)
+    return f" (did you mean {known!r}?)" if known else ""
+
+
 def validated(model: type[ModelT], /, **values: object) -> ModelT:
     """Build a pydantic model, turning validation errors into the engine's typed error."""
     try:
         return model(**values)
     except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
-                             for e in err.errors())
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
+            + (_unknown_name_hint(model, e["loc"][-1]) if e["type"] == "extra_forbidden" and e["loc"] else "")
+            for e in err.errors())
         raise InvalidRequestError(f"invalid parameters: {problems}") from None

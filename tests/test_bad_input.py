@@ -108,6 +108,21 @@ def test_engine_rejects_bad_parameters(toys: list, params: dict[str, Any]) -> No
     assert str(raised.value).startswith("invalid parameters:")
 
 
+@pytest.mark.parametrize(("name", "hint"), [("max_tokens", "max_new_tokens"), ("temprature", "temperature"),
+                                            ("stop_sequences", "stop")])
+def test_engine_names_the_parameter_meant(toys: list, name: str, hint: str) -> None:
+    """OpenAI's ``max_tokens`` (or a typo) on the engine itself: the error names the engine's parameter."""
+    with pytest.raises(InvalidRequestError) as raised:
+        _first_event(EnsembleEngine(toys), "hi", **{name: 3})
+    assert f"{name}: Extra inputs are not permitted (did you mean '{hint}'?)" in str(raised.value)
+
+
+def test_engine_guesses_no_parameter_for_an_unrelated_name(toys: list) -> None:
+    with pytest.raises(InvalidRequestError) as raised:
+        _first_event(EnsembleEngine(toys), "hi", colour=3)
+    assert "did you mean" not in str(raised.value)
+
+
 @pytest.mark.parametrize("options", [
     pytest.param({"method": "bogus"}, id="unknown-method"),
     pytest.param({"draft_length": 0}, id="draft-length-zero"),
