@@ -391,7 +391,7 @@ def calibrate(models: Sequence[str | Member], bench: str = "gsm8k", data: str | 
         raise InvalidRequestError(f"calibrate needs distinct members, got {names}")
     to_load = [m for m in models if isinstance(m, str)]
     with loading_notice(to_load, progress and bool(to_load)):  # seconds to minutes, said as eval says it
-        members = [load_member(with_backend(m, backend or CALIBRATE_BACKEND)) if isinstance(m, str) else m
+        members = [load_member(with_backend(m, backend or CALIBRATE_BACKEND), progress) if isinstance(m, str) else m
                    for m in models]
     from .members.base import exact_support  # torch: loaded with the members, not for --help
 
@@ -435,7 +435,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                        "gsm8k/train.jsonl or arc_challenge/dev.jsonl); never a test split")
     parser.add_argument("--limit", type=int, default=DEFAULT_QUESTIONS, help="questions to fit on")
     parser.add_argument("--out", required=True, help="where to write the profile JSON")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress output: no loading notice, no bar per question, no bars of the zoo's "
+                             "one-time GGUF verification or conversion")
     parser.set_defaults(handler=run)
     return parser
 

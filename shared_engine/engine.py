@@ -67,6 +67,7 @@ from .policies import DraftSchedule, make_policy
 from .profile import apply_profile
 from .sampling import Sampler
 from .tools import OutputOptions, OutputPlan
+from .zoo import progress_shown
 
 T = TypeVar("T")
 
@@ -90,12 +91,13 @@ class GenerationResult(BaseModel):
 class EnsembleEngine:
     """Several members answering as one (SAFE by default; baselines share the same round)."""
 
-    def __init__(self, members: Sequence[str | MemberConfig | Member], method: str = "safe",
-                 **options: Any) -> None:
+    def __init__(self, members: Sequence[str | MemberConfig | Member], method: str = "safe", *,
+                 progress: bool = True, **options: Any) -> None:
         """``members``: names/specs, ``MemberConfig``s or built members. ``options``: any
         ``EngineOptions`` field, plus the ``MemberDefaults`` (``device``, ``device_map``, ``dtype``,
         ``attn_implementation``, ``compile`` for transformers members, ``slots`` for in-process llama.cpp ones)
-        applied to every member that does not set its own.
+        applied to every member that does not set its own. ``progress``: the zoo's one-time bars and
+        messages while members load (verifying, converting a GGUF; ``eval --no-progress``: False).
         Bad configs (unknown dtype or key, a device this machine lacks) fail here, loading nothing."""
         if isinstance(members, str):  # "a,b" as on the CLI was split into one member per character
             names = [name.strip() for name in members.split(",") if name.strip()]
@@ -114,6 +116,7 @@ class EnsembleEngine:
             if isinstance(spec, MemberConfig):
                 spec.check_placement()
         self._names = _display_names(self._specs)
+        self.progress = progress
         self._members: list[Member] | None = None
         self._load_lock = threading.Lock()
         if self.options.method != "single" and len(self._specs) < 2:
@@ -173,16 +176,17 @@ class EnsembleEngine:
                 used = sorted(self._order)  # loaded in the order given
                 specs = [self._specs[i] for i in used]
                 configs = [s for s in specs if isinstance(s, MemberConfig)]
-                check_members_fit(configs)
                 loaded: list[Member] = []
                 acquired: list[MemberConfig] = []
                 try:  # a member that fails to load (or a name clash) lets go of those acquired before it
-                    for spec in specs:
-                        if isinstance(spec, MemberConfig):
-                            loaded.append(acquire_member(spec))
-                            acquired.append(spec)
-                        else:
-                            loaded.append(spec)
+                    with progress_shown(self.progress):  # the registry loads with progress on
+                        check_members_fit(configs)
+                        for spec in specs:
+                            if isinstance(spec, MemberConfig):
+                                loaded.append(acquire_member(spec))
+                                acquired.append(spec)
+                            else:
+                                loaded.append(spec)
                     _reject_ambiguous_names(loaded)
                 except BaseException:
                     for spec in acquired:

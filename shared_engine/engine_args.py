@@ -142,15 +142,17 @@ def method_default_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def engine_from_args(args: argparse.Namespace, method: str, backend: str | None = None,
-                     fit_cache: str | None = None) -> EnsembleEngine:
+                     fit_cache: str | None = None, progress: bool = True) -> EnsembleEngine:
     """An engine from ``add_engine_args``' flags; ``backend`` (default: ``args.backend``, else each
     model's default, ``default_backend``) runs the model names that carry no backend prefix; ``fit_cache``
-    stands where ``--fit-cache`` is not given. Members load on first request."""
+    stands where ``--fit-cache`` is not given; ``progress``: the zoo's bars while members load (a
+    command's ``--no-progress``: False). Members load on first request."""
     from .engine import EnsembleEngine  # torch and the members: not for --help or a usage error
 
     chosen = backend or getattr(args, "backend", None)
     backend = chosen if isinstance(chosen, str) or chosen is None else chosen[0]
-    return EnsembleEngine(member_configs(args, backend), method=method, drafter=args.drafter, weights=args.weights,
+    return EnsembleEngine(member_configs(args, backend), method=method, progress=progress,
+                          drafter=args.drafter, weights=args.weights,
                           weights_temperature=args.weights_temperature, profile=args.profile,
                           fit_cache=getattr(args, "fit_cache", None) or fit_cache,
                           draft_length=args.draft_length, draft_schedule=args.draft_schedule,

