@@ -117,6 +117,17 @@ async def test_a_resume_mismatch_names_only_the_engine_options_that_differ(tmp_p
     assert str(info.value).endswith(f"{{'engine_options': {{'draft_length': ({options['draft_length']}, 4)}}}}")
 
 
+async def test_a_run_with_no_deadline_resumes(tmp_path: Path) -> None:
+    """A members file's ``http: {timeout_s: .inf}`` (no deadline) was written to config.json as null,
+    which reads back as the backend's default: every resume of such a run was refused."""
+    bench = toy_bench(tmp_path, questions=2)
+    no_deadline = {"llamacpp:http://127.0.0.1:9": {"http": {"timeout_s": math.inf}}}
+    ran = config().model_copy(update={"member_options": no_deadline})
+    await evaluate(engine(), bench, ran, tmp_path, progress=False, limit=1)
+    await evaluate(engine(), bench, ran, tmp_path, resume=True, progress=False)
+    assert len((tmp_path / SAMPLES).read_text().splitlines()) == 2
+
+
 async def test_resume_asks_again_what_failed_for_a_passing_reason(tmp_path: Path) -> None:
     """A member's timeout is not the question's fault: resume asks it again (its new answer is its
     only line). A request error (a prompt too long) would fail again the same way: it stays."""

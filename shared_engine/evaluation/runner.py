@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from .. import errors
@@ -48,6 +48,10 @@ SAMPLES, SUMMARY, CONFIG = "samples.jsonl", "summary.json", "config.json"
 
 class RunConfig(BaseModel):
     """What makes two runs comparable; ``resume`` refuses a directory written with another config."""
+
+    # `http: {timeout_s: .inf}` (no deadline) is written as Infinity: JSON's default null reads back as
+    # "the backend's default" (60 s remote), another setting, and the run could not be resumed
+    model_config = ConfigDict(ser_json_inf_nan="constants")
 
     bench: str
     models: list[str]
