@@ -8,6 +8,7 @@ import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -118,6 +119,29 @@ def test_an_adafuse_span_that_loops_inside_and_ends_on_other_text_is_ruled_out()
     assert _ends_in_loop(state, b" na" * 12 + b" Batman")
     assert not _ends_in_loop(state, b" na na Batman and Robin")  # under the limit: not a loop
     assert not _ends_in_loop(state, b" na" * 12 + EOS_KEY)  # ending the answer ends any loop
+
+
+def test_an_adafuse_span_that_loops_inside_one_word_is_ruled_out_at_its_writers_tokens() -> None:
+    """Checked at word ends only, a span looping inside one word (" hahaha...ha!", a run of "=")
+    passed, where SAFE's guard, token by token, stops it: the writer's token ends are checked too."""
+    from shared_engine.decoding.adafuse import Span, _candidate_keys, _ends_in_loop, _token_ends
+
+    member = toy_member("toy-bpe", "byte_level")
+    table = member.table
+    state = RequestState(request_members([member], ["a"], [member.new_session()], [[1]]), 100, loop_guard=16)
+    state.answer += b"He laughed:"
+    laugh = b" " + b"ha" * 20 + b"!"
+    ids = [table.token_id(b" ")] + [table.token_id(b"h"), table.token_id(b"a")] * 20 + [table.token_id(b"!")]
+    span = Span(key=laugh, ids=ids, nll=0.1, words=1)
+    assert not _ends_in_loop(state, laugh)  # one word: its end alone shows no loop (the last bytes are "a!")
+    assert _ends_in_loop(state, laugh, token_ends=_token_ends(state, 0, span))
+    assert _token_ends(state, 0, span)[-1] == len(laugh)
+    quiet = b" " + b"ha" * 3 + b"!"
+    calm = Span(key=quiet, ids=[table.token_id(b" ")] + [table.token_id(b"h"), table.token_id(b"a")] * 3
+                + [table.token_id(b"!")], nll=0.2, words=1)
+    outlook = SimpleNamespace(firsts=[torch.zeros(len(table.pieces))])
+    keys, ruled_out = _candidate_keys(state, outlook, [[span, calm]])  # type: ignore[arg-type]
+    assert keys == [quiet] and ruled_out == 1
 
 
 # -- whole requests -------------------------------------------------------------------------------

@@ -37,7 +37,8 @@ NLL is length-normalised), which is the point of test-time scaling.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+import itertools
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -323,7 +324,8 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
     voted = settings.vote == "always" or not settings.is_sure(outlook.measures[outlook.leader])
     if not voted:  # vote="uncertain" and the leader is sure: it writes alone, unless its span loops
         proposals = await _leader_writes(state, outlook, settings, sampler)
-        voted = _ends_in_loop(state, proposals[outlook.leader][0].key)  # then the vote and its guard decide
+        span = proposals[outlook.leader][0]
+        voted = _ends_in_loop(state, span.key, token_ends=_token_ends(state, outlook.leader, span))  # then the vote
     if voted:
         proposals = await _propose_spans(state, outlook, settings, sampler)
         keys, ruled_out = _candidate_keys(state, outlook, proposals)
@@ -410,20 +412,32 @@ def _candidate_keys(state: RequestState, outlook: _Outlook, proposals: Proposals
     if state.loop_guard is None:
         return keys, 0
     tail = state.loop_tail() or b""  # the answer's end is all a loop check reads, not a copy of the whole answer
-    free = [k for k in keys if not _ends_in_loop(state, k, tail)]
+    token_ends: dict[bytes, set[int]] = {}  # every writer's token ends in the span
+    for i, props in enumerate(proposals):
+        for sp in props:
+            token_ends.setdefault(sp.key, set()).update(_token_ends(state, i, sp))
+    free = [k for k in keys if not _ends_in_loop(state, k, tail, token_ends.get(k, ()))]
     return (free or [_loop_free_token(state, outlook.firsts[voice], voice)]), len(keys) - len(free)
 
 
-def _ends_in_loop(state: RequestState, key: bytes, tail: bytes | None = None) -> bool:
+def _ends_in_loop(state: RequestState, key: bytes, tail: bytes | None = None,
+                  token_ends: Iterable[int] = ()) -> bool:
     """Whether the answer would end in a loop the guard stops (repetition.py) after span ``key``, or
-    after one of its words: a span of up to 32 tokens could repeat a unit far past the limit and
-    end on other text (" na na ... na Batman"). ``tail``: the answer's end, ``state.loop_tail()``,
-    where the caller has it."""
+    after one of its words or of its writer's tokens (``token_ends``): a span of up to 32 tokens could
+    repeat a unit far past the limit and end on other text (" na na ... na Batman", or within one word:
+    " hahaha...ha!"), where SAFE's guard, token by token, would have stopped it. ``tail``: the
+    answer's end, ``state.loop_tail()``, where the caller has it."""
     if state.loop_guard is None or ends_answer(key):
         return False  # an answer that ends here ends any loop
     tail = (state.loop_tail() or b"") if tail is None else tail
-    return any(state.loop_at(state.loop_tail(tail + key[:end])) is not None
-               for end in [*complete_word_ends(key), len(key)])
+    ends = sorted({*complete_word_ends(key), *(e for e in token_ends if 0 < e < len(key)), len(key)})
+    return any(state.loop_at(state.loop_tail(tail + key[:end])) is not None for end in ends)
+
+
+def _token_ends(state: RequestState, writer: int, span: Span) -> list[int]:
+    """The byte offsets in ``span.key`` where its writer's tokens end (none where it has no ids)."""
+    pieces = state.members[writer].table.pieces
+    return list(itertools.accumulate(len(pieces[token]) for token in span.ids or []))
 
 
 def _loop_free_token(state: RequestState, logits: torch.Tensor, voice: int) -> bytes:
