@@ -433,7 +433,7 @@ class ChatEnsemble(BaseChatModel):
 
     @property
     def context_window(self) -> int:
-        """The smallest member context window (loads the members once per process; fills
+        """The smallest member context window (loads the members, shared while any engine holds them; fills
         ``profile["max_input_tokens"]``)."""
         window = self._engine().context_window
         self._note_context_window(window)

@@ -87,7 +87,8 @@ def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = Tr
                              "extension; onto a whitespace-only candidate only ' ' is skipped there, all here)")
     parser.add_argument("--max-new-tokens", type=int, default=256,
                         help="answer length cap, in the drafter's tokens (default: 256 for run, and serve's "
-                             "max_tokens when a request sends none; 128 for bench; eval: each benchmark's own)")
+                             "max_tokens of a chat request that sends none, /v1/completions keeping OpenAI's 16; "
+                             "128 for bench; eval: each benchmark's own)")
     parser.add_argument("--drafter-confidence", type=confidence_arg,
                         help="safe: skip fusion where the drafter's probability is >= this (default 0.5); "
                              "none: the paper's consensus rule alone")
