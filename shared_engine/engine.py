@@ -26,9 +26,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Generator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any, TypeVar
@@ -132,6 +134,16 @@ class EnsembleEngine:
         self._closed = False
         self._held: list[MemberConfig] = []  # members acquired from the registry, released by close()
         self._release_later: list[MemberConfig] = []  # ... after the requests still running at close()
+        _ENGINES.add(self)
+
+    def _forget_parent_process(self) -> None:
+        """In a forked child (``_after_fork_in_child``): the members load again on first use, from the
+        child's registry (which kept what carries on, transformers weights), and nothing the parent held
+        or ran is released or waited for here."""
+        self._load_lock = threading.Lock()
+        self._members = None
+        self._held, self._release_later = [], []
+        self._live, self._starting = {}, 0
 
     def _drafter_first(self, drafter: str | int | None) -> list[int]:
         names = [s.model if isinstance(s, MemberConfig) else s.name for s in self._specs]
@@ -597,6 +609,21 @@ class EnsembleEngine:
     def stream(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> Generator[Event, None, None]:
         """Blocking iterator over ``astream``'s events."""
         return iterate_sync(self.astream(messages_or_prompt, **params))
+
+
+_ENGINES: weakref.WeakSet[EnsembleEngine] = weakref.WeakSet()
+"""Every engine of this process, for ``_after_fork_in_child``."""
+
+
+def _after_fork_in_child() -> None:
+    """A process forked after an engine loaded its members (multiprocessing's fork start method, a
+    ``ProcessPoolExecutor`` such as LlamaIndex's ``arun(num_workers=...)``, gunicorn's preload) found them
+    bound to the parent's threads, and its first call waited forever: engines load theirs again."""
+    for engine in list(_ENGINES):
+        engine._forget_parent_process()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _normalised(weights: Sequence[float]) -> torch.Tensor:

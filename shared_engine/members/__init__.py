@@ -20,6 +20,7 @@ the registry key is the spec plus those options. Hub ids (``org/name``) load fro
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -46,6 +47,25 @@ _HOLDERS: dict[str, int] = {}  # engines holding each registry member (acquire_m
 _LOAD_LOCK = threading.Lock()
 _PENDING_RELEASES: deque[str] = deque()
 """Registry keys let go while ``_LOAD_LOCK`` was taken, applied by whoever lets go of the lock."""
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with only the members that carry on in it (transformers weights, copied on
+    write, with a compute thread per process): the others' worker threads, HTTP connections and
+    in-process llama.cpp servers stayed in the parent, and a call on one waited forever (a worker
+    thread that the child lacks). Engines load them again on first use (``EnsembleEngine``); a lock
+    some thread of the parent held is a new one. The registry forgets them without closing them: their
+    resources are the parent's (an in-process server is never stopped here: ``LocalLlamaServer.close``)."""
+    global _LOAD_LOCK
+    _LOAD_LOCK = threading.Lock()
+    _PENDING_RELEASES.clear()
+    for key, member in list(_LOADED.items()):
+        if getattr(member, "process_bound", False):
+            del _LOADED[key]
+            _HOLDERS.pop(key, None)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @contextmanager

@@ -63,6 +63,7 @@ import math
 import os
 import threading
 import weakref
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -133,7 +134,17 @@ SERVER_START_TIMEOUT_S = 60.0
 """How long a new in-process server may take to start its task loop after loading (milliseconds, usually)."""
 
 _NEVER_STOPPED: list[Any] = []
-"""In-process servers whose task loop never started: stopping one would hang (see ``_wait_until_serving``)."""
+"""In-process servers never stopped, as stopping one would hang or crash: its task loop never started
+(see ``_wait_until_serving``), or this process was forked while servers ran (``close``)."""
+
+_SERVING: Counter[int] = Counter()
+"""In-process servers running, by the process that started them. A count of another process's, inherited
+through a fork, says that this process was forked while servers ran (``LocalLlamaServer.close``)."""
+
+
+def _forked_while_serving() -> bool:
+    me = os.getpid()
+    return any(count > 0 for pid, count in _SERVING.items() if pid != me)
 
 
 class LocalLlamaServer:
@@ -171,6 +182,7 @@ class LocalLlamaServer:
             params.embedding = True
             params.pooling_type = xlc.llama_pooling_type.LLAMA_POOLING_TYPE_NONE
             params.n_batch = params.n_ubatch = n_ctx
+        self.pid = os.getpid()
         self.gguf = Path(gguf)
         self.n_ctx = n_ctx
         self.slots = slots
@@ -181,6 +193,7 @@ class LocalLlamaServer:
         address = str(self._server.listening_address)
         self.url = address if address.startswith("http") else f"http://{address}"
         self._wait_until_serving(start_timeout_s)
+        _SERVING[self.pid] += 1
 
     def _wait_until_serving(self, timeout_s: float) -> None:
         """Return once the server's task loop runs. xllamacpp's constructor returns when the model is
@@ -198,6 +211,23 @@ class LocalLlamaServer:
                                                         f"within {timeout_s:g} s after loading ({err!r})") from err
 
     def close(self) -> None:
+        """Stop the server, except in a process forked while in-process servers ran: there it is only let
+        go of, kept until the process exits. Stopping one the parent started waited forever for its
+        threads (they stayed in the parent), and stopping one the child started aborted the child
+        (llama.cpp: ``std::system_error: No such process``, measured with xllamacpp 2026.10)."""
+        self._let_go()
+
+    def __del__(self) -> None:
+        """Collected without ``close``: in such a forked process, not stopped either."""
+        if getattr(self, "_server", None) is not None:
+            self._let_go()
+
+    def _let_go(self) -> None:
+        if self._server is not None:
+            if _forked_while_serving():
+                _NEVER_STOPPED.append(self._server)
+            else:
+                _SERVING[self.pid] -= 1
         self._server = None
 
 
@@ -487,6 +517,11 @@ class LlamaCppMember(RemoteMember):
         answered it: the call failed, and this close returned, only at the client's timeout). A call
         of the closing thread itself (a garbage collection inside it) is not
         waited for. Slow for an event loop: the engine lets go of its members off the loop."""
+        if self.forked_away():  # the parent's calls, threads and server: nothing to wait for or stop here
+            self._closing = True
+            if self.server is not None:
+                self.server.close()
+            return
         me = threading.get_ident()
         with self._calls:
             self._closing = True

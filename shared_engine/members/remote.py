@@ -21,6 +21,7 @@ import asyncio
 import contextvars
 import functools
 import json
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -150,6 +151,9 @@ class RemoteMember(ABC):
     capabilities: Capabilities
     backend: ClassVar[str] = "remote"
     """The spec prefix that names this server type (``vllm``), for errors."""
+    process_bound: ClassVar[bool] = True
+    """Its worker threads and HTTP connections (and an in-process llama.cpp server) belong to the process
+    that built it: a process forked from that one loads its own (the registry forgets this one there)."""
 
     def __init__(self, name: str, url: str, tokenizer: MemberTokenizer, *, top_k: int = DEFAULT_TOP_K,
                  context_window: int | None = None, http: HttpSettings | None = None,
@@ -158,6 +162,7 @@ class RemoteMember(ABC):
         self.url = url.rstrip("/")
         self.top_k = top_k
         self.tokenizer = tokenizer  # the member's own: closed with it
+        self.pid = os.getpid()  # the process whose threads serve it (``forked_away``)
         self.client = JsonClient(name, self.url, http)  # fails only on a URL no request could reach
         self.executor = member_executor(name, CALLS_IN_FLIGHT)
         try:
@@ -227,12 +232,22 @@ class RemoteMember(ABC):
         """Blocking HTTP in a thread of this member's own pool (as ``asyncio.to_thread`` would, with
         its context; cancelling the await leaves the call to finish in its thread); the server
         serialises or batches the work itself."""
+        if self.forked_away():
+            raise self.client.error(
+                f"this member was loaded in process {self.pid}, which this process was forked from: its worker "
+                "threads (and an in-process llama.cpp server) stayed there, and a call waited for them forever. "
+                "Build the engine from member names or configs (a forked process then loads its own members on "
+                "first use), or start worker processes with the 'spawn' start method")
         call = functools.partial(contextvars.copy_context().run, fn, *args)
         try:
             future = asyncio.get_running_loop().run_in_executor(self.executor, call)
         except RuntimeError as exc:  # the pool is shut down
             raise self.client.error("the member is closed") from exc
         return await future
+
+    def forked_away(self) -> bool:
+        """Whether this process is a fork of the one that built the member (whose threads serve it)."""
+        return os.getpid() != self.pid
 
     def close(self) -> None:
         """Let go of the pool (calls still running end on their own, failing on the closed client),
