@@ -270,6 +270,21 @@ def test_an_unreadable_call_stands_where_it_was_written_streamed_or_not(serve: A
     assert whole == streamed and whole.index("A") < whole.index("<tool_call>") < whole.index("B")
 
 
+def test_streamed_calls_are_numbered_as_the_answers_list_numbers_them(serve: Any) -> None:
+    """A call to a tool not offered (sent as text) before a valid one: the stream numbered the valid
+    call 1 (its index among all calls) and never sent 0, and the openai client's stream helper
+    (``.stream``, ``.parse`` streaming) failed with an IndexError."""
+    url, _ = serve(['<tool_call>\n{"name": "search_web", "arguments": {"q": "Paris"}}\n</tool_call>\n'
+                    '<tool_call>\n{"name": "get_weather", "arguments": {"location": "Paris"}}\n</tool_call>'])
+    with client(url).chat.completions.stream(model=MODEL, messages=USER, tools=[WEATHER]) as stream:  # type: ignore[arg-type]
+        indices = [call.index for event in stream if event.type == "chunk" and event.chunk.choices
+                   for call in event.chunk.choices[0].delta.tool_calls or []]
+        final = stream.get_final_completion()
+    assert indices == [0]
+    calls = final.choices[0].message.tool_calls or []
+    assert [call.function.name for call in calls] == ["get_weather"]  # type: ignore[union-attr]
+
+
 async def _collect(stream: AsyncIterator[Event]) -> list[Event]:
     return [event async for event in stream]
 

@@ -114,6 +114,7 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
     spans: list[int] = []  # AdaFuse: the positions where the spans so far start
     fusions: list[int] = []  # the positions of the token fusions so far, in order
     sent: int | None = -1  # the last position a text chunk named (None: unknown, after a tool call)
+    calls_sent = 0  # tool_calls[].index of the next valid call (unreadable ones go out as text)
     async with aclosing(events):  # type: ignore[type-var]
         if shape == "chat":
             yield chunk(Delta(role="assistant", content=""))
@@ -140,8 +141,9 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
                     fusions, sent = [], -1
                 elif isinstance(event, ToolCallEvent):
                     sent = None  # the call's tokens sent no text: the next text holds none of theirs
-                    if event.error is None:
-                        call = ToolCallDelta(index=event.index, **ToolCallOut.from_event(event).model_dump())
+                    if event.error is None:  # numbered as the answer's list numbers them: the valid calls only
+                        call = ToolCallDelta(index=calls_sent, **ToolCallOut.from_event(event).model_dump())
+                        calls_sent += 1
                         yield chunk(Delta(tool_calls=[call]))
                     else:  # unreadable: the client sees what the members wrote, as text
                         yield chunk(Delta(content=unreadable_call_text(event)))
