@@ -87,6 +87,7 @@ class GenerationResult(BaseModel):
     stats: Stats
     tool_calls: list[ToolCallEvent] = []
     format_error: str | None = None
+    stop_string: str | None = None
     events: list[Event] = []
 
 
@@ -373,7 +374,9 @@ class EnsembleEngine:
                         else:
                             yield shaped
             assert finish is not None, "the decoding loop always ends with finish"
+            # an answer cut by the request's own stop string ended as asked: another try is cut there too
             if (finish.format_error and attempt < plan.attempts and finish.reason not in ("cancelled", "error")
+                    and finish.stop_string is None
                     and await self._retry_fits(plan.messages(messages, [*rejected, (finish.text, finish.format_error)]),
                                                plan, gen)):
                 rejected.append((finish.text, finish.format_error))
@@ -448,7 +451,7 @@ class EnsembleEngine:
             for event in state.flush():
                 yield event
             yield FinishEvent(reason=state.finish_reason, text=state.text, stats=state.finalize_stats(),
-                              failed_members=state.failed_members)
+                              failed_members=state.failed_members, stop_string=state.stop_string)
         finally:
             self._live.pop(id(state), None)
             try:
@@ -599,7 +602,7 @@ class EnsembleEngine:
             if event.type == "finish":
                 return GenerationResult(text=event.text, finish_reason=event.reason, stats=event.stats,
                                         tool_calls=event.tool_calls, format_error=event.format_error,
-                                        events=events)
+                                        stop_string=event.stop_string, events=events)
         raise RuntimeError("the event stream ended without a finish event")  # pragma: no cover
 
     def generate(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> GenerationResult:

@@ -221,6 +221,9 @@ class FinishEvent(_Event):
     tool_calls: list[ToolCallEvent] = Field(default_factory=list, description="Calls parsed from the answer.")
     format_error: str | None = Field(
         None, description="response_format given: why the last answer is still not the JSON asked for.")
+    stop_string: str | None = Field(
+        None, description="The request's stop string that ended the answer (vLLM's stop_reason); None where "
+                          "something else did (an end of turn, the length cap, a completed JSON answer).")
     rejected_attempts: list[Stats] = Field(
         default_factory=list, description="response_format given: the statistics of the earlier answers that "
                                           "failed validation and were asked again (``stats`` is the last one's).")

@@ -68,7 +68,7 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import InvalidRequestError
-from .events import Event, FinishEvent, TokenEvent, ToolCallEvent
+from .events import Event, TokenEvent, ToolCallEvent
 from .json_constraint import JsonPrefix, call_start_state, start_state
 
 TOOL_CALL_OPEN = "<tool_call>"
@@ -820,9 +820,8 @@ class AnswerShaper:
                 out += self._pieces(self.parser.close(), last)
             if self.plan.response_format is not None and not self.calls:  # an answer that calls a tool
                 self.format_error = format_error(self.text, self.plan.response_format)  # is no JSON answer
-            out.append(FinishEvent(reason=event.reason, text=self.text, stats=event.stats,
-                                   failed_members=event.failed_members, tool_calls=self.calls,
-                                   format_error=self.format_error))
+            out.append(event.model_copy(update={"text": self.text, "tool_calls": self.calls,
+                                                "format_error": self.format_error}))
         else:
             out.append(event)
         if self.plan.response_format is None:

@@ -408,6 +408,19 @@ def test_sampled_constrained_answers_are_schema_valid(members: tuple[str, ...]) 
         jsonschema.validate(json.loads(result.text), CHECK)
 
 
+def test_a_stop_string_inside_the_json_ends_the_answer_once_not_after_every_retry() -> None:
+    """A request's stop string that the JSON itself holds cut every attempt at the same place: the
+    answer was asked again (three attempts billed) and still ended cut. The stop string is the
+    request's own instruction: the answer ends there at once, naming it, with its format_error."""
+    engine = _engine("bpe", "sp")
+    result = engine.generate("Check.", response_format=CHECK_FORMAT, stop=['"ok"'], keep_events=True)
+    assert result.finish_reason == "stop" and result.stop_string == '"ok"' and '"ok"' not in result.text
+    assert result.format_error is not None
+    assert not [e for e in result.events if e.type == "format_retry"]
+    whole = engine.generate("Check.", response_format=CHECK_FORMAT)  # no stop: a whole answer, ended by itself
+    assert whole.stop_string is None and whole.format_error is None
+
+
 def test_what_is_validated_and_retried_only() -> None:
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
     assert OutputPlan(OutputOptions(response_format=CHECK_FORMAT)).constraint() is not None

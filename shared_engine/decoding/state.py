@@ -104,6 +104,7 @@ class RequestState:
     text: str = ""  # decoded answer (complete characters only)
     emitted: int = 0  # characters of ``text`` already sent as token events
     finish_reason: str | None = None
+    stop_string: str | None = None  # the user's stop string that ended the answer (not a turn marker)
     failed_members: dict[str, str] = field(default_factory=dict)
     stats: Stats = field(default_factory=Stats)
     draft_length: int | None = None  # the next SAFE round's, as the policy's schedule set it (None: its start)
@@ -280,10 +281,13 @@ class RequestState:
             finder = self._call_ends.get(stop) if isinstance(stop, CallEnd) else None
             cut = finder.find(self.text) if finder else self.text.find(stop, max(0, self.emitted - len(stop)))
             if cut >= 0:
-                cuts.append(cut)
+                cuts.append((cut, stop))
         if cuts:
-            self.text = self.text[:min(cuts)]
+            cut, stop = min(cuts, key=lambda found: found[0])
+            self.text = self.text[:cut]
             self.finish_reason = "stop"
+            if stop in self.stop and not isinstance(stop, CallEnd):  # a stop string the request gave
+                self.stop_string = str(stop)
         hold = 0
         if not self.finish_reason:  # every member's turn stop is held back: ``flush`` may drop its start
             for stop in self.stop + tuple(s for record in self.members for s in record.turn_stops):
