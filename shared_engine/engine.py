@@ -17,8 +17,9 @@ server slot, and the server batches the active slots in one decode (members/llam
 Resources: a request's sessions are released when it ends, however it ends (finish, error, the
 consumer breaking off, task cancellation). ``close()`` / ``with`` / ``async with`` stop the engine:
 new requests raise ``EngineClosedError``, running ones finish at their next round with reason
-``cancelled``. Members are never unloaded by an engine: they are loaded once per process and shared
-by every engine that names them (``load_member``).
+``cancelled``. Members are shared through the process's registry (``acquire_member``): the first
+engine naming one loads it, every engine naming it shares it, and ``close()`` lets go of this engine's
+holds: a member no other engine holds is closed and unloaded, and the next engine loads it again.
 """
 
 from __future__ import annotations
@@ -182,7 +183,7 @@ class EnsembleEngine:
 
     @property
     def members(self) -> list[Member]:
-        """Members in decoding order (drafter first); loaded on first use, once per process."""
+        """Members in decoding order (drafter first); loaded on first use, shared while any engine holds them."""
         with self._load_lock:
             if self._members is None:
                 self._check_open()
