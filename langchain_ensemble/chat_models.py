@@ -62,7 +62,7 @@ from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.output_parsers.openai_tools import JsonOutputKeyToolsParser, PydanticToolsParser
-from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import (
     Runnable,
     RunnableConfig,
@@ -598,8 +598,11 @@ class ChatEnsemble(BaseChatModel):
             llm = self.bind(response_format=fmt, ls_structured_output_format=ls_format)
             # JsonOutputParser reads cut or invalid JSON leniently ({} or part of a dict): an answer
             # the engine marked invalid must fail here, as a parsing error
-            parser = RunnableLambda(partial(_valid_answer, cut_ok=method == "json_mode")) | (
-                PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser())
+            # the whole answer is parsed again there for a pydantic schema: stream's parser drops a failing one
+            whole: PydanticOutputParser[Any] | None = (
+                PydanticOutputParser(pydantic_object=schema) if is_pydantic else None)
+            parser = RunnableLambda(partial(_valid_answer, cut_ok=method == "json_mode", whole=whole)) | (
+                whole or JsonOutputParser())
         if not include_raw:
             return llm | parser
         parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
@@ -814,20 +817,25 @@ def _json_schema_format(schema: dict[str, Any] | type) -> dict[str, Any]:
     return {"name": spec["name"], "schema": spec["parameters"]}
 
 
-def _valid_answer(message: AIMessage, cut_ok: bool) -> AIMessage:
+def _valid_answer(message: AIMessage, cut_ok: bool, whole: PydanticOutputParser[Any] | None = None
+                  ) -> AIMessage:
     """A whole structured answer the engine found invalid (``format_error``, after its retries) is an
     ``OutputParserException``, so ``include_raw=True`` fills ``parsing_error``. An answer cut by
     ``max_tokens`` is one too for ``json_schema`` (LangChain's parser would close the cut JSON into an
     object holding the cut value, ``Rec(name='71 fiasco')``; ChatOpenAI raises LengthFinishReasonError
     there); ``json_mode`` (``cut_ok``) hands it to the parser, which reads it leniently as it reads any
     chat model's (the standard suite's ``test_json_mode`` relies on it at its token cap). Either way
-    its ``format_error`` stays in ``response_metadata``."""
+    its ``format_error`` stays in ``response_metadata``. A pydantic schema's parser (``whole``) reads the
+    whole answer here too: ``stream`` runs it on a partial object and drops one that fails the schema
+    (a cut answer), so it yielded nothing where ``invoke`` raised; now both raise its error."""
     error = message.response_metadata.get("format_error")
     cut = message.response_metadata.get("finish_reason") == "length"
     if error and not (cut and cut_ok):
         why = ("the answer was cut by max_tokens before its JSON ended" if cut
                else "the answer is not the JSON asked for")
         raise OutputParserException(f"{why}: {error}", llm_output=str(message.text))
+    if whole is not None:
+        whole.parse_result([ChatGeneration(message=message)])
     return message
 
 

@@ -13,6 +13,7 @@ import langchain_ensemble.chat_models as chat_models
 from langchain_ensemble import ChatEnsemble
 from shared_engine.events import FinishEvent, Stats, TokenEvent, ToolCallEvent
 from tests.langchain.test_lc_tools import CutCallEngine as ShapedCutCall
+from tests.langchain.test_lc_tools import InvalidJsonEngine
 
 MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
 
@@ -81,6 +82,41 @@ def test_a_readable_forced_call_still_parses_and_streams(monkeypatch: pytest.Mon
     structured = ChatEnsemble(models=MODELS).with_structured_output(Person)
     assert structured.invoke("Bob is 31") == Person(name="Bob", age=31)
     assert list(structured.stream("Bob is 31"))[-1] == Person(name="Bob", age=31)
+
+
+async def test_json_mode_answer_cut_short_of_a_pydantic_schema_raises_in_stream_too(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """json_mode with a pydantic schema over an answer cut by max_tokens ('{"name": "An'): invoke()
+    raised OutputParserException, stream()/astream() yielded nothing and raised nothing (the streaming
+    parser reads the cut JSON as a partial object and drops what fails the schema)."""
+    monkeypatch.setattr(chat_models, "_shared_engine", lambda *args: InvalidJsonEngine(cut=True))
+    llm = ChatEnsemble(models=MODELS)
+    structured = llm.with_structured_output(Person, method="json_mode")
+    with pytest.raises(OutputParserException, match="Failed to parse Person") as invoked:
+        structured.invoke("Ann is 3.")
+    with pytest.raises(OutputParserException, match="Failed to parse Person") as streamed:
+        list(structured.stream("Ann is 3."))
+    assert str(streamed.value) == str(invoked.value)
+    with pytest.raises(OutputParserException, match="Failed to parse Person"):
+        [chunk async for chunk in structured.astream("Ann is 3.")]
+    out = llm.with_structured_output(Person, method="json_mode", include_raw=True).invoke("Ann is 3.")
+    assert out["parsed"] is None and "Failed to parse Person" in str(out["parsing_error"])
+    # a dict schema or none is read leniently in every path, as ChatOpenAI's json_mode reads it
+    for schema in (Person.model_json_schema(), None):
+        lenient = llm.with_structured_output(schema, method="json_mode")
+        assert lenient.invoke("Ann is 3.") == {"name": "An"}
+        assert list(lenient.stream("Ann is 3."))[-1] == {"name": "An"}
+
+
+def test_a_whole_json_mode_answer_still_parses_and_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    class WholeJsonEngine(InvalidJsonEngine):
+        def __init__(self) -> None:
+            self.text, self.reason, self.error = '{"name": "Bob", "age": 31}', "stop", None
+
+    monkeypatch.setattr(chat_models, "_shared_engine", lambda *args: WholeJsonEngine())
+    structured = ChatEnsemble(models=MODELS).with_structured_output(Person, method="json_mode")
+    assert structured.invoke("Bob is 31") == Person(name="Bob", age=31)
+    assert list(structured.stream("Bob is 31")) == [Person(name="Bob", age=31)]
 
 
 def test_the_llm_cache_keys_on_the_default_stop_and_tool_result_hint() -> None:
