@@ -177,6 +177,13 @@ def _caller_stacklevel() -> int:
     return level
 
 
+def _check_context_window(value: int | None) -> None:
+    """At least 1 where given, whether at construction, on assignment or in ``model_copy(update=)``:
+    -5 reached LlamaIndex's prompt helper, and 0 read as "not given" (it loaded the members)."""
+    if value is not None and value < 1:
+        raise InvalidRequestError(f"context_window must be at least 1, got {value}")
+
+
 class EnsembleLLM(FunctionCallingLLM):
     """Several local LLMs with different tokenizers answering as one LlamaIndex LLM (SAFE by default).
 
@@ -228,8 +235,7 @@ class EnsembleLLM(FunctionCallingLLM):
             raise InvalidRequestError("give models=[names] or members=[MemberConfig(...)]")
         if models is not None and members is not None:
             raise InvalidRequestError("give models or members (MemberConfig list), not both")
-        if context_window is not None and context_window < 1:  # 0 read as "not given": it loaded the members
-            raise InvalidRequestError(f"context_window must be at least 1, got {context_window}")
+        _check_context_window(context_window)
         if "max_new_tokens" in kwargs:  # the engine's name for it (ChatEnsemble takes it too)
             if max_tokens is not None:
                 raise InvalidRequestError("give max_tokens or max_new_tokens, not both")
@@ -283,7 +289,26 @@ class EnsembleLLM(FunctionCallingLLM):
         if frozen:
             raise InvalidRequestError(f"model_copy cannot update {frozen}: they built this LLM's engine; "
                                       "make a new EnsembleLLM(...) for another ensemble")
+        if update and "context_window" in update:  # model_copy validates nothing: -5 went on to the prompt helper
+            _check_context_window(update["context_window"])
         return super().model_copy(update=update, deep=deep)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """``llm.context_window = -5`` is refused as ``__init__`` refuses it (fields are not validated on
+        assignment; LlamaIndex's prompt helper used -5)."""
+        if name == "context_window":
+            _check_context_window(value)
+        super().__setattr__(name, value)
+
+    def to_json(self, **kwargs: Any) -> str:
+        """The fields as JSON; refused where a member has an ``http.api_key``: json.dumps failed on it
+        (a ``SecretStr``), and writing it masked ('**********') would be refused by the server later."""
+        keyed = [c.model for c in self.members or [] if c.http is not None and c.http.api_key is not None]
+        if keyed:
+            raise InvalidRequestError(
+                f"to_json does not write an api_key (members {keyed}): JSON would hold it masked ('**********'), "
+                "which the server refuses; use to_dict() or pickle, which keep it")
+        return super().to_json(**kwargs)
 
     def __copy__(self) -> EnsembleLLM:
         return self._holding(super().__copy__())

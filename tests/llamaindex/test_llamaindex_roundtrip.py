@@ -91,3 +91,34 @@ def test_a_context_window_below_one_is_refused(window: int) -> None:
     """-5 was accepted; 0 read as "not given" and loaded the members to find one."""
     with pytest.raises(InvalidRequestError, match="context_window must be at least 1"):
         EnsembleLLM(models=["a", "b"], context_window=window)
+
+
+@pytest.mark.parametrize("window", [0, -5])
+def test_a_context_window_below_one_is_refused_after_construction_too(window: int) -> None:
+    """``llm.context_window = -5`` and ``model_copy(update={"context_window": 0})`` were accepted, and
+    LlamaIndex's prompt helper then used -5 (0 read as "not given": it loaded the members)."""
+    llm = EnsembleLLM(models=["a", "b"], context_window=64)
+    with pytest.raises(InvalidRequestError, match=f"context_window must be at least 1, got {window}"):
+        llm.context_window = window
+    with pytest.raises(InvalidRequestError, match=f"context_window must be at least 1, got {window}"):
+        llm.model_copy(update={"context_window": window})
+    assert llm.metadata.context_window == 64
+    llm.context_window = 32  # a valid one, or None (the members' own), still goes
+    assert llm.model_copy(update={"context_window": None}).context_window is None
+    assert llm.metadata.context_window == 32
+
+
+def test_to_json_refuses_an_api_key_with_a_readable_error() -> None:
+    """A member with ``http.api_key`` made to_json() raise "Object of type SecretStr is not JSON
+    serializable"; writing the masked '**********' would be refused by the server (401) later."""
+    keyed = MemberConfig(model="vllm:http://127.0.0.1:9/v1#toy-key", http={"api_key": "sk-real", "retries": 0})
+    llm = EnsembleLLM(members=[keyed, MemberConfig(model="vllm:http://127.0.0.1:9/v1#toy-other")])
+    with pytest.raises(InvalidRequestError, match=r"api_key.*toy-key.*to_dict\(\) or pickle") as caught:
+        llm.to_json()
+    assert isinstance(caught.value, ValueError) and "sk-real" not in str(caught.value)
+    again = EnsembleLLM.from_dict(llm.to_dict())  # these keep the key
+    assert again.members is not None and again.members[0].http is not None
+    assert again.members[0].http.api_key is not None and again.members[0].http.api_key.get_secret_value() == "sk-real"
+    plain = EnsembleLLM(members=[MemberConfig(model="vllm:http://127.0.0.1:9/v1#toy-key", http={"retries": 0}),
+                                 MemberConfig(model="vllm:http://127.0.0.1:9/v1#toy-other")])
+    assert EnsembleLLM.from_json(plain.to_json()).members == plain.members
