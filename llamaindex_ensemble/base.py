@@ -192,7 +192,7 @@ class EnsembleLLM(FunctionCallingLLM):
     ``weights``, ...); LlamaIndex ``LLM`` fields (``system_prompt``, ``callback_manager``, ...) are
     recognised by name. ``members=[MemberConfig(...)]`` instead of ``models`` gives each member its
     own device / dtype / server options; ``member_options={"dtype": "bfloat16"}`` (or ``dtype=``)
-    sets them for every transformers member. Members load on first use (once per process).
+    sets them for every transformers member. Members load on first use, shared while any engine holds them.
     ``close()`` / ``aclose()`` (or garbage collection of the LLM and its copies) releases them.
     """
 
@@ -359,7 +359,7 @@ class EnsembleLLM(FunctionCallingLLM):
 
     @property
     def engine(self) -> EnsembleEngine:
-        """The underlying engine (shared by every call; members are loaded once per process)."""
+        """The underlying engine (shared by every call; members shared while any engine holds them)."""
         self._check_open()
         return self._engine
 
