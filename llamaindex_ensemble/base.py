@@ -28,7 +28,9 @@ Design:
 
 from __future__ import annotations
 
+import logging
 import os
+import pickle
 import sys
 import warnings
 import weakref
@@ -177,6 +179,14 @@ def _caller_stacklevel() -> int:
     return level
 
 
+def _pickles(value: object) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:  # noqa: BLE001 - anything pickle raises means it does not pickle
+        return False
+    return True
+
+
 def _check_context_window(value: int | None) -> None:
     """At least 1 where given, whether at construction, on assignment or in ``model_copy(update=)``:
     -5 reached LlamaIndex's prompt helper, and 0 read as "not given" (it loaded the members)."""
@@ -274,7 +284,14 @@ class EnsembleLLM(FunctionCallingLLM):
         if built:
             raise InvalidRequestError(f"an EnsembleLLM over built members ({', '.join(built)}) cannot be pickled: "
                                       "unpickling rebuilds it from names; give names or MemberConfigs")
-        return {**super().__getstate__(), "__pydantic_private__": None}
+        # pydantic's state, not LlamaIndex's: that one tries to pickle the engine and logs a warning
+        # ("Removing unpickleable private attribute _engine") on every pickle, as IngestionPipeline's workers do;
+        # the private attributes are rebuilt anyway. Its filter of the fields that do not pickle stays.
+        state = BaseModel.__getstate__(self)
+        for key in [k for k, v in state["__dict__"].items() if not _pickles(v)]:
+            logging.warning("Removing unpickleable attribute %s", key)  # as LlamaIndex says it
+            del state["__dict__"][key]
+        return {**state, "__pydantic_private__": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Build a new engine from the pickled fields. LlamaIndex's fallback, when ``__init__`` failed

@@ -4,6 +4,7 @@ members, seconds)."""
 
 from __future__ import annotations
 
+import logging
 import pickle
 from collections.abc import Iterator
 
@@ -39,6 +40,14 @@ def test_an_llm_over_member_configs_survives_pickle_and_to_dict(names: list[str]
 def test_no_members_says_what_to_give() -> None:
     with pytest.raises(InvalidRequestError, match=r"give models=\[names\] or members="):
         EnsembleLLM()
+
+
+def test_pickling_logs_no_warning(names: list[str], caplog: pytest.LogCaptureFixture) -> None:
+    """LlamaIndex's own ``__getstate__`` tried to pickle the engine and logged "Removing unpickleable
+    private attribute _engine" (and _shared) on every pickle: each IngestionPipeline worker's."""
+    with caplog.at_level(logging.WARNING):
+        back = pickle.loads(pickle.dumps(EnsembleLLM(models=names)))
+    assert not caplog.records and back.complete("hi", max_tokens=2).text
 
 
 def test_a_failed_rebuild_on_unpickling_surfaces() -> None:
