@@ -160,6 +160,9 @@ def main() -> None:
                      "or leave out --base-url")
         except openai.APIError as err:  # e.g. a 401 (the server has --api-key) or a 404 (not this server)
             sys.exit(f"GET {base_url}/v1/models failed: {api_error(err)}")
+        except (IndexError, AttributeError, TypeError):  # a 200 with no model list (an empty one, a web page)
+            sys.exit(f"GET {base_url}/v1/models names no model: not a safe-ensemble (OpenAI-compatible) server; "
+                     "pass --model, or check --base-url")
         if args.base_url is None:
             print(f"serving {model} at {base_url}/v1 (page: {base_url}/)")
         for name, client in (("openai", with_openai), ("curl", with_curl), ("langchain", with_langchain)):

@@ -109,3 +109,22 @@ def test_no_server_at_the_base_url_is_one_readable_line(monkeypatch: pytest.Monk
         cookbook.main()
     assert exit_.value.code == f"no server answers at {url}: start one with 'safe-ensemble serve ...' " \
                                "or leave out --base-url"
+
+
+@pytest.mark.parametrize("page", [b'{"object": "list", "data": []}', b"<html><body>a web page</body></html>"])
+def test_a_server_that_lists_no_model_is_one_readable_line(monkeypatch: pytest.MonkeyPatch, page: bytes) -> None:
+    """A 200 from GET /v1/models with no model (an empty list, a web page) ended in an IndexError or
+    AttributeError traceback."""
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def models(_: Any) -> Response:
+        return Response(page, media_type="application/json" if page.startswith(b"{") else "text/html")
+
+    cookbook = load()
+    with serve_in_background(Starlette(routes=[Route("/v1/models", models)])) as url:
+        monkeypatch.setattr(sys, "argv", ["streaming_app.py", "--base-url", url])
+        with pytest.raises(SystemExit) as exit_:
+            cookbook.main()
+    assert str(exit_.value.code).startswith(f"GET {url}/v1/models names no model")
