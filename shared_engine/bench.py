@@ -82,7 +82,7 @@ def bench_prompts(args: argparse.Namespace) -> tuple[list[Prompt], list[str], st
         records = benchmark.dataset().records[:args.prompts]
         prompts: list[Prompt] = [benchmark.messages(record) for record in records]
     except InvalidRequestError as error:
-        raise SystemExit(f"bench: --prompts-from {source}: {error}") from None
+        raise InvalidRequestError(f"--prompts-from {source}: {error}") from None
     return prompts, list(benchmark.stop), str(benchmark.path)
 
 
@@ -292,15 +292,15 @@ def parse_method(entry: str, args: argparse.Namespace) -> tuple[str, argparse.Na
     ``safe:draft-schedule=adaptive`` or ``safe:draft-schedule=adaptive:drafter-confidence=0.5`` (the
     flags of ``--help``, read by the same parser), so a lever on and off is measured in one run."""
     method, *overrides = entry.split(":")
-    flags = []
-    for override in overrides:
-        key, sep, value = override.partition("=")
-        if not sep:
-            raise SystemExit(f"bench: {override!r} in --methods {entry!r} is not flag=value")
-        flags += [f"--{key.strip().replace('_', '-')}", value.strip()]
     parser = OneLineErrorParser(prog=f"safe-ensemble bench --methods {entry}", add_help=False)
     parser.help_command = "safe-ensemble bench --help"  # the entry's flags are bench's
     add_engine_args(parser, members_required=False)
+    flags = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep:  # a usage error as the entry's other ones (it was a bare line and exit status 1)
+            parser.error(f"{override!r} in --methods is not flag=value")
+        flags += [f"--{key.strip().replace('_', '-')}", value.strip()]
     method = method.strip()
     if method not in METHODS:  # before any member loads (run_bench parses every entry first)
         parser.error(f"unknown method {method!r} in --methods (choose from {', '.join(METHODS)})")

@@ -14,7 +14,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Callable
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 from . import bench, calibration
 from .engine_args import OneLineErrorParser, add_engine_args, default_method, engine_from_args
@@ -25,6 +25,9 @@ from .member_flags import BACKEND_HELP
 from .members import LOCAL_BACKENDS
 from .options import METHODS
 from .server import command as serve_command
+
+if TYPE_CHECKING:
+    from .engine import EnsembleEngine
 
 _HIGHLIGHT, _RESET = "\033[1;33m", "\033[0m"
 
@@ -45,14 +48,21 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("prompt")
 
 
-async def _stream(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace) -> int:
+    """Check the request and load the members on the main thread, where Ctrl-C stops the load at once
+    (loaded in a worker, Ctrl-C cancelled the run and ``asyncio.run`` then waited for the load to end);
+    only the answer streams on the event loop."""
     method = args.method or default_method(args.models)
     engine = engine_from_args(args, method)
-    color = sys.stdout.isatty() and not args.no_color
     params = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "stop": args.stop or [],
               "raw_prompt": args.raw}
     engine.check_request(args.prompt, **params)  # a bad request fails before the members load
-    await asyncio.to_thread(load_with_notice, engine)
+    load_with_notice(engine)
+    return asyncio.run(_stream(args, engine, method, params))
+
+
+async def _stream(args: argparse.Namespace, engine: EnsembleEngine, method: str, params: dict[str, Any]) -> int:
+    color = sys.stdout.isatty() and not args.no_color
     async for event in engine.astream(args.prompt, **params):
         if args.events:
             print(event.model_dump_json(), flush=True)
@@ -70,10 +80,6 @@ async def _stream(args: argparse.Namespace) -> int:
                   f"forwards={stats.forward_passes} ttft={stats.time_to_first_token_s or 0:.2f}s "
                   f"{stats.tokens_per_s:.1f} tok/s", file=sys.stderr)
     return 0
-
-
-def _run(args: argparse.Namespace) -> int:
-    return asyncio.run(_stream(args))
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {

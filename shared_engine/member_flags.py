@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import EnsembleError
+from .errors import EnsembleError, InvalidRequestError
 from .members import MemberConfig, MemberDefaults, member_config, with_backend
 from .members.devices import DTYPES
 from .options import validated
@@ -37,16 +37,26 @@ def _models(value: str) -> list[str]:
 def read_members_file(path: str | Path) -> list[MemberConfig]:
     """A YAML (``.yaml``/``.yml``) or JSON file holding a list of members (dicts or spec strings),
     or a mapping with that list under ``members``. Errors name the file, the entry and the key."""
-    text = Path(path).read_text()
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")  # a BOM (Windows editors) is no JSON/YAML error
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise ValueError(f"{path}, line {line}: not UTF-8 text") from None
     if str(path).endswith((".yaml", ".yml")):
         import yaml
 
         try:
             data: Any = yaml.safe_load(text)
         except yaml.YAMLError as err:
-            raise ValueError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+            mark = getattr(err, "problem_mark", None)
+            where = f", line {mark.line + 1}" if mark is not None else ""
+            raise ValueError(f"{path}{where}: not valid YAML ({str(err).splitlines()[0]})") from None
     else:
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}, line {err.lineno}: not valid JSON ({err.msg}, column {err.colno})") from None
     if isinstance(data, dict) and set(data) == {"members"}:
         data = data["members"]
     if not isinstance(data, list) or not data:
@@ -103,4 +113,20 @@ def member_configs(args: argparse.Namespace, backend: str | None = None) -> list
         compile=getattr(args, "compile", None), slots=getattr(args, "max_active", None))
     entries: Sequence[str | MemberConfig] = getattr(args, "members", None) or [
         with_backend(m, backend) for m in args.models]
-    return [member_config(entry, defaults, backend) for entry in entries]
+    configs = [member_config(entry, defaults, backend) for entry in entries]
+    _check_placement_applies(defaults, configs, getattr(args, "backend", None))
+    return configs
+
+
+def _check_placement_applies(defaults: MemberDefaults, configs: Sequence[MemberConfig], asked: object) -> None:
+    """``--device``/``--dtype``/... with no transformers member would do nothing (``--backend llamacpp
+    --device cuda`` ran on the CPU, silently): an error naming the flags, as a members file's ``dtype``
+    for a llama.cpp member is. ``bench --backend transformers,llamacpp`` applies them to its transformers run."""
+    given = defaults.placement()
+    if not given or any(c.spec.backend == "transformers" for c in configs) \
+            or (isinstance(asked, list) and "transformers" in asked):
+        return
+    flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
+    backends = ", ".join(sorted({c.spec.backend for c in configs}))
+    raise InvalidRequestError(f"{flags}: only for transformers members, and every member here runs on {backends} "
+                              "(drop the flag, or run a member on transformers: --backend transformers)")

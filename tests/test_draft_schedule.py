@@ -288,9 +288,9 @@ def test_bench_answers_an_eval_benchmarks_prompts_as_eval_asks_them(monkeypatch:
     assert [p[-1]["content"] for p, _ in asked] == sentences[:2]
     assert all(p[0]["role"] == "system" and p[0]["content"].startswith("Translate the following German")
                for p, _ in asked)
-    with pytest.raises(SystemExit, match="unknown FLORES pair"):
+    with pytest.raises(InvalidRequestError, match="unknown FLORES pair"):
         run_bench(bench_args("--prompts-from", "flores:de-xx", "--data", str(tmp_path)))
-    with pytest.raises(SystemExit, match="unknown benchmark 'poetry'"):
+    with pytest.raises(InvalidRequestError, match="unknown benchmark 'poetry'"):
         run_bench(bench_args("--prompts-from", "poetry"))
 
 

@@ -17,6 +17,8 @@ import functools
 import hashlib
 import inspect
 import json
+import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +45,28 @@ LLAMACPP_URL_FIELDS = ("pin_slots",)
 """Options of a llama.cpp member at a URL (a ``llama-server`` this process did not start)."""
 OPTION_FIELDS = PLACEMENT_FIELDS + SERVER_FIELDS + LLAMACPP_FIELDS + LLAMACPP_CLIENT_FIELDS + LLAMACPP_URL_FIELDS
 """Every backend option (the loaders' keywords)."""
+
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3",
+                        "flash_attention_4")
+"""transformers' own attention kernels (those its error lists). Also accepted, as transformers accepts
+them: a ``paged|`` one, a hub kernel (``org/repo[@revision][:name]``), and a name registered with
+``AttentionInterface.register`` (then transformers is imported: it is read from its registry)."""
+_HUB_KERNEL = re.compile(r"[^/:]+/[^/:]+(?:@[^/:]+)?(?::[^/:]+)?")  # transformers' is_kernel pattern
+
+
+def check_attn_implementation(value: str) -> str:
+    """``value`` if transformers would take it as ``attn_implementation`` (a typo fails here, before any
+    weights are read, not as a traceback from ``from_pretrained``); never stricter than transformers:
+    a kernel it cannot load (flash_attention_2 not installed) fails when the member loads."""
+    name = value.removeprefix("paged|")
+    if name in ATTN_IMPLEMENTATIONS or re.fullmatch(r"flash_attention_\d+", name) or _HUB_KERNEL.fullmatch(name):
+        return value
+    registry = sys.modules.get("transformers.modeling_utils")  # loaded wherever a kernel was registered
+    if registry is not None and name in registry.ALL_ATTENTION_FUNCTIONS.valid_keys():
+        return value
+    raise ValueError(f"unknown attn_implementation {value!r}; use one of {', '.join(ATTN_IMPLEMENTATIONS)} "
+                     "or a hub kernel (org/repo)")
+
 
 _UNSET_MEANS: dict[str, object] = {"device": "cpu", "dtype": "float32", "http": HttpSettings()}
 """What a loader does with an option left at None (its signature's default); an in-process
@@ -114,6 +138,11 @@ class MemberDefaults(BaseModel):
             except InvalidRequestError as err:
                 raise ValueError(str(err)) from None
         return value
+
+    @field_validator("attn_implementation")
+    @classmethod
+    def _known_attention(cls, value: str | None) -> str | None:
+        return None if value is None else check_attn_implementation(value)
 
     @field_validator("compile")
     @classmethod

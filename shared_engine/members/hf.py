@@ -29,6 +29,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..alignment import TokenTable
+from ..errors import InvalidRequestError
 from . import cache as kv
 from . import devices
 from .base import FULL_LOCAL, Capabilities, R
@@ -96,8 +97,16 @@ class HFMember:
         extra: dict[str, object] = {"attn_implementation": attn_implementation} if attn_implementation else {}
         if device_map is not None or (device is not None and devices.check_device(device).type != "cpu"):
             extra["device_map"] = device_map if device_map is not None else device  # straight onto it
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=devices.torch_dtype(dtype or "float32"),
-                                                     **extra)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=devices.torch_dtype(dtype or "float32"),
+                                                         **extra)
+        except (ValueError, ImportError) as err:  # a kernel this model or machine lacks: one line, not a traceback
+            if attn_implementation and (isinstance(err, ImportError)
+                                        or any(word in str(err).lower() for word in ("attn", "attention"))):
+                reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise InvalidRequestError(
+                    f"member {name!r}: attn_implementation={attn_implementation!r} cannot be used: {reason}") from None
+            raise
         member = cls(name, model, tokenizer)  # reads forward's signature (the cache keyword) unwrapped
         if compile:
             model.forward = torch.compile(model.forward, dynamic=True)
