@@ -8,7 +8,7 @@ import torch
 from shared_engine import EnsembleEngine, InvalidRequestError
 from shared_engine.alignment import TokenizedText, shared_boundaries
 from shared_engine.decoding.adafuse import AdaFuseSettings, _next_logits, _score
-from shared_engine.words import SharedEnds, complete_word_ends, span_end, word_ends
+from shared_engine.words import SharedEnds, complete_word_ends, is_mark, span_end, word_ends
 from tests.test_engine import ANSWER, QUESTION, trained_member
 from tests.toy import toy_member
 
@@ -395,3 +395,16 @@ def test_a_chosen_span_written_up_to_its_writers_eos_ends_the_answer() -> None:
     decisions = [e for e in result.events if e.type == "adafuse"]
     assert result.text == "Hi Sofia, hi Sofia." and result.finish_reason == "eos"
     assert decisions[-1].chosen == " Sofia.<eos>" and "<eos>" not in [d.chosen for d in decisions]
+
+
+def test_a_cjk_character_keeps_the_symbols_and_joiners_after_it() -> None:
+    """Catches a CJK word dropping the symbols (category S: "～") or a zero-width joiner after it,
+    which then became words of their own."""
+    assert word_ends("好～ 好") == [2, 4]
+    assert word_ends("好\u200d好") == [2, 3]
+    assert is_mark("\u200d") and is_mark("\ufe0f") and not is_mark("a")
+
+
+def test_without_a_word_cut_far_enough_the_span_ends_at_the_last_shared_word_cut() -> None:
+    """Catches the fallback taking the first shared word cut instead of the last one."""
+    assert span_end(b" a b c", 5, {2, 4}, finished=False) == 4

@@ -462,3 +462,27 @@ def test_a_literal_metaspace_character_is_spelled_alone(key):
     tokens = TokenizedText(table)
     tokens.set_text(text.encode())
     assert tokens.ids == ids
+
+
+def test_regrowing_text_never_reencodes_from_inside_a_symbol_run() -> None:
+    """Catches re-encoding restarting between two symbols (GPT-2's regex keeps `[^\\s\\p{L}\\p{N}]+`
+    together): Qwen's grown text read ">" + ".a" where a fresh encode reads ">." + "a"."""
+    table = table_for("qwen2.5-coder-0.5b-instruct")
+    for before, after in [("a~<,(~ >.a_-;", "a~<,(~ >.a_-;?@1"), ("1.~a)~_a\\=", "1.~a)~_a\\=a@:_\u0301=a1\\~:.?")]:
+        tokens = TokenizedText(table)
+        tokens.set_text(before.encode())
+        tokens.set_text(after.encode())
+        assert tokens.ids == _tokenized(table, after.encode()).ids, (before, after)
+
+
+def test_a_byte_without_a_token_inside_an_invalid_run_joins_the_next_tokens_span() -> None:
+    """Catches the left-out byte's width being dropped from the next token's span in an invalid run
+    (b"a\\xf1\\x80b" with no 0xF1 token raised "does not round-trip" instead of reading on)."""
+    pieces = [bytes([b]) for b in range(256) if b != 0xF1]
+    ids = {p: i for i, p in enumerate(pieces)}
+    table = TokenTable.from_bytes(pieces, special_ids=set(), eos_ids=set(), name="toy",
+                                  encode=lambda s: [ids[bytes([b])] for b in s.encode()])
+    tokens = TokenizedText(table)
+    tokens.set_text(b"a\xf1\x80b")
+    assert [pieces[i] for i in tokens.ids] == [b"a", b"\x80", b"b"]
+    assert tokens.ends == [1, 3, 4]  # 0xF1 is covered by the 0x80 token after it

@@ -292,3 +292,9 @@ def test_another_benchmarks_file_is_a_one_line_error(tmp_path: Path) -> None:
     task.write_text(json.dumps({"examples": [{"question": "x"}]}))
     with pytest.raises(InvalidRequestError, match="not a BBH example"):
         get_benchmark("bbh", data=str(task)).dataset()
+
+
+def test_math_a_bold_option_or_one_with_a_full_stop_is_the_option() -> None:
+    """Catches \\textbf{} not being unwrapped and a final full stop being kept."""
+    assert math_equal("\\textbf{(B)}", "B") and math_equal("\\textbf{12}", "12")
+    assert math_equal("(C).", "C")

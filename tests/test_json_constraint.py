@@ -482,3 +482,10 @@ def test_forced_calls_on_toys_name_an_offered_tool_with_schema_valid_arguments(d
     own = engine.generate("Weather?", tools=CALL_TOOLS, tool_choice="get_weather", prefix=call_prefix("get_weather"))
     assert not own.stats.constrained
     assert all(c.error or c.arguments != {"city": "Oslo"} and c.arguments != {"city": "Paris"} for c in own.tool_calls)
+
+
+def test_a_string_ending_in_an_escaped_backslash_is_closed_by_its_quote() -> None:
+    """Catches an escaped backslash ("\\\\") escaping the quote after it: the string was read as open,
+    so a line break after it was refused as raw in a string and a trailing comma went through."""
+    assert feed(start_state(None, ""), '{"a": "x\\\\"\n}').finished  # type: ignore[union-attr]
+    assert feed(start_state(None, ""), '["\\\\",]') is None

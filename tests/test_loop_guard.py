@@ -225,3 +225,9 @@ def test_both_adapters_pass_the_guard_to_the_engine(loopy: dict) -> None:
         llm = EnsembleLLM(models=names, max_tokens=64)
         assert llm.complete("Tell me about cats.", loop_guard=GUARD).raw["ensemble"]["loop_breaks"] > 0
         assert llm.complete("Tell me about cats.").raw["ensemble"]["loop_breaks"] == 0
+
+
+def test_a_text_of_exactly_two_periods_is_a_loop() -> None:
+    """Catches the longest period (half the text) never being tried."""
+    assert loop_unit(b"abcdabcd", 8) == b"abcd"
+    assert loop_unit(b"x = 1;\nx = 1;\n", 14) == b"x = 1;\n"

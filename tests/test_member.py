@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from shared_engine.members import HFMember
+from shared_engine.members.cache import truncate
 from shared_engine.members.chat import PLAIN_TEMPLATE_STOPS, render_plain
+from shared_engine.members.session import PrefixSession
 from tests import toy
 
 ATOL = 1e-4
@@ -431,3 +433,56 @@ def test_a_release_inside_a_member_build_waits_for_the_build_instead_of_deadlock
     assert not loader.is_alive(), "acquire_member deadlocked on a release made inside its build"
     assert closed == [first] and first not in registry._LOADED and second in registry._LOADED
     assert registry.release_member(second) and closed == [first, second]
+
+
+class _CountingSession(PrefixSession):
+    """A backend whose row after ``target[:p]`` is ``[p]``: which row came back is visible."""
+
+    def _compute(self, target: list[int], first_row: int, common: int) -> torch.Tensor:
+        self.last_sync = (common, len(self.ids) - common)
+        self.ids = list(target)
+        self.num_forwards += 1
+        return torch.tensor([[float(p)] for p in range(first_row, len(target) + 1)])
+
+
+def test_rows_at_recomputes_a_row_before_the_held_end() -> None:
+    """Catches rows_at returning the row after the held ids as the row of an earlier position."""
+    session = _CountingSession()
+    session.sync([1, 2, 3], 3)  # holds [1, 2, 3] and the row after it
+    rows = session.rows_at([1, 2, 3, 4, 5], [2, 5])
+    assert {p: float(row[0]) for p, row in rows.items()} == {2: 2.0, 5: 5.0}
+
+
+def test_a_sync_or_rows_at_with_nothing_new_records_what_it_kept() -> None:
+    """Catches last_sync keeping the previous sync's (kept, dropped) when the row was already known."""
+    session = _CountingSession()
+    session.sync([9, 9], 1)
+    session.sync([1, 2, 3], 1)
+    assert session.last_sync == (0, 2)
+    assert float(session.sync([1, 2, 3], 3)[0, 0]) == 3.0 and session.num_forwards == 2
+    assert session.last_sync == (3, 0)
+    session.sync([9], 1)
+    session.sync([1, 2, 3], 1)
+    assert session.last_sync == (0, 1)
+    assert float(session.rows_at([1, 2, 3], [3])[3][0]) == 3.0 and session.num_forwards == 4
+    assert session.last_sync == (3, 0)
+
+
+def test_truncate_never_crops_when_nothing_is_to_be_removed() -> None:
+    """Catches truncate calling crop(0) (it drops everything or raises on some 5.x versions)."""
+    class Cache:
+        def __init__(self) -> None:
+            self.crops: list[int] = []
+
+        def get_seq_length(self) -> int:
+            return 5
+
+        def crop(self, n: int) -> None:
+            self.crops.append(n)
+
+    cache = Cache()
+    truncate(cache, 5)
+    truncate(cache, 7)
+    assert cache.crops == []
+    truncate(cache, 3)
+    assert cache.crops == [-2]

@@ -220,3 +220,14 @@ def test_compare_rescores_bbh_word_answers(tmp_path: Path) -> None:
                                          ("navigate/1", "So the answer is Yes.", ["No"], False)])
     text = compare_runs([old], tmp_path / "plots")
     assert "| bbh | single (old) | 2 | 50.0% |" in text and "single (old): 1 verdict(s) changed" in text
+
+
+def test_gsm8k_takes_the_last_marked_or_boxed_answer() -> None:
+    """Catches the first '####' or \\boxed{} answer being read where several are written."""
+    assert extract_number("#### 12\n#### 13") == "13"
+    assert extract_number("\\boxed{12} no, \\boxed{13}") == "13"
+
+
+def test_gsm8k_a_stated_calculation_is_read_after_its_last_equals_sign() -> None:
+    """Catches the number after the first '=' of a stated chain of calculations being read."""
+    assert extract_number("The answer is 1 + 2 = 3 + 4 = 7.") == "7"

@@ -629,3 +629,10 @@ def test_tools_beside_a_json_format_can_still_be_called_and_a_text_answer_is_sti
     assert (valid.text, valid.tool_calls, valid.format_error) == ('{"text": "hi"}', [], None)
     invalid, types = answer("Just words.")
     assert types.count("format_retry") == 2 and "not valid JSON" in invalid.format_error
+
+
+def test_a_close_tag_in_a_string_after_a_comma_in_a_list_does_not_end_the_call() -> None:
+    """Catches a string after ',' not being read as a string: the close tag inside the list's second
+    item ended the call there."""
+    call = '<tool_call>{"name": "echo", "arguments": {"text": ["a", "</tool_call>"]}}</tool_call>'
+    assert CallEnd().finder().find(call + " more") == len(call)

@@ -165,3 +165,28 @@ def test_a_base_member_no_longer_opens_an_answer_with_its_turn_marker() -> None:
     pair = EnsembleEngine(["llamacpp:qwen2.5-coder-0.5b-instruct", "llamacpp:gemma-3-270m"], method="safe")
     fused = pair.generate(FLORES_EN_DE, max_new_tokens=6)
     assert not fused.text.lstrip().startswith("User") and fused.stats.turn_markers >= 1
+
+
+def test_a_member_writing_after_the_answers_start_ends_its_turn_at_the_marker() -> None:
+    """Catches a writing member's marker being dropped everywhere instead of only at the answer's
+    start: after "Hallo\\n" its marker is its EOS, as for a voting member."""
+    table = _table()
+    logits = torch.log(torch.tensor([0.5, 0.1, 0.02, 0.02, 0.02, 0.02, 0.02, 0.2, 0.02, 0.02, 0.02, 0.02, 0.02]))
+    out, mass = read_turn_markers(logits, table, PLAIN_TEMPLATE_STOPS, b"Hallo\n", writing=True)
+    assert abs(mass - 0.64) < 1e-5
+    assert abs(float(torch.softmax(out, 0)[EOS]) - (0.02 + 0.64)) < 1e-5
+
+
+def test_the_markers_mass_goes_to_the_strongest_eos() -> None:
+    """Catches the marker's mass going to the weakest of several EOS ids."""
+    pieces = [*PIECES, b""]
+    ids = {p: i for i, p in enumerate(pieces)}
+    table = TokenTable.from_bytes(pieces, special_ids={EOS, 13}, eos_ids={EOS, 13},
+                                  encode=lambda text: [ids.get(text.encode(), 0)], name="toy")
+    logits = torch.log(torch.tensor([0.5, 0.1, 0.02, 0.02, 0.02, 0.02, 0.02, 0.18, 0.02, 0.02, 0.02, 0.01, 0.02,
+                                     0.03]))
+    out, mass = read_turn_markers(logits, table, PLAIN_TEMPLATE_STOPS, b"Hallo\n")
+    probs = torch.softmax(out, 0)
+    assert abs(mass - 0.64) < 1e-5
+    assert abs(float(probs[13]) - (0.03 + 0.64)) < 1e-5  # the stronger EOS takes the mass
+    assert abs(float(probs[EOS]) - 0.01) < 1e-6
