@@ -133,7 +133,19 @@ def stored_scorer(run_bench: str) -> Callable[[str, dict[str, Any]], Score | Non
     return _STORED.get(run_bench)
 
 
-def get_benchmark(name: str, data: str | None = None, pair: str = "en-de") -> Benchmark:
+def flores_pair(data: str | None, pair: str | None) -> str:
+    """The FLORES pair run: ``pair``, else the one a ``--data`` file named ``PAIR.jsonl`` holds, else en-de.
+    A pair that disagrees with the file's name is refused: the file would be asked with the other
+    direction's prompt and scored against the wrong side's references."""
+    named = Path(data).expanduser() if data and data != "sample" else None
+    from_file = named.stem if named is not None and named.suffix == ".jsonl" and named.stem in FLORES_PAIRS else None
+    if pair is not None and from_file is not None and pair != from_file:
+        raise InvalidRequestError(f"--pair {pair} disagrees with --data {data} (the {from_file} file): "
+                                  f"drop --pair, or give the {pair}.jsonl file")
+    return pair or from_file or "en-de"
+
+
+def get_benchmark(name: str, data: str | None = None, pair: str | None = None) -> Benchmark:
     if name == "gsm8k":
         path = _main_path(data, "gsm8k/test.jsonl")
         train = _aux(path, "train.jsonl", "gsm8k/train.jsonl")
@@ -166,6 +178,7 @@ def get_benchmark(name: str, data: str | None = None, pair: str = "en-de") -> Be
                          lambda out, r: scoring.score_qa(out, r.answers), stop=("\nQuestion:",),
                          exclude=lambda r: prompts.in_prompt(r, prompt))
     if name == "flores":
+        pair = flores_pair(data, pair)
         if pair not in FLORES_PAIRS:
             raise InvalidRequestError(f"unknown FLORES pair {pair!r}; choose one of {FLORES_PAIRS}")
         path = _main_path(data, f"flores/{pair}.jsonl")

@@ -34,7 +34,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--bench", choices=BENCHMARKS)
     parser.add_argument("--backend", choices=LOCAL_BACKENDS, help=BACKEND_HELP)
     parser.add_argument("--method", choices=METHODS, help="default: safe (single with one model)")
-    parser.add_argument("--pair", choices=FLORES_PAIRS, default="en-de", help="flores language pair")
+    parser.add_argument("--pair", choices=FLORES_PAIRS,
+                        help="flores language pair (default: the --data file's, named PAIR.jsonl; else en-de)")
     parser.add_argument("--limit", type=int, help="first N questions (BBH / MMLU-Redux: interleaved over tasks)")
     parser.add_argument("--data", help="benchmark file or folder (default: $SAFE_ENSEMBLE_DATA or ../shared/data); "
                                          "'sample': the GSM8K sample the package ships")

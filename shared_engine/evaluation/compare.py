@@ -21,7 +21,7 @@ from ..errors import EnsembleError, InvalidRequestError
 from ..members.spec import BACKENDS
 from ..options import METHOD_DEFAULTS
 from .benchmarks import is_translation, stored_scorer
-from .runner import CONFIG, SAMPLES, SUMMARY, is_transient_error, sample_rows, wilson_interval
+from .runner import CONFIG, SAMPLES, SUMMARY, is_transient_error, lock_holder, sample_rows, wilson_interval
 
 BAR_LABEL_WIDTH = 22
 """Characters per line of a run label under its bar."""
@@ -73,7 +73,9 @@ def load_summaries(dirs: list[Path]) -> list[dict[str, Any]]:
         file = folder / SUMMARY if folder.is_dir() else folder
         if not file.is_file():
             answered = (folder / SAMPLES).is_file() and (folder / SAMPLES).stat().st_size
+            running = lock_holder(folder) if folder.is_dir() else None
             raise InvalidRequestError(f"no {SUMMARY} in {folder}" + (
+                f" (its run is still going, pid {running}: compare it when it ends)" if running else
                 " (its run stopped before writing one: the same eval command with --resume writes it)"
                 if answered else ""))
         try:
@@ -232,6 +234,8 @@ class Rescored(NamedTuple):
     dropped: int
     failed: int = 0
     malformed: int = 0
+    lines: int = 0
+    """Complete lines in the file (the summary records how many it was written at: ``sample_lines``)."""
 
 
 _RESCORED: dict[tuple[str, int, int, int], Rescored] = {}
@@ -294,7 +298,7 @@ def rescored(folder: Path) -> Rescored:
                 changed += bool(new.correct) != bool(row.get("correct"))
                 rows[i] = {**row, "extracted": new.extracted, "correct": new.correct, "value": new.value,
                            "f1": new.f1}
-        _RESCORED[key] = Rescored(rows, changed, dropped, len(transient), malformed)
+        _RESCORED[key] = Rescored(rows, changed, dropped, len(transient), malformed, len(lines))
     return _RESCORED[key]
 
 
@@ -336,14 +340,28 @@ def _unfinished_note(summaries: list[dict[str, Any]]) -> str:
     """Lines naming the runs that were interrupted (scored on the answers so far), and those whose
     samples hold another number of answers than their summary counts (a run still going, or killed
     before it could write its summary): their row is out of date, while the pairing reads every answer."""
-    interrupted = [f"{s['label']}: {s['n']} of {s.get('asked', '?')}" for s in summaries if s.get("interrupted")]
-    stale = [f"{s['label']}: {len(rescored(Path(s['dir'])).rows)} answers, the summary counts {s['n']}"
-             for s in summaries
-             if (Path(s["dir"]) / SAMPLES).is_file() and len(rescored(Path(s["dir"])).rows) != s["n"]]
+    running = {s["label"]: pid for s in summaries if (pid := lock_holder(Path(s["dir"])))}
+    interrupted = [f"{s['label']}: {s['n']} of {s.get('asked', '?')}" for s in summaries
+                   if s.get("interrupted") and s["label"] not in running]
+    stale, going = [], []
+    for s in summaries:
+        if not (Path(s["dir"]) / SAMPLES).is_file():
+            continue
+        result = rescored(Path(s["dir"]))
+        if s["label"] in running:
+            going.append(f"{s['label']}: {len(result.rows)} answers so far (pid {running[s['label']]})")
+        elif len(result.rows) != s["n"]:
+            stale.append(f"{s['label']}: {len(result.rows)} answers, the summary counts {s['n']}")
+        elif isinstance(lines := s.get("sample_lines"), int) and result.lines != lines:
+            # a run resumed with a smaller --limit (``ids``) and stopped before its new summary: equal counts
+            stale.append(f"{s['label']}: {result.lines} lines in {SAMPLES}, {lines} when its summary was written")
     note = ""
     if interrupted:
         note += ("\n\nnote: interrupted runs, scored on the questions answered so far (the same eval command "
                  "with --resume continues them): " + "; ".join(interrupted))
+    if going:
+        note += ("\n\nnote: runs still going (another eval is writing them; their summary is out of date until "
+                 "it ends): " + "; ".join(going))
     if stale:
         note += ("\n\nnote: summary out of date (a run still going, or stopped before it wrote its summary; "
                  "--resume rewrites it): " + "; ".join(stale))

@@ -13,15 +13,17 @@ summary is always recomputed from the whole JSONL.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +46,64 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SAMPLES, SUMMARY, CONFIG = "samples.jsonl", "summary.json", "config.json"
+LOCK = ".lock"
+"""Held (``flock``) while an eval writes the folder: a second writer is refused, ``compare`` says the run is
+still going. The kernel releases it when its process dies, so a killed run's file never blocks."""
+
+try:
+    import fcntl
+except ImportError:  # no flock (Windows): runs are not locked
+    fcntl = None  # type: ignore[assignment]
+
+
+def _replace_file(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all: a kill while it is written leaves the old file, not a cut one."""
+    partial = path.with_name(path.name + ".part")
+    partial.write_bytes(data)
+    os.replace(partial, path)
+
+
+@contextlib.contextmanager
+def writer_lock(out: Path) -> Iterator[None]:
+    """Hold ``out``'s lock while a run writes it; a folder another eval is writing is refused."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # e.g. --out naming a file (a log)
+        raise InvalidRequestError(f"--out {out}: cannot make the run's folder ({err.strerror})") from None
+    if fcntl is None:
+        yield
+        return
+    with (out / LOCK).open("a+", encoding="utf-8") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            raise InvalidRequestError(f"{out} is being written by another eval (pid {holder})") from None
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(f"{os.getpid()}\n")
+            f.flush()
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def lock_holder(out: Path) -> str | None:
+    """The pid of the eval writing ``out`` now (``"?"`` when unknown); None: nobody is."""
+    if fcntl is None or not (out / LOCK).is_file():
+        return None
+    try:
+        with (out / LOCK).open(encoding="utf-8") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                return f.read().strip() or "?"
+            fcntl.flock(f, fcntl.LOCK_UN)
+    except OSError:
+        return None
+    return None
 
 
 class RunConfig(BaseModel):
@@ -143,7 +203,7 @@ def read_samples(path: Path) -> list[Sample]:
             continue
     kept = "".join(good).encode("utf-8")
     if kept != data:
-        path.write_bytes(kept)
+        _replace_file(path, kept)
     return samples
 
 
@@ -240,7 +300,8 @@ def _check_config(out: Path, config: RunConfig, resume: bool) -> None:
     # a start that failed before any answer (a misspelt model) left its config: nothing to mix with
     if resume and answered and config_file.exists():
         previous = RunConfig.model_validate_json(config_file.read_text())
-        defaults = EngineOptions().model_dump()  # options the engine gained since, at their defaults, still match
+        # options the engine gained since, at the run's method's defaults (not safe's), still match
+        defaults = EngineOptions(method=config.method).model_dump()
         previous.engine_options |= {k: v for k, v in config.engine_options.items()
                                     if k not in previous.engine_options and v == defaults.get(k)}
         _match_data(previous, config, out)
@@ -289,6 +350,15 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
     dataset, records = check_start(bench, out, limit)
     if config.data is None:  # the file the questions come from: a resume with another one is refused
         config = config.model_copy(update=data_identity(bench.path))
+    with writer_lock(out):
+        return await _evaluate(engine, bench, config, out, dataset, records, resume=resume, progress=progress,
+                               on_sample=on_sample, interruptible_load=interruptible_load)
+
+
+async def _evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, out: Path, dataset: Dataset,
+                    records: list[Record], *, resume: bool, progress: bool,
+                    on_sample: Callable[[Sample], None] | None, interruptible_load: bool) -> dict[str, Any]:
+    """``evaluate`` with ``out`` locked."""
     _check_config(out, config, resume)
     wanted = {r.id for r in records}
     samples_file = out / SAMPLES
@@ -353,8 +423,12 @@ def _write_summary(out: Path, done: dict[str, Sample], records: list[Record], da
     wanted = {r.id for r in records}
     samples = out / SAMPLES
     # resumed with a smaller limit: what the summary counts, for compare to pair the same
-    if samples.exists() and any(row.get("id") not in wanted for row in sample_rows(samples)):
+    rows = sample_rows(samples) if samples.exists() else []
+    if any(row.get("id") not in wanted for row in rows):
         summary["ids"] = [s.id for s in ordered]
+    # the lines it was written at: compare flags it out of date when the file holds another number (a run
+    # resumed and killed before its summary, where ``ids`` hides the new answers)
+    summary["sample_lines"] = len(rows)
     partial = out / (SUMMARY + ".part")  # a second Ctrl-C while it is written leaves the old file whole
     partial.write_text(json.dumps(summary, indent=2) + "\n")
     partial.replace(out / SUMMARY)
@@ -378,7 +452,7 @@ def _stored(samples: list[Sample], records: list[Record], bench: Benchmark, file
                                                "value": score.value, "f1": score.f1})
         updated.append(sample)
     if updated != samples:
-        file.write_text("".join(s.model_dump_json() + "\n" for s in updated), encoding="utf-8")
+        _replace_file(file, "".join(s.model_dump_json() + "\n" for s in updated).encode("utf-8"))
     return updated
 
 
