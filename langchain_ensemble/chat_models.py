@@ -918,6 +918,7 @@ class _Translator:
             chunk = tool_call_chunk(name=event.name, args=args, id=event.id, index=event.index)
             return [ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[chunk]))]
         if event.type == "finish":
+            event.raise_if_closed_mid_answer("this ChatEnsemble")  # a stream raises after the chunks it gave
             self.model._after_request()
             return [self._final(event)]
         return []

@@ -475,6 +475,7 @@ class EnsembleLLM(FunctionCallingLLM):
             return None
         self._dispatch(event, span_id)
         if event.type == "finish":
+            event.raise_if_closed_mid_answer("this EnsembleLLM")  # a stream raises after the deltas it gave
             turn.finish = event
             return ""
         return None

@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .errors import EngineClosedError
+
 
 class _Event(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -236,6 +238,15 @@ class FinishEvent(_Event):
         return Usage(prompt_tokens=sum(u.prompt_tokens for u in attempts),
                      completion_tokens=sum(u.completion_tokens for u in attempts),
                      total_tokens=sum(u.total_tokens for u in attempts))
+
+    def raise_if_closed_mid_answer(self, model: str) -> None:
+        """``EngineClosedError`` where the engine was closed while this answer ran (reason ``cancelled``,
+        the only way a request gets it: a caller that cancels its own call never sees a finish). Its
+        OpenAI reason is ``stop``, so a framework surface passing it on returned a cut answer that looks
+        whole ('1, 2, 3,'); ChatOpenAI raises when its client is closed mid-request, and so do they.
+        ``model`` names what was closed."""
+        if self.reason == "cancelled":
+            raise EngineClosedError(f"{model} was closed while this call ran; the partial answer is not an answer")
 
     @property
     def openai_finish_reason(self) -> OpenAIFinishReason:
