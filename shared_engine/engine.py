@@ -364,7 +364,10 @@ class EnsembleEngine:
             prefix=prefix, response_format=response_format, tool_result_hint=tool_result_hint, raw_prompt=raw_prompt)
         rejected: list[tuple[str, str]] = []
         retried: list[Stats] = []
+        answer_plan = plan.answer_only()  # a retry beside offered tools answers in JSON, under the schema
         for attempt in range(1, plan.attempts + 1):
+            if attempt > 1:
+                plan = answer_plan
             shaper = plan.shaper()
             finish: FinishEvent | None = None
             async with aclosing(self._decode(plan.messages(messages, rejected), plan, gen)) as raw:
@@ -378,8 +381,9 @@ class EnsembleEngine:
             # an answer cut by the request's own stop string ended as asked: another try is cut there too
             if (finish.format_error and attempt < plan.attempts and finish.reason not in ("cancelled", "error")
                     and finish.stop_string is None
-                    and await self._retry_fits(plan.messages(messages, [*rejected, (finish.text, finish.format_error)]),
-                                               plan, gen)):
+                    and await self._retry_fits(answer_plan.messages(messages, [*rejected, (finish.text,
+                                                                                     finish.format_error)]),
+                                               answer_plan, gen)):
                 rejected.append((finish.text, finish.format_error))
                 retried.append(finish.stats)
                 yield FormatRetryEvent(attempt=attempt, error=finish.format_error, text=finish.text,

@@ -57,6 +57,7 @@ with ``FinishEvent.format_error`` saying why.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import uuid
@@ -257,9 +258,13 @@ def call_prefix(forced: str | None) -> str:
     return TOOL_CALL_OPEN + "\n" + json.dumps({"name": forced}, ensure_ascii=False)[:-1] + ', "arguments":'
 
 
-def format_instruction(response_format: ResponseFormat) -> dict[str, str]:
-    """The system turn that asks for JSON (and shows the schema)."""
-    text = "Answer with one JSON object only: no prose, no code fence."
+def format_instruction(response_format: ResponseFormat, tools: bool = False) -> dict[str, str]:
+    """The system turn that asks for JSON (and shows the schema). With ``tools`` offered beside it (an
+    agent's tools and its answer schema), the JSON is the final answer: "Answer with one JSON object
+    only" made the members answer at once, never calling a tool (a made-up product instead of multiply's)."""
+    text = ("If a function would help, call it first; your final answer, once you have what you need, is one "
+            "JSON object only: no prose, no code fence.") if tools else \
+        "Answer with one JSON object only: no prose, no code fence."
     spec = response_format.json_schema
     if response_format.type == "json_schema" and spec is not None and spec.json_schema:
         text += (f" It must match this JSON schema:\n{json.dumps(spec.json_schema, ensure_ascii=False)}")
@@ -761,6 +766,18 @@ class OutputPlan:
         schema = fmt.json_schema.json_schema if fmt.json_schema is not None else None
         return start_state(schema or None, self.prefix)
 
+    def answer_only(self) -> OutputPlan:
+        """The plan of a structured-output retry beside offered tools: the first attempt, free to call
+        a tool, wrote neither a call nor the JSON asked for (a small model copied the schema itself, at
+        every try), so the retry answers in JSON, prefilled and decoded under the schema like a request
+        without tools. Any other plan retries as itself."""
+        if not self.tools or self.response_format is None:
+            return self
+        plan = copy.copy(self)
+        plan.tools, plan.schemas, plan.one_call, plan.stops = None, {}, False, []
+        plan.prefix = self.prefix if self._own_prefix else "{"
+        return plan
+
     @property
     def attempts(self) -> int:
         return FORMAT_ATTEMPTS if self.response_format is not None else 1
@@ -773,7 +790,13 @@ class OutputPlan:
         if self.tool_result_hint and messages and messages[-1].get("role") == "tool":
             out.append({"role": "user", "content": self.tool_result_hint})
         if self.response_format is not None:
-            out.append(format_instruction(self.response_format))
+            instruction = format_instruction(self.response_format, tools=bool(self.tools))
+            if self.tools and not (messages and messages[-1].get("role") == "tool"):
+                # before the conversation: as its last turn it overrode the tools (the members answered
+                # in JSON at once, never calling one); after a tool result it asks for the final answer
+                out.insert(next((i for i, m in enumerate(out) if m.get("role") != "system"), len(out)), instruction)
+            else:
+                out.append(instruction)
             for answer, problem in earlier:
                 out += [{"role": "assistant", "content": answer},
                         {"role": "user", "content": f"That is not valid: {problem}. Reply with the corrected "

@@ -232,8 +232,9 @@ def test_a_tool_call_beside_a_json_response_format_is_one_call_in_one_attempt(mo
     calls = [e for e in events if e.type == "tool_call"]
     assert [(c.name, c.arguments) for c in calls] == [("get_weather", {"location": "Paris"})]
     assert events[-1].tool_calls == calls and events[-1].format_error is None
-    # with tools offered, a rejected attempt (no call, no valid JSON) shows nothing of itself
-    engine = ScriptedDecoding(['{"a": 1,, x', '{"ok": true}'])
+    # with tools offered, a rejected attempt (no call, no valid JSON) shows nothing of itself; the retry
+    # answers in JSON only, prefilled with "{" (OutputPlan.answer_only)
+    engine = ScriptedDecoding(['{"a": 1,, x', '"ok": true}'])
     for member in engine.members:  # a retry runs only where its prompt fits (here 602 tokens with the tools)
         monkeypatch.setattr(member, "context_window", 4096)
     events = asyncio.run(_collect(engine.astream("Weather in Paris?", **options)))

@@ -20,7 +20,7 @@ from shared_engine.events import Event
 from shared_engine.options import GenerationParams
 from shared_engine.server import create_app
 from shared_engine.server.background import serve_in_background
-from shared_engine.tools import OutputPlan
+from shared_engine.tools import OutputOptions, OutputPlan
 from tests.test_server_tools import ScriptedDecoding
 
 USER = [{"role": "user", "content": "Check."}]
@@ -89,3 +89,34 @@ def test_the_server_answers_with_the_format_error_not_a_400(stream: bool) -> Non
     assert not [c for c in chunks if "error" in c]  # before: "generation failed" after the first attempt
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == "{" + _long(250)
     assert chunks[-1]["ensemble"]["format_error"].startswith("not valid JSON")
+
+
+MULTIPLY = {"type": "function", "function": {
+    "name": "multiply", "description": "Multiply two integers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
+PRODUCT = {"type": "json_schema", "json_schema": {"name": "Answer", "schema": {
+    "type": "object", "properties": {"product": {"type": "integer"}}, "required": ["product"]}}}
+COPIED_SCHEMA = '{"properties": {"product": {"type": "integer"}}, "required": ["product"], "type": "object"}'
+
+
+def test_beside_tools_the_json_instruction_comes_before_the_question_and_last_after_a_tool_result() -> None:
+    """An agent's tools beside its answer schema: the 'one JSON object only' turn came after the
+    question, and the members answered in JSON at once, never calling a tool (a made-up product)."""
+    plan = OutputPlan(OutputOptions(tools=[MULTIPLY], response_format=PRODUCT))
+    asked = plan.messages([{"role": "system", "content": "Be brief."}, *USER])
+    assert [m["role"] for m in asked] == ["system", "system", "user"] and "call it first" in asked[1]["content"]
+    after = [*USER, {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "multiply", "arguments": '{"a": 2, "b": 3}'}}]}, {"role": "tool", "tool_call_id": "c1", "content": "6"}]
+    assert plan.messages(after)[-1]["role"] == "system"  # after a tool result: the final answer is asked for
+
+
+def test_a_retry_beside_tools_answers_under_the_schema() -> None:
+    """A small model copied the schema itself at every try beside offered tools (no prefill, no
+    constraint: a call had to stay possible). The first try may call a tool; a retry is JSON only."""
+    engine = ScriptedDecoding([COPIED_SCHEMA, '"product": 6}'])  # the retry's answer after its prefilled "{"
+    events = asyncio.run(_collect(engine, tools=[MULTIPLY], response_format=PRODUCT))
+    (first_messages, first), (_, retry) = engine.prompts
+    assert first.tools and first.prefix == "" and first.constraint() is None
+    assert retry.tools is None and retry.prefix == "{" and retry.constraint() is not None
+    assert events[-1].type == "finish" and events[-1].text == '{"product": 6}' and not events[-1].format_error
+    assert first_messages[-1]["role"] == "user"  # the instruction stands before the question
