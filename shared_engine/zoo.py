@@ -382,27 +382,42 @@ def _sha256_file(path: Path, progress: bool = False) -> str:
     return digest.hexdigest()
 
 
-def _stamp_matches(stamp: Path, target: Path, spec: ZooSpec) -> bool:
-    """True if a previous run already hashed exactly this file (same size and mtime)."""
+STAMPED_PATHS = 8
+"""Files one stamp remembers: a GGUF used in place lives in each environment's site-packages, and
+several virtual environments share the cache (one stamp per file re-hashed each time another
+environment loaded the model, with its bar)."""
+
+
+def _stamp_records(stamp: Path) -> list[dict[str, object]]:
+    """The files a stamp records as verified (a stamp of one record, as written before, is a list of one)."""
     try:
         recorded = json.loads(stamp.read_text())
-        stat = target.stat()
     except (OSError, ValueError):
+        return []
+    records = recorded if isinstance(recorded, list) else [recorded]
+    return [r for r in records if isinstance(r, dict)]
+
+
+def _record(target: Path, sha256: str) -> dict[str, object]:
+    stat = target.stat()
+    return {"path": str(target), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha256}
+
+
+def _stamp_matches(stamp: Path, target: Path, spec: ZooSpec) -> bool:
+    """True if a previous run already hashed exactly this file (same path, size and mtime)."""
+    try:
+        record = _record(target, spec.sha256)
+    except OSError:
         return False
-    return recorded == {
-        "path": str(target),
-        "size": stat.st_size,
-        "mtime_ns": stat.st_mtime_ns,
-        "sha256": spec.sha256,
-    }
+    return record in _stamp_records(stamp)
 
 
 def _write_stamp(stamp: Path, target: Path, sha256: str) -> None:
-    stat = target.stat()
-    record = {"path": str(target), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha256}
+    record = _record(target, sha256)
+    others = [r for r in _stamp_records(stamp) if r.get("path") != record["path"]]
     stamp.parent.mkdir(parents=True, exist_ok=True)
     tmp = stamp.with_name(f".{stamp.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record) + "\n")
+    tmp.write_text(json.dumps([*others[-(STAMPED_PATHS - 1):], record]) + "\n")
     os.replace(tmp, stamp)
 
 

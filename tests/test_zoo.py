@@ -167,7 +167,7 @@ def test_assemble_concatenates_verifies_and_stamps(fake_spec: ZooSpec, tmp_cache
     path = assemble_gguf(fake_spec, progress=False)
     assert path == tmp_cache / "gguf" / "fake-model.gguf"
     assert path.read_bytes() == PAYLOAD
-    stamp = json.loads((tmp_cache / "gguf" / "fake-model.gguf.sha256").read_text())
+    stamp = json.loads((tmp_cache / "gguf" / "fake-model.gguf.sha256").read_text())[-1]
     assert stamp["sha256"] == fake_spec.sha256
     assert stamp["size"] == len(PAYLOAD)
     # Only the final file and its stamp: no temp file left behind by the atomic rename.
@@ -207,7 +207,7 @@ def test_corrupted_existing_file_is_detected_and_assembled_again(
     assert str(target) in message and "assembling it again" in message
     assert fake_spec.sha256 in message
     assert hashlib.sha256(b"\0" * len(PAYLOAD)).hexdigest() in message
-    assert json.loads((tmp_cache / "gguf" / "fake-model.gguf.sha256").read_text())["sha256"] == fake_spec.sha256
+    assert json.loads((tmp_cache / "gguf" / "fake-model.gguf.sha256").read_text())[-1]["sha256"] == fake_spec.sha256
 
 
 def test_wrong_size_existing_file_is_detected_and_assembled_again(
@@ -239,6 +239,25 @@ def test_single_part_is_verified_in_place(tmp_path: Path, monkeypatch: pytest.Mo
     assert path == tmp_path / "site" / parts[0].module / "data" / "part01.bin"
     assert not (tmp_cache / "gguf" / "fake-model.gguf").exists()  # no copy
     assert (tmp_cache / "gguf" / "fake-model.gguf.sha256").exists()  # stamp kept in our cache
+
+
+def test_a_file_used_in_place_in_two_environments_is_hashed_once_in_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_cache: Path
+) -> None:
+    """A single-part GGUF lives in each virtual environment's site-packages, and environments share the
+    cache: one stamp per model was rewritten by each, so every load in the other re-hashed the file
+    (SmolLM2's 94 MB, with its 'verifying' bar)."""
+    first = _fake_spec(_fake_packages(tmp_path / "env1", monkeypatch, [PAYLOAD]), PAYLOAD)
+    second = _fake_spec(_fake_packages(tmp_path / "env2", monkeypatch, [PAYLOAD]), PAYLOAD)
+    calls: list[Path] = []
+    real_hash = zoo._sha256_file
+    monkeypatch.setattr(zoo, "_sha256_file", lambda p, progress=False: calls.append(p) or real_hash(p, progress))
+    paths = [assemble_gguf(spec, progress=False) for spec in (first, second, first, second)]
+    assert paths[0] != paths[1] and calls == paths[:2]
+    old_stamp = {"path": "/gone", "size": 1, "mtime_ns": 1, "sha256": first.sha256}  # as written before: one record
+    (tmp_cache / "gguf" / "fake-model.gguf.sha256").write_text(json.dumps(old_stamp))
+    assemble_gguf(first, progress=False)
+    assert len(calls) == 3 and len(json.loads((tmp_cache / "gguf" / "fake-model.gguf.sha256").read_text())) == 2
 
 
 def test_progress_bar_goes_to_stderr(fake_spec: ZooSpec, capsys: pytest.CaptureFixture[str]) -> None:

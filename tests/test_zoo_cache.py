@@ -189,7 +189,7 @@ def test_a_new_pin_is_assembled_again(tmp_path: Path, monkeypatch: pytest.Monkey
     new = _fake_spec(_fake_packages(tmp_path / "v2", monkeypatch, chunks), b"".join(chunks))
     path = assemble_gguf(new, progress=False)
     assert path == zoo._assembled_path(old) and path.read_bytes() == b"".join(chunks)
-    assert json.loads(zoo._stamp_path(new).read_text())["sha256"] == new.sha256
+    assert json.loads(zoo._stamp_path(new).read_text())[-1]["sha256"] == new.sha256
     assert assemble_gguf(new, progress=False) == path  # stamped: nothing assembled again
     assert hashlib.sha256(path.read_bytes()).hexdigest() == new.sha256
 
