@@ -231,13 +231,31 @@ _OTHER_NAMES = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_ne
 those names, and the adapters' names are not accepted here."""
 
 
-def _unknown_name_hint(model: type[BaseModel], name: object) -> str:
+def _nested_model(model: type[BaseModel], path: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The model a validation error's ``loc`` prefix points into (``http`` of a MemberConfig: its
+    HttpSettings), or None where it is no model (a list, a dict, a union of several)."""
+    for key in path:
+        field = model.model_fields.get(key) if isinstance(key, str) else None
+        if field is None:
+            return None
+        models = [t for t in (field.annotation, *get_args(field.annotation))
+                  if isinstance(t, type) and issubclass(t, BaseModel)]
+        if len(models) != 1:
+            return None
+        model = models[0]
+    return model
+
+
+def _unknown_name_hint(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
     """`` (did you mean 'max_new_tokens'?)`` for a parameter the model does not have, or nothing."""
-    if not isinstance(name, str):
+    owner, name = _nested_model(model, loc[:-1]), loc[-1]
+    if owner is None or not isinstance(name, str):
         return ""
+    if owner is GenerationParams and name in EngineOptions.model_fields:
+        return f" ({name} is an engine option: EnsembleEngine(..., {name}=...))"
     known = _OTHER_NAMES.get(name)
-    if known is None or known not in model.model_fields:
-        known = next(iter(difflib.get_close_matches(name, list(model.model_fields), n=1, cutoff=0.75)), None)
+    if known is None or known not in owner.model_fields:
+        known = next(iter(difflib.get_close_matches(name, list(owner.model_fields), n=1, cutoff=0.75)), None)
     return f" (did you mean {known!r}?)" if known else ""
 
 
@@ -248,6 +266,6 @@ def validated(model: type[ModelT], /, **values: object) -> ModelT:
     except ValidationError as err:
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
-            + (_unknown_name_hint(model, e["loc"][-1]) if e["type"] == "extra_forbidden" and e["loc"] else "")
+            + (_unknown_name_hint(model, e["loc"]) if e["type"] == "extra_forbidden" and e["loc"] else "")
             for e in err.errors())
         raise InvalidRequestError(f"invalid parameters: {problems}") from None

@@ -117,6 +117,25 @@ def test_engine_names_the_parameter_meant(toys: list, name: str, hint: str) -> N
     assert f"{name}: Extra inputs are not permitted (did you mean '{hint}'?)" in str(raised.value)
 
 
+def test_an_engine_option_given_per_request_says_where_it_goes(toys: list) -> None:
+    with pytest.raises(InvalidRequestError) as raised:
+        _first_event(EnsembleEngine(toys), "hi", top_k=3)  # a fuzzy match suggested top_p, another control
+    assert str(raised.value).endswith("(top_k is an engine option: EnsembleEngine(..., top_k=...))")
+
+
+@pytest.mark.parametrize(("http", "hint"), [({"timout_s": 5}, " (did you mean 'timeout_s'?)"), ({"top_k": 5}, ""),
+                                            ({"device": 5}, "")])
+def test_a_nested_unknown_key_is_matched_against_its_own_model(http: dict[str, Any], hint: str) -> None:
+    """``http: {top_k: 5}`` was told "did you mean 'top_k'?" (the member's own field, the same name);
+    ``http: {timout_s: 5}`` got no hint."""
+    from shared_engine import MemberConfig
+    from shared_engine.options import validated
+
+    with pytest.raises(InvalidRequestError) as raised:
+        validated(MemberConfig, model="llamacpp:http://127.0.0.1:9", http=http)
+    assert str(raised.value).endswith(f"Extra inputs are not permitted{hint}")
+
+
 def test_engine_guesses_no_parameter_for_an_unrelated_name(toys: list) -> None:
     with pytest.raises(InvalidRequestError) as raised:
         _first_event(EnsembleEngine(toys), "hi", colour=3)
