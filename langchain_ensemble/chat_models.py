@@ -941,6 +941,8 @@ class _Translator:
                     "engine_finish_reason": finish.reason, "ensemble": finish.stats.model_dump(mode="json")}
         if finish.format_error:
             metadata["format_error"] = finish.format_error
+        if finish.stop_string is not None:
+            metadata["stop_string"] = finish.stop_string
         message = AIMessageChunk(
             content="", response_metadata=metadata, chunk_position="last",
             usage_metadata=UsageMetadata(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,

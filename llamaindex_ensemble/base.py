@@ -122,6 +122,8 @@ class _Turn:
             extra["invalid_tool_calls"] = self.invalid_tool_calls
         if self.finish.format_error:
             extra["format_error"] = self.finish.format_error
+        if self.finish.stop_string is not None:
+            extra["stop_string"] = self.finish.stop_string
         return extra
 
 

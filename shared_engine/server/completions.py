@@ -150,6 +150,7 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
                 elif event.type == "finish":
                     yield chunk(Delta(), event, EnsembleDelta(decisions=pending, stats=event.stats,
                                                               format_error=event.format_error,
+                                                              stop_string=event.stop_string,
                                                               failed_members=event.failed_members))
                     if include_usage:
                         yield usage_chunk(event.usage)
@@ -187,7 +188,8 @@ async def _gather(events: AsyncIterator[Event], ensemble_events: Listing) -> tup
 
 def _summary(finish: FinishEvent, decisions: list[Decision], method: str, members: list[str]) -> EnsembleSummary:
     return EnsembleSummary(method=method, members=members, decisions=decisions, stats=finish.stats,
-                           format_error=finish.format_error, failed_members=finish.failed_members)
+                           format_error=finish.format_error, stop_string=finish.stop_string,
+                           failed_members=finish.failed_members)
 
 
 async def collect(events: AsyncIterator[Event], *, completion_id: str, model: str, method: str,

@@ -409,6 +409,8 @@ class EnsembleDelta(BaseModel):
     format_error: str | None = Field(
         None, description="Final chunk, response_format given: why the answer is still not the JSON asked "
                           "for after every attempt (OpenAI has no field for it; the answer is sent as written).")
+    stop_string: str | None = Field(
+        None, description="Final chunk: the request's stop string that ended the answer (vLLM's stop_reason).")
     failed_members: dict[str, str] | None = Field(
         None, description="Final chunk: the members dropped mid-answer (on_member_failure='degrade'): "
                           "member -> the error; {} when none was.")
@@ -424,6 +426,8 @@ class EnsembleSummary(BaseModel):
     format_error: str | None = Field(
         None, description="response_format given: why the answer is still not the JSON asked for after every "
                           "attempt (OpenAI has no field for it; the answer is sent as written).")
+    stop_string: str | None = Field(
+        None, description="The request's stop string that ended the answer (vLLM's stop_reason).")
     failed_members: dict[str, str] = Field(
         default_factory=dict, description="The members dropped mid-answer (on_member_failure='degrade'): "
                                           "member -> the error.")
