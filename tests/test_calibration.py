@@ -683,7 +683,7 @@ def test_zoo_names_are_read_on_transformers_and_the_profile_says_how_each_member
     a, b = toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)
     asked: list[str] = []
 
-    def load(spec: str) -> HFMember:
+    def load(spec: str, progress: bool = True) -> HFMember:
         asked.append(spec)
         return a if "qwen" in spec else b
 
