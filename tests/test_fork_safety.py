@@ -7,11 +7,18 @@ fails the test instead of hanging the suite."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import multiprocessing
 import os
+import subprocess
+import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +26,7 @@ import pytest
 import shared_engine.members as registry
 from shared_engine import EnsembleEngine
 from shared_engine.errors import MemberError
+from shared_engine.members import hf, llamacpp
 from shared_engine.members.llamacpp import LlamaCppMember
 from shared_engine.members.remote import LocalTokenizer
 from tests import toy
@@ -27,8 +35,8 @@ from tests.fixture_server import LlamaCppLike, serve
 CHILD_TIMEOUT_S = 60.0
 
 
-def _in_forked_child(target: Callable[[], Any]) -> Any:
-    """``target()``'s value (or the error it raised, as text) in a forked child, within CHILD_TIMEOUT_S."""
+def _in_forked_child(target: Callable[[], Any], timeout_s: float = CHILD_TIMEOUT_S) -> Any:
+    """``target()``'s value (or the error it raised, as text) in a forked child, within ``timeout_s``."""
     context = multiprocessing.get_context("fork")
     results = context.Queue()
 
@@ -41,26 +49,39 @@ def _in_forked_child(target: Callable[[], Any]) -> Any:
     child = context.Process(target=run)
     started = time.monotonic()
     child.start()
-    child.join(CHILD_TIMEOUT_S)
+    child.join(timeout_s)
     if child.is_alive():
         child.kill()
         child.join()
-        pytest.fail(f"the forked child hung (killed after {CHILD_TIMEOUT_S:g} s)")
+        pytest.fail(f"the forked child hung (killed after {timeout_s:g} s)")
     assert child.exitcode == 0, f"the forked child died (exit code {child.exitcode})"
     return (*results.get(timeout=5), time.monotonic() - started)
 
 
+class InProcessServerStandIn:
+    """What a LlamaCppMember reads of the in-process server it runs on (``LocalLlamaServer``), counting stops."""
+
+    def __init__(self, url: str, slots: int) -> None:
+        self.url, self.slots, self.gguf, self.stops = url, slots, Path(__file__), 0
+
+    def close(self) -> None:
+        self.stops += 1
+
+
 @contextmanager
-def stand_in_member() -> Iterator[Callable[[], LlamaCppMember]]:
+def stand_in_member() -> Iterator[Callable[..., LlamaCppMember]]:
     """Makes LlamaCppMembers connected to a llama.cpp stand-in served by a thread of this process
-    (a forked child's connections reach it through the listening socket it inherits)."""
-    hf = toy.toy_member("llama-byte", "byte_level", "llama")
-    word = hf.table.encode_fragment(" Sofia")[0]
+    (a forked child's connections reach it through the listening socket it inherits); ``in_process``:
+    as if this process ran that server (an ``InProcessServerStandIn``)."""
+    member = toy.toy_member("llama-byte", "byte_level", "llama")
+    word = member.table.encode_fragment(" Sofia")[0]
     server = LlamaCppLike(lambda prompt: [(word, -0.1), (word + 1, -2.5)], slots=2)
     with serve(server) as (url, _):
-        def make() -> LlamaCppMember:
-            tokenizer = LocalTokenizer(hf.tokenizer, hf.table.vocab_size, frozenset(hf.table.eos_ids), 512)
-            return LlamaCppMember("toy-llamacpp", url, tokenizer, check_tokenizer=False, pin_slots=True)
+        def make(in_process: bool = False) -> LlamaCppMember:
+            tokenizer = LocalTokenizer(member.tokenizer, member.table.vocab_size, frozenset(member.table.eos_ids), 512)
+            return LlamaCppMember("toy-llamacpp", url, tokenizer, check_tokenizer=False, pin_slots=True,
+                                  context_window=512,
+                                  server=InProcessServerStandIn(url, 2) if in_process else None)  # type: ignore[arg-type]
         yield make
 
 
@@ -134,5 +155,174 @@ def test_a_forked_child_runs_and_closes_an_in_process_llama_cpp_member() -> None
         status, value, _ = _in_forked_child(in_child)
         assert (status, value) == ("ok", parent_text)
         assert engine.generate("Say hi", max_new_tokens=4).text == parent_text
+    finally:
+        engine.close()
+
+
+def test_a_process_forked_while_servers_ran_keeps_its_in_process_member_for_the_next_engine(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # there llama.cpp can stop no in-process server: closing the member at its last release stopped
+    # nothing, and each engine built after it started one more server (480 MiB and 12 threads each with
+    # SmolLM2, in every worker of LlamaIndex's arun(num_workers=...))
+    spec = "llamacpp:http://127.0.0.1:1"
+    with stand_in_member() as make:
+        built: list[LlamaCppMember] = []
+
+        def build(config: Any, progress: bool) -> LlamaCppMember:
+            built.append(make(in_process=True))
+            return built[-1]
+
+        monkeypatch.setattr(registry, "_build", build)
+        monkeypatch.setattr(llamacpp, "_SERVING", Counter({-1: 1}))  # a server of the process it was forked from
+        try:
+            for _ in range(3):
+                engine = EnsembleEngine([spec], method="single")
+                assert engine.generate("Hello", max_new_tokens=2).text
+                engine.close()
+            assert len(built) == 1 and built[0].server.stops == 0
+        finally:
+            monkeypatch.setattr(llamacpp, "_SERVING", Counter())  # a process that stops its servers: freed
+            registry.acquire_member(spec)
+            assert registry.release_member(spec)
+        assert built[0].server.stops == 1
+
+
+def test_a_child_forked_while_another_thread_computed_on_a_transformers_member_answers() -> None:
+    # the child kept the member and the lock that thread held at the fork: its first forward waited forever
+    member = toy.toy_member("toy-a", "byte_level", "llama")
+    started, release = threading.Event(), threading.Event()
+
+    def forward() -> None:
+        started.set()
+        release.wait(CHILD_TIMEOUT_S)
+
+    def making_a_compute_thread() -> None:  # as compute_thread() does
+        with hf._COMPUTE_THREADS_LOCK:
+            started.set()
+            release.wait(CHILD_TIMEOUT_S)
+
+    with toy.registered_members([member]) as names:
+        engine = EnsembleEngine(names, method="single")
+        try:
+            expected = engine.generate("Hello", max_new_tokens=3).text
+            for busy in (lambda: asyncio.run(member.run(forward)), making_a_compute_thread):
+                started.clear()
+                release.clear()
+                thread = threading.Thread(target=busy)
+                thread.start()
+                try:
+                    assert started.wait(10)
+                    status, value, _ = _in_forked_child(lambda: engine.generate("Hello", max_new_tokens=3).text,
+                                                        timeout_s=20)
+                finally:
+                    release.set()
+                    thread.join()
+                assert (status, value) == ("ok", expected)
+            assert engine.generate("Hello", max_new_tokens=3).text == expected
+        finally:
+            engine.close()
+
+
+_FORKED_EXITS = """
+import atexit, json, os, signal, sys, time
+out, setup, child, hows, timeout_s = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), float(sys.argv[5])
+exec(setup)
+
+
+def mark(name):
+    atexit.register(lambda: open(os.path.join(out, f"{name}-{os.getpid()}"), "w").close())
+
+
+mark("before-fork")
+children = []
+for how in hows:
+    pid = os.fork()
+    if pid == 0:
+        mark("after-fork")
+        exec(child)
+        print("child wrote", end="")  # flushed at its exit
+        if how == "exit3":
+            sys.exit(3)
+        if how == "raise":
+            raise RuntimeError("uncaught: exit status 1")
+        break  # "return": the end of the script
+    children.append((pid, how))
+else:
+    statuses = {}
+    for pid, how in children:
+        deadline = time.monotonic() + timeout_s
+        while not (waited := os.waitpid(pid, os.WNOHANG))[0]:
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.1)
+        status = waited[1]
+        statuses[how] = ("hung" if not waited[0] else os.WEXITSTATUS(status) if os.WIFEXITED(status)
+                         else f"signal {os.WTERMSIG(status)}")
+    print("\\nSTATUSES", json.dumps({"statuses": statuses, "pids": [p for p, _ in children]}), flush=True)
+    os._exit(0)
+"""
+"""os.fork() children that end through the interpreter's teardown, as gunicorn's workers do (see
+``_exits_of_forked_children``)."""
+
+
+def _exits_of_forked_children(setup: str, child: str, out: Path, hows: list[str]) -> dict[str, Any]:
+    """How os.fork() children end through the interpreter's teardown (``exit3``: ``sys.exit(3)``,
+    ``raise``: an uncaught error, ``return``: the end of the script), after ``setup`` ran in the parent
+    and ``child`` in each: ``statuses`` (an exit status, ``signal N`` or ``hung``: killed after
+    CHILD_TIMEOUT_S), the atexit handlers each ran (``marks``) and what they printed."""
+    root = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", _FORKED_EXITS, str(out), setup, child, json.dumps(hows),
+                           str(CHILD_TIMEOUT_S)], capture_output=True, text=True, cwd=root,
+                          env={**os.environ, "PYTHONPATH": root}, timeout=len(hows) * CHILD_TIMEOUT_S + 120)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("STATUSES ")), None)
+    assert line is not None, done.stdout[-2000:] + done.stderr[-4000:]
+    report: dict[str, Any] = json.loads(line.removeprefix("STATUSES "))
+    names = os.listdir(out)
+    report["marks"] = {pid: sorted(n.removesuffix(f"-{pid}") for n in names if n.endswith(f"-{pid}"))
+                       for pid in report["pids"]}
+    report["stdout"] = done.stdout
+    return report
+
+
+def test_a_forked_child_of_a_process_whose_servers_ran_ends_with_its_own_exit_status(tmp_path: Path) -> None:
+    # such a child ends with _exit(status) once Python has finished (glibc's on_exit): the status
+    # sys.exit gave, 1 after an uncaught error, every atexit handler run (registered before the fork
+    # and after it) and stdout flushed
+    setup = "import shared_engine.members.llamacpp as L; L._SERVING[-1] = 1  # as if a server had run"
+    report = _exits_of_forked_children(setup, "pass", tmp_path, ["exit3", "raise", "return"])
+    assert report["statuses"] == {"exit3": 3, "raise": 1, "return": 0}
+    assert all(marks == ["after-fork", "before-fork"] for marks in report["marks"].values()), report["marks"]
+    assert report["stdout"].count("child wrote") == 3
+
+
+@pytest.mark.zoo
+def test_a_forked_child_ends_through_interpreter_teardown_after_an_in_process_llama_cpp_member(
+        tmp_path: Path) -> None:
+    # gunicorn's workers end with sys.exit: the child aborted (std::system_error), crashed or hung there
+    setup = ("from shared_engine import EnsembleEngine\n"
+             "engine = EnsembleEngine(['smollm2-135m-instruct'], method='single')\n"
+             "engine.generate('Say hi', max_new_tokens=2)")
+    child = "engine.generate('Say hi', max_new_tokens=2); engine.close() if how == 'exit3' else None"
+    report = _exits_of_forked_children(setup, child, tmp_path, ["exit3", "raise", "return"])
+    assert report["statuses"] == {"exit3": 3, "raise": 1, "return": 0}
+    assert all(marks == ["after-fork", "before-fork"] for marks in report["marks"].values()), report["marks"]
+
+
+@pytest.mark.zoo
+def test_a_forked_child_starts_one_in_process_server_however_many_engines_it_builds() -> None:
+    engine = EnsembleEngine(["smollm2-135m-instruct"], method="single")
+    try:
+        engine.generate("Say hi", max_new_tokens=2)
+
+        def in_child() -> int:
+            for _ in range(3):
+                other = EnsembleEngine(["smollm2-135m-instruct"], method="single")
+                other.generate("Say hi", max_new_tokens=2)
+                other.close()
+            return llamacpp._SERVING[os.getpid()]  # the servers this child started
+
+        assert _in_forked_child(in_child)[:2] == ("ok", 1)
     finally:
         engine.close()

@@ -149,6 +149,8 @@ def _apply_pending_releases() -> set[str]:
                 if _HOLDERS[key] > 0:
                     continue
                 del _HOLDERS[key]
+                if _outlives_holders(_LOADED.get(key)):
+                    continue  # kept loaded: the next acquire_member takes it again
                 member = _LOADED.pop(key, None)
                 if member is not None:
                     closing.append(member)
@@ -162,6 +164,15 @@ def _apply_pending_releases() -> set[str]:
         if closing:
             return_freed_memory()
     return freed
+
+
+def _outlives_holders(member: Member | None) -> bool:
+    """Whether the registry keeps ``member`` loaded when its last holder lets go: an in-process llama.cpp
+    server that this process cannot stop (it was forked while servers ran), so closing the member freed
+    nothing, and every engine built after it started one more server (480 MiB and 12 threads each with
+    SmolLM2, in LlamaIndex's ``arun(num_workers=...)`` workers). Kept, it serves the next engine."""
+    outlives = getattr(member, "outlives_holders", None)
+    return bool(outlives is not None and outlives())
 
 
 def return_freed_memory() -> bool:

@@ -20,6 +20,7 @@ import asyncio
 import hashlib
 import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -58,6 +59,26 @@ def compute_thread(device: str) -> ThreadPoolExecutor:
         return _COMPUTE_THREADS[key]
 
 
+_MEMBERS: weakref.WeakSet[HFMember] = weakref.WeakSet()
+"""Every transformers member of this process, for ``_after_fork_in_child``."""
+
+
+def _after_fork_in_child() -> None:
+    """A forked child keeps the transformers members (``members._after_fork_in_child``), but not the
+    threads of the parent: a lock one of them held at the fork (a forward running in another thread,
+    ``HFMember.lock``; a compute thread being made) stays held in the child, and its first forward
+    waited for it forever. Every such lock is a new one; the parent's compute threads are forgotten
+    (the child starts its own: ``compute_thread``)."""
+    global _COMPUTE_THREADS_LOCK
+    _COMPUTE_THREADS_LOCK = threading.Lock()
+    _COMPUTE_THREADS.clear()
+    for member in list(_MEMBERS):
+        member.lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class HFMember:
     """One model, its tokenizer and the operations every decoder needs."""
 
@@ -83,6 +104,7 @@ class HFMember:
         self.devices = "+".join(sorted({str(p.device) for p in model.parameters()}))
         """The devices holding the weights, e.g. ``cpu`` or ``cuda:0+cuda:1`` (one compute thread each)."""
         self._fingerprint: str | None = None
+        _MEMBERS.add(self)
 
     @classmethod
     def from_pretrained(cls, name: str, path: str | Path, *, device: str | None = None,

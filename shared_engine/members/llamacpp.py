@@ -59,6 +59,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import threading
@@ -147,6 +148,41 @@ def _forked_while_serving() -> bool:
     return any(count > 0 for pid, count in _SERVING.items() if pid != me)
 
 
+_SERVERS: weakref.WeakSet[LocalLlamaServer] = weakref.WeakSet()
+"""Every in-process server of this process, for ``_after_fork_in_child``."""
+
+
+def _never_destroyed(server: Any) -> None:
+    """Hold ``server`` (an ``xllamacpp.Server``) until the process ends, through the interpreter's teardown
+    too: destroying it stops it, and in a process forked while servers ran that aborted the process
+    (``std::system_error``) or hung it, also when it ended with ``sys.exit``."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(server))
+
+
+def _after_fork_in_child() -> None:
+    """In a process forked while in-process servers ran, llama.cpp can neither stop a server (``close``)
+    nor run its own C++ exit handlers: a child that ended through the interpreter's teardown
+    (``sys.exit``, returning from its main: gunicorn's workers) aborted (``std::system_error``),
+    crashed (SIGSEGV) or hung. So no server is ever destroyed here, and ``exit(status)`` ends the
+    process with ``_exit(status)`` once Python has finished (its atexit handlers run, logging and
+    ``sys.stdout`` flushed), skipping the C exit handlers registered before the fork (llama.cpp's).
+    Without glibc's ``on_exit`` (macOS, musl), end such a process with ``os._exit``. A lock another
+    thread held at the fork is a new one (the slot pools of servers at URLs: the child's own)."""
+    global _SERVER_POOLS_LOCK
+    _SERVER_POOLS_LOCK = threading.Lock()
+    _SERVER_POOLS.clear()
+    if not _forked_while_serving():
+        return
+    for server in [*(s._server for s in list(_SERVERS)), *_NEVER_STOPPED]:
+        if server is not None:
+            _never_destroyed(server)
+    try:
+        libc = ctypes.CDLL(None)
+        libc.on_exit(ctypes.cast(libc._exit, ctypes.c_void_p), None)  # called as _exit(status, NULL)
+    except AttributeError:  # not glibc: the README says to end such a process with os._exit
+        pass
+
+
 class LocalLlamaServer:
     """A llama.cpp server for one GGUF inside this process (xllamacpp), on a free loopback port.
 
@@ -190,6 +226,9 @@ class LocalLlamaServer:
             self._server: Any = xlc.Server(params)
         except RuntimeError as err:  # llama.cpp says only "Failed to init server, please check the input params"
             raise _unloadable(self.gguf, n_ctx * slots) from err
+        if _forked_while_serving():  # it can never be stopped here (``close``)
+            _never_destroyed(self._server)
+        _SERVERS.add(self)
         address = str(self._server.listening_address)
         self.url = address if address.startswith("http") else f"http://{address}"
         self._wait_until_serving(start_timeout_s)
@@ -301,6 +340,9 @@ def server_slot_pool(url: str, size: int) -> SlotPool:
         return pool
 
 
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class LlamaCppSession(RemoteSession):
     """A request's session on a llama.cpp member: on a member that pins slots it holds one server
     slot for its whole life, and that life lasts until it is closed and its last call has ended (no
@@ -409,6 +451,12 @@ class LlamaCppMember(RemoteMember):
 
     def wire_capabilities(self) -> dict[str, bool]:
         return {"block_scoring": False, "prefix_cache": True, "token_id_prompts": True}
+
+    def outlives_holders(self) -> bool:
+        """Whether the member registry keeps this member when no engine holds it: its in-process server
+        can never be stopped here (a process forked while servers ran: ``LocalLlamaServer.close``), so
+        closing it would free nothing, and the next engine would start another server beside it."""
+        return self.server is not None and not self.forked_away() and _forked_while_serving()
 
     def fingerprint(self) -> str | None:
         """An in-process server's GGUF (path, size, modification time), the llama.cpp build and the
