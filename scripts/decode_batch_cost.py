@@ -31,15 +31,16 @@ PROMPTS = [f"Write a short story about a {thing}. Use simple words." for thing i
             "night train", "bakery", "snow day")]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct,gemma-3-270m")
-    parser.add_argument("--levels", default="1,2,4", help="numbers of requests decoding at once")
+    parser.add_argument("--levels", default="1,2,4", help="numbers of requests decoding at once (1 is always "
+                                                          "measured: vs_one is relative to it)")
     parser.add_argument("--tokens", type=int, default=128, help="tokens each request decodes")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="server threads (default: every core)")
-    args = parser.parse_args()
-    levels = [int(n) for n in args.levels.split(",")]
+    args = parser.parse_args(argv)
+    levels = sorted({1, *(int(n) for n in args.levels.split(",") if n.strip())})  # vs_one needs N = 1 first
     if max(levels) > len(PROMPTS):
         raise SystemExit(f"decode_batch_cost: at most {len(PROMPTS)} requests at once")
     for name in args.models.split(","):
@@ -56,7 +57,7 @@ def main() -> None:
         for slot in range(max(levels)):  # each slot reads its prompt once, untimed
             client.post("/completion", json={"prompt": prompts[slot], "n_predict": 1, "id_slot": slot,
                                              "cache_prompt": True})
-        alone = None
+        alone = 0.0  # N = 1's rate: levels start with 1
         for level in levels:
             rates, step_ms = [], []
             for _ in range(args.repeats):

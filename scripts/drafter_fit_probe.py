@@ -82,7 +82,8 @@ def main() -> None:
             samples: dict[tuple[int, int], dict[str, float]] = {}  # (stride, phase) -> member -> NLL per byte
             for name_, member in zip(names, members):
                 ids = member.prompt_ids(messages)
-                lengths = [len(member.table.pieces[t]) for t in ids]
+                pieces = [member.table.pieces[t] for t in ids]
+                lengths = [len(piece) for piece in pieces]
                 rendered = member.table.to_bytes(ids)
                 nlls = prefill_nlls(member.new_session(), ids)
                 every = answer_tokens(member, ids, list(block))
@@ -90,7 +91,7 @@ def main() -> None:
                     samples.setdefault(key, {})[name_] = fit_of(nlls, lengths, every[key[1]::key[0]]).nll_per_byte
                 for part, chosen in parts.items():
                     spans = content_spans(rendered, [str(m["content"]) for m in chosen])
-                    fit = fit_of(nlls, lengths, tokens_inside(lengths, spans))
+                    fit = fit_of(nlls, lengths, tokens_inside(pieces, spans))
                     if fit.num_bytes:
                         fits[name_][part].append(fit.nll_per_byte)
             if strides and all(math.isfinite(v) for v in samples[(1, 0)].values()):  # every member saw them

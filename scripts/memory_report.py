@@ -27,8 +27,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from _report import emit_report  # scripts/_report.py: this folder is on sys.path when run
+
+if TYPE_CHECKING:
+    from shared_engine.members import MemberConfig
 
 ZOO = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m"]
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a short docstring."
@@ -78,6 +82,20 @@ class PeakSampler:
         self.peak = max(self.peak, rss_mb())
 
 
+def import_model_classes(configs: list[MemberConfig]) -> None:
+    """Import each transformers member's model class before the baseline is read: transformers imports
+    it lazily inside ``load_member``, and those ~150 MiB of library code are no member's memory."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    from shared_engine.zoo import resolve
+
+    for config in configs:
+        if config.spec.backend == "transformers":
+            path = resolve(config.spec.target, progress=False).path
+            MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(str(path)))]  # the lazy import
+
+
 def measure_one(model: str, dtype: str, device: str) -> dict:
     """One member alone in this process: RSS (and GPU memory) once its weights are resident."""
     import torch
@@ -85,8 +103,10 @@ def measure_one(model: str, dtype: str, device: str) -> dict:
     from shared_engine.members import MemberConfig, load_member
     from shared_engine.members.devices import input_device
 
+    config = MemberConfig(model=model, dtype=dtype, device=device)
+    import_model_classes([config])
     baseline = rss_mb()
-    member = load_member(MemberConfig(model=model, dtype=dtype, device=device), progress=False)
+    member = load_member(config, progress=False)
     with torch.inference_mode():
         member.model(input_ids=torch.tensor([[0]], device=input_device(member.model)))
     gc.collect()
@@ -116,8 +136,10 @@ def measure(models: list[str], method: str, max_new_tokens: int, prompt: str, dt
     import torch  # imported before the baseline: the report is about the engine, not the libraries
 
     from shared_engine import EnsembleEngine
+    from shared_engine.members import MemberConfig
     from shared_engine.members.devices import input_device
 
+    import_model_classes([MemberConfig(model=m, dtype=dtype, device=device) for m in models])
     baseline = rss_mb()
     engine = EnsembleEngine(models, method=method, dtype=dtype, device=device)
     start = time.perf_counter()
@@ -140,9 +162,11 @@ def measure(models: list[str], method: str, max_new_tokens: int, prompt: str, dt
     peak = max(sampler.peak, _status_mb("VmHWM") if hwm_reset else 0.0)
     after_answer = rss_mb()
 
-    engine.close()
-    second = EnsembleEngine(models, method=method, dtype=dtype, device=device)  # same members: shared
+    # Built while the first still holds the members: they are shared, not reloaded (closing the first
+    # before would let the registry close them, and the second would load them again).
+    second = EnsembleEngine(models, method=method, dtype=dtype, device=device)
     shared = all(a is b for a, b in zip(second.members, members))
+    engine.close()  # the second still holds them: they stay loaded and usable
     again = second.generate(prompt, max_new_tokens=max_new_tokens)
     gc.collect()
     return {
@@ -180,21 +204,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--method", default="safe")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--prompt", default=PROMPT)
-    parser.add_argument("--dtype", default="float32",
+    parser.add_argument("--dtype", default=None,
                         help="comma-separated dtypes (float32, bfloat16, float16): per-member figures for each; "
-                             "the ensemble is measured in the first")
+                             "the ensemble is measured in the first (default float32, no per-member figures)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--json", help="also write the report here")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure this one member (per_member)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-    dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    dtypes = [d.strip() for d in (args.dtype or "float32").split(",") if d.strip()]
     if args.one:
         print(json.dumps(measure_one(args.one, dtypes[0], args.device)))
         return 0
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     report = measure(models, args.method, args.max_new_tokens, args.prompt, dtypes[0], args.device)
-    if args.dtype != parser.get_default("dtype") or len(dtypes) > 1:
+    if args.dtype is not None:  # given, even as the default float32: each (member, dtype) alone
         report["per_member"] = per_member(models, dtypes, args.device)
     return emit_report(report, args.json)
 

@@ -11,6 +11,8 @@ every scoring request the members' servers answered, grouped by how many rows it
 seconds in all and milliseconds each, and each member's rows per answer token and milliseconds per
 row (a session's first request includes its prompt). llama.cpp has no prompt log-probabilities, so each
 row costs the server one task; the default asks only for the rows at positions below ``drafter_confidence``.
+``same_answers_as_first``: the same answers as this run's first repeat; ``same_answers_as_every_row`` (the
+default's line): the same answers as asking every row, in the same repeat.
 The machine is shared and noisy: compare runs within one invocation only.
 """
 
@@ -30,7 +32,7 @@ from shared_engine.members import MemberConfig, llamacpp
 RUNS = ("single", "safe:every-row", "safe")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct")
     parser.add_argument("--prompts", type=int, default=3)
@@ -40,7 +42,7 @@ def main() -> None:
     parser.add_argument("--data", help="as bench's --data")
     parser.add_argument("--reuse-prompt-cache", action="store_true",
                         help="members extend a prompt their slot holds (a shared system prompt computed once)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     members = [MemberConfig(model=f"llamacpp:{m.strip()}", reuse_prompt_cache=args.reuse_prompt_cache)
                for m in args.models.split(",")]
     requests: dict[str, list[tuple[int, float]]] = collections.defaultdict(list)
@@ -56,7 +58,8 @@ def main() -> None:
     llamacpp.LlamaCppMember._request = timed  # type: ignore[method-assign]
     undecided = round_module._undecided_offsets
     prompts, stop, _ = bench_prompts(args)
-    answers: dict[str, list[str]] = {}
+    answers: dict[str, list[str]] = {}  # each run's answers in its first repeat
+    every_row: list[str] = []  # this repeat's answers of safe:every-row (RUNS has it before safe)
     for _ in range(args.repeats):
         for run in RUNS:
             method = run.split(":")[0]
@@ -76,7 +79,11 @@ def main() -> None:
                 "run": run, "tokens": int(tokens), "tokens_per_s": round(tokens / elapsed, 2),
                 "time_s": {"draft": round(drafting, 2), "verify": round(verifying, 2),
                            "rest": round(elapsed - drafting - verifying, 2)},
-                "same_answers_as_first": answers.setdefault(method, texts) == texts}
+                "same_answers_as_first": answers.setdefault(run, texts) == texts}  # this run's first repeat
+            if run == "safe":  # the default asks fewer rows: the same answers as asking every row?
+                row["same_answers_as_every_row"] = texts == every_row
+            if run == "safe:every-row":
+                every_row = texts
             for name, sent in requests.items():
                 by_rows: dict[int, list[float]] = collections.defaultdict(list)
                 for rows, seconds in sent:
