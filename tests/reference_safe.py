@@ -37,6 +37,9 @@ released SAFE code's (ensembling.md §2.2, §2.5, §2.6) plus this project's doc
   the answer); it chooses among the other candidates as the loop guard below does. (A plain-format
   member's turn marker, read as its EOS, is tested in ``test_turn_markers.py``: the reference's toy
   members all have a chat template, so they have none.)
+- fusion never chooses a candidate holding part of a character (another vocabulary's byte piece)
+  other than the drafted token: the drafter need not complete it (a U+FFFD stayed in the answer);
+  it chooses among the others as the loop guard below does;
 - with ``loop_guard`` (none of the anchors has one): where the answer's end repeats a unit of up to
   256 bytes over two units and ``loop_guard`` bytes, the drafter masks a token that repeats it once
   more and chooses again (8 tries at most), and fusion chooses among the candidates that do not
@@ -363,8 +366,9 @@ class ReferenceSafe:
             scores = [sc if member_probs[0][c] >= bar else 0.0 for c, sc in enumerate(scores)]
         drafted_key = _key(drafter, drafted)
         so_far = self._text[:offset]
-        allowed = [bool(so_far.strip()) if k == EOS_KEY else not self._repeats(so_far, k) for k in keys]
-        if not all(allowed):  # the loop guard, and no EOS before the answer has begun
+        allowed = [bool(so_far.strip()) if k == EOS_KEY else not self._repeats(so_far, k)
+                   and (k == drafted_key or _whole_characters(k)) for k in keys]
+        if not all(allowed):  # the loop guard, no EOS before the answer has begun, no part of a character
             if sampler.greedy:
                 best = max((sc for sc, ok in zip(scores, allowed) if ok), default=None)
                 key = keys[scores.index(best)] if best is not None and best > 0 else drafted_key
@@ -405,6 +409,14 @@ class ReferenceSafe:
         if float(residual.sum()) <= 0.0:
             return keys.index(drafted_key) if drafted_key in keys else sampler.pick(q)
         return sampler.pick(residual)
+
+
+def _whole_characters(piece: bytes) -> bool:
+    try:
+        piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _loop_unit(text: bytes, min_bytes: int) -> bytes | None:

@@ -13,7 +13,7 @@ from shared_engine.alignment import EOS_KEY, TokenTable
 from shared_engine.fusion import Fused, cuts_a_word, drafter_extends, plausible, sharpen
 from shared_engine.policies import DraftSchedule, agree, make_policy
 from shared_engine.sampling import Sampler
-from tests.toy import byte_level_tokenizer, metaspace_tokenizer
+from tests.toy import byte_level_tokenizer, metaspace_tokenizer, toy_member
 
 
 @st.composite
@@ -326,3 +326,30 @@ def test_without_specials_rules_out_the_non_eos_specials_of_the_table_as_it_is_n
     assert not torch.isinf(without_specials(logits, table)).any()
     assert torch.isinf(without_specials(torch.zeros(2, 300), table.__class__.from_bytes(
         table.pieces, special_ids={5}, eos_ids=set(), encode=lambda s: [], name="t"))[:, 5]).all()
+
+
+def test_fusion_never_commits_part_of_a_character_the_drafter_did_not_write() -> None:
+    """A candidate holding only a character's first byte (a byte-level piece, "\\xe7") won the fusion, the
+    drafter did not complete the character, and a U+FFFD stayed in the answer (Qwen + SmolLM2 sampling a
+    Chinese answer: '北京是一个中国\\ufffd行业中心的城市'). The drafter's own split token still stands."""
+    from shared_engine.decoding.round import FusionSettings, _fuse
+    from shared_engine.fusion import MemberDist, make_fuser
+    from shared_engine.sampling import Sampler
+
+    bpe, sp = toy_member("toy-bpe", "byte_level").table, toy_member("toy-sp", "metaspace", seed=1).table
+
+    def logits(table: TokenTable, favour: dict[bytes, float]) -> torch.Tensor:
+        row = torch.full((table.vocab_size,), -20.0)
+        for piece, value in favour.items():
+            row[table.token_id(piece)] = value
+        return row
+
+    favour = {b"\xe7": 9.0, b" and": 6.0}
+    dists = [MemberDist("bpe", bpe, logits(bpe, favour)), MemberDist("sp", sp, logits(sp, {b" and": 6.0}))]
+    settings, weights = FusionSettings(make_fuser("unite", 10), None), torch.tensor([0.8, 0.2])  # the byte wins
+    chosen = _fuse(dists, weights, settings, Sampler(), 0, bpe.token_id(b" and"), 0).chosen
+    assert chosen == b" and"
+    for seed in range(5):
+        assert _fuse(dists, weights, settings, Sampler(1.0, seed=seed), 0, bpe.token_id(b" and"), 0).chosen == b" and"
+    own = _fuse(dists[:1], torch.tensor([1.0]), settings, Sampler(), 0, bpe.token_id(b"\xe7"), 0).chosen
+    assert own == b"\xe7"  # the drafter's own first byte, the fused best: it writes the rest itself

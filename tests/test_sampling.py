@@ -69,7 +69,8 @@ def test_greedy_rule_is_the_argmax_whatever_was_drafted() -> None:
 def _first_position_target(drafter, verifier, weights: torch.Tensor, temperature: float) -> dict[str, float]:  # noqa: ANN001
     """The exact distribution SAFE must sample the answer's first position from: UniTE fusion of
     both members' next-token distributions after the prompt, SAFE's sharpening, the temperature,
-    without EOS (fusion never ends an answer before it has begun, turn_markers.py)."""
+    without EOS (fusion never ends an answer before it has begun, turn_markers.py) and without pieces of
+    a character (the drafter, whose memorised 'H' is whole, would not complete them)."""
     dists = []
     for member in (drafter, verifier):
         ids = member.prompt_ids(QUESTION)
@@ -80,12 +81,21 @@ def _first_position_target(drafter, verifier, weights: torch.Tensor, temperature
     scores, _ = sharpen(fused, weights, "heur", set(top_keys(dists[0], 10)))
     q = scores.clamp_min(1e-12) ** (1.0 / temperature)
     q[[k == EOS_KEY for k in fused.keys]] = 0.0
+    q[[not _whole_characters(k) for k in fused.keys]] = 0.0  # part of a character: never fused (round.py)
     q = q / q.sum()
     target: dict[str, float] = {}
     for key, p in zip(fused.keys, q.tolist()):  # candidates that are not whole UTF-8 all show as U+FFFD
         shown = "<eos>" if key == EOS_KEY else key.decode("utf-8", "replace")
         target[shown] = target.get(shown, 0.0) + p
     return target
+
+
+def _whole_characters(key: bytes) -> bool:
+    try:
+        key.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 async def _first_choices(engine: EnsembleEngine, seeds: range, temperature: float) -> dict[int | str, int]:

@@ -515,6 +515,11 @@ def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings
         valid = _also(valid, [not r for r in repeats])
     if not may_end and EOS_KEY in fused.keys:
         valid = _also(valid, [k != EOS_KEY for k in fused.keys])
+    # a candidate holding part of a character (another vocabulary's byte piece, "\xe7"): the drafter
+    # need not complete it, and a U+FFFD stayed in the answer; the drafted token stands as the drafter wrote it
+    partial = [k not in (EOS_KEY, drafted_key) and not _whole_characters(k) for k in fused.keys]
+    if any(partial):
+        valid = _also(valid, [not p for p in partial])
     if valid is not None:
         index = _valid_choice(scores, valid, sampler)
         if index is not None:
@@ -532,6 +537,15 @@ def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings
     return FusionDecision(position=position, offset=offset, members=tuple(d.name for d in dists), fused=fused,
                           sharpened=sharpened, chosen=key, drafted=drafted_key,
                           loop_blocked=bool(repeats) and repeats[int(torch.argmax(scores))])
+
+
+def _whole_characters(piece: bytes) -> bool:
+    """Whether ``piece`` is whole UTF-8 characters (fusion positions are character boundaries)."""
+    try:
+        piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _also(valid: torch.Tensor | None, allowed: list[bool]) -> torch.Tensor:
