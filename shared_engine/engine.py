@@ -52,7 +52,7 @@ from .decoding import (
 )
 from .decoding.adafuse import DEFAULT_THRESHOLD, TOKENS_PER_WORD, round_room
 from .errors import ContextLengthError, EngineClosedError, InvalidRequestError, MemberError
-from .events import Event, FinishEvent, FormatRetryEvent, Stats, ToolCallEvent
+from .events import Event, FinishEvent, FormatRetryEvent, Stats, ToolCallEvent, Usage
 from .fusion import make_fuser
 from .members import (
     Member,
@@ -83,13 +83,24 @@ RoundFunction = Callable[[RequestState, Sampler], AsyncGenerator[Event, None]]
 
 
 class GenerationResult(BaseModel):
+    """A whole answer (``generate``/``agenerate``): its finish event's fields, and the events with
+    ``keep_events``."""
+
     text: str
     finish_reason: str
     stats: Stats
     tool_calls: list[ToolCallEvent] = []
     format_error: str | None = None
     stop_string: str | None = None
+    failed_members: dict[str, str] = {}
+    rejected_attempts: list[Stats] = []
     events: list[Event] = []
+
+    @property
+    def usage(self) -> Usage:
+        """The tokens the whole request cost, every structured-output attempt included (``stats`` is
+        the last attempt's)."""
+        return Usage.of_attempts([*self.rejected_attempts, self.stats])
 
 
 class EnsembleEngine:
@@ -607,7 +618,8 @@ class EnsembleEngine:
             if event.type == "finish":
                 return GenerationResult(text=event.text, finish_reason=event.reason, stats=event.stats,
                                         tool_calls=event.tool_calls, format_error=event.format_error,
-                                        stop_string=event.stop_string, events=events)
+                                        stop_string=event.stop_string, failed_members=event.failed_members,
+                                        rejected_attempts=event.rejected_attempts, events=events)
         raise RuntimeError("the event stream ended without a finish event")  # pragma: no cover
 
     def generate(self, messages_or_prompt: str | Sequence[Message], **params: Any) -> GenerationResult:

@@ -11,7 +11,7 @@ answer (``finish.text``).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -234,10 +234,7 @@ class FinishEvent(_Event):
     def usage(self) -> Usage:
         """The tokens the whole request cost: every attempt's prompt and answer (a structured-output
         answer asked again reads its prompt again), as OpenAI, LangChain and LlamaIndex report usage."""
-        attempts = [Usage.from_stats(s) for s in [*self.rejected_attempts, self.stats]]
-        return Usage(prompt_tokens=sum(u.prompt_tokens for u in attempts),
-                     completion_tokens=sum(u.completion_tokens for u in attempts),
-                     total_tokens=sum(u.total_tokens for u in attempts))
+        return Usage.of_attempts([*self.rejected_attempts, self.stats])
 
     def raise_if_closed_mid_answer(self, model: str) -> None:
         """``EngineClosedError`` where the engine was closed while this answer ran (reason ``cancelled``,
@@ -272,6 +269,14 @@ class Usage(BaseModel):
     def from_stats(cls, stats: Stats) -> Usage:
         return cls(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.tokens,
                    total_tokens=stats.prompt_tokens + stats.tokens)
+
+    @classmethod
+    def of_attempts(cls, attempts: Sequence[Stats]) -> Usage:
+        """The sum over a request's attempts (a structured-output answer asked again reads its prompt again)."""
+        each = [cls.from_stats(s) for s in attempts]
+        return cls(prompt_tokens=sum(u.prompt_tokens for u in each),
+                   completion_tokens=sum(u.completion_tokens for u in each),
+                   total_tokens=sum(u.total_tokens for u in each))
 
 
 Event = Annotated[TokenEvent | DraftEvent | VerifyEvent | EnsembleEvent | AdaFuseEvent | CacheSyncEvent

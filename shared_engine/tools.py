@@ -733,6 +733,9 @@ class OutputPlan:
         if self.raw_prompt and (tools or self.response_format or options.tool_result_hint):
             raise InvalidRequestError("a raw prompt takes no tools, response_format or tool_result_hint: "
                                       "they are rendered as turns of a conversation; send messages instead")
+        if not tools and options.tool_choice not in (None, False, "none", "auto"):  # as OpenAI (and the server) say
+            raise InvalidRequestError("tool_choice is only allowed when tools are specified (it asks for a call "
+                                      f"but no tool is offered: {options.tool_choice!r})")
         if self.response_format is not None and tools and options.tool_choice not in (None, "none", "auto"):
             raise InvalidRequestError("a forced tool call and a JSON response_format cannot be combined")
         self.forced = forced_tool(options.tool_choice, self.names) if tools else None

@@ -64,7 +64,8 @@ BAD_PROMPTS = [
     pytest.param([{"content": "hi"}], id="missing-role"),
     pytest.param([{"role": "user", "content": 42}], id="int-content"),
     pytest.param([{"role": "user", "content": None}], id="none-content"),
-    pytest.param([{"role": "user", "content": [{"type": "text", "text": "hi"}]}], id="parts-content"),
+    pytest.param([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], id="image-part"),
+    pytest.param([{"role": "user", "content": ["hi"]}], id="part-not-a-mapping"),
     pytest.param(["hi"], id="message-not-a-mapping"),
     pytest.param(42, id="prompt-not-a-string"),
     pytest.param(None, id="prompt-none"),
@@ -115,6 +116,13 @@ def test_engine_names_the_parameter_meant(toys: list, name: str, hint: str) -> N
     with pytest.raises(InvalidRequestError) as raised:
         _first_event(EnsembleEngine(toys), "hi", **{name: 3})
     assert f"{name}: Extra inputs are not permitted (did you mean '{hint}'?)" in str(raised.value)
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_tool_choice_without_tools_is_refused(toys: list, choice: Any) -> None:
+    """It was ignored: a plain answer came back, while the server refuses the same request."""
+    with pytest.raises(InvalidRequestError, match="tool_choice is only allowed when tools are specified"):
+        _first_event(EnsembleEngine(toys), "hi", tool_choice=choice)
 
 
 def test_an_engine_option_given_per_request_says_where_it_goes(toys: list) -> None:

@@ -120,3 +120,13 @@ def test_a_retry_beside_tools_answers_under_the_schema() -> None:
     assert retry.tools is None and retry.prefix == "{" and retry.constraint() is not None
     assert events[-1].type == "finish" and events[-1].text == '{"product": 6}' and not events[-1].format_error
     assert first_messages[-1]["role"] == "user"  # the instruction stands before the question
+
+
+def test_generate_reports_every_attempt_the_request_cost() -> None:
+    """``generate()`` kept only the last attempt's stats: the rejected attempts and their cost were lost
+    to its callers (the finish event and every adapter counted them)."""
+    engine = ScriptedDecoding(['"a": 1,, x', '"ok": true}'])  # after the prefilled "{": invalid, then valid
+    result = engine.generate("Check.", response_format=JSON)
+    assert len(result.rejected_attempts) == 1 and result.format_error is None and result.failed_members == {}
+    assert result.usage.completion_tokens == result.stats.tokens + result.rejected_attempts[0].tokens
+    assert result.usage.prompt_tokens == result.stats.prompt_tokens + result.rejected_attempts[0].prompt_tokens

@@ -41,3 +41,16 @@ def test_llamaindex_reads_text_blocks_by_the_rule() -> None:
 
     (message,) = to_engine_messages([ChatMessage(role="user", blocks=[TextBlock(text=t) for t in PARTS])])
     assert message["content"] == EXPECTED
+
+
+def test_the_engine_reads_text_parts_by_the_rule() -> None:
+    """The engine refused OpenAI text parts ("content must be a string, got list") that the server and
+    both adapters read: messages from an OpenAI-format store could not be passed to it as they are."""
+    from shared_engine import InvalidRequestError
+    from shared_engine.members.chat import normalize_messages
+
+    (message,) = normalize_messages([{"role": "user", "content": [{"type": "text", "text": t} for t in PARTS]}])
+    assert message["content"] == EXPECTED
+    with pytest.raises(InvalidRequestError, match="content part 1 is 'image_url': only text parts are read"):
+        normalize_messages([{"role": "user", "content": [{"type": "text", "text": "Look:"},
+                                                          {"type": "image_url", "image_url": {"url": "x"}}]}])

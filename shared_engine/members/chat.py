@@ -56,6 +56,8 @@ def normalize_messages(messages_or_prompt: str | Sequence[Message]) -> list[dict
             raise InvalidRequestError(f"message {i}: tool_calls must be a list of calls on an assistant message")
         if content is None and calls:
             content = ""
+        if isinstance(content, Sequence) and not isinstance(content, (str, bytes, bytearray)):
+            content = _text_of_parts(content, i)  # OpenAI's content parts, as the server and both adapters read them
         if not isinstance(content, str):
             raise InvalidRequestError(f"message {i} content must be a string, got {type(content).__name__}")
         _check_encodable(content, f"message {i}")
@@ -63,6 +65,19 @@ def normalize_messages(messages_or_prompt: str | Sequence[Message]) -> list[dict
     if not any(m["content"].strip() or m.get("tool_calls") for m in normalized):
         raise InvalidRequestError("every message is empty")
     return normalized
+
+
+def _text_of_parts(parts: Sequence[Any], index: int) -> str:
+    """A list of OpenAI content parts as one text (``join_text_parts``); any part but text is refused:
+    the members read text only."""
+    texts = []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise InvalidRequestError(f"message {index} content part {j} is {kind!r}: only text parts are read "
+                                      "(the members are text models)")
+        texts.append(part["text"])
+    return join_text_parts(texts)
 
 
 def _check_encodable(text: str, where: str) -> None:
