@@ -408,3 +408,13 @@ def test_a_cjk_character_keeps_the_symbols_and_joiners_after_it() -> None:
 def test_without_a_word_cut_far_enough_the_span_ends_at_the_last_shared_word_cut() -> None:
     """Catches the fallback taking the first shared word cut instead of the last one."""
     assert span_end(b" a b c", 5, {2, 4}, finished=False) == 4
+
+
+def test_every_span_voted_is_an_ensemble_rate_of_one() -> None:
+    """The rate counts the position where the answer ends with EOS (as SAFE's rounds do), but a voted
+    span's EOS was never counted as ensembled: every span voted, rate 0.5 (1 token) or 0.75 (3)."""
+    members = [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
+    result = EnsembleEngine(members, method="adafuse").generate("Hello Sofia! What is 3 + 4?", max_new_tokens=20)
+    stats = result.stats
+    assert result.finish_reason == "eos" and stats.fused_spans == stats.spans
+    assert stats.ensembled_tokens == stats.tokens + 1 and stats.ensemble_rate == 1.0

@@ -344,13 +344,15 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
     yield span_event(decision)
     if chosen == EOS_KEY:
         state.finish_reason = "eos"
+        count_span(state.stats, decision, 1)  # the position where it ends, decided as SAFE's EOS fusion is
         return
     before = state.stats.tokens
     for event in state.commit(_span_ids(state, outlook, chosen, proposals), "ensemble" if voted else "draft"):
         yield event
     if not state.finish_reason and ends_answer(chosen):
         state.finish_reason = "eos"  # as the released code, which stops in the round whose span holds the EOS
-    count_span(state.stats, decision, state.stats.tokens - before)
+    # the EOS a span ends with is a position of its own (ensemble_rate counts it, as SAFE's rounds do)
+    count_span(state.stats, decision, state.stats.tokens - before + int(state.finish_reason == "eos"))
     count_span_source(state.stats, own=chosen == decision.drafter_proposal, voted=voted,
                       committed=state.stats.tokens - before)
 
