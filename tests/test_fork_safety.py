@@ -35,8 +35,8 @@ from tests.fixture_server import LlamaCppLike, serve
 CHILD_TIMEOUT_S = 60.0
 
 
-def _in_forked_child(target: Callable[[], Any], timeout_s: float = CHILD_TIMEOUT_S) -> Any:
-    """``target()``'s value (or the error it raised, as text) in a forked child, within ``timeout_s``."""
+def _in_forked_child(target: Callable[[], Any]) -> Any:
+    """``target()``'s value (or the error it raised, as text) in a forked child, within CHILD_TIMEOUT_S."""
     context = multiprocessing.get_context("fork")
     results = context.Queue()
 
@@ -49,11 +49,11 @@ def _in_forked_child(target: Callable[[], Any], timeout_s: float = CHILD_TIMEOUT
     child = context.Process(target=run)
     started = time.monotonic()
     child.start()
-    child.join(timeout_s)
+    child.join(CHILD_TIMEOUT_S)
     if child.is_alive():
         child.kill()
         child.join()
-        pytest.fail(f"the forked child hung (killed after {timeout_s:g} s)")
+        pytest.fail(f"the forked child hung (killed after {CHILD_TIMEOUT_S:g} s)")
     assert child.exitcode == 0, f"the forked child died (exit code {child.exitcode})"
     return (*results.get(timeout=5), time.monotonic() - started)
 
@@ -212,8 +212,7 @@ def test_a_child_forked_while_another_thread_computed_on_a_transformers_member_a
                 thread.start()
                 try:
                     assert started.wait(10)
-                    status, value, _ = _in_forked_child(lambda: engine.generate("Hello", max_new_tokens=3).text,
-                                                        timeout_s=20)
+                    status, value, _ = _in_forked_child(lambda: engine.generate("Hello", max_new_tokens=3).text)
                 finally:
                     release.set()
                     thread.join()
