@@ -166,6 +166,20 @@ def test_json_object_mode_streams_only_the_valid_answer(serve: Any) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in stream) == '{"a": [1, 2]}'
 
 
+def test_the_prefilled_brace_is_no_answer_position(serve: Any) -> None:
+    """The "{" the engine prefills went out with positions [0], as the answer's first token did: a
+    client matching decisions to chunks by position (README) marked it as fused too."""
+    url, _ = serve(['"a": 1}'])
+    body = {"model": MODEL, "messages": USER, "stream": True, "response_format": {"type": "json_object"}}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
+        chunks = [json.loads(line[6:]) for line in response.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    texts = [(c["choices"][0]["delta"].get("content"), c.get("ensemble") or {}) for c in chunks if c["choices"]]
+    brace = next(extension for text, extension in texts if text == "{")
+    assert brace["source"] == "prefix" and brace["positions"] == [] and brace.get("position") is None
+    assert [e["positions"] for t, e in texts if t and t != "{"][0] == [0]  # the answer's first token keeps 0
+
+
 def test_langchain_chat_openai_bind_tools_calls_a_tool(serve: Any) -> None:
     @tool
     def get_weather(location: str) -> str:

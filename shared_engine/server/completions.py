@@ -129,6 +129,9 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
                 if isinstance(event, EnsembleEvent | AdaFuseEvent):
                     if listed(event, ensemble_events):
                         pending.append(as_decision(event))
+                elif event.type == "token" and event.source == "prefix":  # the prefill ("{" of a JSON answer):
+                    # no answer position of its own, so no decision about position 0 is matched to it
+                    yield chunk(Delta(content=event.text), ensemble=EnsembleDelta(source="prefix", positions=[]))
                 elif event.type == "token":
                     span = span_of(spans, event.position)
                     yield chunk(Delta(content=event.text),
