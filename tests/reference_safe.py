@@ -39,7 +39,8 @@ released SAFE code's (ensembling.md §2.2, §2.5, §2.6) plus this project's doc
   members all have a chat template, so they have none.)
 - fusion never chooses a candidate holding part of a character (another vocabulary's byte piece)
   other than the drafted token: the drafter need not complete it (a U+FFFD stayed in the answer);
-  it chooses among the others as the loop guard below does;
+  their scores are set to 0 (sampling keeps the speculative rule), and where nothing else has a
+  score it chooses as the loop guard below does;
 - with ``loop_guard`` (none of the anchors has one): where the answer's end repeats a unit of up to
   256 bytes over two units and ``loop_guard`` bytes, the drafter masks a token that repeats it once
   more and chooses again (8 tries at most), and fusion chooses among the candidates that do not
@@ -366,8 +367,12 @@ class ReferenceSafe:
             scores = [sc if member_probs[0][c] >= bar else 0.0 for c, sc in enumerate(scores)]
         drafted_key = _key(drafter, drafted)
         so_far = self._text[:offset]
-        allowed = [bool(so_far.strip()) if k == EOS_KEY else not self._repeats(so_far, k)
-                   and (k == drafted_key or _whole_characters(k)) for k in keys]
+        partial = [k not in (EOS_KEY, drafted_key) and not _whole_characters(k) for k in keys]
+        if any(partial) and sum(sc for sc, p in zip(scores, partial) if not p) > 0:
+            scores = [0.0 if p else sc for sc, p in zip(scores, partial)]  # scores gone, the rule below unchanged
+            partial = [False] * len(keys)
+        allowed = [bool(so_far.strip()) if k == EOS_KEY else not self._repeats(so_far, k) and not part
+                   for k, part in zip(keys, partial)]
         if not all(allowed):  # the loop guard, no EOS before the answer has begun, no part of a character
             if sampler.greedy:
                 best = max((sc for sc, ok in zip(scores, allowed) if ok), default=None)

@@ -518,8 +518,12 @@ def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings
     # a candidate holding part of a character (another vocabulary's byte piece, "\xe7"): the drafter
     # need not complete it, and a U+FFFD stayed in the answer; the drafted token stands as the drafter wrote it
     partial = [k not in (EOS_KEY, drafted_key) and not _whole_characters(k) for k in fused.keys]
-    if any(partial):
-        valid = _also(valid, [not p for p in partial])
+    if any(partial):  # their scores go, so sampling keeps the speculative rule against what is left
+        whole = torch.tensor([not p for p in partial], dtype=scores.dtype)
+        if float((scores * whole).sum()) > 0.0:
+            scores = scores * whole
+        else:  # nothing whole has any score: the drafted token stands, as where no candidate is valid
+            valid = _also(valid, [not p for p in partial])
     if valid is not None:
         index = _valid_choice(scores, valid, sampler)
         if index is not None:
