@@ -376,6 +376,10 @@ class EnsembleEngine:
         rejected: list[tuple[str, str]] = []
         retried: list[Stats] = []
         answer_plan = plan.answer_only()  # a retry beside offered tools answers in JSON, under the schema
+        if messages and messages[-1].get("role") == "tool":
+            # after a tool result the answer is the final one: free to call again, small members called the
+            # same tool with the same arguments until the agent's recursion limit (Qwen + Gemma, create_agent)
+            plan = answer_plan
         for attempt in range(1, plan.attempts + 1):
             if attempt > 1:
                 plan = answer_plan

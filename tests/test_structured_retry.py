@@ -130,3 +130,20 @@ def test_generate_reports_every_attempt_the_request_cost() -> None:
     assert len(result.rejected_attempts) == 1 and result.format_error is None and result.failed_members == {}
     assert result.usage.completion_tokens == result.stats.tokens + result.rejected_attempts[0].tokens
     assert result.usage.prompt_tokens == result.stats.prompt_tokens + result.rejected_attempts[0].prompt_tokens
+
+
+def test_after_a_tool_result_the_answer_beside_tools_is_the_final_json() -> None:
+    """Free to call again after a tool result, small members called the same tool with the same
+    arguments until a LangChain agent's recursion limit (Qwen + Gemma, create_agent with an answer
+    schema): after a result, the answer is the final JSON, prefilled and decoded under the schema."""
+    engine = ScriptedDecoding(['"product": 6}'])
+    conversation = [*USER, {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "multiply", "arguments": '{"a": 2, "b": 3}'}}]},
+                    {"role": "tool", "tool_call_id": "c1", "content": "6"}]
+    result = engine.generate(conversation, tools=[MULTIPLY], response_format=PRODUCT)
+    ((messages, plan),) = engine.prompts
+    assert plan.tools is None and plan.prefix == "{" and plan.constraint() is not None
+    assert messages[-1]["role"] == "system" and "call it first" not in messages[-1]["content"]
+    assert result.text == '{"product": 6}' and not result.tool_calls and result.format_error is None
+    first = ScriptedDecoding(['<tool_call>\n{"name": "multiply", "arguments": {"a": 2, "b": 3}}\n</tool_call>'])
+    assert first.generate(USER, tools=[MULTIPLY], response_format=PRODUCT).tool_calls  # before a result: a call
