@@ -632,6 +632,9 @@ class ChatEnsemble(BaseChatModel):
             kwargs.pop("tools", None)
         elif self.tool_result_hint:
             params["tool_result_hint"] = self.tool_result_hint
+        if isinstance(kwargs.get("response_format"), type):  # bind_tools(..., response_format=Model), as ChatOpenAI
+            kwargs["response_format"] = {"type": "json_schema",
+                                         "json_schema": _json_schema_format(kwargs["response_format"])}
         params.update(kwargs)  # tools, tool_choice, response_format, ...: the engine checks the names
         return _Request(to_engine_messages(messages), params)
 

@@ -182,6 +182,28 @@ def test_structured_output_methods_reach_the_engine_as_what_they_say(monkeypatch
             assert got == value
 
 
+def test_bind_tools_takes_a_pydantic_response_format_as_chat_openai_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bind_tools(tools, response_format=Model)`` failed at invoke ("response_format: Input should be a
+    valid dictionary"): only the dict create_agent sends was read."""
+    seen: list[dict] = []
+
+    class JsonEngine:
+        async def astream(self, messages: list[dict], **params: object):
+            seen.append(params)
+            yield FinishEvent(reason="eos", text='{"name": "Ann", "age": 3}', stats=Stats())
+
+    @tool
+    def lookup(name: str) -> str:
+        """Look a person up."""
+        return name
+
+    monkeypatch.setattr(chat_models, "_shared_engine", lambda *args: JsonEngine())
+    ChatEnsemble(models=MODELS).bind_tools([lookup], response_format=Person).invoke("Ann is 3.")
+    fmt = seen[0]["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["name"] == "Person"
+    assert fmt["json_schema"]["schema"]["required"] == ["name", "age"]
+
+
 def test_unsupported_structured_output_method_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="method 'xml' is not supported"):
         ChatEnsemble(models=MODELS).with_structured_output(Person, method="xml")  # type: ignore[arg-type]
