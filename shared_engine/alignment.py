@@ -391,6 +391,15 @@ def is_char_boundary(data: bytes, offset: int) -> bool:
     return offset == len(data) or offset == 0 or (data[offset] & 0xC0) != 0x80
 
 
+def whole_characters(piece: bytes) -> bool:
+    """Whether ``piece`` is whole UTF-8 characters (not a byte-fallback piece of one, "\xe7")."""
+    try:
+        piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 @dataclass
 class TokenizedText:
     """One member's canonical tokenization of a growing continuation, updated incrementally.

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..alignment import EOS_KEY, TokenTable, is_char_boundary
+from ..alignment import EOS_KEY, TokenTable, is_char_boundary, whole_characters
 from ..events import Event, TokenEvent, VerifiedPosition, VerifyEvent
 from ..fusion import (
     HEUR_DRAFTER_TOP,
@@ -517,7 +517,7 @@ def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings
         valid = _also(valid, [k != EOS_KEY for k in fused.keys])
     # a candidate holding part of a character (another vocabulary's byte piece, "\xe7"): the drafter
     # need not complete it, and a U+FFFD stayed in the answer; the drafted token stands as the drafter wrote it
-    partial = [k not in (EOS_KEY, drafted_key) and not _whole_characters(k) for k in fused.keys]
+    partial = [k not in (EOS_KEY, drafted_key) and not whole_characters(k) for k in fused.keys]
     if any(partial):  # their scores go, so sampling keeps the speculative rule against what is left
         whole = torch.tensor([not p for p in partial], dtype=scores.dtype)
         if float((scores * whole).sum()) > 0.0:
@@ -541,15 +541,6 @@ def _fuse(dists: list[MemberDist], weights: torch.Tensor, fusion: FusionSettings
     return FusionDecision(position=position, offset=offset, members=tuple(d.name for d in dists), fused=fused,
                           sharpened=sharpened, chosen=key, drafted=drafted_key,
                           loop_blocked=bool(repeats) and repeats[int(torch.argmax(scores))])
-
-
-def _whole_characters(piece: bytes) -> bool:
-    """Whether ``piece`` is whole UTF-8 characters (fusion positions are character boundaries)."""
-    try:
-        piece.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def _also(valid: torch.Tensor | None, allowed: list[bool]) -> torch.Tensor:

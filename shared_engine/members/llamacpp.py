@@ -72,6 +72,7 @@ from typing import Any
 
 import httpx
 
+from ..alignment import whole_characters
 from ..errors import InvalidRequestError, MemberError
 from ..options import DEFAULT_MAX_ACTIVE
 from .http import HttpSettings
@@ -86,15 +87,6 @@ from .remote import (
 )
 from .server_tokenizer import llamacpp_tokenize
 from .topk import TopK
-
-
-def _is_partial_utf8(piece: bytes) -> bool:
-    try:
-        piece.decode("utf-8")
-    except UnicodeDecodeError:
-        return True
-    return False
-
 
 HOST_PROMPT_CACHE_MIB = 0
 """llama.cpp's host-RAM prompt cache per server (its default: 8192 MiB, each). Off: every request
@@ -500,7 +492,7 @@ class LlamaCppMember(RemoteMember):
         """Ids whose bytes are an incomplete UTF-8 sequence (computed once)."""
         with self._partial_lock:
             if self._partial_ids is None:
-                self._partial_ids = [i for i, p in enumerate(self.table.pieces) if p and _is_partial_utf8(p)]
+                self._partial_ids = [i for i, p in enumerate(self.table.pieces) if p and not whole_characters(p)]
             return self._partial_ids
 
     def _request(self, prompts: list[list[int]], slot: int | None, ban_partial: bool = False,
