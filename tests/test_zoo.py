@@ -260,6 +260,22 @@ def test_a_file_used_in_place_in_two_environments_is_hashed_once_in_each(
     assert len(calls) == 3 and len(json.loads((tmp_cache / "gguf" / "fake-model.gguf.sha256").read_text())) == 2
 
 
+def test_a_stamp_is_merged_under_a_lock(tmp_path: Path, tmp_cache: Path) -> None:
+    """Two environments stamping one model at once read the same records and the later replace dropped
+    the other's (24 of 200 tries in a review): the read-merge-replace waits for the stamp's lock."""
+    import threading
+
+    target, stamp = tmp_path / "model.gguf", tmp_cache / "gguf" / "fake-model.gguf.sha256"
+    target.write_bytes(PAYLOAD)
+    with zoo._file_lock(f"stamp-{stamp.name}", progress=False):  # another process merging its record
+        writer = threading.Thread(target=zoo._write_stamp, args=(stamp, target, "ab" * 32))
+        writer.start()
+        writer.join(0.5)
+        assert writer.is_alive() and not stamp.exists()
+    writer.join(10)
+    assert json.loads(stamp.read_text())[-1]["path"] == str(target)
+
+
 def test_progress_bar_goes_to_stderr(fake_spec: ZooSpec, capsys: pytest.CaptureFixture[str]) -> None:
     assemble_gguf(fake_spec, progress=True)
     captured = capsys.readouterr()
