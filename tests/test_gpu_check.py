@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from shared_engine import EnsembleEngine
-from tests.toy import toy_member
+from tests.toy import save_toy_folders
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,14 +30,7 @@ def _gpu_check() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def toy_folders(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    root = tmp_path_factory.mktemp("gpu-check-toys")
-    folders = []
-    for name, tokenizer, seed in (("toy-gc-a", "byte_level", 0), ("toy-gc-b", "metaspace", 1)):
-        member = toy_member(name, tokenizer, "llama", seed)
-        member.model.save_pretrained(root / name)
-        member.tokenizer.save_pretrained(root / name)
-        folders.append(root / name)
-    return folders
+    return save_toy_folders(tmp_path_factory.mktemp("gpu-check-toys"), "toy-gc")
 
 
 def test_the_default_prompt_asks_for_a_long_answer() -> None:

@@ -16,7 +16,7 @@ import torch
 from scipy.stats import chisquare
 
 from shared_engine import EnsembleEngine
-from shared_engine.alignment import EOS_KEY
+from shared_engine.alignment import EOS_KEY, whole_characters
 from shared_engine.fusion import MemberDist, UniteFusion, sharpen, top_keys
 from shared_engine.sampling import Sampler, speculative_choice
 from tests.test_engine import ANSWER, QUESTION, trained_member
@@ -81,21 +81,13 @@ def _first_position_target(drafter, verifier, weights: torch.Tensor, temperature
     scores, _ = sharpen(fused, weights, "heur", set(top_keys(dists[0], 10)))
     q = scores.clamp_min(1e-12) ** (1.0 / temperature)
     q[[k == EOS_KEY for k in fused.keys]] = 0.0
-    q[[not _whole_characters(k) for k in fused.keys]] = 0.0  # part of a character: never fused (round.py)
+    q[[not whole_characters(k) for k in fused.keys]] = 0.0  # part of a character: never fused (round.py)
     q = q / q.sum()
     target: dict[str, float] = {}
     for key, p in zip(fused.keys, q.tolist()):  # candidates that are not whole UTF-8 all show as U+FFFD
         shown = "<eos>" if key == EOS_KEY else key.decode("utf-8", "replace")
         target[shown] = target.get(shown, 0.0) + p
     return target
-
-
-def _whole_characters(key: bytes) -> bool:
-    try:
-        key.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 async def _first_choices(engine: EnsembleEngine, seeds: range, temperature: float) -> dict[int | str, int]:

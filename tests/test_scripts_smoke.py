@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.benchdata import needs_data
-from tests.toy import toy_member
+from tests.toy import save_toy_folders
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,14 +31,7 @@ def _script(name: str) -> ModuleType:
 
 @pytest.fixture(scope="module")
 def toy_folders(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    root = tmp_path_factory.mktemp("script-toys")
-    folders = []
-    for name, tokenizer, seed in (("toy-sc-a", "byte_level", 0), ("toy-sc-b", "metaspace", 1)):
-        member = toy_member(name, tokenizer, "llama", seed)
-        member.model.save_pretrained(root / name)
-        member.tokenizer.save_pretrained(root / name)
-        folders.append(root / name)
-    return folders
+    return save_toy_folders(tmp_path_factory.mktemp("script-toys"), "toy-sc")
 
 
 @needs_data

@@ -24,6 +24,7 @@ import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
+from pathlib import Path
 
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -307,3 +308,15 @@ def _fitted_member(name: str, tokenizer: str, conversation_json: str, steps: int
         optimizer.step()
     model.eval()
     return HFMember(name, model, tok)
+
+
+def save_toy_folders(root: Path, prefix: str) -> list[Path]:
+    """Two toy members (byte-level and metaspace tokenizers) saved as Hugging Face folders under ``root``,
+    as a user's local models are: what scripts and the CLI read by path."""
+    folders = []
+    for suffix, tokenizer, seed in (("a", "byte_level", 0), ("b", "metaspace", 1)):
+        member = toy_member(f"{prefix}-{suffix}", tokenizer, "llama", seed)
+        member.model.save_pretrained(root / member.name)
+        member.tokenizer.save_pretrained(root / member.name)
+        folders.append(root / member.name)
+    return folders
