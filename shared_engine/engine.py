@@ -65,7 +65,7 @@ from .members import (
     release_member,
 )
 from .members.chat import Message, normalize_messages, render_plain
-from .options import EngineOptions, GenerationParams, validated
+from .options import EngineOptions, GenerationParams, check_request_keywords, validated
 from .policies import DraftSchedule, make_policy
 from .profile import apply_profile
 from .sampling import Sampler
@@ -431,6 +431,7 @@ class EnsembleEngine:
                  **output_options: Any) -> tuple[GenerationParams, OutputPlan, list[dict[str, Any]]]:
         """A request's generation parameters, output plan and messages, validated."""
         self._check_open()
+        check_request_keywords(params, _STREAM_KEYWORDS, "astream/stream")
         defaults = self.options.model_dump(include=set(GenerationParams.model_fields))
         gen = validated(GenerationParams, **{**defaults, **params})
         plan = OutputPlan(validated(OutputOptions, **output_options))
@@ -615,6 +616,8 @@ class EnsembleEngine:
 
     async def agenerate(self, messages_or_prompt: str | Sequence[Message], *, keep_events: bool = False,
                         **params: Any) -> GenerationResult:
+        """The whole answer of ``astream`` (same keywords), its events too with ``keep_events``."""
+        check_request_keywords(params, (*_STREAM_KEYWORDS, "keep_events"), "agenerate/generate")
         events = []
         async for event in self.astream(messages_or_prompt, **params):
             if keep_events:
@@ -634,6 +637,9 @@ class EnsembleEngine:
         """Blocking iterator over ``astream``'s events."""
         return iterate_sync(self.astream(messages_or_prompt, **params))
 
+
+_STREAM_KEYWORDS = tuple(OutputOptions.model_fields)
+"""``astream``'s own keywords besides the generation parameters: a misspelt one is told the name meant."""
 
 _ENGINES: weakref.WeakSet[EnsembleEngine] = weakref.WeakSet()
 """Every engine of this process, for ``_after_fork_in_child``."""

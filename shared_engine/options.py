@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Iterable, Sequence
 from typing import Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -251,12 +252,32 @@ def _unknown_name_hint(model: type[BaseModel], loc: tuple[int | str, ...]) -> st
     owner, name = _nested_model(model, loc[:-1]), loc[-1]
     if owner is None or not isinstance(name, str):
         return ""
-    if owner is GenerationParams and name in EngineOptions.model_fields:
+    return _name_hint(name, list(owner.model_fields), per_request=owner is GenerationParams)
+
+
+def _name_hint(name: str, accepted: Sequence[str], per_request: bool = False) -> str:
+    """The hint for an unknown ``name`` among ``accepted``: the name meant (another API's name for
+    it, or a close spelling), or where an engine option given per request goes; or nothing."""
+    if per_request and name in EngineOptions.model_fields:
         return f" ({name} is an engine option: EnsembleEngine(..., {name}=...))"
     known = _OTHER_NAMES.get(name)
-    if known is None or known not in owner.model_fields:
-        known = next(iter(difflib.get_close_matches(name, list(owner.model_fields), n=1, cutoff=0.75)), None)
+    if known is None or known not in accepted:
+        known = next(iter(difflib.get_close_matches(name, list(accepted), n=1, cutoff=0.75)), None)
     return f" (did you mean {known!r}?)" if known else ""
+
+
+def check_request_keywords(params: Iterable[str], keywords: Sequence[str], caller: str) -> None:
+    """Refuse the names in ``params`` that are neither a generation parameter nor one of the
+    ``caller``'s own ``keywords`` (``astream``'s tools, response_format, ...), as ``validated``
+    refuses them, with the hint matched against every keyword the caller takes: a misspelt
+    ``response_fromat`` or ``keep_event`` reached GenerationParams alone and got no hint there."""
+    accepted = [*GenerationParams.model_fields, *keywords]
+    unknown = [name for name in params if name not in accepted]
+    if not unknown:
+        return
+    problems = "; ".join(f"{name}: Extra inputs are not permitted{_name_hint(name, accepted, per_request=True)}"
+                         for name in unknown)
+    raise InvalidRequestError(f"invalid parameters: {problems}; accepted keywords of {caller}: {', '.join(accepted)}")
 
 
 def validated(model: type[ModelT], /, **values: object) -> ModelT:

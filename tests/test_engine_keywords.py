@@ -1,0 +1,74 @@
+"""The engine's own keywords, misspelt (``generate("hi", response_fromat=...)``): the error names the
+keyword meant and the ones accepted, as a misspelt generation parameter's does (``options.validated``),
+and a device asked for members that cannot use it is refused, as the CLI refuses ``--device``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from shared_engine import EnsembleEngine, InvalidRequestError
+from tests.toy import toy_member
+
+TIMEOUT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def engine() -> EnsembleEngine:
+    return EnsembleEngine([toy_member("toy-bpe", "byte_level"), toy_member("toy-sp", "metaspace", seed=1)])
+
+
+def _first_event(engine: EnsembleEngine, **params: Any) -> Any:
+    async def first() -> Any:
+        stream = engine.astream("hi", **params)
+        try:
+            return await stream.__anext__()
+        finally:
+            await stream.aclose()
+    return asyncio.run(asyncio.wait_for(first(), TIMEOUT_S))
+
+
+def _agenerate(engine: EnsembleEngine, **params: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(engine.agenerate("hi", **params), TIMEOUT_S))
+
+
+CALLS: dict[str, Callable[..., Any]] = {
+    "astream": _first_event,
+    "stream": lambda engine, **params: next(engine.stream("hi", **params)),
+    "agenerate": _agenerate,
+    "generate": lambda engine, **params: engine.generate("hi", **params),
+}
+
+
+@pytest.mark.parametrize("call", CALLS)
+@pytest.mark.parametrize(("name", "meant"), [("response_fromat", "response_format"), ("tool", "tools"),
+                                             ("raw_promt", "raw_prompt"), ("prefx", "prefix"),
+                                             ("max_new_token", "max_new_tokens")])
+def test_a_misspelt_keyword_names_the_one_meant(engine: EnsembleEngine, call: str, name: str, meant: str) -> None:
+    """``response_fromat`` (astream's own keyword, not a generation parameter) got no hint: only
+    GenerationParams' names were matched."""
+    with pytest.raises(InvalidRequestError) as raised:
+        CALLS[call](engine, **{name: {"type": "json_object"}})
+    message = str(raised.value)
+    assert message.startswith(f"invalid parameters: {name}: Extra inputs are not permitted "
+                              f"(did you mean '{meant}'?); accepted keywords of ")
+    assert "max_new_tokens, temperature" in message and "response_format" in message and "raw_prompt" in message
+
+
+@pytest.mark.parametrize("call", ["agenerate", "generate"])
+def test_keep_events_is_named_by_generate_alone(engine: EnsembleEngine, call: str) -> None:
+    with pytest.raises(InvalidRequestError) as raised:
+        CALLS[call](engine, keep_event=True)
+    assert "keep_event: Extra inputs are not permitted (did you mean 'keep_events'?)" in str(raised.value)
+    assert str(raised.value).endswith(", keep_events")
+    with pytest.raises(InvalidRequestError) as raised:  # stream takes no keep_events: not offered there
+        CALLS["stream"](engine, keep_event=True)
+    assert "did you mean" not in str(raised.value) and "keep_events" not in str(raised.value)
+
+
+def test_the_keywords_spelt_right_still_answer(engine: EnsembleEngine) -> None:
+    result = engine.generate("hi", max_new_tokens=2, prefix="", raw_prompt=False, keep_events=True)
+    assert result.finish_reason in ("length", "stop") and result.events
