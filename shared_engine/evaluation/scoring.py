@@ -30,7 +30,14 @@ class Score(BaseModel):
 # a fraction "3/4" (not part of a date "3/4/2020" or of "3/4.5"), a mixed number "2 1/2" / "2 and 1/2": read
 # whole, not as its first integer (3, 2), so "The answer is 24/7." is not 24
 _FRACTION = r"(?<![\d/.])\d+/\d+(?![/\d]|\.\d)"
-_NUMBER = rf"-?\$?\s*(?:\d[\d,]* +(?:and +)?{_FRACTION}|{_FRACTION}|\d[\d,]*(?:\.\d+)?)|-?\.\d+"
+# a whole number: "1,234" or "1 234" (a space, no-break or thin space) groups thousands only in groups of exactly three
+# digits, as GSM8K's golds write them, so "1 000" is 1000 while "1 2" and "1,2,3" are lists (their first or last number)
+_INTEGER = r"(?:\d{1,3}(?:(?:,\d{3})+|(?:[ \u00a0\u2009\u202f]\d{3})+)(?!\d)|\d+)"
+# a time ("10:30", "7:00 pm") is one token, not its hours or its minutes (10, 30): GSM8K writes a time on the hour as
+# the hour ("2:00 pm" is 2), so "7:00" parses as 7, while "10:30" parses as no number (no gold is a time of day)
+_TIME = r"(?<![\d:])\d{1,2}:\d{2}(?::\d{2})?(?![\d:])"
+_ON_THE_HOUR = re.compile(r"(\d{1,2}):00(?::00)?")
+_NUMBER = rf"-?\$?\s*(?:{_INTEGER} +(?:and +)?{_FRACTION}|{_FRACTION}|{_TIME}|{_INTEGER}(?:\.\d+)?)|-?\.\d+"
 # Markdown bold around the answer ("The answer is **18**.") is read through, as BBH's scorer does
 _ANSWER_IS = re.compile(r"answer is[:\s*]*([^\n]*)", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"\.(?!\d)")
@@ -39,18 +46,20 @@ _MINUS = str.maketrans({"\u2212": "-", "\u2044": "/", "½": " 1/2", "⅓": " 1/3
                         "¾": " 3/4", "⅕": " 1/5", "⅖": " 2/5", "⅗": " 3/5", "⅘": " 4/5", "⅙": " 1/6", "⅚": " 5/6",
                         "⅛": " 1/8", "⅜": " 3/8", "⅝": " 5/8", "⅞": " 7/8"})
 _LATEX_FRACTION = re.compile(r"\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")  # \frac{3}{4}, 2\frac{1}{2}
-_MIXED = re.compile(r"(-?)(\d+) (\d+/\d+)")
+_MIXED = re.compile(r"(-?)(\d{1,3}(?: \d{3})+|\d+) (\d+/\d+)")  # whole part "1 000" too
 
 
 def parse_number(text: str) -> Fraction | None:
-    """``$1,234.50`` -> 1234.5 exactly (Fractions: ``0.1 + 0.2`` style errors cannot flip a verdict)."""
+    """``$1,234.50`` -> 1234.5 exactly (Fractions: ``0.1 + 0.2`` style errors cannot flip a verdict); ``1 000`` -> 1000,
+    ``7:00`` -> 7 (GSM8K's hour), ``10:30`` -> None."""
     cleaned = _clean(text.translate(_MINUS).replace(",", ""))
     try:
         mixed = _MIXED.fullmatch(cleaned)  # 2 1/2 is 2.5 (and -2 1/2 is -2.5), not 21/2
         if mixed:
-            value = int(mixed.group(2)) + Fraction(mixed.group(3))
+            value = int(mixed.group(2).replace(" ", "")) + Fraction(mixed.group(3))
             return -value if mixed.group(1) else value
-        return Fraction(cleaned.replace(" ", ""))
+        hour = _ON_THE_HOUR.fullmatch(cleaned)
+        return Fraction(int(hour.group(1))) if hour else Fraction(cleaned.replace(" ", ""))
     except (ValueError, ZeroDivisionError):
         return None
 

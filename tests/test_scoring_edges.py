@@ -1,0 +1,50 @@
+"""Scoring edges found on GSM8K's own worked solutions and on hedged option answers: each test fails on the
+scorer before its fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared_engine.evaluation.scoring import extract_number, parse_number, score_number
+
+
+@pytest.mark.parametrize("output, gold", [
+    ("The answer is 1 000 dollars.", "1000"), ("#### 1 000", "1000"), ("The answer is 1\u2009000.", "1000"),
+    ("The answer is 3 000 000.", "3000000"), ("The answer is 1\u00a0000.", "1000"),
+    ("The answer is 1 000 1/2.", "1000.5"),
+    # GSM8K's own worked solution (train), its last line: read as 000 before
+    ("So the selling price is $80 000+ $16 000 + $4 000 = $100 000.\n", "100,000"),
+])
+def test_gsm8k_thousands_grouped_by_spaces_are_one_number(output: str, gold: str) -> None:
+    """'1 000' was read as 1 (the answer sentence's first number) or 000 (the last number)."""
+    assert score_number(output, gold).correct, extract_number(output)
+
+
+@pytest.mark.parametrize("output, expected", [
+    ("1 2", "2"), ("The answer is 1 2.", "1"), ("1, 2, 3", "3"), ("The answer is 1,2,3.", "1"),
+    ("The answer is 12,34.", "12"), ("The answer is 1 0000.", "1"), ("The answer is 1,234,567.", "1,234,567"),
+    ("The answer is 18, since", "18"), ("The answer is 2 1/2.", "2 1/2"),
+])
+def test_gsm8k_digits_group_only_in_threes(output: str, expected: str) -> None:
+    """A separator joins digits only before exactly three (as ',' does): "1,2,3" was read as 123, "12,34" as 1234."""
+    assert extract_number(output) == expected
+
+
+@pytest.mark.parametrize("output, gold", [
+    ("The answer is 10:30.", "10"), ("The answer is 10:30.", "30"), ("#### 10:30", "10"),
+    ("She arrives at 10:30", "30"), ("The answer is 12:45 pm.", "12"),
+])
+def test_gsm8k_a_time_is_not_its_hours_or_minutes(output: str, gold: str) -> None:
+    """'10:30' was read as 10 after a cue and as 30 as the last number: scored right against either."""
+    assert not score_number(output, gold).correct, extract_number(output)
+
+
+@pytest.mark.parametrize("output, gold", [
+    ("The answer is 7:00 pm.", "7"), ("#### 2:00", "2"),
+    # GSM8K's own worked solution (train, gold 10): read as 00 before
+    ("so the latest she can start is 18- 8 = 10:00 am\n", "10"),
+])
+def test_gsm8k_a_time_on_the_hour_is_its_hour(output: str, gold: str) -> None:
+    """GSM8K's golds write a time on the hour as the hour ('2:00 pm' is 2)."""
+    assert score_number(output, gold).correct, extract_number(output)
+    assert parse_number("10:30") is None and parse_number("7:00") == 7
