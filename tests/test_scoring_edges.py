@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared_engine.evaluation.scoring import extract_number, parse_number, score_number
+from shared_engine.evaluation.scoring import extract_choice, extract_number, parse_number, score_bbh, score_number
 
 
 @pytest.mark.parametrize("output, gold", [
@@ -48,3 +48,28 @@ def test_gsm8k_a_time_on_the_hour_is_its_hour(output: str, gold: str) -> None:
     """GSM8K's golds write a time on the hour as the hour ('2:00 pm' is 2)."""
     assert score_number(output, gold).correct, extract_number(output)
     assert parse_number("10:30") is None and parse_number("7:00") == 7
+
+
+@pytest.mark.parametrize("output", [
+    "The answer is A or B.", "The answer is A and C.", "The answer is either (A) or (D).", "The answer is (A) or (B).",
+    "Answer: A or B", "**Answer:** A, C", "The answer is A/B.", "The answer is **A** or **B**.", "(A) or (B)",
+    "I pick option A or option B.", "The answer is A or maybe C.", "The answer is A and C are both true.",
+])
+def test_choice_a_hedge_is_no_answer(output: str) -> None:
+    """A hedge was read as one of its letters (mostly the first), so it scored right whenever that was the key."""
+    assert extract_choice(output, "ABCD") is None
+
+
+@pytest.mark.parametrize("output, gold", [
+    ("The answer is (B).", "B"), ("B) 42", "B"), ("**Answer: C**", "C"), ("The answer is B, not A.", "B"),
+    ("The answer is B, A is wrong.", "B"), ("The answer is B and I am sure.", "B"), ("Answer: D) because", "D"),
+    ("The answer is A or B. After checking, the answer is B.", "B"),
+    ("The answer is C. Options A and B are wrong.", "C"),
+])
+def test_choice_a_single_answer_beside_other_letters_is_read(output: str, gold: str) -> None:
+    assert extract_choice(output, "ABCDEFGHIJ") == gold
+
+
+def test_bbh_a_hedged_option_is_no_answer() -> None:
+    assert score_bbh("So the answer is (A) or (B).", "(A)").extracted is None
+    assert score_bbh("So the answer is (B), not (A).", "(B)").correct

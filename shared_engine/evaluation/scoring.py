@@ -105,30 +105,53 @@ def score_number(output: str, gold: str) -> Score:
 
 # --- multiple choice (ARC, MMLU-Redux, BBH options) ------------------------------------------------
 
+def _hedged(text: str, start: int, end: int, labels: str) -> bool:
+    """Whether the option letter at ``text[start:end]`` is joined to another option: "A or B", "(A) and (C)",
+    "either B or D", "A, B", "A/B", "option A or option B" state no single answer. "B, not A" and "B, A is
+    wrong" do (a bare letter counts as the other option only before punctuation, the end or "or/and/are/both").
+    """
+    set_, low = re.escape(labels), re.escape(labels.lower())
+    joiner = r"\s*(?:,|/|&|\b(?:or|and)\b)\s*(?:(?i:maybe|possibly|perhaps|probably)\s+)?(?:(?i:option|choice)\s*)?"
+    bare = rf"\**([{set_}])(?=\**\s*(?:[^\w\s]|$)|\s+(?:or|and|are|both)\b)"
+    after = rf"\**\s*\)?\**{joiner}(?:\(\s*([{set_}{low}])\s*\)|{bare})"
+    before = rf"(?:\(\s*([{set_}{low}])\s*\)|\b([{set_}]))\**{joiner}\(?\s*\**$"
+    letter = text[start:end].upper()
+    others = [m for m in (re.match(after, text[end:]), re.search(before, text[:start])) if m]
+    return any(next(g for g in m.groups() if g).upper() != letter for m in others)
+
+
 def extract_choice(output: str, labels: str) -> str | None:
     """The chosen option letter among ``labels`` (capital letters only, but for one in parentheses or a
     box after a cue: "a" is an article). The last explicit cue by position wins ('answer is (X)',
     'Answer: X', '\\boxed{X}', 'the correct choice is X'), so a final answer beats an earlier one
     and a later mention of another option does not; else the last 'option/choice X'; else a first
     line that starts with the letter ("B. 4", then an explanation naming other options); else the
-    last bare '(X)'."""
+    last bare '(X)'. A hedge there ("The answer is A or B.", "either B or D") is no answer: read as its
+    first letter, it scored right whenever that letter was the key."""
     set_ = re.escape(labels)
     low = re.escape(labels.lower())
-    # the letter after a cue: "X", "(X)", "(x)", "**X**", "option X"
-    letter = rf"[\s*]*(?:(?i:option|choice)\s*)?(?:\(\s*([{set_}{low}])\s*\)|([{set_}])\b)"
+    # the letter after a cue: "X", "(X)", "(x)", "**X**", "option X", "either X (or Y)"
+    letter = rf"[\s*]*(?:(?i:either|both)\s+)?(?:(?i:option|choice)\s*)?(?:\(\s*([{set_}{low}])\s*\)|([{set_}])\b)"
     cues = [rf"(?i:(?:answer|choice|option)\s+is)\s*:?{letter}", rf"(?i:answer)\**\s*:{letter}",
             rf"\\boxed\{{\s*(?:\\text\{{)?\(?([{set_}{low}])\)?\}}?\s*\}}"]
-    found = [(m.start(), next(g for g in m.groups() if g)) for pattern in cues for m in re.finditer(pattern, output)]
+    found = [(m.start(), m.span(g)) for pattern in cues for m in re.finditer(pattern, output)
+             for g in range(1, len(m.groups()) + 1) if m.group(g)]
     if not found:
-        found = [(m.start(), m.group(1)) for m in re.finditer(rf"(?i:\b(?:option|choice))\s*\(?([{set_}])\b", output)]
-    if found:
-        return max(found)[1].upper()
-    first_line = output.strip().split("\n", 1)[0].strip()
-    lead = re.match(rf"\**(?:\(([{set_}])\)\**(?=[\s.:]|$)|([{set_}])(?:[.:)]\**(?=\s|$)|\**$))", first_line)
-    if lead:
-        return lead.group(1) or lead.group(2)
-    bare = re.findall(rf"\(([{set_}])\)", output)
-    return bare[-1] if bare else None
+        found = [(m.start(), m.span(1)) for m in re.finditer(rf"(?i:\b(?:option|choice))\s*\(?([{set_}])\b", output)]
+    span: tuple[int, int] | None = max(found)[1] if found else None
+    if span is None:
+        first_line = output.strip().split("\n", 1)[0].strip()
+        offset = output.index(first_line) if first_line else 0
+        lead = re.match(rf"\**(?:\(([{set_}])\)\**(?=[\s.:]|$)|([{set_}])(?:[.:)]\**(?=\s|$)|\**$))", first_line)
+        if lead:
+            group = 1 if lead.group(1) else 2
+            span = (offset + lead.start(group), offset + lead.end(group))
+    if span is None:
+        bare = list(re.finditer(rf"\(([{set_}])\)", output))
+        span = bare[-1].span(1) if bare else None
+    if span is None or _hedged(output, *span, labels):
+        return None
+    return output[span[0]:span[1]].upper()
 
 
 def score_choice(output: str, gold: str, labels: str) -> Score:
@@ -218,7 +241,10 @@ def score_bbh(output: str, gold: str) -> Score:
     stated = extract_bbh(output)
     if option:
         first = re.search(r"\(([A-R])\)", stated or "")
-        extracted = first.group(1) if first else extract_choice(stated or output, "ABCDEFGHIJKLMNOPQR")
+        if first and stated is not None:  # "So the answer is (A) or (B)." is a hedge, no answer
+            extracted = None if _hedged(stated, *first.span(1), "ABCDEFGHIJKLMNOPQR") else first.group(1)
+        else:
+            extracted = extract_choice(stated or output, "ABCDEFGHIJKLMNOPQR")
         correct = extracted == option.group(1)
         return Score(extracted=extracted, correct=correct, value=float(correct))
     target = " ".join(gold.split())
