@@ -73,3 +73,12 @@ def test_choice_a_single_answer_beside_other_letters_is_read(output: str, gold: 
 def test_bbh_a_hedged_option_is_no_answer() -> None:
     assert score_bbh("So the answer is (A) or (B).", "(A)").extracted is None
     assert score_bbh("So the answer is (B), not (A).", "(B)").correct
+
+
+@pytest.mark.parametrize("output, expected", [
+    ("The answer isn't 12. It is 15.", "15"), ("The answer is not 12, it is 15.", "15"),
+    ("The answer is 15. It is not 12.", "15"), ("The answer is **not** 12.\n#### 15", "15"),
+])
+def test_gsm8k_a_denied_answer_is_not_the_answer(output: str, expected: str) -> None:
+    """'The answer isn't 12' and 'is not 12' were read as the stated answer 12."""
+    assert extract_number(output) == expected

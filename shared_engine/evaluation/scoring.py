@@ -38,8 +38,9 @@ _INTEGER = r"(?:\d{1,3}(?:(?:,\d{3})+|(?:[ \u00a0\u2009\u202f]\d{3})+)(?!\d)|\d+
 _TIME = r"(?<![\d:])\d{1,2}:\d{2}(?::\d{2})?(?![\d:])"
 _ON_THE_HOUR = re.compile(r"(\d{1,2}):00(?::00)?")
 _NUMBER = rf"-?\$?\s*(?:{_INTEGER} +(?:and +)?{_FRACTION}|{_FRACTION}|{_TIME}|{_INTEGER}(?:\.\d+)?)|-?\.\d+"
-# Markdown bold around the answer ("The answer is **18**.") is read through, as BBH's scorer does
-_ANSWER_IS = re.compile(r"answer is[:\s*]*([^\n]*)", re.IGNORECASE)
+# Markdown bold around the answer ("The answer is **18**.") is read through, as BBH's scorer does; "The answer isn't
+# 12" / "is not 12" states no answer (read as 12 before), so the next rule reads one
+_ANSWER_IS = re.compile(r"answer is\b(?![:\s*]*not\b)[:\s*]*([^\n]*)", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"\.(?!\d)")
 # a Unicode minus sign ("−3") is a sign, not text; a vulgar fraction ("2½") and the fraction slash are fractions
 _MINUS = str.maketrans({"\u2212": "-", "\u2044": "/", "½": " 1/2", "⅓": " 1/3", "⅔": " 2/3", "¼": " 1/4",
