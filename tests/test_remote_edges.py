@@ -202,3 +202,24 @@ def test_members_pinning_one_servers_slots_share_its_pool() -> None:
         finally:
             for member in (a, b, c):
                 member.close()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_a_member_on_this_machine_is_reached_past_a_proxy_from_the_environment(
+        host: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With HTTP_PROXY set and no NO_PROXY (corporate machines, clusters) an in-process llama.cpp server
+    started, then every member call went to the proxy and failed as "connection refused" at the
+    member's own URL: loopback calls ignore the environment's proxy."""
+    from shared_engine.members.http import HttpSettings, JsonClient
+
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with serve(lambda method, path, body: (200, json.dumps({"ok": path}).encode())) as (url, log):
+        client = JsonClient("m", url.replace("127.0.0.1", host), HttpSettings(retries=0))
+        try:
+            assert client.get("/health") == {"ok": "/health"}
+        finally:
+            client.close()
+    assert log == [("GET", "/health", None)]

@@ -185,6 +185,20 @@ def _bound_by_deadline(client: httpx.Client, deadline: _Deadline) -> None:
         pool._network_backend = backend
 
 
+def is_loopback(url: str) -> bool:
+    """Whether ``url`` names this machine (127.0.0.0/8, ::1, localhost). Such calls never go through
+    an ``HTTP_PROXY`` from the environment: with one set and no ``NO_PROXY`` for 127.0.0.1 (common on
+    corporate machines and clusters) the in-process llama.cpp servers started, then every member call
+    went to the proxy and failed as "connection refused" at the member's own URL."""
+    host = httpx.URL(url).host
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class JsonClient:
     """JSON over HTTP for one member on one server."""
 
@@ -200,7 +214,8 @@ class JsonClient:
         timeout = httpx.Timeout(self.deadline_s, connect=self.settings.connect_timeout_s)
         try:
             check_url(self.base_url)
-            self._client = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
+            self._client = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers,
+                                        trust_env=not is_loopback(self.base_url))
         except (InvalidRequestError, httpx.InvalidURL) as exc:
             raise self.error(str(exc)) from None
         self._deadline = _Deadline()
