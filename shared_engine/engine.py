@@ -65,6 +65,7 @@ from .members import (
     release_member,
 )
 from .members.chat import Message, normalize_messages, render_plain
+from .members.config import check_placement_used
 from .options import EngineOptions, GenerationParams, check_request_keywords, validated
 from .policies import DraftSchedule, make_policy
 from .profile import apply_profile
@@ -125,6 +126,7 @@ class EnsembleEngine:
         self._specs: list[MemberConfig | Member] = [
             spec if _is_member(spec) else member_config(spec, defaults)
             for spec in members]
+        check_placement_used(defaults, self._specs)  # device="cuda" for llama.cpp members was dropped, silently
         options = apply_profile(self._specs, options)  # a calibration profile fills what is not given
         self.options = validated(EngineOptions, method=method, **options)
         for spec in self._specs:

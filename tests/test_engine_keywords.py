@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from shared_engine import EnsembleEngine, InvalidRequestError
+from shared_engine import EnsembleEngine, InvalidRequestError, MemberConfig
 from tests.toy import toy_member
 
 TIMEOUT_S = 30.0
@@ -72,3 +72,38 @@ def test_keep_events_is_named_by_generate_alone(engine: EnsembleEngine, call: st
 def test_the_keywords_spelt_right_still_answer(engine: EnsembleEngine) -> None:
     result = engine.generate("hi", max_new_tokens=2, prefix="", raw_prompt=False, keep_events=True)
     assert result.finish_reason in ("length", "stop") and result.events
+
+
+ZOO = "smollm2-135m-instruct"
+
+
+@pytest.mark.parametrize(("members", "placement", "runs"), [
+    ([f"llamacpp:{ZOO}"], {"device": "cuda"}, "llamacpp"),
+    ([f"llamacpp:{ZOO}", "llamacpp:gemma-3-270m"], {"dtype": "bfloat16"}, "llamacpp"),
+    ([f"llamacpp:{ZOO}", "llamacpp:http://127.0.0.1:9"], {"device_map": "auto"}, "llamacpp"),
+    ([f"llamacpp:{ZOO}", "vllm:http://127.0.0.1:9#Qwen/Qwen2.5-0.5B-Instruct"], {"device": "cpu"}, "llamacpp, vllm"),
+])
+def test_placement_no_member_uses_is_refused(members: list[str], placement: dict[str, Any], runs: str) -> None:
+    """``EnsembleEngine(["llamacpp:NAME"], device="cuda")`` ran on the CPU, silently (the device was
+    applied to transformers members alone, and there were none); the CLI refuses ``--device`` there."""
+    (name, value), = placement.items()
+    with pytest.raises(InvalidRequestError) as raised:
+        EnsembleEngine(members, method="single" if len(members) == 1 else "safe", **placement)
+    assert str(raised.value).startswith(f"{name}={value!r}: only for transformers members, and every member "
+                                        f"here runs on {runs} (drop it, or run a member on transformers")
+
+
+def test_placement_for_built_members_is_refused() -> None:
+    toys = [toy_member("toy-bpe", "byte_level"), toy_member("toy-sp", "metaspace", seed=1)]
+    with pytest.raises(InvalidRequestError, match="device='cpu': only for transformers members, and every "
+                                                  "member here runs on built members"):
+        EnsembleEngine(toys, device="cpu")
+
+
+def test_placement_goes_to_the_members_that_use_it() -> None:
+    """A bare zoo name given a device runs on transformers (README), beside a llama.cpp member too."""
+    (alone,) = EnsembleEngine([ZOO], method="single", device="cpu").member_specs
+    assert isinstance(alone, MemberConfig) and (str(alone.spec), alone.device) == (f"transformers:{ZOO}", "cpu")
+    mixed = EnsembleEngine([ZOO, "llamacpp:gemma-3-270m"], dtype="bfloat16").member_specs
+    assert [(str(s.spec), s.dtype) for s in mixed if isinstance(s, MemberConfig)] == [
+        (f"transformers:{ZOO}", "bfloat16"), ("llamacpp:gemma-3-270m", None)]

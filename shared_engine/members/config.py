@@ -19,7 +19,7 @@ import inspect
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -311,3 +311,19 @@ def member_config(entry: str | dict[str, Any] | MemberConfig, defaults: MemberDe
         raise InvalidRequestError(
             f"a member must be a model name/path, a MemberConfig or a Member, got {type(entry).__name__}")
     return config.with_defaults(defaults, backend)
+
+
+def check_placement_used(defaults: MemberDefaults, members: Sequence[object]) -> None:
+    """Refuse engine-wide placement options (``EnsembleEngine(..., device="cuda")``) that no member
+    would use: they exist for transformers members alone (a llama.cpp member in this process takes no
+    device, a server member runs where its server does, a built member was placed when built), so with
+    no transformers member among ``members`` they were dropped and everything ran on the CPU, silently.
+    The CLI refuses ``--device`` for such members alike (``member_flags``)."""
+    given = defaults.placement()
+    if not given or any(isinstance(m, MemberConfig) and m.spec.backend == "transformers" for m in members):
+        return
+    options = ", ".join(f"{name}={value!r}" for name, value in given.items())
+    runs = ", ".join(sorted({m.spec.backend if isinstance(m, MemberConfig) else "built members" for m in members}))
+    raise InvalidRequestError(f"{options}: only for transformers members, and every member here runs on {runs} "
+                              "(drop it, or run a member on transformers: 'transformers:NAME', or a zoo name "
+                              "without a prefix)")
