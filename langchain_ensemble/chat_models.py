@@ -214,6 +214,18 @@ def _count_off_pending() -> None:
         _close_engine(engine)
 
 
+def _spent_release() -> weakref.finalize[..., Any]:
+    """A count-off already given: what a closed model holds (``_closed``; calling it does nothing).
+    Registered on this function, which lives as long as the module, and detached at once: it never runs."""
+    release = weakref.finalize(_spent_release, int)
+    release.detach()
+    return release
+
+
+_CLOSED_STATE = "closed"
+"""The key of a pickled ChatEnsemble's state that says it was closed (``__getstate__``)."""
+
+
 def _close_engine(engine: EnsembleEngine) -> None:
     """``engine.close()``: running requests end at their next round; members go when they have (off an
     event loop's thread: ``close_from_anywhere``)."""
@@ -382,27 +394,34 @@ class ChatEnsemble(BaseChatModel):
 
     def __getstate__(self) -> dict[Any, Any]:
         """Pickled without its count-off (a ``weakref.finalize`` pickles as a dead one: the restored
-        model was closed from the start); ``__setstate__`` holds the engine anew."""
+        model was closed from the start), with whether it was closed: ``__setstate__`` holds the
+        engine anew, or not at all for a closed model (it came back open, loading members again)."""
         state = super().__getstate__()
         private = dict(state.get("__pydantic_private__") or {})
         private["_release"] = None
-        return {**state, "__pydantic_private__": private}
+        return {**state, "__pydantic_private__": private, _CLOSED_STATE: self._closed}
 
     def __setstate__(self, state: dict[Any, Any]) -> None:
-        """A restored model (pickle: multiprocessing, joblib, cloudpickle) is one more user of the
-        shared engine, as a copy is (``_holding``)."""
+        """A restored model (pickle: multiprocessing, joblib, cloudpickle) starts as a copy does
+        (``_holding``); a state pickled before the closed flag was written is an open model's."""
         super().__setstate__(state)
-        self._hold(self._engine_config())
+        self._start_like(closed=bool(state.get(_CLOSED_STATE, False)))
 
     def _holding(self, clone: ChatEnsemble) -> ChatEnsemble:
         """A copy (``model_copy``, ``copy.deepcopy``) is one more user of the shared engine, with a
         count-off of its own: it shared the original's before, so closing or collecting the original
         closed the copy (``EngineClosedError``). A copy of a closed model is closed."""
-        if self._closed:
-            clone._release = self._release
-            return clone
-        clone._hold(clone._engine_config())
-        return clone
+        return clone._start_like(closed=self._closed)
+
+    def _start_like(self, *, closed: bool) -> ChatEnsemble:
+        """How a copy or a restored model starts, from whether its source was closed: a user who closed
+        a model expects every copy of it closed (``EngineClosedError``, ``close()`` does nothing),
+        holding no engine; else one more user of the shared engine, with a count-off of its own."""
+        if closed:
+            self._release = _spent_release()
+        else:
+            self._hold(self._engine_config())
+        return self
 
     def _hold(self, config: _EngineConfig) -> None:
         """Count this model as one more user of ``config``'s shared engine, with a count-off of its own."""

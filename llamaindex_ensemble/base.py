@@ -157,6 +157,18 @@ class _SharedEngine:
             engine.close_from_anywhere("EnsembleLLM engine close")
 
 
+def _spent_release() -> weakref.finalize[..., Any]:
+    """A hold already let go of: what a closed LLM has (``_closed``; calling it does nothing). Registered
+    on this function, which lives as long as the module, and detached at once: it never runs."""
+    release = weakref.finalize(_spent_release, int)
+    release.detach()
+    return release
+
+
+_CLOSED_STATE = "closed"
+"""The key of a pickled EnsembleLLM's state that says it was closed (``__getstate__``)."""
+
+
 def _member_models(members: Sequence[MemberConfig | dict[str, Any]] | str) -> list[Any] | None:
     """The model of each member (``members`` as given or as ``to_dict`` wrote it); None for a str."""
     if isinstance(members, str):
@@ -280,8 +292,8 @@ class EnsembleLLM(FunctionCallingLLM):
         self._release = self._shared.hold(self)
 
     def __getstate__(self) -> dict[str, Any]:
-        """The fields only: unpickling (``IngestionPipeline(num_workers=N)`` pickles its transformations)
-        builds a new engine from them in ``__setstate__``."""
+        """The fields and whether this LLM was closed: unpickling (``IngestionPipeline(num_workers=N)``
+        pickles its transformations) builds a new engine from them in ``__setstate__``."""
         built = [s.name for s in self._engine.member_specs if not isinstance(s, MemberConfig)]
         if built:
             raise InvalidRequestError(f"an EnsembleLLM over built members ({', '.join(built)}) cannot be pickled: "
@@ -293,13 +305,17 @@ class EnsembleLLM(FunctionCallingLLM):
         for key in [k for k, v in state["__dict__"].items() if not _pickles(v)]:
             logging.warning("Removing unpickleable attribute %s", key)  # as LlamaIndex says it
             del state["__dict__"][key]
-        return {**state, "__pydantic_private__": None}
+        return {**state, "__pydantic_private__": None, _CLOSED_STATE: self._closed}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Build a new engine from the pickled fields. LlamaIndex's fallback, when ``__init__`` failed
         (``models`` beside ``members`` did), restored an LLM without an engine that said it was closed;
-        here the error surfaces."""
-        self.__init__(**state["__dict__"])  # type: ignore[misc]
+        here the error surfaces. A restored LLM then starts as a copy does (``_holding``): a closed
+        LLM's is closed (it came back open, loading members again); a state pickled before the closed
+        flag was written is an open LLM's."""
+        self.__init__(**state["__dict__"])  # type: ignore[misc]  # holds the engine it built, as a new LLM does
+        if state.get(_CLOSED_STATE, False):
+            self._start_like(closed=True)
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy sharing this LLM's engine; ``update`` may not change the fields that built the engine
@@ -321,7 +337,12 @@ class EnsembleLLM(FunctionCallingLLM):
 
     def to_json(self, **kwargs: Any) -> str:
         """The fields as JSON; refused where a member has an ``http.api_key``: json.dumps failed on it
-        (a ``SecretStr``), and writing it masked ('**********') would be refused by the server later."""
+        (a ``SecretStr``), and writing it masked ('**********') would be refused by the server later.
+
+        JSON (and ``to_dict``) is a recipe, not this live object: it says which ensemble to build, not
+        whether this one was closed, so ``from_json`` / ``from_dict`` of a closed LLM build an open one,
+        as ``EnsembleLLM(**fields)`` would (a config saved with a storage context, read by a later
+        process, must work there). Pickling and copying carry the object itself, closed state included."""
         keyed = [c.model for c in self.members or [] if c.http is not None and c.http.api_key is not None]
         if keyed:
             raise InvalidRequestError(
@@ -344,9 +365,20 @@ class EnsembleLLM(FunctionCallingLLM):
     def _holding(self, clone: EnsembleLLM) -> EnsembleLLM:
         """A copy is one more user of the engine with a hold of its own (closing or collecting the
         original leaves it working); a copy of a closed LLM is closed."""
-        if not self._closed:
-            clone._release = self._shared.hold(clone)
-        return clone
+        return clone._start_like(closed=self._closed)
+
+    def _start_like(self, *, closed: bool) -> EnsembleLLM:
+        """How a copy or a restored LLM starts, from whether its source was closed: a user who closed an
+        LLM expects every copy of it closed (``EngineClosedError``; ``close()`` does nothing), so a
+        restored LLM lets go of the hold ``__init__`` gave it, closing the engine it built, which loaded
+        nothing; else (a copy: a restored open LLM holds already) one more user with a hold of its own."""
+        if closed:
+            if self._release.alive:
+                self._release()
+            self._release = _spent_release()
+        else:
+            self._release = self._shared.hold(self)
+        return self
 
     def close(self) -> None:
         """Release the members (also done when this LLM is garbage-collected): the engine closes once
