@@ -20,6 +20,7 @@ from typing import Any
 
 from .errors import EnsembleError, InvalidRequestError
 from .members import MemberConfig, MemberDefaults, member_config, with_backend
+from .members.config import placement_unused_on
 from .members.devices import DTYPES
 from .options import validated
 
@@ -122,11 +123,9 @@ def _check_placement_applies(defaults: MemberDefaults, configs: Sequence[MemberC
     """``--device``/``--dtype``/... with no transformers member would do nothing (``--backend llamacpp
     --device cuda`` ran on the CPU, silently): an error naming the flags, as a members file's ``dtype``
     for a llama.cpp member is. ``bench --backend transformers,llamacpp`` applies them to its transformers run."""
-    given = defaults.placement()
-    if not given or any(c.spec.backend == "transformers" for c in configs) \
-            or (isinstance(asked, list) and "transformers" in asked):
+    backends = placement_unused_on(defaults, configs)
+    if backends is None or (isinstance(asked, list) and "transformers" in asked):
         return
-    flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
-    backends = ", ".join(sorted({c.spec.backend for c in configs}))
+    flags = ", ".join(f"--{name.replace('_', '-')}" for name in defaults.placement())
     raise InvalidRequestError(f"{flags}: only for transformers members, and every member here runs on {backends} "
                               "(drop the flag, or run a member on transformers: --backend transformers)")

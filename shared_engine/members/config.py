@@ -313,17 +313,25 @@ def member_config(entry: str | dict[str, Any] | MemberConfig, defaults: MemberDe
     return config.with_defaults(defaults, backend)
 
 
+def placement_unused_on(defaults: MemberDefaults, members: Sequence[object]) -> str | None:
+    """Where placement options were given that no member would use: the backends the members run on
+    ("llamacpp, url"), else None. One rule for the engine's check below and the CLI's (``member_flags``)."""
+    if not defaults.placement() or any(isinstance(m, MemberConfig) and m.spec.backend == "transformers"
+                                       for m in members):
+        return None
+    return ", ".join(sorted({m.spec.backend if isinstance(m, MemberConfig) else "built members" for m in members}))
+
+
 def check_placement_used(defaults: MemberDefaults, members: Sequence[object]) -> None:
     """Refuse engine-wide placement options (``EnsembleEngine(..., device="cuda")``) that no member
     would use: they exist for transformers members alone (a llama.cpp member in this process takes no
     device, a server member runs where its server does, a built member was placed when built), so with
     no transformers member among ``members`` they were dropped and everything ran on the CPU, silently.
     The CLI refuses ``--device`` for such members alike (``member_flags``)."""
-    given = defaults.placement()
-    if not given or any(isinstance(m, MemberConfig) and m.spec.backend == "transformers" for m in members):
+    runs = placement_unused_on(defaults, members)
+    if runs is None:
         return
-    options = ", ".join(f"{name}={value!r}" for name, value in given.items())
-    runs = ", ".join(sorted({m.spec.backend if isinstance(m, MemberConfig) else "built members" for m in members}))
+    options = ", ".join(f"{name}={value!r}" for name, value in defaults.placement().items())
     raise InvalidRequestError(f"{options}: only for transformers members, and every member here runs on {runs} "
                               "(drop it, or run a member on transformers: 'transformers:NAME', or a zoo name "
                               "without a prefix)")
