@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from .errors import InvalidRequestError
 from .members import MemberConfig, parse_member_spec
@@ -46,6 +46,8 @@ class FitInfo(BaseModel):
 
 PROFILE_VERSION = 1
 """The profile format this safe-ensemble writes and reads; a newer one is refused, not half read."""
+_VERSION = TypeAdapter(int)
+"""How the ``version`` field reads its value (lax: ``"2"`` and ``2.0`` are 2), for the check before it."""
 
 
 class EnsembleProfile(BaseModel):
@@ -65,9 +67,17 @@ class EnsembleProfile(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _known_version(cls, data: Any) -> Any:
-        """Before the fields: a newer profile's new fields would otherwise be all the error said."""
-        version = data.get("version") if isinstance(data, dict) else None
-        if isinstance(version, int) and version > PROFILE_VERSION:
+        """Before the fields: a newer profile's new fields would otherwise be all the error said. The
+        version is compared as the field will hold it: ``"2"`` or ``2.0`` (a hand edit, another writer)
+        is version 2, refused as newer, not passed over here and then read as 2 by the field."""
+        if not isinstance(data, dict) or data.get("version") is None:
+            return data  # absent: this version; null: the field refuses it
+        try:
+            version = _VERSION.validate_python(data["version"])
+        except ValidationError:
+            raise ValueError(f"profile version must be a whole number (this safe-ensemble reads "
+                             f"{PROFILE_VERSION}), got {data['version']!r}") from None
+        if version > PROFILE_VERSION:
             raise ValueError(f"profile version {version} is newer than this safe-ensemble reads "
                              f"({PROFILE_VERSION}): upgrade safe-ensemble, or calibrate again with this one")
         return data

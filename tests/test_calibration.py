@@ -616,7 +616,7 @@ def test_ctrl_c_fits_on_the_questions_read(train_file: Path, tmp_path: Path, cap
 
 def test_profile_files_small_faults(tmp_path: Path) -> None:
     """A profile saved with a UTF-8 BOM (a Windows editor) failed to load ("Invalid JSON"); one of a
-    newer version was read as if it were this one (or refused for its new fields)."""
+    newer version was read as if it were this one (or refused for its new fields), also written as "2" or 2.0."""
     path = _profile(tmp_path, ["a", "b"], [0.3, 0.7], drafter="b")
     path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
     assert EnsembleProfile.load(path).weights == [0.3, 0.7]
@@ -624,6 +624,18 @@ def test_profile_files_small_faults(tmp_path: Path) -> None:
     path.write_text(json.dumps({**values, "version": 2, "new_field": 1}))
     with pytest.raises(InvalidRequestError, match="profile version 2 is newer than this safe-ensemble reads"):
         EnsembleProfile.load(path)
+    # written as a string or a float (a hand edit, another writer), version 2 was read as this version
+    for newer in ("2", 2.0, " 2 "):
+        path.write_text(json.dumps({**values, "version": newer}))
+        with pytest.raises(InvalidRequestError, match="profile version 2 is newer than this safe-ensemble reads"):
+            EnsembleProfile.load(path)
+    for odd in ("two", 1.5, [1]):
+        path.write_text(json.dumps({**values, "version": odd, "new_field": 1}))
+        with pytest.raises(InvalidRequestError, match="profile version must be a whole number .*reads 1"):
+            EnsembleProfile.load(path)
+    for same in ("1", 1.0, 1):
+        path.write_text(json.dumps({**values, "version": same}))
+        assert EnsembleProfile.load(path).version == 1
 
 
 def test_a_drafter_other_than_the_profiles_is_told_its_confidence_was_fitted_for_another(
