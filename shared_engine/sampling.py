@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
+
+
+def generator_seed(seed: int) -> int:
+    """The seed torch's CPU generator is given for a request's ``seed``. That generator (mt19937) keeps
+    only the low 32 bits, so -1, 2**32 - 1 and 2**64 - 1 gave one answer, as did 0 and 2**32: a seed
+    within 0..2**32-1 is used as it is (the answers of such seeds stay), any other is hashed to 32 bits
+    from all its bits, so seeds that differ beyond the low 32 bits draw differently."""
+    if 0 <= seed < 2**32:
+        return seed
+    digest = hashlib.blake2b(seed.to_bytes(9, "little", signed=True), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
 
 
 class Sampler:
@@ -18,7 +31,7 @@ class Sampler:
         if seed is None:
             self.generator.seed()  # non-deterministic, and leaves torch's global RNG alone
         else:
-            self.generator.manual_seed(seed)
+            self.generator.manual_seed(generator_seed(seed))
 
     @property
     def greedy(self) -> bool:

@@ -147,3 +147,18 @@ def test_a_temperature_beyond_float32_samples_uniformly(method: str) -> None:
     assert engine.generate("Hello", max_new_tokens=4, temperature=1e39, seed=3).finish_reason in {"length", "eos"}
     probs = Sampler(temperature=1e308, seed=0).tempered(torch.tensor([0.0, 0.5, 0.5]))
     assert torch.isfinite(probs).all() and float(probs[1]) == pytest.approx(1 / 3)
+
+
+def test_seeds_that_differ_beyond_their_low_32_bits_draw_differently() -> None:
+    """torch's CPU generator keeps a seed's low 32 bits: -1, 2**32 - 1, 2**63 - 1 and 2**64 - 1 gave one
+    answer (as 0 and 2**32 did) through the server, which accepts every seed OpenAI's API does."""
+    def draws(seed: int) -> list[int]:
+        sampler = Sampler(temperature=1.0, seed=seed)
+        return [sampler.from_logits(torch.zeros(1000)) for _ in range(8)]
+
+    seeds = [-1, 2**32 - 1, 2**63 - 1, 2**64 - 1, -(2**63), 0, 2**32, 2**33]
+    assert len({tuple(draws(seed)) for seed in seeds}) == len(seeds)
+    assert draws(12345) == draws(12345)
+    reference = torch.Generator()
+    reference.manual_seed(12345)  # a seed within 32 bits draws as before: its answers stay
+    assert Sampler(temperature=1.0, seed=12345).generator.initial_seed() == reference.initial_seed()
