@@ -23,6 +23,13 @@ Questions used as few-shot exemplars in the evaluation's prompt are skipped, and
 refused: a profile must never be fitted on the questions it is evaluated on. A question longer than
 a member's context window is left out, with a warning naming it, and the next question is read in
 its place: ``--limit N`` fits on N questions where the split has them.
+
+Ctrl-C while the questions are read fits on those read so far (a second Ctrl-C stops the fit) and
+exits 130, as an interrupted eval does. The profile says so (``fitted.interrupted``, fitted on
+``fitted.questions`` of ``fitted.asked``) and is written to --out where no file is there yet; an
+existing file at --out (an earlier, full profile) is kept, and the partial fit is written beside it
+as NAME.interrupted.json (move it over --out to use it). Interrupted before the first question is
+read, nothing is written. A profile is written whole or not at all.
 """
 
 from __future__ import annotations
@@ -206,6 +213,8 @@ class _Evidence:
     nll: list[float] = field(default_factory=list)
     num_bytes: int = 0
     questions: int = 0  # read by every member
+    asked: int = 0  # the questions it set out to read
+    interrupted: bool = False  # Ctrl-C: ``questions`` of ``asked`` were read
     unscored: list[int] = field(default_factory=list)  # per member: reference tokens given no probability
     positions: list[tuple[bytes, dict[int, TopK]]] = field(default_factory=list)  # (continuation, tops by member)
 
@@ -217,7 +226,7 @@ def collect(members: Sequence[Member], bench: str, records: Sequence[Record], be
     next one read in its place, so ``--limit N`` gets N where the split has them."""
     asked = len(records) if limit is None else limit
     wanted = min(asked, len(records))
-    evidence = _Evidence(nll=[0.0] * len(members), unscored=[0] * len(members))
+    evidence = _Evidence(nll=[0.0] * len(members), unscored=[0] * len(members), asked=wanted)
     sessions = [m.new_session() for m in members]
     too_long: list[tuple[str, str]] = []
     interrupted = False
@@ -244,6 +253,7 @@ def collect(members: Sequence[Member], bench: str, records: Sequence[Record], be
             close = getattr(session, "close", None)
             if close is not None:
                 close()
+    evidence.interrupted = interrupted
     if too_long and not evidence.questions:
         raise ContextLengthError(f"no question fits: on question {too_long[0][0]}, {too_long[0][1]}")
     if too_long:
@@ -292,7 +302,8 @@ def _read_one(members: Sequence[Member], sessions: Sequence[Session], bench: str
 
 def fit_profile(members: Sequence[Member], names: Sequence[str], evidence: _Evidence, bench: str, data: Path,
                 questions: int, grid: Sequence[float] = THRESHOLD_GRID) -> EnsembleProfile:
-    """Weights (EM), drafter (lowest NLL/byte) and drafter_confidence (most right choices) from the evidence."""
+    """Weights (EM), drafter (lowest NLL/byte) and drafter_confidence (most right choices) from the evidence;
+    the profile records how many questions were asked for and whether the reading was cut short."""
     import torch
 
     from .alignment import EOS_KEY
@@ -343,7 +354,8 @@ def fit_profile(members: Sequence[Member], names: Sequence[str], evidence: _Evid
     return EnsembleProfile(
         members=list(names), weights=[round(w, 6) for w in mixture.weights], drafter=names[drafter],
         drafter_confidence=confidence,
-        fitted=FitInfo(bench=bench, data=str(data), questions=questions, spans=int(spans.shape[0]),
+        fitted=FitInfo(bench=bench, data=str(data), questions=questions, asked=evidence.asked or None,
+                       interrupted=evidence.interrupted, spans=int(spans.shape[0]),
                        positions=len(top_probs), method=method,
                        nll_per_byte={n: round(v, 5) for n, v in zip(names, per_byte)},
                        log_likelihood=(round(mixture.log_likelihood, 3) if math.isfinite(mixture.log_likelihood)
@@ -374,7 +386,8 @@ def calibrate(models: Sequence[str | Member], bench: str = "gsm8k", data: str | 
     ``backend``: how names without a prefix run (None: ``CALIBRATE_BACKEND``, transformers, whose
     distributions are exact; a member that gives top-K rows is warned about). ``out``: where the profile
     will be saved, refused before fitting if it is a file fitted on or held out (saving there would
-    overwrite the split)."""
+    overwrite the split). Ctrl-C after the first question is read returns the profile fitted on the
+    questions read, ``fitted.interrupted`` set (before it, KeyboardInterrupt)."""
     if len(models) < 2:
         raise InvalidRequestError("calibrate needs at least two members")
     if limit < 1:
@@ -434,7 +447,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--data", help="the labelled split (default: the data folder's "
                                        "gsm8k/train.jsonl or arc_challenge/dev.jsonl); never a test split")
     parser.add_argument("--limit", type=int, default=DEFAULT_QUESTIONS, help="questions to fit on")
-    parser.add_argument("--out", required=True, help="where to write the profile JSON")
+    parser.add_argument("--out", required=True,
+                        help="where to write the profile JSON; a fit cut short by Ctrl-C never replaces a file "
+                             "there: it goes beside it, NAME.interrupted.json")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress output: no loading notice, no bar per question, no bars of the zoo's "
                              "one-time GGUF verification or conversion")
@@ -443,7 +458,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    """Fit, save, print a summary; 2 on a clear error (the CLI's convention)."""
+    """Fit, save, print a summary; 2 on a clear error (the CLI's convention), 130 when Ctrl-C cut the
+    fit short (the partial profile is saved, never over an existing file: ``interrupted_path``)."""
     try:
         out = Path(args.out).expanduser()  # `--out=~/p.json`: the shell expands no ~ after '='
         check_output_file(out, "--out", "profile's")  # before minutes of fitting, not after
@@ -455,15 +471,31 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # after a question was read, collect fits on what was read instead
         print(f"interrupted: no profile was written to {args.out}", file=sys.stderr)
         return 130
+    fitted = profile.fitted
+    kept = fitted.interrupted and (out.exists() or out.is_symlink())  # an earlier profile: not replaced by a part
+    target = interrupted_path(out) if kept else out
+    shown = str(target) if kept else args.out
     try:
-        profile.save(out)
+        profile.save(target)
     except OSError as err:  # the fit is not lost: it goes to stdout
         print(profile.model_dump_json(indent=2))
-        print(f"error: cannot write the profile to {args.out} ({err.strerror or err}); it is printed above",
+        print(f"error: cannot write the profile to {shown} ({err.strerror or err}); it is printed above",
               file=sys.stderr)
         return 2
     weights = ", ".join(f"{m}={w:.3g}" for m, w in zip(profile.members, profile.weights))  # 0.000189, not 0.000
-    print(f"{args.out}: weights {weights}; drafter {profile.drafter}; drafter_confidence "
-          f"{profile.drafter_confidence}; fitted on {profile.fitted.questions} {args.bench} questions "
-          f"({profile.fitted.data})")
-    return 0
+    cut = f"interrupted after {fitted.questions} of {fitted.asked} questions: " if fitted.interrupted else ""
+    print(f"{cut}{shown}: weights {weights}; drafter {profile.drafter}; drafter_confidence "
+          f"{profile.drafter_confidence}; fitted on {fitted.questions} {args.bench} questions ({fitted.data})")
+    if not fitted.interrupted:
+        return 0
+    where = (f"{shown}; the profile already at {args.out} is kept (move {shown} over it to use the partial fit)"
+             if kept else f"{shown}, marked interrupted")
+    print(f"interrupted: the profile fitted on the {fitted.questions} question(s) read is in {where}; "
+          "calibrate again for the full fit", file=sys.stderr)
+    return 130
+
+
+def interrupted_path(out: Path) -> Path:
+    """Where a fit cut short goes when ``out`` already holds a file: beside it (``p.json`` ->
+    ``p.interrupted.json``), so Ctrl-C never swaps a full profile for one fitted on a few questions."""
+    return out.with_name(f"{out.stem}.interrupted{out.suffix}")

@@ -33,6 +33,10 @@ class FitInfo(BaseModel):
     bench: str
     data: str = Field(description="The labelled file fitted on (a train/dev split, never a test split).")
     questions: int = Field(description="Questions used.")
+    asked: int | None = Field(None, description="Questions the fit set out to read (--limit, or as many as the "
+                                                "split has); absent in profiles written before it.")
+    interrupted: bool = Field(False, description="Cut short (Ctrl-C): fitted on the ``questions`` read of the "
+                                                 "``asked``, a partial fit.")
     spans: int = Field(0, description="Spans between shared token boundaries the weights were fitted on.")
     positions: int = Field(0, description="Fusable drafter positions drafter_confidence was chosen on.")
     method: str = Field(description="How weights, drafter and drafter_confidence were chosen.")

@@ -599,19 +599,46 @@ def _interrupted_member(name: str, at_read: int) -> HFMember:
 def test_ctrl_c_fits_on_the_questions_read(train_file: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     """Ctrl-C during calibrate lost every question read (20 min at the default 50) without a word.
-    The questions read are fitted and saved, with a warning; before the first, nothing is written."""
+    The questions read are fitted and saved, with a warning; before the first, nothing is written.
+    Then the partial fit exited 0 with the summary of a full one, and replaced a good profile already at
+    --out: now it exits 130 (as an interrupted eval), says "interrupted after k of n", the profile records
+    it, and an existing file at --out is kept, the partial fit written beside it."""
     out = tmp_path / "p.json"
-    for at_read, rc in ((2, 0), (1, 130)):
+
+    def calibrate_cli(at_read: int) -> int:
         with registered_members([toy_member("a", "byte_level", "llama", 1), _interrupted_member("b", at_read)]):
             with caplog.at_level("WARNING"):
-                assert main(["calibrate", "--models", "a,b", "--data", str(train_file), "--limit", "4",
-                             "--out", str(out), "--no-progress"]) == rc
-        if rc == 0:
-            assert EnsembleProfile.load(out).fitted.questions == 1
-            assert "interrupted after 1 of 4 questions" in caplog.text
-            out.unlink()
-        else:
-            assert "no profile was written" in capsys.readouterr().err and not out.exists()
+                return main(["calibrate", "--models", "a,b", "--data", str(train_file), "--limit", "4",
+                             "--out", str(out), "--no-progress"])
+
+    assert calibrate_cli(1) == 130  # before the first question: nothing
+    assert "no profile was written" in capsys.readouterr().err and not out.exists()
+
+    assert calibrate_cli(2) == 130  # no file at --out: the partial fit goes there, marked
+    partial = EnsembleProfile.load(out).fitted
+    assert (partial.questions, partial.asked, partial.interrupted) == (1, 4, True)
+    assert "interrupted after 1 of 4 questions" in caplog.text
+    printed = capsys.readouterr()
+    assert printed.out.startswith(f"interrupted after 1 of 4 questions: {out}: weights ")
+    assert f"is in {out}, marked interrupted" in printed.err
+
+    before = _profile(tmp_path, ["a", "b"], [0.3, 0.7], drafter="b").read_bytes()
+    out.write_bytes(before)  # an earlier, full profile at --out
+    assert calibrate_cli(3) == 130
+    beside = tmp_path / "p.interrupted.json"
+    assert out.read_bytes() == before  # kept, not replaced by a fit on 2 questions
+    partial = EnsembleProfile.load(beside).fitted
+    assert (partial.questions, partial.asked, partial.interrupted) == (2, 4, True)
+    printed = capsys.readouterr()
+    assert printed.out.startswith(f"interrupted after 2 of 4 questions: {beside}: weights ")
+    assert f"the profile already at {out} is kept" in printed.err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".p.", "p."))) == \
+        ["p.interrupted.json", "p.json"]  # written whole: no temporary left
+
+    assert calibrate_cli(99) == 0  # not interrupted: replaces --out as before, asked recorded
+    whole = EnsembleProfile.load(out).fitted
+    assert (whole.questions, whole.asked, whole.interrupted) == (4, 4, False)
+    assert "interrupted" not in capsys.readouterr().out
 
 
 def test_profile_files_small_faults(tmp_path: Path) -> None:
