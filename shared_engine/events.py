@@ -4,8 +4,9 @@ A stream is: ``draft``/``verify``/``ensemble``/``adafuse``/``cache_sync`` events
 ``token`` event for every piece of committed text, a ``tool_call`` event for every tool call parsed
 from the answer (tools offered; the call's markup never appears in ``token`` events),
 ``format_retry`` when a structured-output answer failed validation and is regenerated, and exactly
-one ``finish`` event at the end. Concatenating the ``text`` of all ``token`` events gives the
-answer (``finish.text``).
+one ``finish`` event at the end. A structured-output answer's events come together after it was
+validated (before its ``finish``), in their order; a rejected answer's never come. Concatenating
+the ``text`` of all ``token`` events gives the answer (``finish.text``).
 """
 
 from __future__ import annotations
@@ -132,8 +133,8 @@ class ToolCallEvent(_Event):
 
 
 class FormatRetryEvent(_Event):
-    """A structured-output answer failed validation; the members are asked again (its text was
-    never released)."""
+    """A structured-output answer failed validation; the members are asked again (its text, calls
+    and decisions were never released: the positions of the next answer's start from 0 again)."""
 
     type: Literal["format_retry"] = "format_retry"
     attempt: int = Field(description="The attempt that failed (1 = the first answer).")

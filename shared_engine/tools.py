@@ -817,8 +817,9 @@ class AnswerShaper:
 
     Prepends the prefix (a ``token`` event with ``source="prefix"``), routes text through the
     tool-call parser when tools are offered (text as ``token`` events, calls as ``tool_call``
-    events), holds the text and calls of a structured-output answer until ``finish`` decides whether
-    it is valid (an answer that calls a tool is not checked as JSON), and completes the ``finish``
+    events), holds a structured-output answer's events (text, calls and the decisions behind them)
+    until ``finish`` decides whether it is valid (an answer that calls a tool is not checked as JSON;
+    a rejected answer's events never reach the caller), and completes the ``finish``
     event (text, tool calls, format error). Text the parser holds back as a possible tag's start goes
     out with the token that shows it is text (the next one, or the last at the end): its position can
     lie one token late (the engine's own held stop-string text keeps each token's place, state.py)."""
@@ -852,13 +853,16 @@ class AnswerShaper:
             out.append(event)
         if self.plan.response_format is None:
             return out
-        # text and calls are released by release() once the attempt is accepted: a rejected
-        # attempt's call must not reach the caller (it would be run, and the retry call again)
-        self.held += [e for e in out if e.type in ("token", "tool_call")]
-        return [e for e in out if e.type not in ("token", "tool_call")]
+        # everything but finish is released by release() once the attempt is accepted, in its order: a
+        # rejected attempt's call must not reach the caller (it would be run, and the retry call again),
+        # nor its decisions (each attempt numbers its positions from 0: they overlapped the accepted
+        # answer's, and outnumbered its stats' ensembled_tokens)
+        self.held += [e for e in out if e.type != "finish"]
+        return [e for e in out if e.type == "finish"]
 
     def release(self) -> list[Event]:
-        """The held text and calls of a structured-output attempt (after its ``finish`` was decided)."""
+        """The held events of a structured-output attempt (after its ``finish`` was decided): its text,
+        calls and decisions (``draft``/``verify``/``ensemble``/``adafuse``/``cache_sync``), as they came."""
         held, self.held = self.held, []
         return held
 

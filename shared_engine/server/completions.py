@@ -140,8 +140,10 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
                                                        decisions=pending))
                     pending = []
                     sent = max(event.position, sent) if sent is not None else event.position
-                elif event.type == "format_retry":  # a new answer: its positions start again
-                    fusions, sent = [], -1
+                elif event.type == "format_retry":  # a new answer: its positions start again, and what is
+                    # still pending is the rejected one's (the engine holds an attempt's decisions back with
+                    # its text: none come, but a decision about another answer's position is never listed)
+                    pending, spans, fusions, sent = [], [], [], -1
                 elif isinstance(event, ToolCallEvent):
                     sent = None  # the call's tokens sent no text: the next text holds none of theirs
                     if event.error is None:  # numbered as the answer's list numbers them: the valid calls only
@@ -180,6 +182,8 @@ async def _gather(events: AsyncIterator[Event], ensemble_events: Listing) -> tup
                 content.append(event.text)
             elif isinstance(event, ToolCallEvent) and event.error is not None:
                 content.append(unreadable_call_text(event))
+            elif event.type == "format_retry":  # a new answer: decisions about the rejected one are not its
+                decisions = []
             elif event.type == "finish":
                 finish = event
     if finish is None:  # pragma: no cover - the engine always ends with finish
