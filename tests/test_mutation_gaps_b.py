@@ -96,13 +96,14 @@ def _logits(table: TokenTable, favour: dict[bytes, float]) -> torch.Tensor:
 def test_where_only_parts_of_characters_have_a_score_the_drafted_token_stands() -> None:
     """round._fuse: the drafter finds only first bytes of characters plausible, so no whole candidate keeps
     a score; the drafted token stands (not a byte the drafter may never complete, nor the zero-score key
-    an argmax over nothing but zeros lands on). Greedy only: sampling there draws a zero-score candidate
-    (the clamp in ``Sampler.tempered``), reported as a bug of its own."""
+    an argmax over nothing but zeros lands on), greedy or sampled (a draw fell evenly among the zero-score
+    candidates: tempering floors each score at 1e-12)."""
     bpe, sp = toy_member("toy-bpe", "byte_level").table, toy_member("toy-sp", "metaspace", seed=1).table
     dists = [MemberDist("bpe", bpe, _logits(bpe, {b"\xe7": 9.0, b"\xe5": 8.5})),
              MemberDist("sp", sp, _logits(sp, {b" and": 6.0}))]
     settings = FusionSettings(make_fuser("unite", 10), None, plausibility=0.1)  # only the two bytes plausible
     drafted = bpe.token_id(b" and")
     assert drafted is not None
-    decision = _fuse(dists, torch.tensor([0.8, 0.2]), settings, Sampler(), 0, drafted, 0)
-    assert decision.drafted == b" and" and decision.chosen == b" and"
+    for sampler in [Sampler(), *(Sampler(1.0, seed=seed) for seed in range(6))]:
+        decision = _fuse(dists, torch.tensor([0.8, 0.2]), settings, sampler, 0, drafted, 0)
+        assert decision.drafted == b" and" and decision.chosen == b" and"

@@ -563,7 +563,11 @@ def _draft_mass(drafter: MemberDist, sampler: Sampler, keys: list[bytes]) -> tor
 
 def _valid_choice(scores: torch.Tensor, valid: torch.Tensor, sampler: Sampler) -> int | None:
     """The fused choice among valid candidates (greedy: the best; sampling: a draw from the
-    tempered scores restricted to them); None when no valid candidate has any weight."""
+    tempered scores restricted to them); None when no valid candidate has any weight. Weight is read
+    before tempering: tempering floors every score at 1e-12, so where every valid candidate scored 0
+    (the plausibility filter, the partial-character rule) a draw fell evenly among them instead."""
+    if float((scores * valid).sum()) <= 0.0:
+        return None
     target = (scores if sampler.greedy else sampler.tempered(scores)) * valid
     if float(target.sum()) <= 0.0:
         return None
