@@ -180,6 +180,7 @@ class FitCache:
         self._fingerprints: dict[int, str | None] = {}
         self.path = Path(path) if path is not None else None
         self._db: sqlite3.Connection | None = None
+        self._inherited: list[sqlite3.Connection] = []  # a forked parent's, never used or closed here
         self._closed = False
         # an unusable path fails now, not at the first few-shot prompt: an existing file is opened now, a
         # new one only by the first fit (a zero-shot run leaves none), its folder checked now
@@ -226,6 +227,19 @@ class FitCache:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+
+    def forget_parent_process(self) -> None:
+        """In a forked child: a fresh lock (another thread of the parent may have held it at the fork),
+        no fits by member ``id`` (the child loads its members again, and a new member may take a freed
+        one's id, reading its fits), and the file opened anew on first use: SQLite forbids using a
+        connection across a fork, and closing the parent's copy here could roll back a transaction the
+        parent has open, so it is kept, unused."""
+        self._lock = threading.Lock()
+        self._fits.clear()
+        self._fingerprints.clear()
+        if self._db is not None:
+            self._inherited.append(self._db)
+            self._db = None
 
     def _connection(self, create: bool) -> sqlite3.Connection | None:
         """The open file (under the lock), opened on first use: for a read only where it exists (another

@@ -159,6 +159,7 @@ class EnsembleEngine:
         self._members = None
         self._held, self._release_later = [], []
         self._live, self._starting = {}, 0
+        self._answer_fits.forget_parent_process()
 
     def _drafter_first(self, drafter: str | int | None) -> list[int]:
         names = [s.model if isinstance(s, MemberConfig) else s.name for s in self._specs]

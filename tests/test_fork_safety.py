@@ -325,3 +325,28 @@ def test_a_forked_child_starts_one_in_process_server_however_many_engines_it_bui
         assert _in_forked_child(in_child)[:2] == ("ok", 1)
     finally:
         engine.close()
+
+
+def test_a_forked_child_keeps_answer_fits_of_its_own(tmp_path: Path) -> None:
+    """``fit_cache`` (drafter='auto'): a child forked while another thread of the parent held the fits'
+    lock waited on it forever; it inherited the parent's SQLite connection (SQLite forbids its use across
+    a fork) and fits keyed by member ids that its reloaded members may reuse. The child starts them anew."""
+    from shared_engine.weighting import TextFit
+
+    members = [toy.toy_member("toy-a", "byte_level"), toy.toy_member("toy-b", "metaspace", seed=1)]
+    engine = EnsembleEngine(members, fit_cache=str(tmp_path / "fits.sqlite"))
+    fits = engine._answer_fits
+    try:
+        fits.put(members[0], 0, [1, 2, 3], TextFit(1.0, 3, 3))
+        assert fits._connection(create=True) is not None and fits.get(members[0], 0, [1, 2, 3]) is not None
+
+        def in_child() -> tuple[bool, bool]:
+            fits.put(members[1], 0, [4], TextFit(2.0, 1, 1))  # takes the lock
+            return fits._db is None, fits.get(members[0], 0, [1, 2, 3]) is None
+
+        with fits._lock:  # as if another thread were reading a fit at the fork
+            status, value, _ = _in_forked_child(in_child)
+        assert (status, value) == ("ok", (True, True))
+        assert fits.get(members[0], 0, [1, 2, 3]) is not None  # the parent's stay
+    finally:
+        engine.close()
