@@ -296,8 +296,11 @@ GOOD = {"model": MODEL, "messages": USER}
     ({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "g"}, None, None),
     ({**GOOD, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 3}}}},
      None, None),
-    ({**GOOD, "max_tokens": 100000}, "messages", "context_length_exceeded"),
-    ({**GOOD, "max_tokens": 100000, "stream": True}, "messages", "context_length_exceeded"),
+    ({**GOOD, "max_tokens": 100000}, "max_tokens", "context_length_exceeded"),
+    ({**GOOD, "max_tokens": 100000, "stream": True}, "max_tokens", "context_length_exceeded"),
+    ({**GOOD, "max_completion_tokens": 100000, "max_tokens": 8}, "max_completion_tokens", "context_length_exceeded"),
+    ({**GOOD, "messages": [{"role": "user", "content": "Sofia walked " * 400}]}, "messages",
+     "context_length_exceeded"),
 ])
 def test_malformed_requests_get_openai_style_400s(base_url: str, body: bytes | dict[str, Any],
                                                   param: str | None, code: str | None) -> None:
@@ -310,6 +313,8 @@ def test_malformed_requests_get_openai_style_400s(base_url: str, body: bytes | d
         assert error["param"] == param or error["param"].startswith(param + "."), error
     if code is not None:
         assert error["code"] == code, error
+    if code == "context_length_exceeded" and param != "messages":  # the field the client sent, not the engine's
+        assert error["message"].startswith(f"{error['param']} (100000) alone fills"), error
 
 
 def test_official_client_sees_typed_errors(base_url: str) -> None:

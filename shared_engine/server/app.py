@@ -76,9 +76,17 @@ class ApiError(Exception):
         return JSONResponse(ErrorBody(error=self.detail).model_dump(), self.status, headers=self.headers)
 
 
-def _engine_error(err: InvalidRequestError, prompt_field: str = "messages") -> ApiError:
+def _engine_error(err: InvalidRequestError, prompt_field: str = "messages", answer_field: str | None = None
+                  ) -> ApiError:
+    """``answer_field``: the request's field that set the answer's length (``max_tokens`` or
+    ``max_completion_tokens``), named where the engine's message says ``max_new_tokens``, which the
+    client never sent; where that length alone fills a window, it is the field to change."""
     if isinstance(err, ContextLengthError):
-        return ApiError(400, str(err), param=prompt_field, code="context_length_exceeded")
+        message = str(err)
+        if answer_field is not None:
+            message = message.replace("max_new_tokens (", f"{answer_field} (")
+        param = answer_field if answer_field is not None and message.startswith(answer_field) else prompt_field
+        return ApiError(400, message, param=param, code="context_length_exceeded")
     return ApiError(400, str(err), param=_param_of(str(err)))
 
 
@@ -326,7 +334,8 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
             first = await cancel_on_disconnect(request.receive, _first(events))
             started = True
         except InvalidRequestError as err:
-            raise _engine_error(err, "prompt" if isinstance(req, CompletionRequest) else "messages") from None
+            raise _engine_error(err, "prompt" if isinstance(req, CompletionRequest) else "messages",
+                                req.answer_tokens_field()) from None
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; the work was cancelled
         finally:
@@ -347,7 +356,7 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
             OutputPlan(validated(OutputOptions, **output))
             params.update(output)
         except InvalidRequestError as err:
-            raise _engine_error(err) from None
+            raise _engine_error(err, "messages", req.answer_tokens_field()) from None
         except RecursionError:  # e.g. a JSON schema nested past what the engine's readers recurse through
             raise ApiError(400, "the request is nested too deeply to be read", code="invalid_value") from None
         ticket = admit()
@@ -376,7 +385,7 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
         try:
             engine.check_request(req.prompts[0], **params)  # the parameters, once for all prompts
         except InvalidRequestError as err:
-            raise _engine_error(err, "prompt") from None
+            raise _engine_error(err, "prompt", req.answer_tokens_field()) from None
         ticket = admit()
         cid = text_completion_id()
         events = _events(engine, ticket, req.prompts[0], params) if req.stream else None  # one prompt (check)

@@ -230,6 +230,10 @@ class _GenerationRequest(BaseModel):
         """The answer's token limit the request sets (None: the server's default)."""
         return self.max_tokens
 
+    def answer_tokens_field(self) -> str | None:
+        """The field that set ``answer_tokens`` (None: the server's default), for errors to name."""
+        return "max_tokens" if self.max_tokens is not None else None
+
     def generation_params(self) -> dict[str, Any]:
         """The engine's per-request parameters; unset ones fall back to the engine's defaults."""
         params: dict[str, Any] = {
@@ -269,6 +273,9 @@ class ChatCompletionRequest(_GenerationRequest):
 
     def answer_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def answer_tokens_field(self) -> str | None:
+        return "max_completion_tokens" if self.max_completion_tokens else super().answer_tokens_field()
 
     def output_options(self) -> dict[str, Any]:
         """The engine's tool and format options (``shared_engine.tools.OutputOptions``)."""
