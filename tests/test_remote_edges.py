@@ -5,6 +5,8 @@ members of one server, a server of another type than the prefix says, redirects,
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -204,7 +206,7 @@ def test_members_pinning_one_servers_slots_share_its_pool() -> None:
                 member.close()
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "localhost.", "127.1", "0.0.0.0", "[::ffff:127.0.0.1]"])
 def test_a_member_on_this_machine_is_reached_past_a_proxy_from_the_environment(
         host: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """With HTTP_PROXY set and no NO_PROXY (corporate machines, clusters) an in-process llama.cpp server
@@ -223,3 +225,120 @@ def test_a_member_on_this_machine_is_reached_past_a_proxy_from_the_environment(
         finally:
             client.close()
     assert log == [("GET", "/health", None)]
+
+
+def _sglang_server(folder: str, models: tuple[int, object]) -> object:
+    """A stand-in SGLang server in the shapes of SGLang's ``python/sglang/srt/entrypoints/http_server.py``:
+    ``GET /get_model_info`` -> ``{"model_path", "tokenizer_path", "is_generation",
+    "preferred_sampling_params", "weight_version"}`` (no length); ``GET /v1/models`` -> ``ModelList`` of
+    ``ModelCard(id=served_model_name, root=served_model_name, max_model_len=model_config.context_len)``
+    (``max_model_len`` since sgl-project/sglang PR #4809; ``models`` is its status and body here); and
+    ``/generate`` past the window answered as the tokenizer manager's ValueError is (HTTP 400,
+    ``ErrorResponse``)."""
+    from shared_engine.members.remote import PROBE_TEXT
+
+    tok = toy.byte_level_tokenizer()
+
+    def handler(method: str, path: str, body: object) -> tuple[int, bytes]:
+        if path == "/get_model_info":
+            return 200, json.dumps({"model_path": folder, "tokenizer_path": folder, "is_generation": True,
+                                    "preferred_sampling_params": None, "weight_version": "default"}).encode()
+        if path == "/v1/models":
+            return models[0], json.dumps(models[1]).encode()
+        if path == "/tokenize" and isinstance(body, dict) and body.get("prompt") == PROBE_TEXT:
+            ids = tok(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+            return 200, json.dumps({"tokens": ids, "count": len(ids), "max_model_len": 64}).encode()
+        return 400, json.dumps({"object": "error", "code": 400, "type": "Bad Request",
+                                "message": "Requested token count exceeds the model's maximum context length of "
+                                           "64 tokens."}).encode()
+    return handler
+
+
+def _card(**extra: object) -> dict[str, object]:
+    return {"object": "list", "data": [{"id": "tiny", "object": "model", "created": 1764000000,
+                                        "owned_by": "sglang", "root": "tiny", **extra}]}
+
+
+def test_an_sglang_server_started_with_a_shorter_context_refuses_a_long_prompt_up_front(tmp_path) -> None:  # noqa: ANN001
+    """An SGLang server started with --context-length 64 for a model of 4096 positions: the member took
+    its window from the tokenizer folder (4096), so a prompt of ~100 tokens passed the engine's check
+    and the server's 400 came mid-generation as a MemberError. The window now comes from the server's
+    /v1/models max_model_len (less one: SGLang refuses input + max_new_tokens >= context_len)."""
+    from shared_engine import EnsembleEngine
+    from shared_engine.errors import ContextLengthError
+
+    toy.byte_level_tokenizer().save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    with serve(_sglang_server(str(tmp_path), (200, _card(max_model_len=64)))) as (url, log):
+        member = load_member(f"sglang:{url}", http=HttpSettings(retries=0))
+        engine = EnsembleEngine([member, toy.toy_member("b", "metaspace", "gpt2", 2)], method="safe")
+        with pytest.raises(ContextLengthError, match=re.escape(f"{tmp_path}'s context window of 63 tokens")):
+            engine.generate("Sofia went to the market and bought " * 8, max_new_tokens=8)
+        assert all(path != "/generate" for _, path, _ in log)  # refused before any scoring
+        # a longer context than the 2048 the member assumed without max_position_embeddings
+        (tmp_path / "config.json").unlink()
+    with serve(_sglang_server(str(tmp_path), (200, _card(max_model_len=32768)))) as (url, _):
+        assert load_member(f"sglang:{url}", http=HttpSettings(retries=0)).context_window == 32767
+
+
+def test_an_sglang_or_vllm_server_that_reports_no_context_length_falls_back_to_the_folder(tmp_path) -> None:  # noqa: ANN001
+    """An SGLang server from before max_model_len was in /v1/models (or with no /v1/models at all), and a
+    vLLM-shaped answer without it: the window is the folder's max_position_embeddings, else 2048."""
+    toy.byte_level_tokenizer().save_pretrained(tmp_path)
+    for models in ((200, _card()), (404, {"detail": "Not Found"}), (200, _card(max_model_len=None))):
+        with serve(_sglang_server(str(tmp_path), models)) as (url, _):
+            assert load_member(f"sglang:{url}", http=HttpSettings(retries=0)).context_window == 2048
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    with serve(_sglang_server(str(tmp_path), (200, _card()))) as (url, _):
+        assert load_member(f"sglang:{url}", http=HttpSettings(retries=0)).context_window == 4096
+        vllm = load_member(f"vllm:{url}#{tmp_path}", http=HttpSettings(retries=0))
+        assert vllm.context_window == 4096  # vLLM's /v1/models without max_model_len: the same fallback
+
+
+def test_a_member_on_this_machine_over_https_trusts_the_environments_certificates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the proxy, loopback calls still read SSL_CERT_FILE (a self-signed certificate a local server
+    is trusted by): turning the environment off for them (b728cba) failed such a member with
+    CERTIFICATE_VERIFY_FAILED."""
+    import shutil
+    import ssl
+    import subprocess
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from shared_engine.members.http import HttpSettings, JsonClient
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a self-signed certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"ok": True}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Health)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    client = JsonClient("m", f"https://localhost:{server.server_address[1]}", HttpSettings(retries=0))
+    try:
+        assert client.get("/health") == {"ok": True}
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()

@@ -270,7 +270,7 @@ def _connect(spec: MemberSpec, options: dict[str, Any]) -> Member:
             options = {"context_window": window, **options}
             return VLLMMember(spec.tokenizer or served, spec.target, tokenizer, model=served, **options)
         if spec.backend == "sglang":
-            from .sglang import SGLangMember
+            from .sglang import SGLangMember, served_context_window
 
             try:
                 info = probe.get("/get_model_info")
@@ -282,6 +282,7 @@ def _connect(spec: MemberSpec, options: dict[str, Any]) -> Member:
                                       if isinstance(info, dict) else None)
             if not path:
                 raise probe.error("GET /get_model_info did not name a model path; add '#TOKENIZER' to the spec")
+            options = {"context_window": served_context_window(probe), **options}
             return SGLangMember(spec.tokenizer or str(path), spec.target, load_tokenizer(path), **options)
         from .llamacpp import LlamaCppMember
 

@@ -11,14 +11,51 @@ differ in the leading ``None``, so rows are aligned **from the end** and the ids
 
 Start the server with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` so output logprobs are not temperature-scaled
 (requests here use ``temperature: 0`` anyway).
+
+The context window comes from the server (``served_context_window``), as vLLM's does: the tokenizer
+folder only knows the model's ``max_position_embeddings``, not a ``--context-length`` the server was
+started with.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..errors import MemberError
+from .http import JsonClient
 from .remote import RemoteMember
 from .topk import TopK
+
+
+def served_context_window(client: JsonClient) -> int | None:
+    """The window the engine may fill on this server, from its ``GET /v1/models``; None where the
+    server does not say (then the member falls back to the tokenizer folder's ``max_position_embeddings``,
+    else 2048).
+
+    SGLang's ``python/sglang/srt/entrypoints/http_server.py`` answers ``/v1/models`` with
+    ``ModelCard(id=served_model_name, root=served_model_name,
+    max_model_len=tokenizer_manager.model_config.context_len)``: the context length in effect, the
+    model's own or ``--context-length``. ``max_model_len`` was added by sgl-project/sglang PR #4809
+    ("Include context length in /v1/models response", 2025-03); older servers answer without it.
+    ``/get_model_info`` names no length in any version read (``model_path``, ``tokenizer_path``,
+    ``is_generation``, ``preferred_sampling_params``, ``weight_version``).
+
+    The window is ``context_len - 1``: SGLang's tokenizer manager refuses a request when
+    ``input tokens + max_new_tokens >= context_len`` ("Requested token count exceeds the model's
+    maximum context length"), where vLLM refuses only above ``max_model_len``. Every request here asks
+    ``max_new_tokens = 1``, so a window of ``context_len - 1`` is what the engine's check
+    (prompt + max_new_tokens <= window) needs to keep every request inside SGLang's."""
+    try:
+        answer = client.get("/v1/models")
+    except MemberError as exc:  # a route the server lacks (or refuses): the fallback, as before
+        if "answered HTTP 4" not in exc.reason:
+            raise
+        return None
+    try:
+        length = answer["data"][0].get("max_model_len")
+        return int(length) - 1 if length and int(length) > 1 else None
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        return None
 
 
 class SGLangMember(RemoteMember):
