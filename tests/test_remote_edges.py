@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -205,7 +206,7 @@ def test_members_pinning_one_servers_slots_share_its_pool() -> None:
                 member.close()
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "127.1", "0.0.0.0", "[::ffff:127.0.0.1]"])
 def test_a_member_on_this_machine_is_reached_past_a_proxy_from_the_environment(
         host: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """With HTTP_PROXY set and no NO_PROXY (corporate machines, clusters) an in-process llama.cpp server
@@ -292,3 +293,64 @@ def test_an_sglang_or_vllm_server_that_reports_no_context_length_falls_back_to_t
         assert load_member(f"sglang:{url}", http=HttpSettings(retries=0)).context_window == 4096
         vllm = load_member(f"vllm:{url}#{tmp_path}", http=HttpSettings(retries=0))
         assert vllm.context_window == 4096  # vLLM's /v1/models without max_model_len: the same fallback
+
+
+def test_what_names_this_machine() -> None:
+    """What llama-server prints (0.0.0.0), short and mapped forms and RFC 6761's names are this machine;
+    a host that merely contains one is not."""
+    from shared_engine.members.http import is_loopback
+
+    local = ["127.0.0.1", "127.1.2.3", "127.1", "0.0.0.0", "[::1]", "[::]", "[::ffff:127.0.0.1]", "localhost",
+             "LOCALHOST", "localhost.", "api.localhost"]
+    remote = ["10.0.0.1", "example.com", "localhost.example.com", "my-localhost", "[2001:db8::1]"]
+    assert [h for h in local if not is_loopback(f"http://{h}:8000")] == []
+    assert [h for h in remote if is_loopback(f"http://{h}:8000")] == []
+
+
+def test_a_member_on_this_machine_over_https_trusts_the_environments_certificates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the proxy, loopback calls still read SSL_CERT_FILE (a self-signed certificate a local server
+    is trusted by): turning the environment off for them (b728cba) failed such a member with
+    CERTIFICATE_VERIFY_FAILED."""
+    import shutil
+    import ssl
+    import subprocess
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from shared_engine.members.http import HttpSettings, JsonClient
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a self-signed certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"ok": True}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Health)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    client = JsonClient("m", f"https://localhost:{server.server_address[1]}", HttpSettings(retries=0))
+    try:
+        assert client.get("/health") == {"ok": True}
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()

@@ -186,17 +186,25 @@ def _bound_by_deadline(client: httpx.Client, deadline: _Deadline) -> None:
 
 
 def is_loopback(url: str) -> bool:
-    """Whether ``url`` names this machine (127.0.0.0/8, ::1, localhost). Such calls never go through
-    an ``HTTP_PROXY`` from the environment: with one set and no ``NO_PROXY`` for 127.0.0.1 (common on
+    """Whether ``url`` names this machine: 127.0.0.0/8 (also written short, ``127.1``), ::1 and its
+    IPv4-mapped form, 0.0.0.0 / :: (which llama-server prints as where it listens, and which reach this
+    machine), ``localhost`` and ``*.localhost`` (RFC 6761), a final dot allowed. Such calls never go
+    through an ``HTTP_PROXY`` from the environment: with one set and no ``NO_PROXY`` for them (common on
     corporate machines and clusters) the in-process llama.cpp servers started, then every member call
     went to the proxy and failed as "connection refused" at the member's own URL."""
-    host = httpx.URL(url).host
-    if host == "localhost":
+    host = httpx.URL(url).host.rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
-        return False
+        try:
+            address = ipaddress.IPv4Address(socket.inet_aton(host))  # the short forms: 127.1, 2130706433
+        except OSError:
+            return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback or address.is_unspecified
 
 
 class JsonClient:
@@ -214,8 +222,10 @@ class JsonClient:
         timeout = httpx.Timeout(self.deadline_s, connect=self.settings.connect_timeout_s)
         try:
             check_url(self.base_url)
-            self._client = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers,
-                                        trust_env=not is_loopback(self.base_url))
+            # on this machine: a transport of our own, so no proxy from the environment (httpx reads
+            # those only without one), while SSL_CERT_FILE and .netrc still count as elsewhere
+            local = httpx.HTTPTransport(trust_env=True) if is_loopback(self.base_url) else None
+            self._client = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers, transport=local)
         except (InvalidRequestError, httpx.InvalidURL) as exc:
             raise self.error(str(exc)) from None
         self._deadline = _Deadline()
