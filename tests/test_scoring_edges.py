@@ -82,3 +82,59 @@ def test_bbh_a_hedged_option_is_no_answer() -> None:
 def test_gsm8k_a_denied_answer_is_not_the_answer(output: str, expected: str) -> None:
     """'The answer isn't 12' and 'is not 12' were read as the stated answer 12."""
     assert extract_number(output) == expected
+
+
+@pytest.mark.parametrize("output, gold", [
+    ("The answer is B, A and C are incorrect.", "B"), ("Answer: B, A and D are wrong", "B"),
+    ("The answer is A, B and C are wrong.", "A"), ("The answer is C, A or B would double count.", "C"),
+    ("The answer is B, C and D being distractors.", "B"), ("The answer is **B**, **A** and **C** are wrong.", "B"),
+    ("The answer is (B), (A) is incorrect.", "B"), ("The answer is B, A, and C are not correct.", "B"),
+])
+def test_choice_an_answer_explained_by_the_other_options_is_read(output: str, gold: str) -> None:
+    """A letter chain followed by why the others are wrong was read as a hedge (no answer): the bare letter after
+    'B, ' counted as another option before 'and', and '(A)' after ',' whatever followed it."""
+    assert extract_choice(output, "ABCD") == gold
+
+
+@pytest.mark.parametrize("output", [
+    "The answer is A or B\nBecause both fit.", "The answer is A, B, and C.", "The answer is A or B could be correct.",
+    "The answer is either A or B depending on the reading.", "The answer is (A) or (B), hard to say.",
+    "The answer is A & B",
+])
+def test_choice_a_chain_offering_its_letters_is_still_a_hedge(output: str) -> None:
+    assert extract_choice(output, "ABCD") is None
+
+
+@pytest.mark.parametrize("output, gold", [
+    ("So the answer is (A), (B) being wrong.", "(A)"), ("So the answer is (C), D and E are wrong.", "(C)"),
+])
+def test_bbh_an_option_explained_by_the_others_is_read(output: str, gold: str) -> None:
+    assert score_bbh(output, gold).correct
+
+
+@pytest.mark.parametrize("output, expected", [
+    ("Step 1 200 apples", "200"), ("Day 1 100 km, Day 2 150 km", "150"), ("#1 200", "200"),
+    ("The answer is 5 100-dollar bills.", "5"), ("The answer is 1,00,000.", "1,00,000"),
+    ("He earns ₹1,00,000 a year.", "1,00,000"), ("The answer is 12,34,567.", "12,34,567"),
+])
+def test_gsm8k_a_count_or_label_before_a_number_is_not_a_thousands_group(output: str, expected: str) -> None:
+    """'Step 1 200' was read as 1200 and '5 100-dollar' as 5100 (a space joined a count to the next number); Indian
+    grouping '1,00,000' as 1 after a cue and 00,000 as the last number."""
+    assert extract_number(output) == expected
+
+
+@pytest.mark.parametrize("output, gold", [
+    ("#### 1 000", "1000"), ("so 1 200 m in total", "1200"), ("= $100 000", "100000"), ("₹1,00,000", "100000"),
+])
+def test_gsm8k_thousands_groups_beside_the_label_rule(output: str, gold: str) -> None:
+    assert score_number(output, gold).correct, extract_number(output)
+
+
+@pytest.mark.parametrize("output", [
+    "So the answer is 12. Wait, that's wrong: the answer is not 12, it is 15.",
+    "The answer is 12. Hmm, no: the answer isn't 12. It is 15.", "The answer is 12. No, the answer isn\u2019t 12: 15.",
+])
+def test_gsm8k_a_denial_takes_back_the_cues_before_it(output: str) -> None:
+    """The denied cue was skipped and the earlier cue it corrects (12) read as the answer."""
+    assert extract_number(output) == "15"
+    assert extract_number("The answer isn't 12. The answer is 15.") == "15"

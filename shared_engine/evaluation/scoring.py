@@ -31,16 +31,26 @@ class Score(BaseModel):
 # whole, not as its first integer (3, 2), so "The answer is 24/7." is not 24
 _FRACTION = r"(?<![\d/.])\d+/\d+(?![/\d]|\.\d)"
 # a whole number: "1,234" or "1 234" (a space, no-break or thin space) groups thousands only in groups of exactly three
-# digits, as GSM8K's golds write them, so "1 000" is 1000 while "1 2" and "1,2,3" are lists (their first or last number)
-_INTEGER = r"(?:\d{1,3}(?:(?:,\d{3})+|(?:[ \u00a0\u2009\u202f]\d{3})+)(?!\d)|\d+)"
+# digits, as GSM8K's golds write them, so "1 000" is 1000 while "1 2" and "1,2,3" are lists (their first or last
+# number); Indian grouping "1,00,000" (a lakh) is 100000, not 1 or 00,000. A space also ends a label's number or a
+# count: "Step 1 200 apples" is 200 and "5 100-dollar bills" is 5 (not 1200, 5100), so a space joins no digits after a
+# word that numbers things (Step, Day, No., #...) nor before a hyphenated word
+_NUMBERING = ("step", "day", "week", "month", "year", "round", "part", "no.", "number", "question", "problem", "stage",
+              "phase", "level", "chapter", "page", "item", "case", "game", "lap", "line", "row", "option", "method")
+_NOT_NUMBERED = "".join(rf"(?<!(?i:\b{re.escape(word)})\s)" for word in _NUMBERING) + r"(?<!(?<!#)#)(?<!(?<!#)#\s)"
+_SPACED = r"[ \u00a0\u2009\u202f]"
+_INTEGER = (r"(?:\d{1,2}(?:,\d{2})+,\d{3}(?!\d|,\d)|\d{1,3}(?:,\d{3})+(?!\d)"
+            rf"|{_NOT_NUMBERED}\d{{1,3}}(?:{_SPACED}\d{{3}})+(?!\d|-[^\W\d_])|\d+)")
 # a time ("10:30", "7:00 pm") is one token, not its hours or its minutes (10, 30): GSM8K writes a time on the hour as
 # the hour ("2:00 pm" is 2), so "7:00" parses as 7, while "10:30" parses as no number (no gold is a time of day)
 _TIME = r"(?<![\d:])\d{1,2}:\d{2}(?::\d{2})?(?![\d:])"
 _ON_THE_HOUR = re.compile(r"(\d{1,2}):00(?::00)?")
 _NUMBER = rf"-?\$?\s*(?:{_INTEGER} +(?:and +)?{_FRACTION}|{_FRACTION}|{_TIME}|{_INTEGER}(?:\.\d+)?)|-?\.\d+"
 # Markdown bold around the answer ("The answer is **18**.") is read through, as BBH's scorer does; "The answer isn't
-# 12" / "is not 12" states no answer (read as 12 before), so the next rule reads one
+# 12" / "is not 12" states no answer (read as 12 before), and no earlier cue is the answer either ("The answer is 12.
+# Wait, the answer is not 12, it is 15."), so the next rule reads one
 _ANSWER_IS = re.compile(r"answer is\b(?![:\s*]*not\b)[:\s*]*([^\n]*)", re.IGNORECASE)
+_ANSWER_DENIED = re.compile(r"answer\s+(?:isn['\u2019]?t\b|is\b[:\s*]*not\b)", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"\.(?!\d)")
 # a Unicode minus sign ("−3") is a sign, not text; a vulgar fraction ("2½") and the fraction slash are fractions
 _MINUS = str.maketrans({"\u2212": "-", "\u2044": "/", "½": " 1/2", "⅓": " 1/3", "⅔": " 2/3", "¼": " 1/4",
@@ -68,8 +78,11 @@ def parse_number(text: str) -> Fraction | None:
 def _stated_number(output: str) -> str | None:
     """The number stated after the last 'answer is' that states one: its sentence (to the line's end
     or a full stop), after its last '=' where it shows a calculation ("The answer is $2 * 13 = $26."
-    is 26, not 2), else its first number (``\\(18\\)``, ``\\$18`` and ``**18**`` read through)."""
-    for sentence in reversed(_ANSWER_IS.findall(output)):
+    is 26, not 2), else its first number (``\\(18\\)``, ``\\$18`` and ``**18**`` read through). Only
+    the cues after the last denial count: one that takes back an answer ("the answer is not 12") takes
+    back the cues before it, so a self-correction is not read as the answer it corrects."""
+    denials = [m.end() for m in _ANSWER_DENIED.finditer(output)]
+    for sentence in reversed(_ANSWER_IS.findall(output, denials[-1] if denials else 0)):
         sentence = _SENTENCE_END.split(sentence, 1)[0]
         number = re.search(_NUMBER, sentence.rsplit("=", 1)[-1])
         if number:
@@ -106,19 +119,40 @@ def score_number(output: str, gold: str) -> Score:
 
 # --- multiple choice (ARC, MMLU-Redux, BBH options) ------------------------------------------------
 
+# what follows a chain of joined letters that offers them all: the line's end, punctuation ("A or B.", "A, C"), or
+# words that call them all right ("A and C are both true", "A or B could be correct"); any other word explains the
+# first letter ("B, A and C are wrong", "C, A or B would double count", "B and I am sure")
+_CHAIN_END = r"\**\s*\)?\**"
+_OFFERED = re.compile(
+    _CHAIN_END + r"[^\S\n]*(?:[^\w\s*)]|\n|$)|" + _CHAIN_END
+    + r"\s+(?:(?:are|is|seem|seems|look|looks|would|could|might|may|can|both|all|each|equally|also|be|possibly|probably"
+    r"|potentially|likely)\s+)*(?:correct|right|true|possible|plausible|valid|acceptable|viable|reasonable|likely|work"
+    r"|apply)\b", re.IGNORECASE)
+
+
 def _hedged(text: str, start: int, end: int, labels: str) -> bool:
-    """Whether the option letter at ``text[start:end]`` is joined to another option: "A or B", "(A) and (C)",
-    "either B or D", "A, B", "A/B", "option A or option B" state no single answer. "B, not A" and "B, A is
-    wrong" do (a bare letter counts as the other option only before punctuation, the end or "or/and/are/both").
+    """Whether the option letter at ``text[start:end]`` is offered with another option: "A or B", "(A) and (C)",
+    "either B or D", "A, B", "A/B", "option A or option B" state no single answer. The whole chain of joined
+    letters counts, and only where it ends at punctuation, the end or words that call them all right ("A and C are
+    both true"), or follows "either"/"both": "B, A and C are wrong", "(B), (A) is incorrect" and "B, A is wrong"
+    name the others to explain the first, and "B, not A" joins no letter.
     """
     set_, low = re.escape(labels), re.escape(labels.lower())
-    joiner = r"\s*(?:,|/|&|\b(?:or|and)\b)\s*(?:(?i:maybe|possibly|perhaps|probably)\s+)?(?:(?i:option|choice)\s*)?"
-    bare = rf"\**([{set_}])(?=\**\s*(?:[^\w\s]|$)|\s+(?:or|and|are|both)\b)"
-    after = rf"\**\s*\)?\**{joiner}(?:\(\s*([{set_}{low}])\s*\)|{bare})"
-    before = rf"(?:\(\s*([{set_}{low}])\s*\)|\b([{set_}]))\**{joiner}\(?\s*\**$"
-    letter = text[start:end].upper()
-    others = [m for m in (re.match(after, text[end:]), re.search(before, text[:start])) if m]
-    return any(next(g for g in m.groups() if g).upper() != letter for m in others)
+    joiner = (r"\s*(?:,\s*(?:or|and)\b|,|/|&|\b(?:or|and)\b)\s*(?:(?i:maybe|possibly|perhaps|probably)\s+)?"
+              r"(?:(?i:option|choice)\s*)?")
+    after = re.compile(rf"{_CHAIN_END}{joiner}\**\s*(?:\(\s*([{set_}{low}])\s*\)|([{set_}])\b(?!['\u2019]))")
+    before = re.compile(rf"(?:\(\s*([{set_}{low}])\s*\)|\b([{set_}]))\**{joiner}\(?\s*\**$")
+    letters = {text[start:end].upper()}
+    while found := before.search(text, 0, start):
+        letters.add(next(g for g in found.groups() if g).upper())
+        start = found.start()
+    while found := after.match(text, end):
+        letters.add(next(g for g in found.groups() if g).upper())
+        end = found.end()
+    if len(letters) < 2:
+        return False
+    either = re.search(r"\b(?i:either|both)\s+(?:(?i:option|choice)\s*)?\(?\s*\**$", text[:start])
+    return bool(either or _OFFERED.match(text, end))
 
 
 def extract_choice(output: str, labels: str) -> str | None:
