@@ -120,12 +120,18 @@ def member_configs(args: argparse.Namespace, backend: str | None = None) -> list
 
 
 def _check_placement_applies(defaults: MemberDefaults, configs: Sequence[MemberConfig], asked: object) -> None:
-    """``--device``/``--dtype``/... with no transformers member would do nothing (``--backend llamacpp
-    --device cuda`` ran on the CPU, silently): an error naming the flags, as a members file's ``dtype``
-    for a llama.cpp member is. ``bench --backend transformers,llamacpp`` applies them to its transformers run."""
-    backends = placement_unused_on(defaults, configs)
-    if backends is None or (isinstance(asked, list) and "transformers" in asked):
+    """``--device``/``--dtype``/... that no member would use would do nothing (``--backend llamacpp
+    --device cuda`` ran on the CPU, silently; so did ``--device cuda:3`` beside a members file whose every
+    transformers member sets its own device): an error naming the flags, as a members file's ``dtype``
+    for a llama.cpp member is. The rule is the engine's (``placement_unused_on``: ``--device cpu`` where
+    every member runs on the CPU anyway passes). ``bench --backend transformers,llamacpp`` applies them
+    to its transformers run."""
+    unused = placement_unused_on(defaults, configs)
+    if unused is None or (isinstance(asked, list) and "transformers" in asked):
         return
-    flags = ", ".join(f"--{name.replace('_', '-')}" for name in defaults.placement())
-    raise InvalidRequestError(f"{flags}: only for transformers members, and every member here runs on {backends} "
+    flags = ", ".join(f"--{name.replace('_', '-')}" for name in unused.options)
+    if unused.own:
+        raise InvalidRequestError(f"{flags}: only for transformers members that set none of their own, and "
+                                  f"{unused.reason} (drop the flag, or the members file's own value)")
+    raise InvalidRequestError(f"{flags}: only for transformers members, and {unused.reason} "
                               "(drop the flag, or run a member on transformers: --backend transformers)")

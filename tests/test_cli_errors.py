@@ -3,9 +3,12 @@ usage block above it: in every subcommand, nested ones too. No models are loaded
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from shared_engine.cli import build_parser
+from shared_engine.errors import InvalidRequestError
 
 
 @pytest.mark.parametrize("argv", [
@@ -42,3 +45,32 @@ def test_serve_with_one_model_runs_it_alone_as_run_eval_and_bench_do(monkeypatch
         with pytest.raises(KeyboardInterrupt):
             command.run(args)
         assert methods[-1] == expected
+
+
+def test_placement_flags_follow_the_engines_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--device cuda:3`` beside a members file whose every transformers member sets its own device ran
+    every member where it said, silently; ``--device cpu`` for llama.cpp members (where they run anyway)
+    is no error, as in the engine (members.config.placement_unused_on)."""
+    from shared_engine.cli import main
+    from shared_engine.member_flags import member_configs
+
+    members = tmp_path / "members.yaml"
+    members.write_text("- {model: smollm2-135m-instruct, backend: transformers, device: cpu}\n"
+                       "- llamacpp:gemma-3-270m\n")
+    parse = build_parser().parse_args
+    with pytest.raises(InvalidRequestError, match=r"^--device: only for transformers members that set none of "
+                                                  r"their own, and every transformers member here sets its own "
+                                                  r"device \(smollm2-135m-instruct: device='cpu'\) \(drop the flag"):
+        member_configs(parse(["run", "--members", str(members), "--device", "cuda:3", "hi"]))
+    # --dtype fills the member's unset dtype: it is used, --device is still refused alone
+    with pytest.raises(InvalidRequestError, match="^--device: "):
+        member_configs(parse(["run", "--members", str(members), "--device", "cuda:3", "--dtype", "bfloat16", "hi"]))
+    assert main(["run", "--members", str(members), "--device", "cuda:3", "--max-new-tokens", "1", "hi"]) == 2
+    assert capsys.readouterr().err.startswith("error: --device: only for transformers members that set none")
+    same = member_configs(parse(["run", "--members", str(members), "--device", "cpu", "hi"]))
+    assert [(c.spec.backend, c.device) for c in same] == [("transformers", "cpu"), ("llamacpp", None)]
+    llama = member_configs(parse(["run", "--models", "llamacpp:x,llamacpp:y", "--device", "cpu", "hi"]))
+    assert [c.spec.backend for c in llama] == ["llamacpp", "llamacpp"]
+    with pytest.raises(InvalidRequestError, match="^--dtype: only for transformers members, and every member here "
+                                                  "runs on llamacpp"):
+        member_configs(parse(["run", "--models", "llamacpp:x", "--device", "cpu", "--dtype", "float32", "hi"]))

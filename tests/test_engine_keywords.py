@@ -100,6 +100,61 @@ def test_placement_for_built_members_is_refused() -> None:
         EnsembleEngine(toys, device="cpu")
 
 
+def test_device_cpu_passes_where_every_member_runs_on_the_cpu_anyway() -> None:
+    """``EnsembleEngine(["llamacpp:NAME"], device="cpu")`` was refused (269cec5), though it asks for what
+    happens: an in-process llama.cpp member runs on the CPU. Other options stay refused (they ask for what
+    no llama.cpp member does), and so does device="cpu" for members whose device is not known here."""
+    for members in ([f"llamacpp:{ZOO}", "llamacpp:gemma-3-270m"],
+                    [MemberConfig(model=ZOO, backend="transformers", device="cpu"), f"llamacpp:{ZOO}"]):
+        engine = EnsembleEngine(members, device="cpu")
+        assert [getattr(s, "device", None) for s in engine.member_specs] == [getattr(members[0], "device", None), None]
+        engine.close()
+    (alone,) = EnsembleEngine([{"model": ZOO, "backend": "llamacpp"}], method="single", device="cpu").member_specs
+    assert isinstance(alone, MemberConfig) and alone.spec.backend == "llamacpp"
+    for other in ({"dtype": "float32"}, {"dtype": "auto"}, {"attn_implementation": "sdpa"}):
+        with pytest.raises(InvalidRequestError, match="only for transformers members, and every member here runs "
+                                                      "on llamacpp"):
+            EnsembleEngine([f"llamacpp:{ZOO}", "llamacpp:gemma-3-270m"], device="cpu", **other)
+    with pytest.raises(InvalidRequestError, match="^device='cpu': .* runs on llamacpp, vllm"):
+        EnsembleEngine([f"llamacpp:{ZOO}", "vllm:http://127.0.0.1:9#Qwen/Qwen2.5-0.5B-Instruct"], device="cpu")
+
+
+OWN_CPU = MemberConfig(model=ZOO, backend="transformers", device="cpu")
+
+
+@pytest.mark.parametrize(("members", "placement", "refused", "own"), [
+    ([OWN_CPU, "llamacpp:gemma-3-270m"], {"device": "cuda"}, "device='cuda'", f"device ({ZOO}: device='cpu')"),
+    ([{"model": ZOO, "backend": "transformers", "device": "cpu"}], {"device": "cuda:1"}, "device='cuda:1'",
+     f"device ({ZOO}: device='cpu')"),
+    ([OWN_CPU, "llamacpp:gemma-3-270m"], {"device": "cuda", "dtype": "bfloat16"}, "device='cuda'",
+     f"device ({ZOO}: device='cpu')"),  # dtype fills the member's unset dtype: only device goes unused
+    ([MemberConfig(model=ZOO, backend="transformers", device_map="auto", name="m"), "llamacpp:gemma-3-270m"],
+     {"device": "cpu"}, "device='cpu'", "device (m: device_map='auto')"),
+    ([MemberConfig(model=ZOO, dtype="float16", name="x"), MemberConfig(model=ZOO, dtype="bfloat16", name="y")],
+     {"dtype": "float32", "compile": True}, "dtype='float32'", "dtype (x: dtype='float16', y: dtype='bfloat16')"),
+])
+def test_placement_every_transformers_member_overrides_is_refused(
+        members: list[Any], placement: dict[str, Any], refused: str, own: str) -> None:
+    """An engine-wide device was dropped, silently, where every transformers member set its own (the
+    check counted any transformers member as using it, 269cec5): a members file's ``device: cpu`` beside
+    a llama.cpp member and ``--device cuda:3`` ran on the CPU. Now each option counts the members it fills."""
+    with pytest.raises(InvalidRequestError) as raised:
+        EnsembleEngine(members, method="single" if len(members) == 1 else "safe", **placement)
+    assert str(raised.value) == (f"{refused}: only for transformers members that set none of their own, and every "
+                                 f"transformers member here sets its own {own} (drop it, or unset the member's own)")
+
+
+def test_placement_one_transformers_member_fills_is_used() -> None:
+    """One transformers member taking the engine-wide value is enough, whatever the others set; a member's
+    own value equal to it runs with it too."""
+    from shared_engine.members.config import MemberDefaults, member_config, placement_unused_on
+
+    defaults = MemberDefaults(device="cuda:3", dtype="bfloat16")
+    for entries in ([OWN_CPU, ZOO], [{"model": ZOO, "backend": "transformers", "device": "cuda:3"}, "llamacpp:x"],
+                    [MemberConfig(model=ZOO, dtype="float16"), MemberConfig(model=ZOO, device="cpu")]):
+        assert placement_unused_on(defaults, [member_config(e, defaults) for e in entries]) is None
+
+
 def test_placement_goes_to_the_members_that_use_it() -> None:
     """A bare zoo name given a device runs on transformers (README), beside a llama.cpp member too."""
     (alone,) = EnsembleEngine([ZOO], method="single", device="cpu").member_specs

@@ -20,7 +20,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -313,25 +313,89 @@ def member_config(entry: str | dict[str, Any] | MemberConfig, defaults: MemberDe
     return config.with_defaults(defaults, backend)
 
 
-def placement_unused_on(defaults: MemberDefaults, members: Sequence[object]) -> str | None:
-    """Where placement options were given that no member would use: the backends the members run on
-    ("llamacpp, url"), else None. One rule for the engine's check below and the CLI's (``member_flags``)."""
-    if not defaults.placement() or any(isinstance(m, MemberConfig) and m.spec.backend == "transformers"
-                                       for m in members):
+class UnusedPlacement(NamedTuple):
+    """Engine-wide placement options that no member would use, and why (``placement_unused_on``)."""
+
+    options: dict[str, Any]
+    """The options given that no member would run with, in ``PLACEMENT_FIELDS`` order."""
+    reason: str
+    """Why, to end a sentence: "every member here runs on llamacpp, vllm", or "every transformers
+    member here sets its own device (a: device='cpu')"."""
+    own: bool
+    """Whether transformers members are here, each with its own value (else there are none)."""
+
+
+def _runs_with(member: object, name: str, value: Any) -> bool:
+    """Whether ``member`` (engine-wide defaults already filled in) is a transformers member that runs
+    with ``name=value``: the engine-wide value filled its unset field (``MemberConfig.with_defaults``:
+    each option on its own, device and device_map as one), or its own value is the same anyway."""
+    return (isinstance(member, MemberConfig) and member.spec.backend == "transformers"
+            and getattr(member, name) == value)
+
+
+def _on_this_cpu(member: object) -> bool:
+    """Whether ``member`` runs on this machine's CPU whatever the engine-wide device: a GGUF served by
+    llama.cpp in this process (it has no device setting), or a transformers member whose own device is
+    the CPU. A server member runs where its server does and a built member where it was built: unknown."""
+    if not isinstance(member, MemberConfig):
+        return False
+    spec = member.spec
+    return ((spec.backend == "llamacpp" and not spec.is_url)
+            or (spec.backend == "transformers" and member.device is not None
+                and devices.parse_device(member.device).type == "cpu"))
+
+
+def _own_value(member: MemberConfig, name: str) -> str:
+    """A transformers member's own setting that keeps the engine-wide ``name`` from it ("a: device='cpu'")."""
+    field = name
+    if name in ("device", "device_map"):  # the two are one choice: a member with either keeps it
+        field = "device" if member.device is not None else "device_map"
+    return f"{member.name or member.model}: {field}={getattr(member, field)!r}"
+
+
+def placement_unused_on(defaults: MemberDefaults, members: Sequence[object]) -> UnusedPlacement | None:
+    """Engine-wide placement options that no member would use (else None). One rule for the engine's
+    check below and the CLI's (``member_flags``).
+
+    An option is used where a transformers member runs with it (``_runs_with``): not by llama.cpp,
+    server or built members, nor by a transformers member that sets its own value for it (its own
+    dtype keeps the engine's dtype from it; its own device or device_map keeps both the engine's
+    device and device_map). An unused option is no error where it is provably a no-op: ``device``
+    naming the CPU where every member runs on this machine's CPU anyway (``_on_this_cpu``: an
+    in-process llama.cpp member, a transformers member whose own device is the CPU), since it asks
+    for what happens. The other options stay refused though unused, as they ask for what no such
+    member does: dtype (a GGUF has its own quantisation, even dtype='float32' or 'auto' reads no
+    transformers checkpoint), device_map (spreads a transformers model only), attn_implementation
+    (transformers' kernels; llama.cpp has its own) and compile (torch.compile; False is unset already)."""
+    unused = {name: value for name, value in defaults.placement().items()
+              if not any(_runs_with(m, name, value) for m in members)
+              and not (name == "device" and devices.parse_device(value).type == "cpu"
+                       and all(_on_this_cpu(m) for m in members))}
+    if not unused:
         return None
-    return ", ".join(sorted({m.spec.backend if isinstance(m, MemberConfig) else "built members" for m in members}))
+    own = [m for m in members if isinstance(m, MemberConfig) and m.spec.backend == "transformers"]
+    if not own:
+        runs = ", ".join(sorted({m.spec.backend if isinstance(m, MemberConfig) else "built members" for m in members}))
+        return UnusedPlacement(unused, f"every member here runs on {runs}", own=False)
+    fields = " and ".join(dict.fromkeys("device" if name == "device_map" else name for name in unused))
+    values = ", ".join(dict.fromkeys(_own_value(m, name) for m in own for name in unused))
+    return UnusedPlacement(unused, f"every transformers member here sets its own {fields} ({values})", own=True)
 
 
 def check_placement_used(defaults: MemberDefaults, members: Sequence[object]) -> None:
     """Refuse engine-wide placement options (``EnsembleEngine(..., device="cuda")``) that no member
-    would use: they exist for transformers members alone (a llama.cpp member in this process takes no
-    device, a server member runs where its server does, a built member was placed when built), so with
-    no transformers member among ``members`` they were dropped and everything ran on the CPU, silently.
-    The CLI refuses ``--device`` for such members alike (``member_flags``)."""
-    runs = placement_unused_on(defaults, members)
-    if runs is None:
+    would use (``placement_unused_on``): they exist for transformers members that set none of their
+    own (a llama.cpp member in this process takes no device, a server member runs where its server
+    does, a built member was placed when built), so with no such member they were dropped and
+    everything ran where it would have anyway, silently. The CLI refuses ``--device`` there alike
+    (``member_flags``)."""
+    unused = placement_unused_on(defaults, members)
+    if unused is None:
         return
-    options = ", ".join(f"{name}={value!r}" for name, value in defaults.placement().items())
-    raise InvalidRequestError(f"{options}: only for transformers members, and every member here runs on {runs} "
+    options = ", ".join(f"{name}={value!r}" for name, value in unused.options.items())
+    if unused.own:
+        raise InvalidRequestError(f"{options}: only for transformers members that set none of their own, and "
+                                  f"{unused.reason} (drop it, or unset the member's own)")
+    raise InvalidRequestError(f"{options}: only for transformers members, and {unused.reason} "
                               "(drop it, or run a member on transformers: 'transformers:NAME', or a zoo name "
                               "without a prefix)")
