@@ -73,7 +73,8 @@ class EnsembleProfile(BaseModel):
     def _known_version(cls, data: Any) -> Any:
         """Before the fields: a newer profile's new fields would otherwise be all the error said. The
         version is compared as the field will hold it: ``"2"`` or ``2.0`` (a hand edit, another writer)
-        is version 2, refused as newer, not passed over here and then read as 2 by the field."""
+        is version 2, refused as newer, not passed over here and then read as 2 by the field; a version
+        below 1 (none was ever written) is refused, not read as this one."""
         if not isinstance(data, dict) or data.get("version") is None:
             return data  # absent: this version; null: the field refuses it
         try:
@@ -81,6 +82,9 @@ class EnsembleProfile(BaseModel):
         except ValidationError:
             raise ValueError(f"profile version must be a whole number (this safe-ensemble reads "
                              f"{PROFILE_VERSION}), got {data['version']!r}") from None
+        if version < 1:  # versions start at 1: 0 or -1 is no profile this or any safe-ensemble wrote
+            raise ValueError(f"profile version must be 1 or more (this safe-ensemble reads {PROFILE_VERSION}), "
+                             f"got {data['version']!r}")
         if version > PROFILE_VERSION:
             raise ValueError(f"profile version {version} is newer than this safe-ensemble reads "
                              f"({PROFILE_VERSION}): upgrade safe-ensemble, or calibrate again with this one")
@@ -192,7 +196,8 @@ def _local_path(spec: str | MemberConfig | Member) -> Path | None:
 def apply_profile(specs: Sequence[str | MemberConfig | Member], options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` with the profile named by ``options["profile"]`` filling weights (unless weights or
     drafter_weight is given) and drafter where they are absent or None, and drafter_confidence where it
-    is absent (an explicit None asks for the paper's rule). Raises if the members do not match."""
+    is absent (an explicit None asks for the paper's rule). Raises if the members do not match; warns
+    where the profile's fit was interrupted (``FitInfo.interrupted``: fitted on part of the questions)."""
     merged = dict(options)
     path = merged.get("profile")
     if path is None:
@@ -206,6 +211,10 @@ def apply_profile(specs: Sequence[str | MemberConfig | Member], options: Mapping
         raise InvalidRequestError(f"profile {path} was fitted for members {profile.members}, but this ensemble "
                                   f"has {keys}; {_mismatch_advice(specs, keys, profile.members)}")
     order = _match(keys, profile.members)
+    if profile.fitted.interrupted:  # a partial fit (Ctrl-C during calibrate) says so where it is used
+        of = "" if profile.fitted.asked is None else f" of {profile.fitted.asked}"
+        log.warning("profile %s: its fit was interrupted after %d%s questions (a partial fit); calibrate again "
+                    "for a full one", path, profile.fitted.questions, of)
     if profile.sources is not None and len(profile.sources) == len(profile.members):
         for spec, key, j in zip(specs, keys, order):
             here, fitted = _local_path(spec), profile.sources[j]

@@ -679,6 +679,40 @@ def test_a_drafter_other_than_the_profiles_is_told_its_confidence_was_fitted_for
     assert caplog.text.count("its drafter_confidence 0.7 was fitted for drafter b") == 4
 
 
+def test_a_profile_version_below_1_is_refused(tmp_path: Path) -> None:
+    """"version": 0 or -1 (no safe-ensemble writes one) loaded as this version and the engine used it."""
+    path = _profile(tmp_path, ["a", "b"], [0.3, 0.7], drafter="b")
+    values = json.loads(path.read_text())
+    for below in (0, -1, "0", -1.0):
+        path.write_text(json.dumps({**values, "version": below}))
+        with pytest.raises(InvalidRequestError, match=r"profile version must be 1 or more \(this safe-ensemble "
+                                                      rf"reads 1\), got {below!r}"):
+            EnsembleProfile.load(path)
+
+
+def test_a_profile_whose_fit_was_interrupted_is_warned_about_where_it_is_used(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A profile an interrupted calibrate wrote (fitted.interrupted, a287da2) was applied through
+    profile= / --profile without a word, as if fitted on every question."""
+    path = tmp_path / "partial.json"
+    fitted = FitInfo(bench="gsm8k", data="train.jsonl", questions=3, asked=40, interrupted=True, method="test")
+    EnsembleProfile(members=["a", "b"], weights=[0.3, 0.7], drafter="b", fitted=fitted).save(path)
+    full = _profile(tmp_path, ["a", "b"], [0.3, 0.7], drafter="b")
+    toys = [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
+    with caplog.at_level("WARNING"):
+        apply_profile(["a", "b"], {"profile": str(full)})
+        assert "interrupted" not in caplog.text  # a complete fit: nothing to say
+        engine = EnsembleEngine(toys, profile=str(path))
+    assert engine.options.weights == [0.3, 0.7]  # still applied: the user chose it
+    assert caplog.text.count(f"profile {path}: its fit was interrupted after 3 of 40 questions (a partial fit)") == 1
+    caplog.clear()
+    unknown = fitted.model_copy(update={"asked": None})  # interrupted, the questions asked not recorded
+    EnsembleProfile(members=["a", "b"], weights=[0.3, 0.7], drafter="b", fitted=unknown).save(path)
+    with caplog.at_level("WARNING"):
+        apply_profile(["a", "b"], {"profile": str(path)})
+    assert "its fit was interrupted after 3 questions (a partial fit)" in caplog.text
+
+
 def test_the_calibrate_summary_shows_a_small_weight_and_help_names_calibrate(
         train_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """The summary printed weights with .3f: 0.000189 read 0.000; `safe-ensemble --help` described
