@@ -436,6 +436,8 @@ class EnsembleEngine:
         self._check_open()
         check_request_keywords(params, _STREAM_KEYWORDS, "astream/stream")
         defaults = self.options.model_dump(include=set(GenerationParams.model_fields))
+        if "max_new_tokens" not in self.options.model_fields_set:
+            del defaults["max_new_tokens"]  # stays unset in gen: the answer may end at the window (_answer_length)
         gen = validated(GenerationParams, **{**defaults, **params})
         plan = OutputPlan(validated(OutputOptions, **output_options))
         if plan.raw_prompt and not isinstance(messages_or_prompt, str):
@@ -496,16 +498,17 @@ class EnsembleEngine:
         await self._fitted_prompt_ids(messages, plan, gen)
 
     async def _fitted_prompt_ids(self, messages: list[dict[str, Any]], plan: OutputPlan,
-                                 gen: GenerationParams) -> tuple[list[Member], list[list[int]]]:
-        """The members (loaded) and each one's prompt ids, refused with a ContextLengthError where
-        the prompt leaves a member too little room."""
+                                 gen: GenerationParams) -> tuple[list[Member], list[list[int]], int]:
+        """The members (loaded), each one's prompt ids and the answer's length cap (``_answer_length``),
+        refused with a ContextLengthError where the prompt leaves a member too little room."""
         members = await asyncio.to_thread(lambda: self.members)
-        _reject_oversized(messages, members, gen.max_new_tokens)
+        asked = _asked_length(gen)
+        _reject_oversized(messages, members, asked)
 
         prompt_ids = await asyncio.to_thread(lambda: [_render(m, messages, plan) for m in members])
         for member, ids in zip(members, prompt_ids):
-            if len(ids) + gen.max_new_tokens > member.context_window:
-                raise _too_long(f"prompt ({len(ids)} tokens)", gen.max_new_tokens, member)
+            if len(ids) + (asked or 1) > member.context_window:
+                raise _too_long(f"prompt ({len(ids)} tokens)", asked, member)
             room = round_room(self.options.max_words)  # else AdaFuse's first round sees a full window: "" answer
             if self.options.method == "adafuse" and len(ids) + room > member.context_window:
                 raise ContextLengthError(
@@ -514,19 +517,19 @@ class EnsembleEngine:
                     f"{room} for one round (a span of up to max_words + 1 = "
                     f"{self.options.max_words + 1} words, {TOKENS_PER_WORD} tokens each, and the scoring of the "
                     f"others' spans): shorten the prompt or lower max_words")
-        return members, prompt_ids
+        return members, prompt_ids, _answer_length(gen, members, prompt_ids)
 
     async def _start(self, messages: list[dict[str, Any]], plan: OutputPlan,
                      gen: GenerationParams) -> tuple[RequestState, Sampler]:
         """A request's state, registered as live: members loaded, prompts rendered, sessions made."""
-        members, prompt_ids = await self._fitted_prompt_ids(messages, plan, gen)
+        members, prompt_ids, max_new_tokens = await self._fitted_prompt_ids(messages, plan, gen)
         records = request_members(members, self.labels, [m.new_session() for m in members], prompt_ids,
                                   self._weights(), chat_turn=not plan.raw_prompt)
         stops = tuple(gen.stop) + tuple(plan.stops)  # the members' turn stops: RequestState.every_member_writes
         # AdaFuse's spans are written by every member unconstrained: its JSON is validated and retried only.
         adafuse = self.options.method == "adafuse"
         constraint = plan.constraint() if not adafuse else None
-        state = RequestState(records, gen.max_new_tokens, stop=tuple(dict.fromkeys(stops)), constraint=constraint,
+        state = RequestState(records, max_new_tokens, stop=tuple(dict.fromkeys(stops)), constraint=constraint,
                              loop_guard=gen.loop_guard, every_member_writes=adafuse)
         self._live[id(state)] = state
         return state, Sampler(gen.temperature, gen.top_p, gen.seed)
@@ -738,22 +741,43 @@ def _render(member: Member, messages: list[dict[str, Any]], plan: OutputPlan) ->
     return list(ids) + list(member.table.encode_fragment(plan.prefix))
 
 
-def _reject_oversized(messages: Sequence[Message], members: Sequence[Member], max_new_tokens: int) -> None:
+def _reject_oversized(messages: Sequence[Message], members: Sequence[Member], max_new_tokens: int | None) -> None:
     """Refuse a prompt that cannot fit before tokenizing it: no token spells more than
     ``longest_piece`` bytes, so N bytes of content need at least N / longest_piece tokens
-    (a multi-megabyte prompt would otherwise be tokenized for seconds only to be refused)."""
+    (a multi-megabyte prompt would otherwise be tokenized for seconds only to be refused).
+    ``max_new_tokens`` None: none asked, the prompt must leave room for one."""
     size = sum(len(m["content"].strip().encode("utf-8")) for m in messages)
     for member in members:
         least = size // (member.table.longest_piece * _NORMALISER_SHRINK)
-        if least + max_new_tokens > member.context_window:
+        if least + (max_new_tokens or 1) > member.context_window:
             raise _too_long(f"prompt ({size} bytes: at least {least} tokens)", max_new_tokens, member)
 
 
-def _too_long(prompt: str, max_new_tokens: int, member: Member) -> ContextLengthError:
+def _asked_length(gen: GenerationParams) -> int | None:
+    """The answer length the request or the engine's constructor set, or None where neither did
+    (then the default only caps the answer, ``_answer_length``)."""
+    return gen.max_new_tokens if "max_new_tokens" in gen.model_fields_set else None
+
+
+def _answer_length(gen: GenerationParams, members: Sequence[Member], prompt_ids: Sequence[Sequence[int]]) -> int:
+    """The answer's length cap: an asked length as asked (it fits, ``_fitted_prompt_ids`` checked); with
+    none asked, the default cut to the smallest room the prompt leaves in a window, so the answer ends
+    with finish "length" where a window is full, as vLLM's or llama-server's own would, instead of a
+    refusal its members alone would not give (a 3856-token prompt in a 4096-token window)."""
+    if _asked_length(gen) is not None:
+        return gen.max_new_tokens
+    room = min(m.context_window - len(ids) for m, ids in zip(members, prompt_ids))
+    return max(1, min(gen.max_new_tokens, room))
+
+
+def _too_long(prompt: str, max_new_tokens: int | None, member: Member) -> ContextLengthError:
     """The error for a request that does not fit ``member``'s window, naming the part to cut: where
     ``max_new_tokens`` alone fills the window, no prompt could fit (a short prompt with
-    ``max_tokens=100000`` read as if the prompt were too long)."""
+    ``max_tokens=100000`` read as if the prompt were too long). ``max_new_tokens`` None: none was
+    asked, and the prompt leaves no room for even one new token."""
     window = f"{member.name}'s context window of {member.context_window} tokens"
+    if max_new_tokens is None:
+        return ContextLengthError(f"{prompt} leaves no room for an answer in {window}")
     if max_new_tokens >= member.context_window:
         return ContextLengthError(f"max_new_tokens ({max_new_tokens}) alone fills {window}: ask for fewer new "
                                   f"tokens (at most {member.context_window - 1} with any prompt)")
