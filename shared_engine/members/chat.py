@@ -8,7 +8,10 @@ user's next turn.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+import re
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jinja2 import TemplateError
@@ -138,7 +141,16 @@ def render_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mes
                 return _templated(tokenizer, alternating(messages), tools)
             except TemplateError:
                 raise InvalidRequestError(f"the member's chat template refuses these messages: {refused}") from None
-    return render_text_ids(tokenizer, render_plain(messages))
+    return plain_prompt_ids(tokenizer, render_plain(messages))
+
+
+def plain_prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """The plain format's ``text`` (``render_plain``) as ``render_text_ids`` reads it, except where a
+    message wrote a control token's text (``<bos>``, ``<end_of_turn>``): the plain format writes none
+    of its own, so such text is the messages' and is read as text, with the usual BOS."""
+    if control_text_in(tokenizer, text) is None:
+        return render_text_ids(tokenizer, text)
+    return list(tokenizer(text, split_special_tokens=True)["input_ids"])
 
 
 def render_text_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
@@ -151,9 +163,153 @@ def render_text_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
 
 def _templated(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]],
                tools: Sequence[Mapping[str, Any]] | None) -> list[int]:
-    encoded: Any = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
-                                                 return_dict=True, tools=[dict(t) for t in tools] if tools else None)
-    return list(encoded["input_ids"])
+    """The template's ids; where a message (or a tool) writes a control token's text, that text is
+    read as text (``guarded_pieces``), so that no message can close its turn or open another."""
+    tool_list: Any = [dict(t) for t in tools] if tools else None  # transformers' type: a list of dicts or callables
+    if not any(control_text_in(tokenizer, text) for text in strings_of(messages, tool_list)):
+        encoded: Any = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                     return_dict=True, tools=tool_list)
+        return list(encoded["input_ids"])
+
+    def render(these: list[dict[str, Any]], their_tools: list[dict[str, Any]] | None) -> str:
+        template_tools: Any = their_tools
+        return str(tokenizer.apply_chat_template(these, tokenize=False, add_generation_prompt=True,
+                                                 tools=template_tools))
+
+    where = f"the chat template of {getattr(tokenizer, 'name_or_path', '') or 'a member'}"
+    ids: list[int] = []
+    for text, is_content in guarded_pieces(render, messages, tool_list,
+                                           lambda t: control_text_in(tokenizer, t), where):
+        ids += tokenizer(text, add_special_tokens=False, split_special_tokens=is_content)["input_ids"]
+    return ids
+
+
+_CONTROL_PATTERNS: weakref.WeakKeyDictionary[Any, re.Pattern[str] | None] = weakref.WeakKeyDictionary()
+
+
+def control_text_in(tokenizer: PreTrainedTokenizerBase, text: str) -> str | None:
+    """The first control token's text in ``text`` (an added token marked special: BOS, EOS, pad, chat
+    markers), or None. A pattern built as a trie: Gemma's 6k control tokens search 1 MB in milliseconds."""
+    try:
+        pattern = _CONTROL_PATTERNS[tokenizer]
+    except (KeyError, TypeError):
+        texts = {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
+        texts |= {t for t in getattr(tokenizer, "all_special_tokens", []) if isinstance(t, str)}
+        pattern = control_pattern(texts)
+        try:
+            _CONTROL_PATTERNS[tokenizer] = pattern
+        except TypeError:
+            pass  # a tokenizer that takes no weak reference builds its pattern each time
+    found = pattern.search(text) if pattern is not None else None
+    return found.group(0) if found else None
+
+
+def control_pattern(texts: set[str]) -> re.Pattern[str] | None:
+    """A regular expression matching any of ``texts``, longest first, as a trie (an alternation of
+    thousands of words tried one by one at every ``<`` took seconds on a long document)."""
+    trie: dict[str, Any] = {}
+    for text in texts:
+        if text:
+            node = trie
+            for char in text:
+                node = node.setdefault(char, {})
+            node[""] = {}
+
+    def alternation(node: dict[str, Any]) -> str:
+        branches = [re.escape(char) + alternation(child) for char, child in sorted(node.items()) if char]
+        if not branches:
+            return ""
+        ends = "" in node
+        body = branches[0] if len(branches) == 1 and not ends else "(?:" + "|".join(branches) + ")"
+        return body + ("?" if ends else "")
+
+    return re.compile(alternation(trie)) if trie else None
+
+
+def strings_of(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None) -> list[str]:
+    """Every text a template may write from the request: contents, tool calls' names and arguments,
+    tool descriptions and schemas (keys too)."""
+    found: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            found.append(value)
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                walk(key)
+                walk(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+
+    walk([dict(m) for m in messages])
+    walk(list(tools or []))
+    return found
+
+
+SENTINEL_MARKS = ("\ue000", "\ue001", "\uf8fe", "\uf8ff", "\U000f0000", "\U000f0001", "\U0010fffd")
+"""Private-use characters that stand in for a content while the template renders (two not in the request)."""
+
+
+def guarded_pieces(render: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str],
+                   messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                   control: Callable[[str], str | None], where: str) -> list[tuple[str, bool]]:
+    """The rendering of ``messages`` as (text, is_content) pieces, each text that holds a control
+    token's text (``control``) a content piece, to be tokenized without special-token parsing, the
+    template's own text around them with it.
+
+    Each such text is replaced by a sentinel, the template renders that, and the rendering is cut at
+    the sentinels; the cut parts joined with the texts as the template writes them (as they are,
+    trimmed, or JSON-escaped) must give the real rendering exactly, or the request is refused: a
+    template that changes a text in other ways could hide a control token from this check."""
+    everything = json.dumps([messages, tools], ensure_ascii=False)
+    marks = [m for m in SENTINEL_MARKS if m not in everything][:2]
+    first_control = next(c for c in map(control, strings_of(messages, tools)) if c)
+    if len(marks) < 2:
+        raise InvalidRequestError(f"{where}: a message writes the control token {first_control!r} and uses "
+                                  "every private-use character this library marks texts with")
+    open_mark, close_mark = marks
+    texts: list[str] = []
+
+    def swap(value: Any) -> Any:
+        if isinstance(value, str):
+            if control(value) is None:
+                return value
+            texts.append(value)
+            return f"{open_mark}{len(texts) - 1}{close_mark}"
+        if isinstance(value, Mapping):
+            return {swap(key): swap(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [swap(item) for item in value]
+        return value
+
+    swapped_messages = [swap(dict(m)) for m in messages]
+    swapped_tools = [swap(dict(t)) for t in tools] if tools else None
+    real, marked = render(messages, tools), render(swapped_messages, swapped_tools)
+    parts = re.split(f"{open_mark}([0-9]+){close_mark}", marked)
+    refused = InvalidRequestError(
+        f"{where}: a message writes the control token {first_control!r} as text, and the template changes "
+        "that message in a way this library cannot keep apart from the template's own tokens; the request "
+        "is refused rather than read with a forged turn")
+    template_parts, indices = parts[0::2], [int(i) for i in parts[1::2]]
+    if any(open_mark in p or close_mark in p for p in template_parts) or any(i >= len(texts) for i in indices):
+        raise refused
+    pieces: list[tuple[str, bool]] = [(template_parts[0], False)]
+    at = len(template_parts[0])
+    if not real.startswith(template_parts[0]):
+        raise refused
+    for index, after in zip(indices, template_parts[1:]):
+        text = texts[index]
+        forms = dict.fromkeys((text, text.strip(), text.rstrip(), text.lstrip(),
+                               json.dumps(text, ensure_ascii=False)[1:-1], json.dumps(text)[1:-1]))
+        form = next((f for f in forms if real.startswith(f, at) and real.startswith(after, at + len(f))), None)
+        if form is None:
+            raise refused
+        pieces += [(form, True), (after, False)]
+        at += len(form) + len(after)
+    if at != len(real):
+        raise refused
+    return [(text, is_content) for text, is_content in pieces if text]
 
 
 def alternating(messages: Sequence[Message]) -> list[dict[str, Any]]:

@@ -10,7 +10,9 @@ chat format. A llama.cpp server gives all three without any file on the client:
 - encoding: ``/tokenize`` (no special-token parsing: answer text such as "</s>" stays text), one
   loopback request per re-encode.
 - prompts: ``/apply-template`` renders the GGUF's own chat template, then ``/tokenize`` with
-  special-token parsing. Tools go to ``/apply-template`` too where the template renders them
+  special-token parsing; where a message writes a control token's text (``<|im_end|>``), that text
+  is tokenized without it (``chat.guarded_pieces``), so no message can close its turn. Tools go to
+  ``/apply-template`` too where the template renders them
   (Qwen2.5: the text of transformers' ``apply_chat_template(tools=...)``), else, or where the
   server drops them, into the system message (``tools.with_tools_system``), as with a local
   tokenizer. A GGUF without a template (Gemma-3-270m base) gets llama.cpp's built-in
@@ -32,7 +34,7 @@ from typing import Any
 
 from ..alignment import END_OF_TURN_TOKENS, TokenTable
 from ..tools import template_renders_tools, with_tools_system
-from .chat import Message, render_plain
+from .chat import Message, guarded_pieces, render_plain, strings_of
 from .http import HttpSettings, JsonClient
 
 
@@ -130,17 +132,66 @@ class LlamaCppServerTokenizer:
         where it renders them (Qwen2.5: its own system prompt and tools block, word for word), else
         the documented fallback in the system message."""
         if not self.has_chat_template:
-            return self.text_prompt_ids(render_plain(with_tools_system(messages, tools) if tools else messages))
+            return self.plain_prompt_ids(render_plain(with_tools_system(messages, tools) if tools else messages))
         if tools and template_renders_tools(self):
             text = self._apply_template(messages, tools)
             # a server whose /apply-template drops tools= (an older llama.cpp) writes each name no more
             # often than the conversation does (an earlier call in it names its tool too)
             written = json.dumps([dict(m) for m in messages], ensure_ascii=False)
             if all(text.count(name) > written.count(name) for t in tools for name in [t["function"]["name"]]):
-                return self.text_prompt_ids(text)
+                return self._templated_ids(text, messages, tools)
         if tools:
             messages = with_tools_system(messages, tools)
-        return self.text_prompt_ids(self._apply_template(messages))
+        return self._templated_ids(self._apply_template(messages), messages, None)
+
+    def _templated_ids(self, text: str, messages: Sequence[Message], tools: Sequence[Message] | None) -> list[int]:
+        """``text`` (the template's rendering of ``messages``) as ``text_prompt_ids`` reads it, but a
+        control token's text that a message (or tool) writes is read as text (``chat.guarded_pieces``)."""
+        ids, controls = self._prompt_tokens(text)
+        message_list = [dict(m) for m in messages]
+        tool_list = [dict(t) for t in tools] if tools else None
+
+        def control(written: str) -> str | None:
+            return next((c for c in controls if c in written), None)
+
+        if not any(map(control, strings_of(message_list, tool_list))):
+            return ids
+
+        def render(these: list[dict[str, Any]], their_tools: list[dict[str, Any]] | None) -> str:
+            return text if these is message_list else self._apply_template(these, their_tools)
+
+        add_bos = not (self.bos_token and text.startswith(self.bos_token))
+        ids = []
+        for piece, is_content in guarded_pieces(render, message_list, tool_list, control,
+                                                f"the chat template of {self.client.member}"):
+            ids += llamacpp_tokenize(self.client, piece, add_special=add_bos and not ids,
+                                     parse_special=not is_content)
+        return ids
+
+    def _prompt_tokens(self, text: str) -> tuple[list[int], set[str]]:
+        """``text_prompt_ids(text)`` and the texts of the control tokens among them (``with_pieces``):
+        a message that writes one of these texts wrote a control token."""
+        add_bos = not (self.bos_token and text.startswith(self.bos_token))
+        answer = self.client.post("/tokenize", {"content": text, "add_special": add_bos, "parse_special": True,
+                                                "with_pieces": True})
+        try:
+            tokens = answer["tokens"]
+            ids = [int(t["id"]) if isinstance(t, dict) else int(t) for t in tokens]
+            pieces = [t.get("piece") if isinstance(t, dict) else None for t in tokens]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise self.client.error(f"answered an unexpected shape (/tokenize): {str(answer)[:200]}") from exc
+        controls = {bytes(p).decode("utf-8", "replace") if isinstance(p, list) else str(p)
+                    for i, p in zip(ids, pieces) if i in self.special_ids and p}
+        return ids, controls
+
+    def plain_prompt_ids(self, text: str) -> list[int]:
+        """The plain format's ``text`` (``render_plain``) as ``text_prompt_ids`` reads it, except where a
+        message wrote a control token's text: the plain format writes none of its own, so such text
+        is the messages' and is read as text, with the usual BOS (``chat.plain_prompt_ids``)."""
+        ids, controls = self._prompt_tokens(text)
+        if not any(c in text for c in controls):
+            return ids
+        return llamacpp_tokenize(self.client, text, add_special=True, parse_special=False)
 
     def _apply_template(self, messages: Sequence[Message], tools: Sequence[Message] | None = None) -> str:
         """The server's rendering of the conversation in its GGUF's chat template."""
