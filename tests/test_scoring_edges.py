@@ -138,3 +138,24 @@ def test_gsm8k_a_denial_takes_back_the_cues_before_it(output: str) -> None:
     """The denied cue was skipped and the earlier cue it corrects (12) read as the answer."""
     assert extract_number(output) == "15"
     assert extract_number("The answer isn't 12. The answer is 15.") == "15"
+
+
+@pytest.mark.parametrize("output, gold", [
+    ("Therefore, the answer is 24. (The answer is not 12, which counts only one day.)", "24"),
+    ("So the answer is 15. The answer is not 16.", "15"),
+    ("The answer is 15. The answer is not 16, as some might think.", "15"),
+    ("The answer is **15**. The answer isn't 16.", "15"),
+])
+def test_gsm8k_a_denial_of_another_number_keeps_the_stated_answer(output: str, gold: str) -> None:
+    """A denial dropped every cue before it, whatever number it denied, so the last number (the denied one) was
+    read: 'the answer is 24. (The answer is not 12 ...)' scored 12. It takes back only a cue stating its number."""
+    assert score_number(output, gold).correct, extract_number(output)
+
+
+@pytest.mark.parametrize("output", [
+    "So the answer is 12. Wait... the answer is not 12, it is 15.", "The answer isn't 12. It is 15.",
+    "The answer is not 12, it is 15.", "The answer is **12**.\nNo: the answer is **not** $12.00. It is 15.",
+    "The answer is 12.\nThe answer is 12 again? No, the answer isn't 12. #### 15",
+])
+def test_gsm8k_a_denial_of_the_stated_number_still_takes_it_back(output: str) -> None:
+    assert extract_number(output) == "15"

@@ -47,8 +47,9 @@ _TIME = r"(?<![\d:])\d{1,2}:\d{2}(?::\d{2})?(?![\d:])"
 _ON_THE_HOUR = re.compile(r"(\d{1,2}):00(?::00)?")
 _NUMBER = rf"-?\$?\s*(?:{_INTEGER} +(?:and +)?{_FRACTION}|{_FRACTION}|{_TIME}|{_INTEGER}(?:\.\d+)?)|-?\.\d+"
 # Markdown bold around the answer ("The answer is **18**.") is read through, as BBH's scorer does; "The answer isn't
-# 12" / "is not 12" states no answer (read as 12 before), and no earlier cue is the answer either ("The answer is 12.
-# Wait, the answer is not 12, it is 15."), so the next rule reads one
+# 12" / "is not 12" states no answer (read as 12 before), and no earlier cue stating the denied number is the answer
+# either ("The answer is 12. Wait, the answer is not 12, it is 15."), so the next rule reads one; a cue stating another
+# number stands ("The answer is 24. (The answer is not 12, ...)" is 24)
 _ANSWER_IS = re.compile(r"answer is\b(?![:\s*]*not\b)[:\s*]*([^\n]*)", re.IGNORECASE)
 _ANSWER_DENIED = re.compile(r"answer\s+(?:isn['\u2019]?t\b|is\b[:\s*]*not\b)", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"\.(?!\d)")
@@ -75,18 +76,40 @@ def parse_number(text: str) -> Fraction | None:
         return None
 
 
+def _sentence_number(sentence: str, *, after_equals: bool) -> str | None:
+    """The number a cue's sentence states (to the line's end or a full stop): after its last '=' where
+    ``after_equals`` and it shows a calculation, else its first number."""
+    sentence = _SENTENCE_END.split(sentence, 1)[0]
+    number = re.search(_NUMBER, sentence.rsplit("=", 1)[-1] if after_equals else sentence)
+    return number.group(0) if number else None
+
+
+def _denied_values(output: str) -> list[tuple[int, Fraction]]:
+    """Where each denial ("the answer is not 12", "isn't 12") starts, and the number it denies (the first in
+    its sentence); a denial naming no number ("the answer is not obvious") denies none."""
+    denied = []
+    for match in _ANSWER_DENIED.finditer(output):
+        number = _sentence_number(output[match.end():].split("\n", 1)[0], after_equals=False)
+        value = parse_number(number) if number else None
+        if value is not None:
+            denied.append((match.start(), value))
+    return denied
+
+
 def _stated_number(output: str) -> str | None:
-    """The number stated after the last 'answer is' that states one: its sentence (to the line's end
-    or a full stop), after its last '=' where it shows a calculation ("The answer is $2 * 13 = $26."
-    is 26, not 2), else its first number (``\\(18\\)``, ``\\$18`` and ``**18**`` read through). Only
-    the cues after the last denial count: one that takes back an answer ("the answer is not 12") takes
-    back the cues before it, so a self-correction is not read as the answer it corrects."""
-    denials = [m.end() for m in _ANSWER_DENIED.finditer(output)]
-    for sentence in reversed(_ANSWER_IS.findall(output, denials[-1] if denials else 0)):
-        sentence = _SENTENCE_END.split(sentence, 1)[0]
-        number = re.search(_NUMBER, sentence.rsplit("=", 1)[-1])
-        if number:
-            return number.group(0)
+    """The number stated after the last 'answer is' that states one and is not taken back: its sentence
+    (to the line's end or a full stop), after its last '=' where it shows a calculation ("The answer is
+    $2 * 13 = $26." is 26, not 2), else its first number (``\\(18\\)``, ``\\$18`` and ``**18**`` read
+    through). A later denial of that number ("the answer is not 12") takes it back, so a self-correction
+    is not read as the answer it corrects, and no earlier cue stands in for it (that answer had replaced
+    them): the next rule reads one. A denial of another number takes back nothing ("So the answer is 15.
+    The answer is not 16." is 15; dropping every cue before a denial read the denied 16)."""
+    for cue in reversed(list(_ANSWER_IS.finditer(output))):
+        number = _sentence_number(cue.group(1), after_equals=True)
+        if number is not None:
+            value = parse_number(number)
+            taken_back = any(start > cue.start() and value == gone for start, gone in _denied_values(output))
+            return None if taken_back else number
     return None
 
 
