@@ -153,6 +153,16 @@ def test_a_list_is_checked_whole_before_any_answer() -> None:
         assert all("ensemble" in c for c in whole["choices"])
 
 
+def test_a_list_whose_max_tokens_alone_fills_a_window_names_max_tokens(base_url: str) -> None:
+    """max_tokens alone filling a member's window was reported as 'prompt 0 of the list: max_tokens (100000) alone
+    fills ...' with param 'prompt', blaming a prompt that no shorter prompt would fix; the list gets the error a
+    single prompt gets."""
+    single = post(base_url, {"model": MODEL, "prompt": PROMPT, "max_tokens": 100000}).json()["error"]
+    listed = post(base_url, {"model": MODEL, "prompt": [PROMPT, "Tom"], "max_tokens": 100000}).json()["error"]
+    assert (listed["param"], listed["code"]) == ("max_tokens", "context_length_exceeded"), listed
+    assert listed["message"] == single["message"] and listed["message"].startswith("max_tokens (100000) alone fills")
+
+
 def test_another_model_is_a_404(base_url: str) -> None:
     response = post(base_url, {"model": "gpt-4", "prompt": PROMPT})
     assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"

@@ -91,12 +91,26 @@ def _engine_error(err: InvalidRequestError, prompt_field: str = "messages", answ
 
 
 async def _check_fit(engine: EnsembleEngine, prompts: list[str], params: dict[str, Any]) -> None:
-    """Every prompt of a list leaves each member room for the answer, checked before the first is answered."""
+    """Every prompt of a list leaves each member room for the answer, checked before the first is answered.
+    The error names the prompt that does not fit, but not where the answer's length alone fills a member's
+    window: then no prompt would fit, and 'prompt 0 of the list: max_tokens ... alone fills' blamed the first
+    (and made the error's param 'prompt', not the length to lower)."""
     for index, prompt in enumerate(prompts):
         try:
             await engine.acheck_fits(prompt, **params)
         except ContextLengthError as err:
+            if _answer_fills_a_window(engine, params):
+                raise
             raise ContextLengthError(f"prompt {index} of the list: {err}") from None
+
+
+def _answer_fills_a_window(engine: EnsembleEngine, params: dict[str, Any]) -> bool:
+    """Whether the answer length asked (the request's, else one set in the engine's constructor) fills the
+    smallest member's window alone, so that no prompt could fit (the members are loaded: a check ran)."""
+    options = engine.options
+    asked = params.get("max_new_tokens", options.max_new_tokens if "max_new_tokens" in options.model_fields_set
+                       else None)
+    return asked is not None and asked >= engine.context_window
 
 
 def _shutting_down(err: EngineClosedError) -> ApiError:
