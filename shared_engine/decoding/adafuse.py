@@ -341,18 +341,26 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
         candidates=candidates, chosen=chosen,
         words=next((sp.words for props in proposals for sp in props if sp.key == chosen), 1),
         drafter_proposal=proposals[0][0].key if proposals[0] else None, loop_ruled_out=ruled_out)
-    yield span_event(decision)
+    event = span_event(decision)
     if chosen == EOS_KEY:
+        yield event
         state.finish_reason = "eos"
         count_span(state.stats, decision, 1)  # the position where it ends, decided as SAFE's EOS fusion is
         return
     before = state.stats.tokens
-    for event in state.commit(_span_ids(state, outlook, chosen, proposals), "ensemble" if voted else "draft"):
-        yield event
+    tokens = state.commit(_span_ids(state, outlook, chosen, proposals), "ensemble" if voted else "draft")
     if not state.finish_reason and ends_answer(chosen):
         state.finish_reason = "eos"  # as the released code, which stops in the round whose span holds the EOS
-    # the EOS a span ends with is a position of its own (ensemble_rate counts it, as SAFE's rounds do)
-    count_span(state.stats, decision, state.stats.tokens - before + int(state.finish_reason == "eos"))
+    # Sent only where the answer holds its first position: a stop string may cut the whole span away (as
+    # would a JSON constraint refusing its first token, were AdaFuse given one), and a decision with no
+    # text is a card describing nothing. Its count (the EOS it ends with is a position of its own, as in
+    # SAFE's rounds) stops where the answer does.
+    if decision.position < state.answer_end:
+        yield event
+        count_span(state.stats, decision, min(state.stats.tokens, state.answer_end) - before
+                   + int(state.finish_reason == "eos"))
+    for token_event in tokens:
+        yield token_event
     count_span_source(state.stats, own=chosen == decision.drafter_proposal, voted=voted,
                       committed=state.stats.tokens - before)
 

@@ -364,8 +364,9 @@ def _round_events(state: RequestState, fused: list[FusionDecision], checked: lis
 
 
 def _answer_end(state: RequestState) -> int:
-    """Positions the answer holds: its tokens, plus the EOS that ended it."""
-    return state.stats.tokens + (state.finish_reason == "eos")
+    """Positions the answer holds: its tokens, plus the EOS that ended it, up to the first token a
+    stop string cut away entirely (``RequestState.answer_end``)."""
+    return state.answer_end
 
 
 def _commit_whole(state: RequestState, draft: Draft) -> list[TokenEvent]:

@@ -105,6 +105,10 @@ class RequestState:
     emitted: int = 0  # characters of ``text`` already sent as token events
     finish_reason: str | None = None
     stop_string: str | None = None  # the user's stop string that ended the answer (not a turn marker)
+    cut_from: int | None = None
+    """The first position whose text a stop string cut away entirely (the one after the last token
+    keeping text): still counted in ``stats.tokens`` (as vLLM counts the token holding a stop), but no
+    text is released at it or after, so no decision there is sent or counted."""
     failed_members: dict[str, str] = field(default_factory=dict)
     stats: Stats = field(default_factory=Stats)
     draft_length: int | None = None  # the next SAFE round's, as the policy's schedule set it (None: its start)
@@ -117,6 +121,8 @@ class RequestState:
     """(offset in ``text``, position, source) where each committed token's characters start, from the
     one holding the first unsent character on: text held back as a possible stop's start is sent
     later under its own token's position and source, not the token that released it."""
+    _sent_through: int = field(init=False, repr=False, default=-1)
+    """The position of the last token whose characters were all sent (and its origin forgotten)."""
 
     def __post_init__(self) -> None:
         self.stats.prompt_tokens = len(self.members[0].prompt_ids)
@@ -158,6 +164,14 @@ class RequestState:
 
     def weight_stats(self) -> dict[str, float]:
         return {m.label: round(m.weight, 5) for m in self.members}
+
+    @property
+    def answer_end(self) -> int:
+        """Positions the answer holds for the client: its tokens, plus the EOS that ended it, up to the
+        first token a stop string cut away entirely (a decision at or past it describes no text)."""
+        if self.cut_from is not None:
+            return self.cut_from
+        return self.stats.tokens + (self.finish_reason == "eos")
 
     def drafter_target(self) -> list[int]:
         return self.drafter.prompt_ids + self.drafter_ids
@@ -284,6 +298,7 @@ class RequestState:
                 cuts.append((cut, stop))
         if cuts:
             cut, stop = min(cuts, key=lambda found: found[0])
+            self._mark_cut(cut)
             self.text = self.text[:cut]
             self.finish_reason = "stop"
             if stop in self.stop and not isinstance(stop, CallEnd):  # a stop string the request gave
@@ -296,6 +311,14 @@ class RequestState:
                         hold = max(hold, n)
                         break
         self.emitted = max(self.emitted, len(self.text) - hold)
+
+    def _mark_cut(self, cut: int) -> None:
+        """Record the first position after the last token keeping text before ``cut``: the stop string
+        may start in an earlier token than the one that completed it (" " then "t" for " t"), and a
+        token holding only the first bytes of a cut character loses them too."""
+        if self.cut_from is None and any(offset >= cut for offset, _, _ in self._origins):
+            kept = [position for offset, position, _ in self._origins if offset < cut]
+            self.cut_from = (kept[-1] if kept else self._sent_through) + 1
 
     def flush(self) -> list[TokenEvent]:
         """At the end: release held-back text (a dangling partial character is dropped). After an EOS,
@@ -324,6 +347,8 @@ class RequestState:
             if max(offset, start) < min(until, end):
                 events.append(TokenEvent(text=self.text[max(offset, start):min(until, end)],
                                          source=source, position=position))
+        if last:
+            self._sent_through = origins[last - 1][1]
         del origins[:last]
         return events
 
