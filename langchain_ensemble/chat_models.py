@@ -296,7 +296,9 @@ class ChatEnsemble(BaseChatModel):
     method: Method = "safe"
     """How the ensemble decodes (see the engine's README)."""
     max_tokens: int = Field(256, ge=1)
-    """Answer length cap, in drafter tokens (None: this default)."""
+    """Answer length cap, in drafter tokens. Unset (or None, as ChatOpenAI reads it): 256, or less where
+    the prompt leaves less room in a member's context window (the answer then ends with finish "length"
+    where the window is full, not refused); a length set here, per call or by ``bind`` must fit."""
     temperature: float | None = None
     """Sampling temperature; None or 0 = greedy (the engine's default)."""
     top_p: float | None = None
@@ -343,6 +345,8 @@ class ChatEnsemble(BaseChatModel):
             values["models"] = [m.model for m in values["members"]]
         if "max_new_tokens" in values and "max_tokens" not in values:
             values["max_tokens"] = values.pop("max_new_tokens")
+        if "max_tokens" in values and values["max_tokens"] is None:  # unset, as ChatOpenAI reads None
+            del values["max_tokens"]  # (not in model_fields_set: _answer_length)
         values["engine_options"] = options
         known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
         for key in _REMOTE_PROVIDER_KEYS & values.keys():
@@ -537,7 +541,7 @@ class ChatEnsemble(BaseChatModel):
         params["ls_model_name"] = kwargs.get("model") or self.model_name
         params["ls_model_type"] = "chat"
         params["ls_temperature"] = kwargs.get("temperature", self.temperature or 0.0)
-        params["ls_max_tokens"] = kwargs.get("max_tokens", self.max_tokens)
+        params["ls_max_tokens"] = kwargs.get("max_tokens") or self.max_tokens  # the cap, set or not
         if stop or self.stop:
             params["ls_stop"] = stop or self.stop
         return params
@@ -639,8 +643,7 @@ class ChatEnsemble(BaseChatModel):
                 "make another ChatEnsemble(models=[...]) for other members")
         if not messages:
             raise InvalidRequestError("the message list is empty")
-        max_tokens = kwargs.pop("max_tokens", None)  # None means this model's default, as in ChatOpenAI
-        params: dict[str, Any] = {"max_new_tokens": self.max_tokens if max_tokens is None else max_tokens}
+        params: dict[str, Any] = self._answer_length(kwargs.pop("max_tokens", None))
         for key in ("temperature", "top_p", "seed"):
             value = kwargs.pop(key, getattr(self, key))
             if value is not None:
@@ -656,6 +659,16 @@ class ChatEnsemble(BaseChatModel):
                                          "json_schema": _json_schema_format(kwargs["response_format"])}
         params.update(kwargs)  # tools, tool_choice, response_format, ...: the engine checks the names
         return _Request(to_engine_messages(messages), params)
+
+    def _answer_length(self, asked: int | None) -> dict[str, int]:
+        """The engine's ``max_new_tokens`` where the call (its keyword or ``bind``) or the constructor set
+        one, else nothing: an answer length nobody asked for lets a prompt that leaves less than 256 tokens
+        of room be answered until the smallest window is full (finish "length"), as vLLM's or
+        llama-server's would, where passing the default 256 had it refused. A call's None means
+        this model's own, as in ChatOpenAI."""
+        if asked is not None:
+            return {"max_new_tokens": asked}
+        return {"max_new_tokens": self.max_tokens} if "max_tokens" in self.model_fields_set else {}
 
     def _engine_config(self) -> _EngineConfig:
         """What identifies the shared engine: members, method, engine plus placement options, and

@@ -232,7 +232,11 @@ class EnsembleLLM(FunctionCallingLLM):
         description="MemberDefaults for every transformers member that sets none "
                     "(device, device_map, dtype, attn_implementation, compile).")
     method: str = Field("safe", frozen=True, description="safe | every-token | gac-threshold | single | adafuse")
-    max_tokens: int = Field(256, ge=1, description="Default answer length cap (drafter tokens).")
+    max_tokens: int = Field(
+        256, ge=1,
+        description="Default answer length cap (drafter tokens). Unset (or None): 256, or less where the prompt "
+                    "leaves less room in a member's context window (the answer then ends with finish 'length' "
+                    "where the window is full, not refused); a length set here or per call must fit.")
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy.")
     context_window: int | None = Field(
         None, ge=1, description="Override; default: the smallest member's context window (loads the members).")
@@ -264,7 +268,8 @@ class EnsembleLLM(FunctionCallingLLM):
             if max_tokens is not None:
                 raise InvalidRequestError("give max_tokens or max_new_tokens, not both")
             max_tokens = kwargs.pop("max_new_tokens")
-        max_tokens = 256 if max_tokens is None else max_tokens
+        # unset (None) stays unset, in the engine and in this LLM's fields (_answer_length)
+        length: dict[str, int] = {} if max_tokens is None else {"max_tokens": max_tokens}
         engine_options = dict(kwargs.pop("engine_options", None) or {})
         doubled = sorted(engine_options.keys() & {"max_new_tokens", "max_tokens", "temperature"})
         if doubled:  # EnsembleLLM's own fields: the engine got them twice (a TypeError)
@@ -280,12 +285,12 @@ class EnsembleLLM(FunctionCallingLLM):
         # raise the engine's InvalidRequestError (not LlamaIndex's field errors); loads nothing yet.
         given = members if members is not None else models
         specs: Any = given if isinstance(given, str) else list(given or [])  # the engine refuses a str
-        engine = EnsembleEngine(specs, method=method,
-                                max_new_tokens=max_tokens, temperature=temperature, **placement, **engine_options)
+        asked: dict[str, Any] = {} if max_tokens is None else {"max_new_tokens": max_tokens}  # the engine's name
+        engine = EnsembleEngine(specs, method=method, **asked, temperature=temperature, **placement, **engine_options)
         names = [s.model if isinstance(s, MemberConfig) else s.name for s in engine.member_specs]
         configs = [s for s in engine.member_specs if isinstance(s, MemberConfig)] if members is not None else None
         super().__init__(models=names, members=configs, member_options=placement, method=method,
-                         max_tokens=max_tokens, temperature=temperature, context_window=context_window,
+                         **length, temperature=temperature, context_window=context_window,
                          engine_options=engine_options, step_events=step_events, **fields)
         self._engine = engine
         self._shared = _SharedEngine(engine)
@@ -313,7 +318,10 @@ class EnsembleLLM(FunctionCallingLLM):
         here the error surfaces. A restored LLM then starts as a copy does (``_holding``): a closed
         LLM's is closed (it came back open, loading members again); a state pickled before the closed
         flag was written is an open LLM's."""
-        self.__init__(**state["__dict__"])  # type: ignore[misc]  # holds the engine it built, as a new LLM does
+        fields = dict(state["__dict__"])
+        if "max_tokens" not in state.get("__pydantic_fields_set__", {"max_tokens"}):
+            fields["max_tokens"] = None  # unset, as pickled (_answer_length)
+        self.__init__(**fields)  # type: ignore[misc]  # holds the engine it built, as a new LLM does
         if state.get(_CLOSED_STATE, False):
             self._start_like(closed=True)
 
@@ -334,6 +342,15 @@ class EnsembleLLM(FunctionCallingLLM):
         if name == "context_window":
             _check_context_window(value)
         super().__setattr__(name, value)
+
+    def to_dict(self, **kwargs: Any) -> dict[str, Any]:
+        """The fields, with ``max_tokens`` None where it was never set: ``from_dict`` then builds an LLM
+        that answers until the smallest window is full (``_answer_length``), as this one does, not one
+        asking for 256 tokens, refused where the prompt leaves less room. ``to_json`` writes this."""
+        data = super().to_dict(**kwargs)
+        if "max_tokens" in data and "max_tokens" not in self.model_fields_set:
+            data["max_tokens"] = None
+        return data
 
     def to_json(self, **kwargs: Any) -> str:
         """The fields as JSON; refused where a member has an ``http.api_key``: json.dumps failed on it
@@ -447,7 +464,7 @@ class EnsembleLLM(FunctionCallingLLM):
         kwargs = dict(kwargs)
         output = {k: kwargs.pop(k) for k in _TOOL_KWARGS if k in kwargs}
         # Fields are read per request, so ``llm.max_tokens = 64`` after construction takes effect.
-        params: dict[str, Any] = {"max_new_tokens": self.max_tokens, "temperature": self.temperature}
+        params: dict[str, Any] = {**self._answer_length(), "temperature": self.temperature}
         for key, value in kwargs.items():
             name = _PARAM_ALIASES.get(key, key)
             if name not in GenerationParams.model_fields:
@@ -468,6 +485,14 @@ class EnsembleLLM(FunctionCallingLLM):
         if output.get("response_format") is not None:
             params["response_format"] = output["response_format"]
         return _Request(normalize_messages(converted), params)
+
+    def _answer_length(self) -> dict[str, int]:
+        """``max_new_tokens`` where this LLM's ``max_tokens`` was set (constructor, assignment,
+        ``model_copy(update=)``), else nothing: an answer length nobody asked for lets a prompt that
+        leaves less than 256 tokens of room be answered until the smallest window is full (finish
+        "length"), as vLLM's or llama-server's would, where passing the default 256 had it refused. A
+        call's own ``max_tokens`` replaces this."""
+        return {"max_new_tokens": self.max_tokens} if "max_tokens" in self.model_fields_set else {}
 
     def _completion_messages(self, prompt: str) -> list[ChatMessage]:
         messages = [ChatMessage(role=MessageRole.USER, content=prompt)]

@@ -85,10 +85,13 @@ def add_engine_args(parser: argparse.ArgumentParser, members_required: bool = Tr
     parser.add_argument("--sharpen", choices=["heur", "heur-bytes", "geom", "none"],
                         help="default: heur for safe, else none; heur-bytes: the released code's pooling (every byte "
                              "extension; onto a whitespace-only candidate only ' ' is skipped there, all here)")
-    parser.add_argument("--max-new-tokens", type=int, default=256,
-                        help="answer length cap, in the drafter's tokens (default: 256 for run, and serve's "
-                             "max_tokens of a chat request that sends none, /v1/completions keeping OpenAI's 16; "
-                             "128 for bench; eval: each benchmark's own)")
+    parser.add_argument("--max-new-tokens", type=int,
+                        help="answer length cap, in the drafter's tokens; a prompt that leaves no room for it is "
+                             "refused. Unset (run, and serve's max_tokens of a chat request that sends none, "
+                             "/v1/completions keeping OpenAI's 16): 256, or less where the prompt leaves less "
+                             "room in a member's context window (the answer then ends with finish 'length' where "
+                             "the window is full, as vLLM's or llama-server's would, not refused). Default 128 "
+                             "for bench; eval: each benchmark's own")
     parser.add_argument("--drafter-confidence", type=confidence_arg,
                         help="safe: skip fusion where the drafter's probability is >= this (default 0.5); "
                              "none: the paper's consensus rule alone")
@@ -142,6 +145,14 @@ def method_default_flags(args: argparse.Namespace) -> dict[str, Any]:
     return {k: None if v == "none" else v for k in flags if (v := getattr(args, k)) is not None}
 
 
+def answer_length_flag(args: argparse.Namespace) -> dict[str, int]:
+    """``--max-new-tokens`` where given (bench and eval fill theirs in), else nothing: an engine given
+    none keeps its answer length unset, so a prompt that leaves less than the default 256 tokens of
+    room is answered until the smallest window is full instead of refused (``EnsembleEngine``'s
+    ``max_new_tokens``)."""
+    return {} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens}
+
+
 def engine_from_args(args: argparse.Namespace, method: str, backend: str | None = None,
                      fit_cache: str | None = None, progress: bool = True) -> EnsembleEngine:
     """An engine from ``add_engine_args``' flags; ``backend`` (default: ``args.backend``, else each
@@ -158,8 +169,7 @@ def engine_from_args(args: argparse.Namespace, method: str, backend: str | None 
                           fit_cache=getattr(args, "fit_cache", None) or fit_cache,
                           draft_length=args.draft_length, draft_schedule=args.draft_schedule,
                           max_draft_length=args.max_draft_length, overlap=args.overlap,
-                          **method_default_flags(args),
-                          max_new_tokens=args.max_new_tokens,
+                          **method_default_flags(args), **answer_length_flag(args),
                           uncertainty=args.uncertainty, threshold=args.threshold, max_words=args.max_words,
                           num_candidates=args.num_candidates, candidate_temperature=args.candidate_temperature,
                           vote=args.vote)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import pickle
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,10 +17,11 @@ import httpx
 import pytest
 
 from shared_engine import ContextLengthError, EnsembleEngine
+from shared_engine.cli import build_parser, main
 from shared_engine.members import HFMember
 from shared_engine.server import create_app
 from shared_engine.server.background import serve_in_background
-from tests.toy import toy_member
+from tests.toy import registered_members, toy_member
 
 PROMPT = "Hello"
 ROOM = 20
@@ -89,3 +91,114 @@ def test_server_with_max_tokens_too_big_names_it(base_url: str) -> None:
     error = response.json()["error"]
     assert error["code"] == "context_length_exceeded"  # the client's field named, not the engine's:
     assert f"+ max_tokens ({ROOM + 1}) exceed" in error["message"] and "max_new_tokens" not in error["message"]
+
+
+# -- the surfaces that passed a length of their own: serve / run flags, LangChain, LlamaIndex -------
+# Each passed 256 where the user set none (--max-new-tokens' default, ChatEnsemble's and EnsembleLLM's
+# max_tokens), so the engine read it as asked and refused the prompt above.
+
+@pytest.fixture(scope="module")
+def names() -> Iterator[list[str]]:
+    """The narrow ensemble under names the CLI and the adapters load (their own: others register toys too)."""
+    drafter = copy.copy(toy_member("a", "byte_level", "llama", 1))
+    drafter.name = "dal-a"
+    verifier = _narrow_verifier(ROOM)
+    verifier.name = "dal-b"
+    with registered_members([drafter, verifier]) as registered:
+        yield registered
+
+
+def _flags_engine(names: list[str], *flags: str) -> EnsembleEngine:
+    from shared_engine.engine_args import engine_from_args
+
+    return engine_from_args(build_parser().parse_args(["serve", "--models", ",".join(names), *flags]),
+                            "every-token", progress=False)
+
+
+def test_serve_without_max_new_tokens_answers_to_the_window(names: list[str]) -> None:
+    result = _flags_engine(names).generate(PROMPT)
+    assert result.finish_reason == "length" and 0 < result.stats.tokens <= ROOM
+
+
+def test_serve_with_max_new_tokens_too_big_is_refused(names: list[str]) -> None:
+    with pytest.raises(ContextLengthError, match=rf"max_new_tokens \({ROOM + 1}\) exceed"):
+        _flags_engine(names, "--max-new-tokens", str(ROOM + 1)).generate(PROMPT)
+
+
+def test_run_without_max_new_tokens_answers_to_the_window(names: list[str],
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--models", ",".join(names), "--method", "every-token", "--no-color", PROMPT]) == 0
+    assert "finish=length" in capsys.readouterr().err
+    assert main(["run", "--models", ",".join(names), "--method", "every-token", "--max-new-tokens",
+                 str(ROOM + 1), PROMPT]) == 2
+    assert f"max_new_tokens ({ROOM + 1}) exceed" in capsys.readouterr().err
+
+
+def test_bench_and_eval_keep_a_fixed_answer_length() -> None:
+    """bench's 128 and eval's benchmark default are set explicitly (recorded in their results and run
+    config, which --resume compares): an unset flag there is not the window's length."""
+    parse = build_parser().parse_args
+    assert parse(["bench", "--models", "a,b"]).max_new_tokens == 128
+    assert parse(["bench", "--models", "a,b", "--max-new-tokens", "7"]).max_new_tokens == 7
+    assert parse(["eval", "--bench", "gsm8k", "--models", "a"]).max_new_tokens is None  # filled from the benchmark
+    assert parse(["run", "--models", "a,b", "hi"]).max_new_tokens is None
+
+
+def test_langchain_without_max_tokens_answers_to_the_window(names: list[str]) -> None:
+    from langchain_ensemble import ChatEnsemble
+
+    unset = ChatEnsemble(models=names, method="every-token")
+    for llm in (unset, ChatEnsemble(models=names, method="every-token", max_tokens=None),
+                pickle.loads(pickle.dumps(unset)), unset.model_copy()):
+        message = llm.invoke(PROMPT)
+        assert message.response_metadata["engine_finish_reason"] == "length"
+        assert 0 < message.usage_metadata["output_tokens"] <= ROOM
+        assert llm.invoke(PROMPT, max_tokens=None).response_metadata["engine_finish_reason"] == "length"
+        assert llm.max_tokens == 256 and llm._get_ls_params()["ls_max_tokens"] == 256  # the cap it answers under
+
+
+def test_langchain_with_max_tokens_too_big_is_refused(names: list[str]) -> None:
+    from langchain_ensemble import ChatEnsemble
+
+    too_many = ROOM + 1
+    llm = ChatEnsemble(models=names, method="every-token")
+    for asked in (ChatEnsemble(models=names, method="every-token", max_tokens=too_many),
+                  ChatEnsemble(models=names, method="every-token", max_new_tokens=too_many),
+                  llm.bind(max_tokens=too_many)):
+        with pytest.raises(ContextLengthError, match=rf"max_new_tokens \({too_many}\) exceed"):
+            asked.invoke(PROMPT)
+    with pytest.raises(ContextLengthError, match=rf"max_new_tokens \({too_many}\) exceed"):
+        llm.invoke(PROMPT, max_tokens=too_many)
+
+
+def test_llamaindex_without_max_tokens_answers_to_the_window(names: list[str]) -> None:
+    from llama_index.core.llms import ChatMessage
+
+    from llamaindex_ensemble import EnsembleLLM
+
+    llm = EnsembleLLM(models=names, method="every-token")
+    assert llm.max_tokens == 256 and llm.metadata.num_output == 256  # LlamaIndex budgets prompts with it
+    again = [pickle.loads(pickle.dumps(llm)), EnsembleLLM.from_dict(llm.to_dict()),
+             EnsembleLLM.from_json(llm.to_json()), llm.model_copy(), EnsembleLLM(models=names, method="every-token",
+                                                                                 max_tokens=None)]
+    for each in (llm, *again):
+        response = each.complete(PROMPT)
+        assert response.raw["engine_finish_reason"] == "length"
+        assert 0 < response.raw["usage"]["completion_tokens"] <= ROOM
+    chat = llm.chat([ChatMessage(role="user", content=PROMPT)])
+    assert chat.raw["engine_finish_reason"] == "length"
+
+
+def test_llamaindex_with_max_tokens_too_big_is_refused(names: list[str]) -> None:
+    from llamaindex_ensemble import EnsembleLLM
+
+    too_many = ROOM + 1
+    llm = EnsembleLLM(models=names, method="every-token", max_tokens=too_many)
+    assigned = EnsembleLLM(models=names, method="every-token")
+    assigned.max_tokens = too_many
+    for asked in (llm, pickle.loads(pickle.dumps(llm)), EnsembleLLM.from_dict(llm.to_dict()), assigned,
+                  EnsembleLLM(models=names, method="every-token").model_copy(update={"max_tokens": too_many})):
+        with pytest.raises(ContextLengthError, match=rf"max_new_tokens \({too_many}\) exceed"):
+            asked.complete(PROMPT)
+    with pytest.raises(ContextLengthError, match=rf"max_new_tokens \({too_many}\) exceed"):
+        EnsembleLLM(models=names, method="every-token").complete(PROMPT, max_tokens=too_many)
