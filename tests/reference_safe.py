@@ -377,10 +377,14 @@ class ReferenceSafe:
             if sampler.greedy:
                 best = max((sc for sc, ok in zip(scores, allowed) if ok), default=None)
                 key = keys[scores.index(best)] if best is not None and best > 0 else drafted_key
-            else:
-                q = _nucleus(torch.softmax(torch.log(torch.tensor(scores).clamp_min(1e-12)) / sampler.temperature, 0),
-                             sampler.top_p) * torch.tensor(allowed, dtype=torch.float32)
-                key = keys[sampler.pick(q)] if float(q.sum()) > 0 else drafted_key
+            else:  # among the allowed candidates that have a score, tempered and cut among themselves
+                masked = torch.tensor(scores) * torch.tensor(allowed, dtype=torch.float32)
+                if float(masked.sum()) > 0:
+                    q = _nucleus(torch.softmax(torch.log((masked / masked.max()).clamp_min(1e-12))
+                                               / sampler.temperature, 0), sampler.top_p)
+                    key = keys[sampler.pick(q * torch.tensor(allowed, dtype=torch.float32))]
+                else:
+                    key = drafted_key
         elif sampler.greedy:
             key = keys[scores.index(max(scores))]
         else:

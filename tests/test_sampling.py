@@ -162,3 +162,22 @@ def test_seeds_that_differ_beyond_their_low_32_bits_draw_differently() -> None:
     reference = torch.Generator()
     reference.manual_seed(12345)  # a seed within 32 bits draws as before: its answers stay
     assert Sampler(temperature=1.0, seed=12345).generator.initial_seed() == reference.initial_seed()
+
+
+def test_a_constrained_draw_follows_the_fused_scores_among_the_valid_candidates() -> None:
+    """JSON-constrained (or filtered) sampling draws among the valid candidates by their own scores: the
+    tempering's 1e-12 floor flattened valid scores below it (1e-13 against 1e-30 drew evenly), and the
+    nucleus, taken over every candidate before the mask, cut every valid one where an invalid candidate
+    held the mass (None: the drafted token stood, whichever valid one it was)."""
+    from shared_engine.decoding.round import _valid_choice
+
+    valid = torch.tensor([False, True, True])
+    tiny = torch.tensor([0.999, 1e-13, 1e-30])
+    assert {_valid_choice(tiny, valid, Sampler(1.0, 1.0, seed=seed)) for seed in range(50)} == {1}
+    held = torch.tensor([0.95, 0.04, 0.01])
+    for temperature, top_p in [(1.0, 0.9), (0.05, 0.95)]:
+        draws = [_valid_choice(held, valid, Sampler(temperature, top_p, seed=seed)) for seed in range(50)]
+        assert None not in draws and 1 in draws
+        if temperature < 0.1:  # near greedy: the best valid candidate
+            assert set(draws) == {1}
+    assert _valid_choice(torch.tensor([0.9, 0.0, 0.0]), valid, Sampler(1.0, seed=0)) is None

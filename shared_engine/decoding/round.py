@@ -563,16 +563,18 @@ def _draft_mass(drafter: MemberDist, sampler: Sampler, keys: list[bytes]) -> tor
 
 
 def _valid_choice(scores: torch.Tensor, valid: torch.Tensor, sampler: Sampler) -> int | None:
-    """The fused choice among valid candidates (greedy: the best; sampling: a draw from the
-    tempered scores restricted to them); None when no valid candidate has any weight. Weight is read
-    before tempering: tempering floors every score at 1e-12, so where every valid candidate scored 0
-    (the plausibility filter, the partial-character rule) a draw fell evenly among them instead."""
-    if float((scores * valid).sum()) <= 0.0:
+    """The fused choice among valid candidates (greedy: the best; sampling: a draw from the valid
+    candidates' scores, tempered and cut by the nucleus among themselves); None when no valid candidate
+    has any weight. The mask comes first: tempering floors every score at 1e-12, so where every valid
+    candidate scored 0 (the plausibility filter, the partial-character rule) a draw fell evenly among
+    them, valid scores below the floor (1e-13 against 1e-30) drew evenly too, and a nucleus taken over
+    every candidate cut every valid one where an invalid candidate held the mass."""
+    masked = scores * valid
+    if float(masked.sum()) <= 0.0:
         return None
-    target = (scores if sampler.greedy else sampler.tempered(scores)) * valid
-    if float(target.sum()) <= 0.0:
-        return None
-    return int(torch.argmax(target)) if sampler.greedy else sampler.pick(target)
+    if sampler.greedy:
+        return int(torch.argmax(masked))
+    return sampler.pick(sampler.tempered(masked / masked.max()) * valid)
 
 
 def _keeps_valid(constraint: JsonPrefix, key: bytes) -> bool:
