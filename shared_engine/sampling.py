@@ -61,9 +61,16 @@ class Sampler:
             return int(torch.argmax(probs))
         return self._sample(self._tempered(probs))
 
-    def tempered(self, scores: torch.Tensor) -> torch.Tensor:
-        """The distribution ``from_probs`` draws from: scores ** (1/T), normalised, nucleus."""
-        return self._nucleus(self._tempered(scores))
+    def tempered(self, scores: torch.Tensor, among: torch.Tensor | None = None) -> torch.Tensor:
+        """The distribution ``from_probs`` draws from: scores ** (1/T), normalised, nucleus. ``among``: a
+        mask of the candidates that may be drawn, applied before the nucleus (the floor tempering gives
+        a zero score, 1e-12 ** (1/T), adds up over many masked candidates at a high T and kept the
+        nucleus from cutting the allowed ones)."""
+        probs = self._tempered(scores)
+        if among is not None:
+            probs = probs * among
+            probs = probs / probs.sum()
+        return self._nucleus(probs)
 
     def _tempered(self, scores: torch.Tensor) -> torch.Tensor:
         return self._softmax(torch.log(scores.clamp_min(1e-12)))

@@ -380,9 +380,9 @@ class ReferenceSafe:
             else:  # among the allowed candidates that have a score, tempered and cut among themselves
                 masked = torch.tensor(scores) * torch.tensor(allowed, dtype=torch.float32)
                 if float(masked.sum()) > 0:
-                    q = _nucleus(torch.softmax(torch.log((masked / masked.max()).clamp_min(1e-12))
-                                               / sampler.temperature, 0), sampler.top_p)
-                    key = keys[sampler.pick(q * torch.tensor(allowed, dtype=torch.float32))]
+                    q = torch.softmax(torch.log((masked / masked.max()).clamp_min(1e-12)) / sampler.temperature, 0)
+                    q = q * torch.tensor(allowed, dtype=torch.float32)
+                    key = keys[sampler.pick(_nucleus(q / q.sum(), sampler.top_p))]
                 else:
                     key = drafted_key
         elif sampler.greedy:

@@ -181,3 +181,7 @@ def test_a_constrained_draw_follows_the_fused_scores_among_the_valid_candidates(
         if temperature < 0.1:  # near greedy: the best valid candidate
             assert set(draws) == {1}
     assert _valid_choice(torch.tensor([0.9, 0.0, 0.0]), valid, Sampler(1.0, seed=0)) is None
+    # at a high T the floors of many invalid zero scores, 1e-12 ** (1/T), kept the nucleus from cutting
+    many = torch.cat([torch.tensor([0.6, 0.4]), torch.zeros(40)])
+    allowed = torch.cat([torch.ones(2, dtype=torch.bool), torch.zeros(40, dtype=torch.bool)])
+    assert {_valid_choice(many, allowed, Sampler(10.0, 0.5, seed=seed)) for seed in range(50)} == {0}

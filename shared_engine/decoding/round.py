@@ -568,13 +568,14 @@ def _valid_choice(scores: torch.Tensor, valid: torch.Tensor, sampler: Sampler) -
     has any weight. The mask comes first: tempering floors every score at 1e-12, so where every valid
     candidate scored 0 (the plausibility filter, the partial-character rule) a draw fell evenly among
     them, valid scores below the floor (1e-13 against 1e-30) drew evenly too, and a nucleus taken over
-    every candidate cut every valid one where an invalid candidate held the mass."""
+    every candidate cut every valid one where an invalid candidate held the mass (or, at a high T, the
+    invalid ones' floors kept it from cutting any)."""
     masked = scores * valid
     if float(masked.sum()) <= 0.0:
         return None
     if sampler.greedy:
         return int(torch.argmax(masked))
-    return sampler.pick(sampler.tempered(masked / masked.max()) * valid)
+    return sampler.pick(sampler.tempered(masked / masked.max(), among=valid))
 
 
 def _keeps_valid(constraint: JsonPrefix, key: bytes) -> bool:
