@@ -29,11 +29,19 @@ QUESTION = [{"role": "user", "content": "Greet her twice."}]
 @cache
 def trained_member(kind: str, seed: int = 0) -> HFMember:
     """A tiny Llama that memorised ANSWER (in its own tokenization) after QUESTION."""
+    return answering(kind, ANSWER, QUESTION[0]["content"], seed, f"{kind}-trained")
+
+
+@cache
+def answering(kind: str, answer: str, question: str, seed: int = 0, name: str | None = None) -> HFMember:
+    """A tiny Llama that memorised ``answer`` (in its own tokenization, then EOS) after the user's
+    ``question``: it is sure of every token of it."""
     tokenizer = byte_level_tokenizer() if kind == "byte_level" else metaspace_tokenizer()
     torch.manual_seed(seed)
     model = copy.deepcopy(tiny_llama(tokenizer, seed))
-    member = HFMember(f"{kind}-trained", model, tokenizer)
-    memorise(model, member.prompt_ids(QUESTION), member.table.encode_fragment(ANSWER) + [tokenizer.eos_token_id])
+    member = HFMember(name or f"{kind}-answers-{len(answer)}", model, tokenizer)
+    prompt = member.prompt_ids([{"role": "user", "content": question}])
+    memorise(model, prompt, member.table.encode_fragment(answer) + [tokenizer.eos_token_id])
     return member
 
 
