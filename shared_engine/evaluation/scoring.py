@@ -34,12 +34,16 @@ _FRACTION = r"(?<![\d/.])\d+/\d+(?![/\d]|\.\d)"
 # digits, as GSM8K's golds write them, so "1 000" is 1000 while "1 2" and "1,2,3" are lists (their first or last
 # number); Indian grouping "1,00,000" (a lakh) is 100000, not 1 or 00,000. A space also ends a label's number or a
 # count: "Step 1 200 apples" is 200 and "5 100-dollar bills" is 5 (not 1200, 5100), so a space joins no digits after a
-# word that numbers things (Step, Day, No., #...) nor before a hyphenated word
+# word that numbers things (Step, Day, No., #...) nor before a hyphenated word. "out of" takes a total the same way:
+# "Out of 100 250 passed" is 100 then 250, not 100250. Where a later group starts with 0 ("1 000", "2 050") the join
+# is unambiguous (no number is written with a leading zero), so it stands in any context: "out of 1 000" is 1000
 _NUMBERING = ("step", "day", "week", "month", "year", "round", "part", "no.", "number", "question", "problem", "stage",
-              "phase", "level", "chapter", "page", "item", "case", "game", "lap", "line", "row", "option", "method")
+              "phase", "level", "chapter", "page", "item", "case", "game", "lap", "line", "row", "option", "method",
+              "out of")
 _NOT_NUMBERED = "".join(rf"(?<!(?i:\b{re.escape(word)})\s)" for word in _NUMBERING) + r"(?<!(?<!#)#)(?<!(?<!#)#\s)"
 _SPACED = r"[ \u00a0\u2009\u202f]"
 _INTEGER = (r"(?:\d{1,2}(?:,\d{2})+,\d{3}(?!\d|,\d)|\d{1,3}(?:,\d{3})+(?!\d)"
+            rf"|\d{{1,3}}(?:{_SPACED}\d{{3}})*{_SPACED}0\d{{2}}(?:{_SPACED}\d{{3}})*(?!\d)"
             rf"|{_NOT_NUMBERED}\d{{1,3}}(?:{_SPACED}\d{{3}})+(?!\d|-[^\W\d_])|\d+)")
 # a time ("10:30", "7:00 pm") is one token, not its hours or its minutes (10, 30): GSM8K writes a time on the hour as
 # the hour ("2:00 pm" is 2), so "7:00" parses as 7, while "10:30" parses as no number (no gold is a time of day)
@@ -50,7 +54,14 @@ _NUMBER = rf"-?\$?\s*(?:{_INTEGER} +(?:and +)?{_FRACTION}|{_FRACTION}|{_TIME}|{_
 # 12" / "is not 12" states no answer (read as 12 before), and no earlier cue stating the denied number is the answer
 # either ("The answer is 12. Wait, the answer is not 12, it is 15."), so the next rule reads one; a cue stating another
 # number stands ("The answer is 24. (The answer is not 12, ...)" is 24)
-_ANSWER_IS = re.compile(r"answer is\b(?![:\s*]*not\b)[:\s*]*([^\n]*)", re.IGNORECASE)
+# A cue's sentence is read in a lookahead, so cues do not overlap and a later cue on the same line counts as one on a
+# later line does ("The answer is 12, no wait, the answer is 15." is 15; the first cue's match ate the line before).
+# "Answer: 42" / "Final answer: 42" / "**Answer:** 42" at a line's start state the answer too (as BBH's cue reads
+# them), where a number starts what follows: "Answer: She sold 48/2 = 24 clips" is reasoning under a label, read
+# by the rules below as it was before, not its calculation's 24
+_ANSWER_IS = re.compile(r"(?:answer is\b(?![:\s*]*not\b)"
+                        r"|^[\s#*]*(?:final\s+)?answer\**\s*:(?=[\s*]*(?:\\\(|\\?\$)*\s*-?\.?\d))"
+                        r"(?=[:\s*]*([^\n]*))", re.IGNORECASE | re.MULTILINE)
 _ANSWER_DENIED = re.compile(r"answer\s+(?:isn['\u2019]?t\b|is\b[:\s*]*not\b)", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"\.(?!\d)")
 # a Unicode minus sign ("−3") is a sign, not text; a vulgar fraction ("2½") and the fraction slash are fractions
@@ -97,7 +108,8 @@ def _denied_values(output: str) -> list[tuple[int, Fraction]]:
 
 
 def _stated_number(output: str) -> str | None:
-    """The number stated after the last 'answer is' that states one and is not taken back: its sentence
+    """The number stated after the last cue ('answer is', or a line's 'Answer: 42') that states one, on its line or a
+    later one, and is not taken back: its sentence
     (to the line's end or a full stop), after its last '=' where it shows a calculation ("The answer is
     $2 * 13 = $26." is 26, not 2), else its first number (``\\(18\\)``, ``\\$18`` and ``**18**`` read
     through). A later denial of that number ("the answer is not 12") takes it back, so a self-correction
@@ -120,7 +132,8 @@ def _clean(number: str) -> str:
 
 
 def extract_number(output: str) -> str | None:
-    """The final answer: after 'The answer is', else after '####', else in \\boxed{}, else the last number."""
+    """The final answer: after the last 'The answer is' / 'Answer: N', else after '####', else in \\boxed{}, else the
+    last number."""
     output = _LATEX_FRACTION.sub(r" \1/\2", output.translate(_MINUS))
     stated = _stated_number(output)
     if stated is not None:
@@ -151,6 +164,13 @@ _OFFERED = re.compile(
     + r"\s+(?:(?:are|is|seem|seems|look|looks|would|could|might|may|can|both|all|each|equally|also|be|possibly|probably"
     r"|potentially|likely)\s+)*(?:correct|right|true|possible|plausible|valid|acceptable|viable|reasonable|likely|work"
     r"|apply)\b", re.IGNORECASE)
+# after the chain's end, a clause that calls the named letters wrong ("B, A and C, which are wrong", "B, A and C --
+# both incorrect"): with the chosen letter first and a bare comma before the others, they are the rejected options
+# explaining the choice, not offered beside it (the comma had made the chain an offer: no answer)
+_REJECTED = re.compile(
+    _CHAIN_END + r"[^\S\n]*(?:[,;:(\u2013\u2014]|--?)\s*(?:(?:which|that|as|since|because|they|these|those|both|all"
+    r"|each|are|is|were|being|seem|seems|look|looks|clearly|obviously|definitely|also|plainly)\s+)*(?:wrong|incorrect|false"
+    r"|invalid|not\s+(?:correct|right|true|valid)|ruled\s+out|eliminated|excluded)\b", re.IGNORECASE)
 
 
 def _hedged(text: str, start: int, end: int, labels: str) -> bool:
@@ -166,6 +186,8 @@ def _hedged(text: str, start: int, end: int, labels: str) -> bool:
     after = re.compile(rf"{_CHAIN_END}{joiner}\**\s*(?:\(\s*([{set_}{low}])\s*\)|([{set_}])\b(?!['\u2019]))")
     before = re.compile(rf"(?:\(\s*([{set_}{low}])\s*\)|\b([{set_}]))\**{joiner}\(?\s*\**$")
     letters = {text[start:end].upper()}
+    # the chosen letter heads the chain, then a bare comma ("B, A and C, which are wrong"; not "A or B, ...")
+    heads = not before.search(text, 0, start) and bool(re.match(rf"{_CHAIN_END}\s*,(?!\s*(?:or|and)\b)", text[end:]))
     while found := before.search(text, 0, start):
         letters.add(next(g for g in found.groups() if g).upper())
         start = found.start()
@@ -175,6 +197,8 @@ def _hedged(text: str, start: int, end: int, labels: str) -> bool:
     if len(letters) < 2:
         return False
     either = re.search(r"\b(?i:either|both)\s+(?:(?i:option|choice)\s*)?\(?\s*\**$", text[:start])
+    if not either and heads and _REJECTED.match(text, end):
+        return False
     return bool(either or _OFFERED.match(text, end))
 
 
