@@ -116,6 +116,17 @@ def _stored_qa(output: str, sample: dict[str, Any]) -> Score | None:
     return scoring.score_qa(output, sample["gold"]) if scoring.usable_aliases(sample["gold"]) else None
 
 
+def _stored_translation(output: str, sample: dict[str, Any]) -> Score:
+    """Sentence chrF of the translation read from the output now: 3df941b stopped reading a code fence or
+    a lead-in line as the translation, so a run stored before it would keep the wrapper's lower chrF. A
+    stored extraction that reading it now keeps keeps its stored chrF (sentence chrF is the slow part)."""
+    hypothesis = scoring.extract_translation(output)
+    stored = sample.get("value")
+    if hypothesis == sample.get("extracted") and isinstance(stored, int | float) and not isinstance(stored, bool):
+        return Score(extracted=hypothesis, correct=False, value=float(stored))
+    return scoring.score_translation(output, sample["gold"][0])
+
+
 _STORED: dict[str, Callable[[str, dict[str, Any]], Score | None]] = {
     "gsm8k": lambda out, s: scoring.score_number(out, s["gold"][0]),
     "math500": lambda out, s: score_math(out, s["gold"][0]),
@@ -128,9 +139,9 @@ def stored_scorer(run_bench: str) -> Callable[[str, dict[str, Any]], Score | Non
     """How a stored sample (a samples.jsonl row: its output, gold and prompt) is scored now, without
     the data folder: ``eval compare`` re-scores every run with it, so runs scored before a scoring fix
     and after it are compared by the same rules. The scorer gives None for a question no longer scored
-    (a BBH gold that is an option's text, a QA row without a usable alias); translation has none
-    (chrF, whose extraction is unchanged, is left as stored: re-scoring it would be slow)."""
-    return _STORED.get(run_bench)
+    (a BBH gold that is an option's text, a QA row without a usable alias). Translation reads each
+    translation again (``_stored_translation``): the corpus chrF is then computed from these."""
+    return _stored_translation if is_translation(run_bench) else _STORED.get(run_bench)
 
 
 def flores_pair(data: str | None, pair: str | None) -> str:

@@ -22,6 +22,7 @@ from ..members.spec import BACKENDS
 from ..options import METHOD_DEFAULTS
 from .benchmarks import is_translation, stored_scorer
 from .runner import CONFIG, SAMPLES, SUMMARY, is_transient_error, lock_holder, sample_rows, wilson_interval
+from .scoring import corpus_translation
 
 BAR_LABEL_WIDTH = 22
 """Characters per line of a run label under its bar."""
@@ -285,17 +286,22 @@ def rescored(folder: Path) -> Rescored:
         for i in transient:
             del rows[i]
         score = stored_scorer(_bench(folder))
+        translation = is_translation(_bench(folder))
         changed = dropped = 0
         if score is not None:
             for i, row in list(rows.items()):
                 if row.get("error") is not None or not row.get("gold"):
                     continue  # a failed answer stays wrong
+                if translation and not isinstance(row.get("output"), str):
+                    continue  # no output to read the translation from (a row eval did not write): as stored
                 new = score(row.get("output") or "", row)
                 if new is None:
                     del rows[i]
                     dropped += 1
                     continue
-                changed += bool(new.correct) != bool(row.get("correct"))
+                # translation has no right/wrong: what changes is the translation read from the output
+                changed += (new.extracted != row.get("extracted") if translation
+                            else bool(new.correct) != bool(row.get("correct")))
                 rows[i] = {**row, "extracted": new.extracted, "correct": new.correct, "value": new.value,
                            "f1": new.f1}
         _RESCORED[key] = Rescored(rows, changed, dropped, len(transient), malformed, len(lines))
@@ -309,12 +315,19 @@ def _rows(folder: Path) -> dict[str, dict[str, Any]]:
 
 def _rescore_summary(summary: dict[str, Any]) -> tuple[int, int]:
     """The summary's score, interval and counts from its re-scored samples where re-scoring changed a
-    verdict or dropped a question; (verdicts changed, questions dropped)."""
+    verdict (for translation: a translation read from an output) or dropped a question; (verdicts
+    changed, questions dropped)."""
     folder = Path(summary["dir"])
-    if not (folder / SAMPLES).is_file() or summary.get("metric") == "chrf":
+    if not (folder / SAMPLES).is_file():
         return 0, 0
     result = rescored(folder)
-    if result.changed or result.dropped or result.failed:
+    if (result.changed or result.dropped or result.failed) and summary.get("metric") == "chrf":
+        # corpus chrF and BLEU from the translations read now, as the run's summary computes them
+        rows = list(result.rows.values())
+        summary.update(n=len(rows), **corpus_translation([r.get("extracted") or "" for r in rows],
+                                                         [(r.get("gold") or [""])[0] for r in rows]))
+        summary["score"] = summary["chrf"]
+    elif result.changed or result.dropped or result.failed:
         rows = list(result.rows.values())
         n, correct = len(rows), sum(bool(r["correct"]) for r in rows)
         low, high = wilson_interval(correct, n)
@@ -759,8 +772,9 @@ def _runs_only(dirs: list[Path]) -> tuple[list[Path], list[Path], list[Path]]:
 
 def _rescored_note(summaries: list[dict[str, Any]], rescoring: list[tuple[int, int]]) -> str:
     """One line where scoring the stored answers again with the current scorer changed something."""
-    parts = [f"{s['label']}: {changed} verdict(s) changed" + (f", {dropped} question(s) no longer scored" if dropped
-                                                              else "")
+    parts = [f"{s['label']}: {changed} " + ("translation(s) read differently" if s.get("metric") == "chrf"
+                                            else "verdict(s) changed")
+             + (f", {dropped} question(s) no longer scored" if dropped else "")
              for s, (changed, dropped) in zip(summaries, rescoring) if changed or dropped]
     if not parts:
         return ""

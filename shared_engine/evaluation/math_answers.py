@@ -34,12 +34,44 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+# A stated answer: "the answer is", a "Final Answer:" label anywhere (Minerva's "Final Answer: The final
+# answer is $x$. I hope it is correct.", "**Final Answer:** $x$") or an "Answer:" label leading a line.
+_CUE = re.compile(r"\banswer\s+is\b\s*:?|\bfinal\s+answer\s*(?:\*\*)?\s*:|^[ \t>#*]*answer\s*(?:\*\*)?\s*:",
+                  flags=re.IGNORECASE | re.MULTILINE)
+# Math delimiters an answer may open with, and what closes each ($$ before $: "$$x$$" is not "$" "$x$" "$")
+_DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+_SENTENCE_END = re.compile(r"\.(?=\s|$)|\n")
+
+
+def _stated_answer(text: str) -> str | None:
+    """The answer after a cue: the first closed math span it opens with, else its sentence.
+
+    Only an answer that ended its line was read before, so "... is $3\\sqrt{2}$. I hope it is correct."
+    had none; a closed "$...$" / "\\(...\\)" is the whole answer, whatever text follows it."""
+    text = text.lstrip(" \t*")
+    for opening, closing in _DELIMITERS:
+        if text.startswith(opening):
+            # a "$" closes only unescaped: "$\\$18.90$" is one span
+            close = re.compile(r"(?<!\\)" + re.escape(closing)) if "$" in closing else re.compile(re.escape(closing))
+            end = close.search(text, len(opening))
+            if end is not None:
+                return text[len(opening):end.start()].strip() or None
+            break  # unclosed (cut off): the sentence, its opening dropped below
+    end = _SENTENCE_END.search(text)
+    sentence = text[:end.start()] if end else text
+    return sentence.strip().strip("$*").strip() or None
+
+
 def extract_math(output: str) -> str | None:
+    """The last ``\\boxed{}``; without one, the answer stated after the last cue that states one."""
     boxed = last_boxed(output)
     if boxed is not None:
         return boxed.strip()
-    match = re.findall(r"answer is:?\s*\$*([^$\n]+?)\$*\s*(?:\.\s*)?(?:\n|$)", output, flags=re.IGNORECASE)
-    return match[-1].strip() if match else None
+    for cue in reversed(list(_CUE.finditer(output))):
+        answer = _stated_answer(output[cue.end():])
+        if answer is not None:
+            return answer
+    return None
 
 
 def _unwrap(text: str, command: str) -> str:
@@ -71,6 +103,10 @@ def normalize_math(answer: str) -> str:
         s = _unwrap(s, command)
     s = re.sub(r"(?<!\\)\\[!,;: ]", "", s)                      # thin spaces (a matrix row break stays)
     s = s.replace("\\left", "").replace("\\right", "").replace("\\displaystyle", "")
+    # an answer written in inline / display math: \(x\) and \[x\] are x ("\(a\) or \(b\)" is not one span)
+    delimited = re.fullmatch(r"\\\(((?:(?!\\[()]).)*)\\\)|\\\[((?:(?!\\[\[\]]).)*)\\\]", s, flags=re.DOTALL)
+    if delimited:
+        s = (delimited.group(1) if delimited.group(1) is not None else delimited.group(2)).strip()
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = re.sub(r"\^\s*\{?\\circ\}?", "", s).replace("°", "")
     s = s.replace("\\%", "").replace("%", "").replace("\\$", "").replace("$", "")

@@ -365,6 +365,10 @@ async def _evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig,
     done = {s.id: s for s in _stored(read_samples(samples_file), records, bench, samples_file) if s.id in wanted}
     todo = [r for r in records if r.id not in done]
     correct = sum(s.value for s in done.values())  # running accuracy (mean sentence chrF for translation)
+    # over the answers only, as the summary counts them: a question that failed for a passing reason (a member
+    # timing out) is no wrong answer (all right + one timeout showed acc 0.750 beside a summary's 1.0);
+    # ``_stored`` already leaves such failures out of ``done``
+    answered = len(done)
     tokens = sum((s.stats or {}).get("tokens", 0) for s in done.values())
     elapsed = sum((s.stats or {}).get("elapsed_s", 0.0) for s in done.values())
     try:
@@ -379,11 +383,13 @@ async def _evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig,
                 f.flush()
                 done[sample.id] = sample
                 correct += sample.value
+                answered += not _is_transient(sample)
                 tokens += (sample.stats or {}).get("tokens", 0)
                 elapsed += (sample.stats or {}).get("elapsed_s", 0.0)
                 bar.update(1)
                 # translation: mean sentence chrF on the 0-100 scale the summary's corpus chrF is read in
-                running = f"{100 * correct / len(done):.1f}" if bench.metric == "chrf" else f"{correct / len(done):.3f}"
+                share = correct / max(answered, 1)
+                running = "-" if not answered else f"{100 * share:.1f}" if bench.metric == "chrf" else f"{share:.3f}"
                 bar.set_postfix({"chrF" if bench.metric == "chrf" else "acc": running,
                                  "tok/s": f"{tokens / elapsed:.1f}" if elapsed else "-"})
                 if on_sample is not None:
