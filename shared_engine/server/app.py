@@ -118,16 +118,48 @@ def _shutting_down(err: EngineClosedError) -> ApiError:
     return ApiError(503, f"{err}; retry later", type="server_error", code="server_shutting_down")
 
 
-def _validation_error(err: ValidationError) -> ApiError:
-    first = err.errors()[0]
-    param = ".".join(map(str, first["loc"])) or None
-    kind = first["type"]
+def _validation_error(err: ValidationError, body: Any = None) -> ApiError:
+    """A 400 naming the request field at fault. pydantic's location also names the branch it tried of a
+    field that takes several types ('messages.0.content.str', 'ensemble_events.bool'), which is no field
+    of the request: the location is cut to what the body holds, and the branches' messages are joined."""
+    errors = err.errors()
+    paths = [_body_path(error["loc"], body, error["type"]) for error in errors]
+    # the branch that got furthest into the body is the one the client meant ('content': [{"text": 3}]
+    # failed as a string too); the other branches' errors at a field above it are not counted again
+    first = max(range(len(errors)), key=lambda index: len(paths[index].split(".")))
+    param = paths[first] or None
+    kind = errors[first]["type"]
     code = ("missing_required_parameter" if kind == "missing" else
             "invalid_type" if kind.endswith("_type") or kind == "model_attributes_type" else "invalid_value")
-    message = f"{param}: {first['msg']}" if param else first["msg"]
-    if len(err.errors()) > 1:
-        message += f" (and {len(err.errors()) - 1} more problems)"
+    same = [error["msg"] for error, path in zip(errors, paths, strict=True) if path == paths[first]]
+    text = same[0] + "".join(f", or {_without(msg, 'Input should be ')}" for msg in dict.fromkeys(same[1:]))
+    message = f"{param}: {text}" if param else text
+    others = sum(path != paths[first] and not paths[first].startswith(f"{path}.") for path in paths)
+    if others:
+        message += f" (and {others} more problem{'s' if others > 1 else ''})"
     return ApiError(400, message, param=param, code=code)
+
+
+def _body_path(loc: tuple[int | str, ...], body: Any, kind: str) -> str:
+    """The part of a pydantic location that names fields and indices of the request body: a union's branch
+    name ('str', 'list[...]', a tag) is skipped; a missing field's name is kept."""
+    if body is None:
+        return ".".join(map(str, loc))
+    kept: list[str] = []
+    node = body
+    for index, part in enumerate(loc):
+        if isinstance(node, dict) and isinstance(part, str) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif not (kind == "missing" and index == len(loc) - 1):
+            continue
+        kept.append(str(part))
+    return ".".join(kept)
+
+
+def _without(text: str, prefix: str) -> str:
+    return text[len(prefix):] if text.startswith(prefix) else text
 
 
 def _too_large() -> ApiError:
@@ -191,7 +223,7 @@ def _validated_request(raw: bytes, kind: type[RequestT]) -> RequestT:
     try:
         return kind.model_validate(body)
     except ValidationError as err:
-        raise _validation_error(err) from None
+        raise _validation_error(err, body) from None
 
 
 async def _events(engine: EnsembleEngine, ticket: Ticket, messages: str | list[dict[str, Any]],
