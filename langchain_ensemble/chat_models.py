@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from functools import partial
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, Self, cast
 
 from langchain_core.callbacks import (
     AsyncCallbackManager,
@@ -70,12 +70,15 @@ from langchain_core.runnables import (
     RunnableLambda,
     RunnableMap,
     RunnablePassthrough,
+    RunnableSerializable,
     ensure_config,
 )
+from langchain_core.runnables.configurable import RunnableConfigurableFields
+from langchain_core.runnables.utils import AnyConfigurableField, ConfigurableField
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, field_serializer, field_validator, model_validator
 
 from shared_engine import (
     EngineClosedError,
@@ -93,7 +96,7 @@ from shared_engine.members.chat import join_text_parts
 from shared_engine.members.remote import load_tokenizer
 from shared_engine.options import Method, validated
 from shared_engine.profile import profile_digest
-from shared_engine.tools import forced_tool
+from shared_engine.tools import ANSWER_CUT, forced_tool
 from shared_engine.zoo import ZOO
 
 EVENT_TYPES = ("token", "draft", "verify", "ensemble", "adafuse", "cache_sync", "tool_call", "format_retry", "finish")
@@ -363,6 +366,13 @@ class ChatEnsemble(BaseChatModel):
         """``max_tokens=None``: the default, as ChatOpenAI reads it (the model's own)."""
         return cls.model_fields["max_tokens"].default if value is None else value
 
+    @field_serializer("max_tokens")
+    def _unset_max_tokens_dumps_none(self, value: int) -> int | None:
+        """``model_dump()`` writes an unset length as None (unset, read back by the constructor), so
+        ``ChatEnsemble(**llm.model_dump())`` leaves it unset as ``EnsembleLLM.to_dict`` does; 256 dumped
+        was read back as a length asked for."""
+        return value if "max_tokens" in self.model_fields_set else None
+
     @field_validator("stop", mode="before")
     @classmethod
     def _str_stop_is_one_stop(cls, value: Any) -> Any:
@@ -389,6 +399,38 @@ class ChatEnsemble(BaseChatModel):
         validated(GenerationParams, max_new_tokens=self.max_tokens,
                   **{k: v for k, v in defaults.items() if v is not None})
         return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """``llm.max_tokens = None`` unsets the length, as ``max_tokens=None`` in the constructor does
+        (fields are not validated on assignment: the engine was sent None and refused every call)."""
+        if name == "max_tokens" and value is None:
+            self._unset_max_tokens()
+            return
+        super().__setattr__(name, value)
+
+    def _unset_max_tokens(self) -> None:
+        """Back to the default cap, as set by no one (``_answer_length`` then sends none)."""
+        self.__dict__["max_tokens"] = type(self).model_fields["max_tokens"].default
+        self.__pydantic_fields_set__.discard("max_tokens")
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """``update={"max_tokens": None}`` unsets the copy's length, as the constructor reads None
+        (pydantic's ``model_copy`` validates nothing: the engine was sent None)."""
+        update = dict(update or {})
+        unset = "max_tokens" in update and update["max_tokens"] is None
+        if unset:
+            del update["max_tokens"]
+        clone = super().model_copy(update=update, deep=deep)
+        if unset:
+            clone._unset_max_tokens()
+        return clone
+
+    def configurable_fields(self, **kwargs: AnyConfigurableField) -> RunnableSerializable[LanguageModelInput,
+                                                                                          AIMessage]:
+        """As langchain-core's, but a configured model keeps this one's unset fields unset
+        (``_ConfiguredEnsemble``)."""
+        super().configurable_fields(**kwargs)  # its check of the keys
+        return _ConfiguredEnsemble(default=self, fields=kwargs)
 
     def __copy__(self) -> ChatEnsemble:
         return self._holding(super().__copy__())
@@ -840,6 +882,25 @@ class ChatEnsemble(BaseChatModel):
                                                                        else chunks))
 
 
+class _ConfiguredEnsemble(RunnableConfigurableFields):  # not parametrized: pydantic then builds an abstract class
+    """``ChatEnsemble.configurable_fields(...)``: langchain-core builds the configured model anew from
+    every field's value, so a field this model left unset came back set to its default. For
+    ``max_tokens`` that is an answer length asked for: 256 was sent, and a prompt leaving less room,
+    answered up to the window before, was refused (``_answer_length``). The configured model's set fields
+    are this one's plus those the config sets, whatever their value: 256 set by the user or by the
+    config is still asked for (a default passed explicitly cannot be told from a length chosen)."""
+
+    def _prepare(self, config: RunnableConfig | None = None) -> tuple[Runnable[LanguageModelInput, AIMessage],
+                                                                        RunnableConfig]:
+        model, config = super()._prepare(config)
+        if model is not self.default and isinstance(model, ChatEnsemble) and isinstance(self.default, ChatEnsemble):
+            chosen = config.get("configurable", {})
+            configured = {key for key, spec in self.fields.items()  # options always set their field
+                          if not isinstance(spec, ConfigurableField) or spec.id in chosen}
+            model.__pydantic_fields_set__ &= self.default.model_fields_set | configured
+        return model, config
+
+
 def _json_schema_format(schema: dict[str, Any] | type) -> dict[str, Any]:
     """``response_format``'s ``json_schema`` for a pydantic class, TypedDict, titled JSON schema or
     tool dict; a plain JSON schema without a top-level "title" (which langchain-core's tool
@@ -866,8 +927,7 @@ def _valid_answer(message: AIMessage, cut_ok: bool, whole: PydanticOutputParser[
     error = message.response_metadata.get("format_error")
     cut = message.response_metadata.get("finish_reason") == "length"
     if error and not (cut and cut_ok):
-        why = ("the answer was cut by max_tokens before its JSON ended" if cut
-               else "the answer is not the JSON asked for")
+        why = ANSWER_CUT if cut else "the answer is not the JSON asked for"
         raise OutputParserException(f"{why}: {error}", llm_output=str(message.text))
     if whole is not None:
         whole.parse_result([ChatGeneration(message=message)])

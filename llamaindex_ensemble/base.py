@@ -71,6 +71,7 @@ from shared_engine.events import Event, FinishEvent
 from shared_engine.members import Member
 from shared_engine.members.chat import join_text_parts, normalize_messages
 from shared_engine.options import GenerationParams, validated
+from shared_engine.tools import ANSWER_CUT
 
 from .events import EnsembleDecisionEvent, EnsembleFinishEvent, EnsembleSpanEvent, EnsembleStepEvent, dispatcher
 
@@ -334,14 +335,30 @@ class EnsembleLLM(FunctionCallingLLM):
                                       "make a new EnsembleLLM(...) for another ensemble")
         if update and "context_window" in update:  # model_copy validates nothing: -5 went on to the prompt helper
             _check_context_window(update["context_window"])
-        return super().model_copy(update=update, deep=deep)
+        update = dict(update or {})
+        unset = "max_tokens" in update and update["max_tokens"] is None  # as the constructor reads None
+        if unset:
+            del update["max_tokens"]
+        clone = super().model_copy(update=update, deep=deep)
+        if unset:
+            clone._unset_max_tokens()
+        return clone
 
     def __setattr__(self, name: str, value: Any) -> None:
         """``llm.context_window = -5`` is refused as ``__init__`` refuses it (fields are not validated on
-        assignment; LlamaIndex's prompt helper used -5)."""
+        assignment; LlamaIndex's prompt helper used -5); ``llm.max_tokens = None`` unsets the length, as
+        ``max_tokens=None`` in ``__init__`` does (the engine was sent None, ``metadata`` failed)."""
         if name == "context_window":
             _check_context_window(value)
+        if name == "max_tokens" and value is None:
+            self._unset_max_tokens()
+            return
         super().__setattr__(name, value)
+
+    def _unset_max_tokens(self) -> None:
+        """Back to the default cap, as set by no one (``_answer_length`` then sends none)."""
+        self.__dict__["max_tokens"] = type(self).model_fields["max_tokens"].default
+        self.__pydantic_fields_set__.discard("max_tokens")
 
     def to_dict(self, **kwargs: Any) -> dict[str, Any]:
         """The fields, with ``max_tokens`` None where it was never set: ``from_dict`` then builds an LLM
@@ -682,7 +699,9 @@ class EnsembleLLM(FunctionCallingLLM):
     @staticmethod
     def _structured_result(output_cls: type[Model], response: ChatResponse) -> Model:
         problem = response.additional_kwargs.get("format_error")
-        if problem:
+        if problem:  # one cut at max_tokens says so, as ChatEnsemble's does
+            if response.additional_kwargs.get("finish_reason") == "length":
+                problem = f"{ANSWER_CUT}: {problem}"
             raise ValueError(f"the ensemble's answer is not a valid {output_cls.__name__}: {problem}")
         return output_cls.model_validate_json(response.message.content or "")
 

@@ -675,13 +675,20 @@ class ToolCallParser:
         return list(calls)
 
 
+ANSWER_CUT = "the answer was cut by max_tokens before its JSON ended"
+"""Why a structured answer the engine found invalid (``format_error``) failed where it ended at its length
+cap (finish "length"), as both adapters say it: it names ``max_tokens``, the user's remedy, where "not
+valid JSON" alone read as the members' fault."""
+
+
 def format_error(text: str, response_format: ResponseFormat) -> str | None:
     """Why ``text`` is not the JSON ``response_format`` asks for (None: it is)."""
     body = text.strip()
     try:
         value = json.loads(body)
     except json.JSONDecodeError as err:
-        return f"not valid JSON ({err.msg} at character {err.pos})"
+        # some of json's messages end in "at" ("Unterminated string starting at"): not "at at character 6"
+        return f"not valid JSON ({err.msg.removesuffix(' at')} at character {err.pos})"
     if not isinstance(value, dict):
         return f"a JSON {type(value).__name__}, not an object"
     spec = response_format.json_schema  # json_object may carry one too: checked, not shown to the members
