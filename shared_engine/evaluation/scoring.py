@@ -87,11 +87,50 @@ def parse_number(text: str) -> Fraction | None:
         return None
 
 
+# what a stated answer that is a calculation starts with, up to its first '=': numbers, operators, currency,
+# brackets, LaTeX operators and a unit after a number or a '/' ("$2 * 13 = $26", "3 x 5 = 15", "18 eggs = $36",
+# "\\(2 \\times 13 = 26\\)", "15 gallons * 8 pints / gallon = 120", "3 km per hour * 2 = 6"; not a reason's
+# "18 because 2 + 1 = 3"), with no bracket left open (in "540 m (3 sprints x 3 = 9 ...)" the '=' is in a remark)
+_ARITHMETIC = re.compile(r"(?:[\d\s.,$+\-*/×÷xX·^%()\[\]{}]|\\(?:times|cdot|div|left|right|[()\[\]$])"
+                         r"|(?<=[\d/])\s*(?!(?i:because|since|as|so|for|from|given|which|that|when|then|and|but|if|with"
+                         r"|after|thus|hence|is|was|are|were)\b)[^\W\d_]+\b(?:\s+per\s+[^\W\d_]+\b)?)*")
+# what starts a reason given after an answer, before its '=' ("18 because ...", "18, since ...", "540 m (3 x 3 = 9)"):
+# without one, a sentence led by its number ("4 packages cost 4*$3=$12") still gives the result after its '='
+_REASON = re.compile(r"\b(?i:because|since|as|given|for|from|so|which|when|after|if|with|thus|hence|i\.e|e\.g)\b"
+                     r"|,(?!\d)|;|:(?!\d)|[(\[\u2013\u2014]")
+# a number starting a stated answer (through $, **, \(, \boxed{} and a sign): "The answer is 18 because ..." leads
+# with its answer, while "The answer is the sum of 5 and 15." and "... is that there are 9 + 6 = 15 liters" open with
+# words
+_STARTS_NUMBER = re.compile(r"(?:[\s*$(]|\\[($\[]|\\boxed\{)*-?\s*\.?\d")
+
+
+def _calculation_result(text: str) -> str:
+    """Where a stated answer has an '=', the text after the last one if the answer opens with words ("that there are
+    9 + 6 = 15 liters") or is a calculation up to its first '=' ("3 + 5 = 8" is 8); else the whole text: in "18
+    because she sells 16 - 3 - 4 = 9 eggs" the '=' is in a reason given after the answer, and reading after it
+    gave 9."""
+    before, equals, _ = text.partition("=")
+    if equals and not _STARTS_NUMBER.match(text):
+        return text.rsplit("=", 1)[-1]
+    plain = re.sub(r"\\[()\[\]]", "", before)  # LaTeX's \( \[ open maths, not a remark
+    closed = all(plain.count(a) <= plain.count(b) for a, b in ("()", "[]", "{}"))
+    calculation = bool(closed and _ARITHMETIC.fullmatch(before)) or not _REASON.search(before)
+    return text.rsplit("=", 1)[-1] if equals and calculation else text
+
+
+def _firm(answer: str) -> bool:
+    """Whether a cue's stated answer (its line after the cue) reads one way: it leads with a number, and any '=' in its
+    sentence is in a calculation. "The answer is the sum of 5 and 15." and "The answer is 5 apples per box, so for 4
+    boxes: 4 * 5 = 20" (its first number, or its result?) are not, and rank below a '####' or \\boxed{} answer."""
+    sentence = _SENTENCE_END.split(answer, 1)[0]
+    return bool(_STARTS_NUMBER.match(sentence)) and ("=" not in sentence or _calculation_result(sentence) != sentence)
+
+
 def _sentence_number(sentence: str, *, after_equals: bool) -> str | None:
     """The number a cue's sentence states (to the line's end or a full stop): after its last '=' where
-    ``after_equals`` and it shows a calculation, else its first number."""
+    ``after_equals`` and the sentence is a calculation, else its first number."""
     sentence = _SENTENCE_END.split(sentence, 1)[0]
-    number = re.search(_NUMBER, sentence.rsplit("=", 1)[-1] if after_equals else sentence)
+    number = re.search(_NUMBER, _calculation_result(sentence) if after_equals else sentence)
     return number.group(0) if number else None
 
 
@@ -107,22 +146,23 @@ def _denied_values(output: str) -> list[tuple[int, Fraction]]:
     return denied
 
 
-def _stated_number(output: str) -> str | None:
+def _stated_number(output: str) -> tuple[str | None, bool]:
     """The number stated after the last cue ('answer is', or a line's 'Answer: 42') that states one, on its line or a
-    later one, and is not taken back: its sentence
-    (to the line's end or a full stop), after its last '=' where it shows a calculation ("The answer is
-    $2 * 13 = $26." is 26, not 2), else its first number (``\\(18\\)``, ``\\$18`` and ``**18**`` read
-    through). A later denial of that number ("the answer is not 12") takes it back, so a self-correction
-    is not read as the answer it corrects, and no earlier cue stands in for it (that answer had replaced
-    them): the next rule reads one. A denial of another number takes back nothing ("So the answer is 15.
-    The answer is not 16." is 15; dropping every cue before a denial read the denied 16)."""
+    later one, and is not taken back: its sentence (to the line's end or a full stop), after its last '=' where it
+    shows a calculation ("The answer is $2 * 13 = $26." is 26, not 2), else its first number (``\\(18\\)``, ``\\$18``
+    and ``**18**`` read through); with whether that cue is :func:`_firm` (the caller ranks a loose one, "The answer
+    is the sum of 5 and 15.", below a '####' or \\boxed{} answer, which it read 5 over). A later denial
+    of that number ("the answer is not 12") takes it back, so a self-correction is not read as the answer it
+    corrects, and no earlier cue stands in for it (that answer had replaced them): the next rule reads one. A denial
+    of another number takes back nothing ("So the answer is 15. The answer is not 16." is 15; dropping every cue
+    before a denial read the denied 16)."""
     for cue in reversed(list(_ANSWER_IS.finditer(output))):
         number = _sentence_number(cue.group(1), after_equals=True)
         if number is not None:
             value = parse_number(number)
             taken_back = any(start > cue.start() and value == gone for start, gone in _denied_values(output))
-            return None if taken_back else number
-    return None
+            return (None, True) if taken_back else (number, _firm(cue.group(1)))
+    return None, True
 
 
 def _clean(number: str) -> str:
@@ -132,16 +172,20 @@ def _clean(number: str) -> str:
 
 
 def extract_number(output: str) -> str | None:
-    """The final answer: after the last 'The answer is' / 'Answer: N', else after '####', else in \\boxed{}, else the
-    last number."""
+    """The final answer: after the last 'The answer is' / 'Answer: N' that states one, where it leads with it (and
+    gives no reason with an '='), else after '####', else in \\boxed{}, else that last cue's number where it states
+    one another way ("... is that she has 9 + 6 = 15 liters", "18 because 16 - 3 - 4 = 9 eggs"), else the last
+    number."""
     output = _LATEX_FRACTION.sub(r" \1/\2", output.translate(_MINUS))
-    stated = _stated_number(output)
-    if stated is not None:
+    stated, firm = _stated_number(output)
+    if stated is not None and firm:
         return _clean(stated)
     for pattern in (re.compile(r"####\s*(" + _NUMBER + ")"), re.compile(r"\\boxed\{\s*(" + _NUMBER + ")")):
         matches = pattern.findall(output)
         if matches:
             return _clean(matches[-1])
+    if stated is not None:
+        return _clean(stated)
     numbers = re.findall(_NUMBER, output)
     return _clean(numbers[-1]) if numbers else None
 
@@ -206,10 +250,11 @@ def extract_choice(output: str, labels: str) -> str | None:
     """The chosen option letter among ``labels`` (capital letters only, but for one in parentheses or a
     box after a cue: "a" is an article). The last explicit cue by position wins ('answer is (X)',
     'Answer: X', '\\boxed{X}', 'the correct choice is X'), so a final answer beats an earlier one
-    and a later mention of another option does not; else the last 'option/choice X'; else a first
-    line that starts with the letter ("B. 4", then an explanation naming other options); else the
-    last bare '(X)'. A hedge there ("The answer is A or B.", "either B or D") is no answer: read as its
-    first letter, it scored right whenever that letter was the key."""
+    and a later mention of another option does not; else a first line that starts with the letter
+    ("B. 4", then an explanation naming other options); else the last letter called right ("D is
+    correct."); else the last 'option/choice X'; else a bare '(X)' where the output names only
+    that letter (not a walk-through of the options). A hedge there ("The answer is A or B.", "either B or
+    D") is no answer: read as its first letter, it scored right whenever that letter was the key."""
     set_ = re.escape(labels)
     low = re.escape(labels.lower())
     # the letter after a cue: "X", "(X)", "(x)", "**X**", "option X", "either X (or Y)"
@@ -218,8 +263,6 @@ def extract_choice(output: str, labels: str) -> str | None:
             rf"\\boxed\{{\s*(?:\\text\{{)?\(?([{set_}{low}])\)?\}}?\s*\}}"]
     found = [(m.start(), m.span(g)) for pattern in cues for m in re.finditer(pattern, output)
              for g in range(1, len(m.groups()) + 1) if m.group(g)]
-    if not found:
-        found = [(m.start(), m.span(1)) for m in re.finditer(rf"(?i:\b(?:option|choice))\s*\(?([{set_}])\b", output)]
     span: tuple[int, int] | None = max(found)[1] if found else None
     if span is None:
         first_line = output.strip().split("\n", 1)[0].strip()
@@ -228,9 +271,19 @@ def extract_choice(output: str, labels: str) -> str | None:
         if lead:
             group = 1 if lead.group(1) else 2
             span = (offset + lead.start(group), offset + lead.end(group))
+    # after the first line, as the docstring says: "B. Photosynthesis\n\nExplanation: Option A is wrong" named its
+    # answer first, and reading the later "option A" first gave A. A letter called right ("D is correct.", "Among the
+    # options, B is the correct answer.") beats a mention of an option ("Option A is wrong. B is correct.")
+    for pattern in (rf"(?<![\w'\u2019])\(?([{set_}])\)?\**\s+is\s+(?:the\s+)?(?:correct|right|best)\b",
+                    rf"(?i:\b(?:option|choice))\s*\(?([{set_}])\b"):
+        if span is None:
+            named = list(re.finditer(pattern, output))
+            span = named[-1].span(1) if named else None
     if span is None:
+        # only where the output names a single option in bare "(X)" form: a walk-through of "(A) ... (D) ..." (or one
+        # cut off on its way) is no answer, not the last option it reached
         bare = list(re.finditer(rf"\(([{set_}])\)", output))
-        span = bare[-1].span(1) if bare else None
+        span = bare[-1].span(1) if len({m.group(1) for m in bare}) == 1 else None
     if span is None or _hedged(output, *span, labels):
         return None
     return output[span[0]:span[1]].upper()
@@ -244,9 +297,11 @@ def score_choice(output: str, gold: str, labels: str) -> Score:
 
 # --- BBH -----------------------------------------------------------------------------------------
 
-# "answer is X" anywhere; "Answer: X" where it starts a line ("**Final Answer:** X"), not "the answer: ..." in a reason
-_BBH_CUE = re.compile(r"answer is:?\s*([^\n]*)|^[\s#*]*(?:final\s+)?answer\**\s*:\s*([^\n]*)",
-                      re.IGNORECASE | re.MULTILINE)
+# "answer is X" anywhere; "Answer: X" where it starts a line ("**Final Answer:** X"), not "the answer: ..." in a reason.
+# A denial ("The answer is not (A), since ...", "the answer isn't 7") states no answer, as for GSM8K's _ANSWER_IS: read
+# as the last cue, it gave the denied answer. "The answer is not valid" is the answer invalid, not a denial
+_BBH_CUE = re.compile(r"answer is\b(?![:\s*]*not\b(?![\s*]*valid\b)):?\s*([^\n]*)"
+                      r"|^[\s#*]*(?:final\s+)?answer\**\s*:\s*([^\n]*)", re.IGNORECASE | re.MULTILINE)
 _LABELS = ({"yes", "no"}, {"true", "false"}, {"valid", "invalid"})  # the targets that are a word of a pair
 _BRACKETS = set("()[]{}<> ")
 _NUMBER_WORDS = {w: str(i) for i, w in enumerate(
@@ -289,6 +344,8 @@ def _bbh_label(output: str, stated: str | None, pair: set[str]) -> str | None:
     the word before punctuation ("No. He did not mean to.", "**Yes**": not "No one ..."), else the
     last line that is only the word."""
     words = "|".join(sorted(pair, key=len, reverse=True))
+    if stated is not None and "invalid" in pair and re.match(r"[(\s]*not\s+valid\b", _unwrapped(stated), re.I):
+        return "invalid"  # "So the answer is not valid." (read no answer)
     if stated is not None:
         found = re.match(rf"[(\s]*({words})\b", _unwrapped(stated), flags=re.IGNORECASE)
         return found.group(1) if found else None
@@ -303,7 +360,7 @@ def _bbh_label(output: str, stated: str | None, pair: set[str]) -> str | None:
 def _bbh_number(stated: str) -> str | None:
     """A count or a result (object_counting, multistep_arithmetic): the number of the stated answer, after
     its last '=' ("8 apples", "**8**", "1 + 2 = 3", "\\boxed{-42}", "eight")."""
-    text = _unwrapped(stated).translate(_MINUS).rsplit("=", 1)[-1]
+    text = _calculation_result(_unwrapped(stated).translate(_MINUS))  # "9 because 3 + 2 = 5 fruits" is 9
     word = re.match(r"\W*([a-z]+)\b(?![-\s]+(?:one|two|three|four|five|six|seven|eight|nine|hundred|thousand)\b)",
                     text.lower())  # "eight", not the twenty of "twenty-one"
     if word and word.group(1) in _NUMBER_WORDS:
@@ -322,9 +379,9 @@ def score_bbh(output: str, gold: str) -> Score:
     option = re.fullmatch(r"\(([A-R])\)", gold.strip())
     stated = extract_bbh(output)
     if option:
-        first = re.search(r"\(([A-R])\)", stated or "")
+        first = re.search(r"\(([A-Ra-r])\)", stated or "")  # "(e)" too: in brackets a small letter is no article
         if first and stated is not None:  # "So the answer is (A) or (B)." is a hedge, no answer
-            extracted = None if _hedged(stated, *first.span(1), "ABCDEFGHIJKLMNOPQR") else first.group(1)
+            extracted = None if _hedged(stated, *first.span(1), "ABCDEFGHIJKLMNOPQR") else first.group(1).upper()
         else:
             extracted = extract_choice(stated or output, "ABCDEFGHIJKLMNOPQR")
         correct = extracted == option.group(1)
@@ -371,10 +428,18 @@ def token_f1(prediction: str, gold: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+# the lead-in of a short answer: "Answer:" in Markdown bold or a heading ("**Answer:** Paris", "### Answer: Paris")
+# and a sentence "The answer is Paris." (both read "**Answer:** Paris", "The answer is Paris" whole: exact match 0)
+_SHORT_LEAD = re.compile(r"^[\s*_#]*(?:(?:the\s+)?(?:final\s+)?answer\s+is\b[\s*_]*:?|(?:final\s+)?answer[\s*_]*:)"
+                         r"[\s*_]*", re.IGNORECASE)
+
+
 def extract_short_answer(output: str) -> str:
-    """The first non-empty line, without an 'Answer:' prefix or a trailing period."""
+    """The first non-empty line, without an 'Answer:' / 'The answer is' lead-in or a trailing period."""
     for line in output.strip().splitlines():
-        line = re.sub(r"^\s*(?:final\s+)?answer\s*:\s*", "", line.strip(), flags=re.IGNORECASE).strip()
+        line = _SHORT_LEAD.sub("", line.strip()).strip()
+        if line.count("**") % 2:  # the lead-in took one side of the bold: "**Answer: Paris**", "Answer: **Paris**"
+            line = line.strip("*").strip()
         if line:
             return line.rstrip(".").strip()
     return ""
@@ -411,7 +476,11 @@ def score_qa(output: str, golds: list[str]) -> Score:
 
 # --- translation (FLORES) --------------------------------------------------------------------------
 
-_LABEL = re.compile(r"^\s*(?:translation|übersetzung|traducere)\s*:\s*", re.IGNORECASE)
+# a label before the translation, in Markdown bold or not ("**Translation:** ...", "German: ...", "Deutsch: ..."), or a
+# lead-in on the same line ("Here's the translation: ..."): scored as part of the translation before
+_LABEL = re.compile(r"^\s*[*_]*(?:(?:translation|übersetzung|traducere|german|deutsch|english|englisch|romanian|română"
+                    r"|rumänisch)[*_]*\s*:|(?:(?:sure|okay|ok|certainly)\W{0,3})?here(?:['\u2019]s|\s+is)\b[^:\n]{0,60}?"
+                    r"(?:translation|übersetzung|traducere)[^:\n]{0,30}:)[*_]*\s*", re.IGNORECASE)
 _FENCE = re.compile(r"^\s*```[\w+-]*\s*$")
 
 
