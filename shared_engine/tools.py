@@ -66,7 +66,8 @@ from typing import Any, Literal
 
 import json_repair
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from .errors import InvalidRequestError
 from .events import Event, TokenEvent, ToolCallEvent
@@ -124,11 +125,14 @@ class ResponseFormat(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["text", "json_object", "json_schema"] = "text"
-    json_schema: JsonSchemaFormat | None = None
+    json_schema: JsonSchemaFormat | None = Field(None, validate_default=True)
 
     @field_validator("json_schema")
     @classmethod
-    def _valid_schema(cls, value: JsonSchemaFormat | None) -> JsonSchemaFormat | None:
+    def _valid_schema(cls, value: JsonSchemaFormat | None, info: ValidationInfo) -> JsonSchemaFormat | None:
+        if value is None and info.data.get("type") == "json_schema":
+            # OpenAI refuses it too: answering free JSON instead would hide the client's missing schema
+            raise PydanticCustomError("missing", "Field required where type is 'json_schema'")
         if value is not None and value.json_schema:
             try:
                 jsonschema.validators.validator_for(value.json_schema).check_schema(value.json_schema)

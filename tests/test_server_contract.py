@@ -311,6 +311,8 @@ def test_deep_nesting_is_a_400(base_url: str, body: bytes) -> None:
     ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "g"}, "tool_choice"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 3}}}},
      "response_format.json_schema"),
+    # was answered as free JSON (a 200): a client that forgot its schema was never told
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
 ])
 def test_openais_refusals_name_the_param(base_url: str, extra: dict[str, Any], param: str) -> None:
     """A forced tool_choice without tools and stream_options without streaming were accepted (OpenAI
