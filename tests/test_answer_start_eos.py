@@ -1,0 +1,90 @@
+"""An answer's first token is never EOS where fusion decides it: an empty answer is never the answer
+(turn_markers.py; ``_fuse``'s ``may_end``, which ``decode_round`` sets from ``at_answer_start``).
+
+Engine level, on toy members that memorised an empty answer (EOS straight after the prompt), so every
+member's top choice at the answer's start is EOS. Fusion (SAFE at a fused position, every-token) must
+write something there. Where no fusion runs at the answer's start (SAFE's consensus skip and its
+drafter-alone gate, AdaFuse's vote) the drafted or voted EOS is committed and the answer is empty,
+though the drafter "must write something" there (turn_markers.py) and the consensus skip is meant to
+commit exactly the fused argmax (round.py): those tests are xfail(strict=True) until that is decided.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared_engine import EnsembleEngine, GenerationResult
+from shared_engine.members import HFMember
+from tests.test_engine import answering
+
+QUESTION = "Say nothing."
+MESSAGES = [{"role": "user", "content": QUESTION}]
+
+
+def _silent(kind: str, seed: int) -> HFMember:
+    """A toy member sure of EOS right after the prompt: its greedy answer alone is empty."""
+    return answering(kind, "", QUESTION, seed, f"silent-{kind}")
+
+
+def _talker() -> HFMember:
+    return answering("metaspace", "Hi Sofia.", QUESTION, 1, "talker-metaspace")
+
+
+def _generate(members: list[HFMember], method: str, **options: Any) -> GenerationResult:
+    return EnsembleEngine(members, method=method, **options).generate(MESSAGES, max_new_tokens=6,
+                                                                      keep_events=True)
+
+
+def test_the_silent_members_really_answer_nothing_alone() -> None:
+    """The premise: each member alone (greedy) ends at once."""
+    for member in (_silent("byte_level", 0), _silent("metaspace", 1)):
+        alone = _generate([member], "single")
+        assert (alone.text, alone.finish_reason) == ("", "eos")
+
+
+def test_every_token_fusion_at_the_answers_start_never_chooses_eos() -> None:
+    """every-token fuses at every position: at the answer's start both members' EOS is the fused
+    argmax, and fusion must take the best other candidate (catches ``may_end=True`` in decode_round)."""
+    result = _generate([_silent("byte_level", 0), _silent("metaspace", 1)], "every-token")
+    fusions = [e for e in result.events if e.type == "ensemble"]
+    assert fusions and fusions[0].offset == 0 and fusions[0].chosen != "<eos>"
+    assert result.text.strip()
+
+
+def test_safe_fusion_at_the_answers_start_never_chooses_eos() -> None:
+    """SAFE where the members disagree at the answer's start (the drafter is sure of EOS, the verifier
+    of "Hi"; equal weights, no confidence gate): fusion runs there and must not end the answer."""
+    result = _generate([_silent("byte_level", 0), _talker()], "safe", drafter_confidence=None, weights=[1, 1])
+    fusions = [e for e in result.events if e.type == "ensemble"]
+    assert fusions and fusions[0].offset == 0 and fusions[0].drafted == "<eos>" and fusions[0].chosen != "<eos>"
+    assert result.text.strip() and result.stats.ensembled_tokens >= 1
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: SAFE's consensus skip commits a drafted EOS at the answer's "
+                   "start (every member agrees on it), so the answer is empty; fusion there would not end it")
+def test_safe_consensus_at_the_answers_start_does_not_end_the_answer() -> None:
+    result = _generate([_silent("byte_level", 0), _silent("metaspace", 1)], "safe", drafter_confidence=None)
+    assert result.text.strip()
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: SAFE's drafter-alone gate (default drafter_confidence 0.5) commits "
+                   "a drafted EOS at the answer's start unverified, so the answer is empty even where the "
+                   "verifier would answer")
+def test_safe_drafter_alone_gate_at_the_answers_start_does_not_end_the_answer() -> None:
+    result = _generate([_silent("byte_level", 0), _talker()], "safe")
+    assert result.text.strip()
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: AdaFuse's vote may choose EOS_KEY (end the answer) at the "
+                   "answer's start when every member is sure of EOS there, so the answer is empty")
+def test_adafuse_at_the_answers_start_does_not_end_the_answer() -> None:
+    result = _generate([_silent("byte_level", 0), _silent("metaspace", 1)], "adafuse")
+    assert result.text.strip()
+
+
+def test_adafuse_takes_a_members_words_over_an_ending_at_the_answers_start() -> None:
+    """A drafter sure of EOS and a member that answers: AdaFuse commits the answer, not an empty one."""
+    result = _generate([_silent("byte_level", 0), _talker()], "adafuse")
+    assert result.text.startswith("Hi")
