@@ -96,7 +96,9 @@ class Sampler:
         if self.top_p < 1.0:
             sorted_probs, order = torch.sort(probs, descending=True)
             cumulative = torch.cumsum(sorted_probs, dim=-1)
-            cut = cumulative - sorted_probs > self.top_p  # drop tokens outside the nucleus
+            # the nucleus is the smallest set holding top_p of the mass (Holtzman et al.; HF, vLLM): a token
+            # after which the mass already reaches top_p is outside it, also at exact equality
+            cut = cumulative - sorted_probs >= self.top_p
             sorted_probs[cut] = 0.0
             probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
         return probs / probs.sum()

@@ -444,7 +444,7 @@ def _loop_unit(text: bytes, min_bytes: int) -> bytes | None:
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     if top_p < 1.0:
         ordered, order = torch.sort(probs, descending=True)
-        keep = torch.cumsum(ordered, 0) - ordered <= top_p
+        keep = torch.cumsum(ordered, 0) - ordered < top_p  # the smallest set holding top_p
         probs = torch.zeros_like(probs).scatter_(0, order, ordered * keep)
     return probs / probs.sum()
 

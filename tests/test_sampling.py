@@ -185,3 +185,13 @@ def test_a_constrained_draw_follows_the_fused_scores_among_the_valid_candidates(
     many = torch.cat([torch.tensor([0.6, 0.4]), torch.zeros(40)])
     allowed = torch.cat([torch.ones(2, dtype=torch.bool), torch.zeros(40, dtype=torch.bool)])
     assert {_valid_choice(many, allowed, Sampler(10.0, 0.5, seed=seed)) for seed in range(50)} == {0}
+
+
+def test_the_nucleus_is_the_smallest_set_holding_top_p() -> None:
+    """At exact equality the token after which the mass reaches top_p ended the nucleus one token late
+    ([0.5, 0.25, 0.25] at top_p 0.75 kept all three; HF and vLLM keep two): a mutation hunt's question."""
+    sampler = Sampler(1.0, 0.75, seed=0)
+    kept = sampler.tempered(torch.tensor([0.5, 0.25, 0.125, 0.125]))
+    assert torch.count_nonzero(kept) == 2 and kept[0] == pytest.approx(2 / 3), kept
+    assert torch.count_nonzero(Sampler(1.0, 0.5, seed=0).tempered(torch.tensor([0.5, 0.5]))) == 1
+    assert torch.count_nonzero(Sampler(1.0, 0.51, seed=0).tempered(torch.tensor([0.5, 0.5]))) == 2
