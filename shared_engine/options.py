@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Iterable, Sequence
+import sys
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -44,6 +46,29 @@ With that weight the drafter must be the task's best member, so SAFE
 picks it per request (``drafter="auto"``: the member that best predicts the prompt's example answers;
 the first member where the prompt shows none): on TriviaQA, where Gemma-3-270m beats Qwen (12% vs 3%),
 Qwen drafting scored 7% (1 won, 6 lost against Gemma, p = 0.06), the automatic choice 11% (2 / 3)."""
+
+
+METHOD_OPTIONS: dict[str, frozenset[str]] = {
+    "draft_length": frozenset({"safe", "single"}),
+    "draft_schedule": frozenset({"safe"}),
+    "max_draft_length": frozenset({"safe"}),
+    "overlap": frozenset({"safe"}),
+    "drafter_confidence": frozenset({"safe"}),
+    "gate_threshold": frozenset({"gac-threshold"}),
+    "fusion": frozenset({"safe", "every-token", "gac-threshold"}),
+    "sharpen": frozenset({"safe", "every-token", "gac-threshold"}),
+    "plausibility": frozenset({"safe", "every-token", "gac-threshold"}),
+    "top_k": frozenset({"safe", "every-token", "gac-threshold"}),
+    **{name: frozenset({"adafuse"}) for name in
+       ("uncertainty", "threshold", "max_words", "num_candidates", "candidate_temperature", "vote")},
+}
+"""The methods that read each method-specific option; an option not named here (the generation
+parameters, drafter, weights, profile, on_member_failure, ...) is read by every method. From the
+engine's ``_round_function`` and ``policies.make_policy``: AdaFuse builds its settings from its own
+six options and fuses nothing (no fuser, sharpening or plausibility cut); every-token and
+gac-threshold draft one token a round (no schedule, no overlap) and never skip fusion on the
+drafter's confidence; only gac-threshold has the gate; single drafts ``draft_length`` tokens a
+round, fixed, and fuses nothing. ``EngineOptions`` warns where one is set for another method."""
 
 
 class GenerationParams(BaseModel):
@@ -221,6 +246,45 @@ class EngineOptions(GenerationParams):
         if self.uncertainty == "margin" and self.threshold is not None and self.threshold > 1.0:
             raise ValueError(f"a margin threshold must be in [0, 1], got {self.threshold}")
         return self
+
+    @model_validator(mode="after")
+    def _warn_ignored_by_method(self) -> EngineOptions:
+        """Warn (not refuse: scripts pass one option set to every method) where an option set here is
+        one this method never reads (``METHOD_OPTIONS``): adafuse with ``fusion="gac"`` or
+        every-token with ``drafter_confidence`` ran exactly as without it, silently. Only options given
+        with a value other than the method's default count, so a caller that passes every default
+        explicitly (the CLI's ``--max-words 3`` under safe) is not told; and not ``drafter_confidence``
+        next to a profile, which fills it whatever the method."""
+        ignored = [name for name in ignored_options(self.method, self.model_fields_set, vars(self))
+                   if not (name == "drafter_confidence" and self.profile is not None)]
+        if ignored:
+            given = "; ".join(f"{name}={getattr(self, name)!r} (read by {', '.join(sorted(METHOD_OPTIONS[name]))})"
+                              for name in ignored)
+            them = "it" if len(ignored) == 1 else "them"
+            warnings.warn(f"method {self.method!r} does not read {given}: ignored, the answer is as without "
+                          f"{them} (drop {them}, or choose a method that reads {them})", UserWarning,
+                          stacklevel=_outside_stacklevel())
+        return self
+
+
+def _outside_stacklevel() -> int:
+    """The ``stacklevel`` of the first frame outside this package and pydantic, for a warning raised in a
+    validator: it then names the caller's line (``EnsembleEngine(..., fusion="gac")``), not pydantic's."""
+    own = (__name__.rpartition(".")[0] + ".", "pydantic")
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(own):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def ignored_options(method: str, given: Iterable[str], values: Mapping[str, object]) -> list[str]:
+    """The options in ``given`` (the names a caller set) that ``method`` does not read
+    (``METHOD_OPTIONS``) and whose value in ``values`` differs from that method's default
+    (``METHOD_DEFAULTS``, else the field's): a default passed explicitly changes nothing either way."""
+    fields = EngineOptions.model_fields
+    return [name for name in fields if name in given and name in METHOD_OPTIONS
+            and method not in METHOD_OPTIONS[name]
+            and values[name] != METHOD_DEFAULTS[method].get(name, fields[name].default)]
 
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
