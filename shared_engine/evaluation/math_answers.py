@@ -36,7 +36,8 @@ def last_boxed(text: str) -> str | None:
 
 # A stated answer: "the answer is", a "Final Answer:" label anywhere (Minerva's "Final Answer: The final
 # answer is $x$. I hope it is correct.", "**Final Answer:** $x$") or an "Answer:" label leading a line.
-_CUE = re.compile(r"\banswer\s+is\b\s*:?|\bfinal\s+answer\s*(?:\*\*)?\s*:|^[ \t>#*]*answer\s*(?:\*\*)?\s*:",
+_CUE = re.compile(r"\banswer\s+is\b(?![:\s*]*(?:not|correct|right|wrong|incorrect|consistent|valid|reasonable"
+                  r"|unclear|helpful|clear)\b)\s*:?|\bfinal\s+answer\s*(?:\*\*)?\s*:|^[ \t>#*]*answer\s*(?:\*\*)?\s*:",
                   flags=re.IGNORECASE | re.MULTILINE)
 # Math delimiters an answer may open with, and what closes each ($$ before $: "$$x$$" is not "$" "$x$" "$")
 _DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
@@ -48,7 +49,7 @@ def _stated_answer(text: str) -> str | None:
 
     Only an answer that ended its line was read before, so "... is $3\\sqrt{2}$. I hope it is correct."
     had none; a closed "$...$" / "\\(...\\)" is the whole answer, whatever text follows it."""
-    text = text.lstrip(" \t*")
+    text = text.lstrip(" \t*\n").lstrip("*")
     for opening, closing in _DELIMITERS:
         if text.startswith(opening):
             # a "$" closes only unescaped: "$\\$18.90$" is one span

@@ -91,13 +91,13 @@ def parse_number(text: str) -> Fraction | None:
 # brackets, LaTeX operators and a unit after a number or a '/' ("$2 * 13 = $26", "3 x 5 = 15", "18 eggs = $36",
 # "\\(2 \\times 13 = 26\\)", "15 gallons * 8 pints / gallon = 120", "3 km per hour * 2 = 6"; not a reason's
 # "18 because 2 + 1 = 3"), with no bracket left open (in "540 m (3 sprints x 3 = 9 ...)" the '=' is in a remark)
-_ARITHMETIC = re.compile(r"(?:[\d\s.,$+\-*/×÷xX·^%()\[\]{}]|\\(?:times|cdot|div|left|right|[()\[\]$])"
+_ARITHMETIC = re.compile(r"(?:[\d\s.,$+\-*/×÷xX·^%()\[\]{}\u2013\u2014]|\\(?:times|cdot|div|left|right|[()\[\]$])"
                          r"|(?<=[\d/])\s*(?!(?i:because|since|as|so|for|from|given|which|that|when|then|and|but|if|with"
                          r"|after|thus|hence|is|was|are|were)\b)[^\W\d_]+\b(?:\s+per\s+[^\W\d_]+\b)?)*")
 # what starts a reason given after an answer, before its '=' ("18 because ...", "18, since ...", "540 m (3 x 3 = 9)"):
 # without one, a sentence led by its number ("4 packages cost 4*$3=$12") still gives the result after its '='
-_REASON = re.compile(r"\b(?i:because|since|as|given|for|from|so|which|when|after|if|with|thus|hence|i\.e|e\.g)\b"
-                     r"|,(?!\d)|;|:(?!\d)|[(\[\u2013\u2014]")
+_REASON = re.compile(r"\b(?i:because|since|as|given|so|which|when|after|if|thus|hence|i\.e|e\.g)\b"
+                     r"|,(?!\d)|;|:(?!\d)|[(\[](?=[^)\]]*$)|[\u2013\u2014](?![^\S\n]*\$?\d)")
 # a number starting a stated answer (through $, **, \(, \boxed{} and a sign): "The answer is 18 because ..." leads
 # with its answer, while "The answer is the sum of 5 and 15." and "... is that there are 9 + 6 = 15 liters" open with
 # words
@@ -146,7 +146,7 @@ def _denied_values(output: str) -> list[tuple[int, Fraction]]:
     return denied
 
 
-def _stated_number(output: str) -> tuple[str | None, bool]:
+def _stated_number(output: str) -> tuple[str | None, bool, int]:
     """The number stated after the last cue ('answer is', or a line's 'Answer: 42') that states one, on its line or a
     later one, and is not taken back: its sentence (to the line's end or a full stop), after its last '=' where it
     shows a calculation ("The answer is $2 * 13 = $26." is 26, not 2), else its first number (``\\(18\\)``, ``\\$18``
@@ -161,8 +161,8 @@ def _stated_number(output: str) -> tuple[str | None, bool]:
         if number is not None:
             value = parse_number(number)
             taken_back = any(start > cue.start() and value == gone for start, gone in _denied_values(output))
-            return (None, True) if taken_back else (number, _firm(cue.group(1)))
-    return None, True
+            return (None, True, 0) if taken_back else (number, _firm(cue.group(1)), cue.start())
+    return None, True, 0
 
 
 def _clean(number: str) -> str:
@@ -173,15 +173,16 @@ def _clean(number: str) -> str:
 
 def extract_number(output: str) -> str | None:
     """The final answer: after the last 'The answer is' / 'Answer: N' that states one, where it leads with it (and
-    gives no reason with an '='), else after '####', else in \\boxed{}, else that last cue's number where it states
-    one another way ("... is that she has 9 + 6 = 15 liters", "18 because 16 - 3 - 4 = 9 eggs"), else the last
-    number."""
+    gives no reason with an '='), else after a '####', else in a \\boxed{} (written after that cue: an earlier
+    "#### 2. Money" heading or "\\boxed{9} eggs" step is no final answer, and read 2 and 9), else that last cue's
+    number where it states one another way ("... is that she has 9 + 6 = 15 liters", "18 because 16 - 3 - 4 = 9
+    eggs"), else the last number."""
     output = _LATEX_FRACTION.sub(r" \1/\2", output.translate(_MINUS))
-    stated, firm = _stated_number(output)
+    stated, firm, at = _stated_number(output)
     if stated is not None and firm:
         return _clean(stated)
     for pattern in (re.compile(r"####\s*(" + _NUMBER + ")"), re.compile(r"\\boxed\{\s*(" + _NUMBER + ")")):
-        matches = pattern.findall(output)
+        matches = [m.group(1) for m in pattern.finditer(output) if stated is None or m.start() > at]
         if matches:
             return _clean(matches[-1])
     if stated is not None:
@@ -246,15 +247,31 @@ def _hedged(text: str, start: int, end: int, labels: str) -> bool:
     return bool(either or _OFFERED.match(text, end))
 
 
+# before a letter called right, in its clause: a supposition, a first thought or a denial ("If B is correct then ...",
+# "At first I thought A is correct", "None of A, B or C is correct"); after it, a question or a condition ("A is
+# correct? No", "A is correct only if ...")
+_SUPPOSED_BEFORE = re.compile(r"\b(?i:if|whether|suppose\w*|assum\w*|thought|none\s+of|neither|not)\b"
+                              r"(?:(?!\b(?i:but)\b)[^.?!;\n])*$")  # "A is correct if ..., but with it, D is correct"
+_SUPPOSED_AFTER = re.compile(r"\s*(?:\?|(?i:(?:only\s+)?(?:if|when)\b))")
+
+
+def _supposed(text: str, start: int, end: int) -> bool:
+    """Whether "X is correct" at ``text[start:end]`` is supposed, asked or denied rather than stated: read as the
+    answer, "A is correct? No, A is wrong. Option C." and "None of A, B or C is correct. Option D ..." gave A and C."""
+    return bool(_SUPPOSED_BEFORE.search(text, 0, start) or _SUPPOSED_AFTER.match(text, end))
+
+
 def extract_choice(output: str, labels: str) -> str | None:
     """The chosen option letter among ``labels`` (capital letters only, but for one in parentheses or a
     box after a cue: "a" is an article). The last explicit cue by position wins ('answer is (X)',
     'Answer: X', '\\boxed{X}', 'the correct choice is X'), so a final answer beats an earlier one
     and a later mention of another option does not; else a first line that starts with the letter
-    ("B. 4", then an explanation naming other options); else the last letter called right ("D is
-    correct."); else the last 'option/choice X'; else a bare '(X)' where the output names only
-    that letter (not a walk-through of the options). A hedge there ("The answer is A or B.", "either B or
-    D") is no answer: read as its first letter, it scored right whenever that letter was the key."""
+    ("B. 4", then an explanation naming other options; not the first item of a list of the options, "A. ...:
+    incorrect\\nB. ..."); else the last letter called right ("D is correct.", not one supposed, asked or denied:
+    "If B is correct ...", "A is correct? No"); else the last 'option/choice X'; else a bare '(X)' where the output
+    names only that letter, or a conclusion leads it ("Therefore (C).": not a walk-through of the options). A hedge
+    there ("The answer is A or B.", "either B or D") is no answer: read as its first letter, it scored right whenever
+    that letter was the key."""
     set_ = re.escape(labels)
     low = re.escape(labels.lower())
     # the letter after a cue: "X", "(X)", "(x)", "**X**", "option X", "either X (or Y)"
@@ -268,22 +285,30 @@ def extract_choice(output: str, labels: str) -> str | None:
         first_line = output.strip().split("\n", 1)[0].strip()
         offset = output.index(first_line) if first_line else 0
         lead = re.match(rf"\**(?:\(([{set_}])\)\**(?=[\s.:]|$)|([{set_}])(?:[.:)]\**(?=\s|$)|\**$))", first_line)
-        if lead:
+        # the first item of a list of the options ("A. ...: incorrect\nB. ...") names no answer
+        listed = {m.group(1) or m.group(2) for m in re.finditer(
+            rf"^\s*\**(?:\(([{set_}])\)|([{set_}])[.:)])", output, flags=re.MULTILINE)}
+        if lead and len(listed) < 2:
             group = 1 if lead.group(1) else 2
             span = (offset + lead.start(group), offset + lead.end(group))
     # after the first line, as the docstring says: "B. Photosynthesis\n\nExplanation: Option A is wrong" named its
     # answer first, and reading the later "option A" first gave A. A letter called right ("D is correct.", "Among the
     # options, B is the correct answer.") beats a mention of an option ("Option A is wrong. B is correct.")
-    for pattern in (rf"(?<![\w'\u2019])\(?([{set_}])\)?\**\s+is\s+(?:the\s+)?(?:correct|right|best)\b",
-                    rf"(?i:\b(?:option|choice))\s*\(?([{set_}])\b"):
-        if span is None:
-            named = list(re.finditer(pattern, output))
-            span = named[-1].span(1) if named else None
+    called_right = rf"(?<![\w'\u2019])\(?([{set_}])\)?\**\s+is\s+(?:the\s+)?(?:correct|right|best)\b"
+    if span is None:
+        named = [m for m in re.finditer(called_right, output) if not _supposed(output, m.start(), m.end())]
+        span = named[-1].span(1) if named else None
+    if span is None:
+        named = list(re.finditer(rf"(?i:\b(?:option|choice))\s*\(?([{set_}])\b", output))
+        span = named[-1].span(1) if named else None
     if span is None:
         # only where the output names a single option in bare "(X)" form: a walk-through of "(A) ... (D) ..." (or one
         # cut off on its way) is no answer, not the last option it reached
         bare = list(re.finditer(rf"\(([{set_}])\)", output))
-        span = bare[-1].span(1) if len({m.group(1) for m in bare}) == 1 else None
+        # or where a conclusion leads the last one ("We eliminate (A) and (D). ... Therefore (C).")
+        concluded = bool(bare) and bool(re.search(
+            r"\b(?i:therefore|thus|hence|so|final\w*|should\s+be|must\s+be|would\s+be)\W*$", output[:bare[-1].start()]))
+        span = bare[-1].span(1) if bare and (len({m.group(1) for m in bare}) == 1 or concluded) else None
     if span is None or _hedged(output, *span, labels):
         return None
     return output[span[0]:span[1]].upper()
@@ -299,8 +324,10 @@ def score_choice(output: str, gold: str, labels: str) -> Score:
 
 # "answer is X" anywhere; "Answer: X" where it starts a line ("**Final Answer:** X"), not "the answer: ..." in a reason.
 # A denial ("The answer is not (A), since ...", "the answer isn't 7") states no answer, as for GSM8K's _ANSWER_IS: read
-# as the last cue, it gave the denied answer. "The answer is not valid" is the answer invalid, not a denial
+# as the last cue, it gave the denied answer; one that goes on to the answer ("not (A) but (B)", "not (A), it is (B)")
+# states that. "The answer is not valid" is the answer invalid, not a denial
 _BBH_CUE = re.compile(r"answer is\b(?![:\s*]*not\b(?![\s*]*valid\b)):?\s*([^\n]*)"
+                      r"|answer is[:\s*]*not\b[^\n.]*?[\s,;]\s*(?:but|it\s+is|it['\u2019]s|rather)\s+([^\n]*)"
                       r"|^[\s#*]*(?:final\s+)?answer\**\s*:\s*([^\n]*)", re.IGNORECASE | re.MULTILINE)
 _LABELS = ({"yes", "no"}, {"true", "false"}, {"valid", "invalid"})  # the targets that are a word of a pair
 _BRACKETS = set("()[]{}<> ")
