@@ -95,12 +95,14 @@ class Policy:
             return any(m.capabilities.computes_apart for m in members)
         return self.overlap == "on"
 
-    def needs_verification(self, drafter_logits: torch.Tensor) -> bool:
+    def needs_verification(self, drafted_prob: float) -> bool:
+        """GaC's gate: the others are asked where the drafter gives the token it drafted less than the
+        threshold (its top-1 probability unless a JSON constraint or the loop guard overruled it)."""
         if not self.uses_verifiers:
             return False
         if self.gate_threshold is None:
             return True
-        return float(torch.softmax(drafter_logits, dim=-1).max()) < self.gate_threshold
+        return drafted_prob < self.gate_threshold
 
 
     @property

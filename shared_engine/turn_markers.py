@@ -32,7 +32,7 @@ Members with a chat template have no such stop string and are never changed.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 
@@ -129,3 +129,17 @@ def read_turn_markers(logits: torch.Tensor, table: TokenTable, stops: Sequence[s
         best = max(eos, key=lambda i: float(logits[i]))
         out[best] = torch.logsumexp(torch.cat([logits[best:best + 1].float(), marker_logits]), 0).to(out.dtype)
     return out, mass
+
+
+def without_ending(logits: torch.Tensor, eos: Collection[int]) -> torch.Tensor:
+    """``logits`` with the EOS ids masked, where an ensemble's answer is still only whitespace (an empty
+    answer is never the answer: fusion never ends there either). As with a turn marker above, a member
+    sure of ending at once is read by its next choice given that it writes something, so a sure SAFE
+    drafter does not end the answer empty unverified (the confidence gate, the consensus skip), nor
+    does an AdaFuse proposal of nothing win the vote. The input itself where only EOS is possible."""
+    ids = [i for i in eos if i < logits.shape[-1]]
+    if not ids:
+        return logits
+    out = logits.clone()
+    out[ids] = float("-inf")
+    return out if bool(torch.isfinite(out).any()) else logits

@@ -34,7 +34,9 @@ released SAFE code's (ensembling.md §2.2, §2.5, §2.6) plus this project's doc
 - the drafter never drafts a special token other than EOS (its bytes are a literal name such as
   '<pad>'): they are masked in its rows, which the gate and its vote then read;
 - fusion never chooses EOS where the answer holds nothing but whitespace (an empty answer is never
-  the answer); it chooses among the other candidates as the loop guard below does. (A plain-format
+  the answer); it chooses among the other candidates as the loop guard below does. There the drafter
+  of an ensemble does not draft EOS either: its row has EOS masked (the gate, its vote and speculative
+  acceptance read that row), so a drafter sure of ending at once does not end the answer empty. (A plain-format
   member's turn marker, read as its EOS, is tested in ``test_turn_markers.py``: the reference's toy
   members all have a chat template, so they have none.)
 - fusion never chooses a candidate holding part of a character (another vocabulary's byte piece)
@@ -187,6 +189,8 @@ class ReferenceSafe:
             logits = _last_logits(drafter, self.prompts[0] + self.drafter_ids + draft)[-1]
             logits[[t for t in table.special_ids - table.eos_ids if t < logits.shape[-1]]] = float("-inf")
             so_far = self.answer_bytes + b"".join(table.pieces[t] for t in draft)
+            if len(self.members) > 1 and not so_far.strip():  # an ensemble's answer is never empty
+                logits[[t for t in table.eos_ids if t < logits.shape[-1]]] = float("-inf")
             masked = logits.clone()
             for _ in range(8):
                 token = sampler.from_logits(masked)

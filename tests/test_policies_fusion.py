@@ -174,10 +174,9 @@ def test_policies_are_the_documented_methods() -> None:
     assert (every.draft, every.require_boundary, every.skip_consensus) == (DraftSchedule.fixed(1), False, False)
     gac = make_policy("gac-threshold", five, 0.4)
     assert gac.draft == DraftSchedule.fixed(1)
-    assert gac.needs_verification(torch.tensor([0.0, 0.0, 0.0]))  # max prob 1/3 < 0.4
-    assert not gac.needs_verification(torch.tensor([5.0, 0.0, 0.0]))
+    assert gac.needs_verification(1 / 3) and not gac.needs_verification(0.4)  # the drafted token's probability
     single = make_policy("single", DraftSchedule.adaptive(6, 16), 0.5)
-    assert not single.needs_verification(torch.zeros(3)) and single.draft == DraftSchedule.fixed(6)
+    assert not single.needs_verification(0.0) and single.draft == DraftSchedule.fixed(6)
 
 
 def test_sampler_seeded_is_reproducible_and_top_p_restricts() -> None:

@@ -52,6 +52,7 @@ from ..members import Session
 from ..members.base import exact_support
 from ..repetition import continues_loop
 from ..sampling import Sampler
+from ..turn_markers import at_answer_start, without_ending
 from ..words import SharedEnds, complete_word_ends, span_end, word_cut, word_ends
 from .decisions import ScoredSpan, SpanDecision
 from .report import count_span, count_span_round, count_span_source, count_turn_markers, span_event
@@ -389,6 +390,8 @@ async def _look(state: RequestState, contexts: list[list[int]], settings: AdaFus
     # a plain-format member's turn marker is its end of turn, never a word (turn_markers.py)
     read = [m.read(logits, answer, len(answer), writing=True) for m, logits in zip(state.members, raw)]
     firsts = [logits for logits, _ in read]
+    if len(state.members) > 1 and at_answer_start(answer):  # an empty answer is never the ensemble's
+        firsts = [without_ending(f, m.eos_ids) for f, m in zip(firsts, state.members)]
     measures = [settings.measure(f) for f in firsts]
     leader = max(state.weighted(), key=lambda i: (settings.sureness(measures[i]), -i))
     return _Outlook(contexts, firsts, measures, leader, shared, sum(counted for _, counted in read))

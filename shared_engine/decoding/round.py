@@ -67,7 +67,7 @@ from ..members.base import exact_support
 from ..policies import Policy, agree
 from ..repetition import continues_loop
 from ..sampling import Sampler, speculative_choice
-from ..turn_markers import at_answer_start
+from ..turn_markers import at_answer_start, without_ending
 from .decisions import FusionDecision
 from .drafts import AheadDraft, Draft
 from .report import (
@@ -97,12 +97,14 @@ class DraftBase:
     opening: bytes | None  # the answer, while it is only whitespace and the drafter has a turn marker
     tail: bytes | None  # the answer's last bytes the loop guard reads (None: guard off)
     constraint: JsonPrefix | None
+    blank: bool = False  # an ensemble's answer, still only whitespace: the drafter may not end it there
 
     @classmethod
     def of(cls, state: RequestState) -> DraftBase:
         """The committed answer."""
         opening = bytes(state.answer) if state.drafter.turn_stops and at_answer_start(state.answer) else None
-        return cls(state.drafter_target(), opening, state.loop_tail(), state.constraint)
+        blank = len(state.members) > 1 and at_answer_start(state.answer)
+        return cls(state.drafter_target(), opening, state.loop_tail(), state.constraint, blank)
 
     @classmethod
     def after(cls, state: RequestState, draft: Draft) -> DraftBase:
@@ -113,7 +115,9 @@ class DraftBase:
         if state.drafter.turn_stops and at_answer_start(state.answer) and at_answer_start(pieces):
             opening = bytes(state.answer) + pieces
         tail = None if state.loop_guard is None else state.loop_tail((state.loop_tail() or b"") + pieces)
-        return cls(state.drafter_target() + draft.ids, opening, tail, None)
+        blank = len(state.members) > 1 and at_answer_start(state.answer) and at_answer_start(pieces) \
+            and not any(t in state.drafter.eos_ids for t in draft.ids)
+        return cls(state.drafter_target() + draft.ids, opening, tail, None, blank)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,10 +150,13 @@ def _draft(state: RequestState, base: DraftBase, length: int, sampler: Sampler, 
     ids, rows, constraint, constraints, probs = [], [], base.constraint, [], []
     tail, loop_breaks, markers, ended = base.tail, 0, 0, False
     opening = base.opening  # the drafter writes the answer's first word: only whitespace so far
+    blank = base.blank
     for j in range(length):
         if opening is not None:
             logits, counted = state.drafter.read(logits, opening, len(opening), writing=True)
             markers += counted
+        if blank:  # an empty answer is never the ensemble's: fusion never ends there, nor may the drafter
+            logits = without_ending(logits, eos)
         # a special token (other than EOS) is never a draft: its stored bytes are a literal name
         # ('<pad>'), and a confident draft is committed unfused. The row keeps the mask, so the gate,
         # the drafter's vote and speculative acceptance read the distribution the draft came from.
@@ -167,6 +174,7 @@ def _draft(state: RequestState, base: DraftBase, length: int, sampler: Sampler, 
         if opening is not None:
             opening += state.drafter.table.pieces[token]
             opening = opening if at_answer_start(opening) else None
+        blank = blank and at_answer_start(state.drafter.table.pieces[token])
         ids.append(token)
         rows.append(logits)
         if stop_below is not None:
@@ -272,7 +280,9 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
     if len(draft.ids) > 1:
         yield draft_event(drafter.label, [drafter.table.pieces[t] for t in draft.ids], draft.ids)
 
-    if len(state.members) == 1 or not policy.needs_verification(draft.logits[0]):
+    # the gate reads the drafter's probability of the token it drafted: under a JSON constraint or the loop
+    # guard that is not its top choice, and the row's max read it sure where it was overruled
+    if len(state.members) == 1 or not policy.needs_verification(_first_prob(state, draft)):
         state.draft_length = policy.draft.after(chosen, kept_whole=True)
         for event in _commit_whole(state, draft):
             yield event
@@ -458,6 +468,11 @@ def _drafter_probs(state: RequestState, draft: Draft, policy: Policy) -> list[fl
         return []
     return [draft.probs[j] if j < len(draft.probs) else _drafter_prob(state, token, logits)
             for j, (token, logits) in enumerate(zip(draft.ids, draft.logits))]
+
+
+def _first_prob(state: RequestState, draft: Draft) -> float:
+    """The drafter's probability of its first drafted token (the draft's stop may have computed it)."""
+    return draft.probs[0] if draft.probs else _drafter_prob(state, draft.ids[0], draft.logits[0])
 
 
 def _drafter_prob(state: RequestState, token: int, logits: torch.Tensor) -> float:
