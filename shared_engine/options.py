@@ -181,7 +181,9 @@ class EngineOptions(GenerationParams):
     profile: str | None = Field(
         None, description="A calibration profile (JSON from `safe-ensemble calibrate`): its weights, "
                           "drafter and drafter_confidence fill the options not given here.")
-    gate_threshold: float = Field(0.5, gt=0.0, le=1.0, description="gac-threshold: fuse when the drafter gives the token it drafted less than this.")
+    gate_threshold: float = Field(
+        0.5, gt=0.0, le=1.0,
+        description="gac-threshold: fuse when the drafter gives the token it drafted less than this.")
     drafter_confidence: float | None = Field(
         None, gt=0.0, le=1.0,
         description="safe: skip fusion where the drafter's probability of its token is >= this "

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from shared_engine import EnsembleEngine, GenerationResult
 from shared_engine.members import HFMember
 from tests.test_engine import answering
