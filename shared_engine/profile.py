@@ -74,14 +74,18 @@ class EnsembleProfile(BaseModel):
         """Before the fields: a newer profile's new fields would otherwise be all the error said. The
         version is compared as the field will hold it: ``"2"`` or ``2.0`` (a hand edit, another writer)
         is version 2, refused as newer, not passed over here and then read as 2 by the field; a version
-        below 1 (none was ever written) is refused, not read as this one."""
+        below 1 (none was ever written) is refused, not read as this one; ``true``/``false`` is no whole
+        number (lax int had read ``true`` as version 1)."""
         if not isinstance(data, dict) or data.get("version") is None:
             return data  # absent: this version; null: the field refuses it
+        not_whole = ValueError(f"profile version must be a whole number (this safe-ensemble reads "
+                               f"{PROFILE_VERSION}), got {data['version']!r}")
+        if isinstance(data["version"], bool):  # lax int reads true as 1 (loaded as this version), false as 0
+            raise not_whole
         try:
             version = _VERSION.validate_python(data["version"])
         except ValidationError:
-            raise ValueError(f"profile version must be a whole number (this safe-ensemble reads "
-                             f"{PROFILE_VERSION}), got {data['version']!r}") from None
+            raise not_whole from None
         if version < 1:  # versions start at 1: 0 or -1 is no profile this or any safe-ensemble wrote
             raise ValueError(f"profile version must be 1 or more (this safe-ensemble reads {PROFILE_VERSION}), "
                              f"got {data['version']!r}")

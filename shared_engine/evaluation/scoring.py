@@ -261,6 +261,24 @@ def _supposed(text: str, start: int, end: int) -> bool:
     return bool(_SUPPOSED_BEFORE.search(text, 0, start) or _SUPPOSED_AFTER.match(text, end))
 
 
+def _denied_letters(output: str, labels: str) -> set[str]:
+    """The option letters a denial names ("The answer is not (A), since ...", "the correct choice isn't B", "the
+    answer is not A or B"): the cue skips a denial, and a fallback then read its letter as the answer (the single
+    bare "(A)" was the denial's own)."""
+    set_, low = re.escape(labels), re.escape(labels.lower())
+    letter = rf"[\s*]*(?:(?i:option|choice)\s*)?(?:\(\s*([{set_}{low}])\s*\)|([{set_}])\b(?!['\u2019]))\**"
+    denial = re.compile(rf"(?i:(?:answer|choice|option)\s+(?:isn['\u2019]?t|is[:\s*]*not))\b:?{letter}")
+    more = re.compile(rf"\s*(?:,\s*)?(?i:or|nor)\b{letter}")  # "not A or B" ("not A and B is right": B is not)
+    denied = set()
+    for match in denial.finditer(output):
+        end = match.end()
+        denied.add((match.group(1) or match.group(2)).upper())
+        while found := more.match(output, end):
+            denied.add((found.group(1) or found.group(2)).upper())
+            end = found.end()
+    return denied
+
+
 def extract_choice(output: str, labels: str) -> str | None:
     """The chosen option letter among ``labels`` (capital letters only, but for one in parentheses or a
     box after a cue: "a" is an article). The last explicit cue by position wins ('answer is (X)',
@@ -269,9 +287,10 @@ def extract_choice(output: str, labels: str) -> str | None:
     ("B. 4", then an explanation naming other options; not the first item of a list of the options, "A. ...:
     incorrect\\nB. ..."); else the last letter called right ("D is correct.", not one supposed, asked or denied:
     "If B is correct ...", "A is correct? No"); else the last 'option/choice X'; else a bare '(X)' where the output
-    names only that letter, or a conclusion leads it ("Therefore (C).": not a walk-through of the options). A hedge
-    there ("The answer is A or B.", "either B or D") is no answer: read as its first letter, it scored right whenever
-    that letter was the key."""
+    names only that letter, or a conclusion leads it ("Therefore (C).": not a walk-through of the options). No
+    fallback reads a letter a denial names ("The answer is not (A), since ..." is no answer, "not (A) but (B)" is B).
+    A hedge there ("The answer is A or B.", "either B or D") is no answer: read as its first letter, it scored right
+    whenever that letter was the key."""
     set_ = re.escape(labels)
     low = re.escape(labels.lower())
     # the letter after a cue: "X", "(X)", "(x)", "**X**", "option X", "either X (or Y)"
@@ -281,6 +300,8 @@ def extract_choice(output: str, labels: str) -> str | None:
     found = [(m.start(), m.span(g)) for pattern in cues for m in re.finditer(pattern, output)
              for g in range(1, len(m.groups()) + 1) if m.group(g)]
     span: tuple[int, int] | None = max(found)[1] if found else None
+    # a letter a denial names is no answer for the fallbacks below ("The answer is not (A), since x." read A)
+    denied = _denied_letters(output, labels) if span is None else set()
     if span is None:
         first_line = output.strip().split("\n", 1)[0].strip()
         offset = output.index(first_line) if first_line else 0
@@ -288,7 +309,7 @@ def extract_choice(output: str, labels: str) -> str | None:
         # the first item of a list of the options ("A. ...: incorrect\nB. ...") names no answer
         listed = {m.group(1) or m.group(2) for m in re.finditer(
             rf"^\s*\**(?:\(([{set_}])\)|([{set_}])[.:)])", output, flags=re.MULTILINE)}
-        if lead and len(listed) < 2:
+        if lead and len(listed) < 2 and (lead.group(1) or lead.group(2)) not in denied:
             group = 1 if lead.group(1) else 2
             span = (offset + lead.start(group), offset + lead.end(group))
     # after the first line, as the docstring says: "B. Photosynthesis\n\nExplanation: Option A is wrong" named its
@@ -296,15 +317,17 @@ def extract_choice(output: str, labels: str) -> str | None:
     # options, B is the correct answer.") beats a mention of an option ("Option A is wrong. B is correct.")
     called_right = rf"(?<![\w'\u2019])\(?([{set_}])\)?\**\s+is\s+(?:the\s+)?(?:correct|right|best)\b"
     if span is None:
-        named = [m for m in re.finditer(called_right, output) if not _supposed(output, m.start(), m.end())]
+        named = [m for m in re.finditer(called_right, output)
+                 if m.group(1) not in denied and not _supposed(output, m.start(), m.end())]
         span = named[-1].span(1) if named else None
     if span is None:
-        named = list(re.finditer(rf"(?i:\b(?:option|choice))\s*\(?([{set_}])\b", output))
+        named = [m for m in re.finditer(rf"(?i:\b(?:option|choice))\s*\(?([{set_}])\b", output)
+                 if m.group(1) not in denied]
         span = named[-1].span(1) if named else None
     if span is None:
         # only where the output names a single option in bare "(X)" form: a walk-through of "(A) ... (D) ..." (or one
         # cut off on its way) is no answer, not the last option it reached
-        bare = list(re.finditer(rf"\(([{set_}])\)", output))
+        bare = [m for m in re.finditer(rf"\(([{set_}])\)", output) if m.group(1) not in denied]
         # or where a conclusion leads the last one ("We eliminate (A) and (D). ... Therefore (C).")
         concluded = bool(bare) and bool(re.search(
             r"\b(?i:therefore|thus|hence|so|final\w*|should\s+be|must\s+be|would\s+be)\W*$", output[:bare[-1].start()]))
