@@ -27,11 +27,11 @@ def test_an_llm_over_member_configs_survives_pickle_and_to_dict(names: list[str]
     """Both wrote ``models`` beside ``members``, which ``__init__`` refused: the unpickled LLM
     (``IngestionPipeline(num_workers=N)`` pickles it) said it was closed, ``from_dict`` raised."""
     llm = EnsembleLLM(members=[MemberConfig(model=names[0]), MemberConfig(model=names[1], device="cpu")],
-                      method="every-token", max_tokens=2, draft_length=3)
+                      method="every-token", max_tokens=2, plausibility=0.25)
     for again in (pickle.loads(pickle.dumps(llm)), EnsembleLLM.from_dict(llm.to_dict()),
                   EnsembleLLM.from_json(llm.to_json())):
         assert again.models == names and again.members is not None and again.members[1].device == "cpu"
-        assert again.engine is not llm.engine and again.engine.options.draft_length == 3
+        assert again.engine is not llm.engine and again.engine.options.plausibility == 0.25
         assert again.complete("Hi").raw is not None
     with pytest.raises(InvalidRequestError, match="not both"):  # other models than the members: ambiguous
         EnsembleLLM(models=[names[1], names[0]], members=[MemberConfig(model=m) for m in names])
