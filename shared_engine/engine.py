@@ -472,8 +472,12 @@ class EnsembleEngine:
                     if index is None:
                         raise
                     state.drop_member(index, str(err))
-                    if index == 0 and self.options.weights is None:  # the heir drafts: the drafter's weight goes to it
-                        state.set_weights(self._drafter_weighted(len(state.members)))
+                    if index == 0:
+                        if self.options.weights is None:  # the heir drafts: the drafter's weight goes to it
+                            state.set_weights(self._drafter_weighted(len(state.members)))
+                        # the round was bound to the old drafter's weight: an heir weighted 0 only
+                        # proposes (no gate lets it write a token alone), one with a say is gated again
+                        next_round = self._round_function(state.drafter.weight)
             for event in state.flush():
                 yield event
             yield FinishEvent(reason=state.finish_reason, text=state.text, stats=state.finalize_stats(),
@@ -597,7 +601,7 @@ class EnsembleEngine:
         go on without it (at least one member left), else None (the error ends the request)."""
         if self.options.on_member_failure != "degrade" or len(state.members) < 2:
             return None
-        return next((i for i, m in enumerate(state.members) if m.member.name == err.member), None)
+        return _failed_member(state, err)
 
     def _round_function(self, drafter_weight: float) -> RoundFunction:
         """The method's decoding round, bound to its settings: ``(state, sampler) -> events``.
@@ -669,6 +673,38 @@ def _normalised(weights: Sequence[float]) -> torch.Tensor:
     values = torch.tensor(list(weights), dtype=torch.float64)
     values = values / values.max()
     return (values / values.sum()).to(torch.float32)
+
+
+def _failed_member(state: RequestState, err: MemberError) -> int | None:
+    """The index of the member whose failure ``err`` is, or None when that is not certain.
+
+    ``err`` names a model, and the same model may be listed twice (labels ``m``, ``m'``; even one
+    member object twice, one session each): the name alone then picked the first copy, and degrade
+    dropped a healthy member and went on with the failed one. So the member is found by identity:
+    the session or member object whose method the error was raised in (a frame of its traceback).
+    By name only where one member bears it; where neither tells one member, None (the error is raised
+    rather than a guess dropping a healthy member)."""
+    records = state.members
+    raisers = _raisers(err)
+    for attribute in ("session", "member"):
+        found = [i for i, record in enumerate(records) if id(getattr(record, attribute)) in raisers]
+        if len(found) == 1:
+            return found[0]
+    named = [i for i, record in enumerate(records) if record.member.name == err.member]
+    return named[0] if len(named) == 1 else None
+
+
+def _raisers(err: BaseException) -> set[int]:
+    """The ids of the objects whose methods ``err`` passed through (``self`` of each frame of its
+    traceback, the session or member call that raised it included)."""
+    ids: set[int] = set()
+    tb = err.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if owner is not None:
+            ids.add(id(owner))
+        tb = tb.tb_next
+    return ids
 
 
 def _finite_by_label(records: Sequence[RequestMember], values: Sequence[float]) -> dict[str, float]:

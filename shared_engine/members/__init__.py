@@ -294,7 +294,8 @@ def _connect(spec: MemberSpec, options: dict[str, Any]) -> Member:
         # The model file is not on this machine: read the tokenizer from the server itself.
         from .server_tokenizer import LlamaCppServerTokenizer
 
-        own_tokenizer = LlamaCppServerTokenizer(spec.target, options.get("http"), name=str(spec))
+        # named as the member is: an error of its calls names the member, and degrade finds it by that name
+        own_tokenizer = LlamaCppServerTokenizer(spec.target, options.get("http"), name=name)
         return LlamaCppMember(name, spec.target, own_tokenizer, **options)
     except (OSError, ValueError) as exc:  # the tokenizer the server reported is not loadable here
         raise probe.error(f"cannot load its tokenizer here ({exc}); add '#TOKENIZER' to the spec") from exc

@@ -514,7 +514,10 @@ class LlamaCppMember(RemoteMember):
             known = " or ".join(sorted(self.model_names))
             raise self.client.error(f"the server now serves {other}, not {known} (restarted on another model?): "
                                     "its answers cannot be read with this member's vocabulary; reconnect the member")
-        return sorted(results, key=lambda r: int(r.get("index", 0)))
+        try:
+            return sorted(results, key=lambda r: int(r.get("index", 0)))
+        except (TypeError, ValueError) as exc:  # an "index" that is no number: the member's error, not a bare one
+            raise self.malformed("/completion results", answer) from exc
 
     def score(self, ids: list[int], first_row: int, slot: int | None = None, fresh: bool = False) -> list[TopK]:
         """See ``RemoteMember.score`` and ``score_at``."""

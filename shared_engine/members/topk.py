@@ -25,6 +25,9 @@ import torch
 
 MIN_REST_MASS = 1e-9
 """Floor for the mass outside the top-K (rounding can make the top-K sum reach or pass 1)."""
+MAX_LOGPROB = 0.01
+"""The largest log-probability taken as a rounded 0 (a server computing in float16 reports the
+certain token's as a little above 0); above it the number is no probability at all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,12 @@ class TopK:
     def __post_init__(self) -> None:
         if len(self.ids) != len(self.logprobs) or not self.ids:
             raise ValueError("a top-K entry needs as many ids as log-probabilities, at least one")
+        # NaN or +inf (JSON NaN/Infinity, which Python's json reads) or a probability well above 1
+        # passed silently: the fused row became NaN and the answer degenerated to one id repeated.
+        # -inf is a real answer (a token the model rules out).
+        bad = next((lp for lp in self.logprobs if not lp <= MAX_LOGPROB), None)
+        if bad is not None:
+            raise ValueError(f"log-probability {bad} is not a probability's log (NaN, +inf or above 0)")
 
 
 def topk_logits(entry: TopK, vocab_size: int) -> torch.Tensor:
