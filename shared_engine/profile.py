@@ -229,8 +229,8 @@ def apply_profile(specs: Sequence[str | MemberConfig | Member], options: Mapping
         merged["weights"] = [profile.weights[j] for j in order]
     if merged.get("drafter") is None:
         merged["drafter"] = keys.index(profile.drafter)
-    elif "drafter_confidence" not in merged and \
-            _drafter_index(specs, keys, merged["drafter"]) != keys.index(profile.drafter):
+    elif "drafter_confidence" not in merged and merged.get("method", "safe") == "safe" and \
+            _drafter_index(specs, keys, merged["drafter"]) != keys.index(profile.drafter):  # safe alone reads it
         log.warning("profile %s: its drafter_confidence %s was fitted for drafter %s, not %s; pass "
                     "drafter_confidence (--drafter-confidence) to choose one for that drafter",
                     path, profile.drafter_confidence, profile.drafter, merged["drafter"])

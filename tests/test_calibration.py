@@ -671,7 +671,9 @@ def test_a_drafter_other_than_the_profiles_is_told_its_confidence_was_fitted_for
     drafter, without a word."""
     path = _profile(tmp_path, ["a", "b"], [0.3, 0.7], drafter="b")
     with caplog.at_level("WARNING"):
-        for quiet in ({"drafter": "b"}, {"drafter": 1}, {"drafter": "a", "drafter_confidence": 0.4}, {}):
+        # no other method reads drafter_confidence: nothing to tell (review 2026-12-07c)
+        others = [{"drafter": "a", "method": m} for m in ("every-token", "gac-threshold", "adafuse", "single")]
+        for quiet in ({"drafter": "b"}, {"drafter": 1}, {"drafter": "a", "drafter_confidence": 0.4}, {}, *others):
             apply_profile(["a", "b"], {"profile": str(path), **quiet})
         assert "fitted for drafter" not in caplog.text
         for drafter in ("a", 0, "llamacpp:a", "auto"):
