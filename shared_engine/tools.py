@@ -98,6 +98,17 @@ class FunctionSpec(BaseModel):
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
 
+    @field_validator("parameters")
+    @classmethod
+    def _valid_parameters(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """A schema the members are asked to fill and the forced call is decoded under: an invalid one
+        ({"type": 5}) was accepted and the forced call's arguments came out as noise (OpenAI answers 400)."""
+        try:
+            jsonschema.validators.validator_for(value).check_schema(value)
+        except jsonschema.SchemaError as err:
+            raise ValueError(f"not a valid JSON schema: {err.message}") from None
+        return value
+
 
 class ToolSpec(BaseModel):
     """An OpenAI-format tool: ``{"type": "function", "function": {"name", "description", "parameters"}}``."""

@@ -189,7 +189,7 @@ class ReferenceSafe:
             logits = _last_logits(drafter, self.prompts[0] + self.drafter_ids + draft)[-1]
             logits[[t for t in table.special_ids - table.eos_ids if t < logits.shape[-1]]] = float("-inf")
             so_far = self.answer_bytes + b"".join(table.pieces[t] for t in draft)
-            if len(self.members) > 1 and not so_far.strip():  # an ensemble's answer is never empty
+            if sum(w > 0 for w in self.weights) > 1 and not so_far.strip():  # an ensemble's answer is never empty
                 logits[[t for t in table.eos_ids if t < logits.shape[-1]]] = float("-inf")
             masked = logits.clone()
             for _ in range(8):

@@ -82,3 +82,11 @@ def test_adafuse_takes_a_members_words_over_an_ending_at_the_answers_start() -> 
     """A drafter sure of EOS and a member that answers: AdaFuse commits the answer, not an empty one."""
     result = _generate([_silent("byte_level", 0), _talker()], "adafuse")
     assert result.text.startswith("Hi")
+
+
+def test_a_member_weighted_0_has_no_say_at_the_answers_start() -> None:
+    """A member weighted 0 has no say (review of the rule above): with it, a silent drafter's answer is
+    its own, empty, as alone, under SAFE and AdaFuse."""
+    for method in ("safe", "adafuse"):
+        result = _generate([_silent("byte_level", 0), _talker()], method, weights=[1, 0])
+        assert (result.text, result.finish_reason) == ("", "eos"), (method, result.text)

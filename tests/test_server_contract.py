@@ -313,6 +313,9 @@ def test_deep_nesting_is_a_400(base_url: str, body: bytes) -> None:
      "response_format.json_schema"),
     # was answered as free JSON (a 200): a client that forgot its schema was never told
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    # an invalid tool schema was accepted, and a forced call's arguments came out as noise
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]},
+     "tools.0.function.parameters"),
 ])
 def test_openais_refusals_name_the_param(base_url: str, extra: dict[str, Any], param: str) -> None:
     """A forced tool_choice without tools and stream_options without streaming were accepted (OpenAI
@@ -320,6 +323,14 @@ def test_openais_refusals_name_the_param(base_url: str, extra: dict[str, Any], p
     response = post(base_url, {"model": MODEL, "messages": USER, "max_tokens": 2, **extra})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param, response.json()
+
+
+def test_a_field_the_engine_finds_missing_is_a_missing_parameter(base_url: str) -> None:
+    """The engine's 'Field required' came back with code null (review of 69d7ccd)."""
+    response = post(base_url, {"model": MODEL, "messages": USER, "max_tokens": 2,
+                               "response_format": {"type": "json_schema"}})
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == ("response_format.json_schema", "missing_required_parameter"), error
 
 
 @pytest.mark.parametrize("extra", [

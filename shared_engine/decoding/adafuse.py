@@ -390,7 +390,7 @@ async def _look(state: RequestState, contexts: list[list[int]], settings: AdaFus
     # a plain-format member's turn marker is its end of turn, never a word (turn_markers.py)
     read = [m.read(logits, answer, len(answer), writing=True) for m, logits in zip(state.members, raw)]
     firsts = [logits for logits, _ in read]
-    if len(state.members) > 1 and at_answer_start(answer):  # an empty answer is never the ensemble's
+    if len(state.weighted()) > 1 and at_answer_start(answer):  # an empty answer is never the ensemble's
         firsts = [without_ending(f, m.eos_ids) for f, m in zip(firsts, state.members)]
     measures = [settings.measure(f) for f in firsts]
     leader = max(state.weighted(), key=lambda i: (settings.sureness(measures[i]), -i))

@@ -97,13 +97,13 @@ class DraftBase:
     opening: bytes | None  # the answer, while it is only whitespace and the drafter has a turn marker
     tail: bytes | None  # the answer's last bytes the loop guard reads (None: guard off)
     constraint: JsonPrefix | None
-    blank: bool = False  # an ensemble's answer, still only whitespace: the drafter may not end it there
+    blank: bool = False  # an ensemble's answer (two members with a say), still only whitespace: no ending
 
     @classmethod
     def of(cls, state: RequestState) -> DraftBase:
         """The committed answer."""
         opening = bytes(state.answer) if state.drafter.turn_stops and at_answer_start(state.answer) else None
-        blank = len(state.members) > 1 and at_answer_start(state.answer)
+        blank = len(state.weighted()) > 1 and at_answer_start(state.answer)
         return cls(state.drafter_target(), opening, state.loop_tail(), state.constraint, blank)
 
     @classmethod
@@ -115,7 +115,7 @@ class DraftBase:
         if state.drafter.turn_stops and at_answer_start(state.answer) and at_answer_start(pieces):
             opening = bytes(state.answer) + pieces
         tail = None if state.loop_guard is None else state.loop_tail((state.loop_tail() or b"") + pieces)
-        blank = len(state.members) > 1 and at_answer_start(state.answer) and at_answer_start(pieces) \
+        blank = len(state.weighted()) > 1 and at_answer_start(state.answer) and at_answer_start(pieces) \
             and not any(t in state.drafter.eos_ids for t in draft.ids)
         return cls(state.drafter_target() + draft.ids, opening, tail, None, blank)
 

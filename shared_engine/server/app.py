@@ -87,7 +87,10 @@ def _engine_error(err: InvalidRequestError, prompt_field: str = "messages", answ
             message = message.replace("max_new_tokens (", f"{answer_field} (")
         param = answer_field if answer_field is not None and message.startswith(answer_field) else prompt_field
         return ApiError(400, message, param=param, code="context_length_exceeded")
-    return ApiError(400, str(err), param=_param_of(str(err)))
+    message = str(err)
+    # the engine's validation of a field the request left out ('response_format.json_schema: Field required')
+    code = "missing_required_parameter" if ": Field required" in message else None
+    return ApiError(400, message, param=_param_of(message), code=code)
 
 
 async def _check_fit(engine: EnsembleEngine, prompts: list[str], params: dict[str, Any]) -> None:
