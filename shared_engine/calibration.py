@@ -196,6 +196,8 @@ def teacher_forced(member: Member, session: Session, messages: list[dict[str, st
                                  f"{member.name}'s context window of {member.context_window} tokens")
     rows = session.sync(prompt + text.ids, len(prompt))  # rows predicting text.ids, then the next
     logprobs = (-token_nlls(rows[:-1], text.ids)).tolist()
+    if any(math.isnan(lp) for lp in logprobs):  # the caller refuses the member by name (TopK would refuse NaN)
+        return _Reading(text, logprobs, {})
     tops = {}
     for offset in keep_at or ():
         index = text.index_at(offset)
