@@ -363,7 +363,8 @@ def test_a_constraint_dead_end_keeps_the_tokens_drafted_before_it(monkeypatch: p
         monkeypatch.setattr(round_module, "constrained_token", dead_end_after_three)
         members = [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
         engine = EnsembleEngine(members[: 1 if method == "single" else 2], method=method,
-                                draft_length=draft_length, draft_schedule="fixed", drafter_confidence=None)
+                                draft_length=draft_length, drafter_confidence=None,
+                                **({} if method == "single" else {"draft_schedule": "fixed"}))  # single: fixed
         for event in engine.stream("Hello", max_new_tokens=12, response_format={"type": "json_object"}):
             if isinstance(event, FormatRetryEvent):
                 return event.text
