@@ -94,7 +94,7 @@ from shared_engine.events import Event, FinishEvent
 from shared_engine.members import member_config
 from shared_engine.members.chat import join_text_parts
 from shared_engine.members.remote import load_tokenizer
-from shared_engine.options import Method, validated
+from shared_engine.options import Method, unset_field, validated
 from shared_engine.profile import profile_digest
 from shared_engine.tools import ANSWER_CUT, forced_tool
 from shared_engine.zoo import ZOO
@@ -410,8 +410,7 @@ class ChatEnsemble(BaseChatModel):
 
     def _unset_max_tokens(self) -> None:
         """Back to the default cap, as set by no one (``_answer_length`` then sends none)."""
-        self.__dict__["max_tokens"] = type(self).model_fields["max_tokens"].default
-        self.__pydantic_fields_set__.discard("max_tokens")
+        unset_field(self, "max_tokens")
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """``update={"max_tokens": None}`` unsets the copy's length, as the constructor reads None

@@ -70,7 +70,7 @@ from shared_engine.engine import iterate_sync
 from shared_engine.events import Event, FinishEvent
 from shared_engine.members import Member
 from shared_engine.members.chat import join_text_parts, normalize_messages
-from shared_engine.options import GenerationParams, validated
+from shared_engine.options import GenerationParams, unset_field, validated
 from shared_engine.tools import ANSWER_CUT
 
 from .events import EnsembleDecisionEvent, EnsembleFinishEvent, EnsembleSpanEvent, EnsembleStepEvent, dispatcher
@@ -357,8 +357,7 @@ class EnsembleLLM(FunctionCallingLLM):
 
     def _unset_max_tokens(self) -> None:
         """Back to the default cap, as set by no one (``_answer_length`` then sends none)."""
-        self.__dict__["max_tokens"] = type(self).model_fields["max_tokens"].default
-        self.__pydantic_fields_set__.discard("max_tokens")
+        unset_field(self, "max_tokens")
 
     def to_dict(self, **kwargs: Any) -> dict[str, Any]:
         """The fields, with ``max_tokens`` None where it was never set: ``from_dict`` then builds an LLM

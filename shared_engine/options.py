@@ -292,6 +292,13 @@ def ignored_options(method: str, given: Iterable[str], values: Mapping[str, obje
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
+def unset_field(model: BaseModel, name: str) -> None:
+    """``model.<name>`` back to its default, as set by no one (out of ``model_fields_set``): the adapters'
+    ``max_tokens = None`` means "not set", and a length set by no one is never sent to the engine."""
+    model.__dict__[name] = type(model).model_fields[name].default
+    model.__pydantic_fields_set__.discard(name)
+
+
 _OTHER_NAMES = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens",
                 "stop_sequences": "stop", "random_seed": "seed"}
 """What other APIs (OpenAI, Anthropic, Mistral) call an engine parameter: users of the engine itself bring
