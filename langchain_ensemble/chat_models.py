@@ -404,13 +404,9 @@ class ChatEnsemble(BaseChatModel):
         """``llm.max_tokens = None`` unsets the length, as ``max_tokens=None`` in the constructor does
         (fields are not validated on assignment: the engine was sent None and refused every call)."""
         if name == "max_tokens" and value is None:
-            self._unset_max_tokens()
+            unset_field(self, "max_tokens")
             return
         super().__setattr__(name, value)
-
-    def _unset_max_tokens(self) -> None:
-        """Back to the default cap, as set by no one (``_answer_length`` then sends none)."""
-        unset_field(self, "max_tokens")
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """``update={"max_tokens": None}`` unsets the copy's length, as the constructor reads None
@@ -421,7 +417,7 @@ class ChatEnsemble(BaseChatModel):
             del update["max_tokens"]
         clone = super().model_copy(update=update, deep=deep)
         if unset:
-            clone._unset_max_tokens()
+            unset_field(clone, "max_tokens")
         return clone
 
     def configurable_fields(self, **kwargs: AnyConfigurableField) -> RunnableSerializable[LanguageModelInput,

@@ -341,7 +341,7 @@ class EnsembleLLM(FunctionCallingLLM):
             del update["max_tokens"]
         clone = super().model_copy(update=update, deep=deep)
         if unset:
-            clone._unset_max_tokens()
+            unset_field(clone, "max_tokens")
         return clone
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -351,13 +351,9 @@ class EnsembleLLM(FunctionCallingLLM):
         if name == "context_window":
             _check_context_window(value)
         if name == "max_tokens" and value is None:
-            self._unset_max_tokens()
+            unset_field(self, "max_tokens")
             return
         super().__setattr__(name, value)
-
-    def _unset_max_tokens(self) -> None:
-        """Back to the default cap, as set by no one (``_answer_length`` then sends none)."""
-        unset_field(self, "max_tokens")
 
     def to_dict(self, **kwargs: Any) -> dict[str, Any]:
         """The fields, with ``max_tokens`` None where it was never set: ``from_dict`` then builds an LLM

@@ -19,18 +19,13 @@ from pydantic import BaseModel
 
 from shared_engine import ContextLengthError
 from shared_engine.tools import ResponseFormat, format_error
-from tests.test_default_answer_length import PROMPT, ROOM, _narrow_verifier
+from tests.test_default_answer_length import PROMPT, ROOM, narrow_names
 from tests.toy import registered_members, toy_member
 
 
 @pytest.fixture(scope="module")
 def names() -> Iterator[list[str]]:
-    """The narrow ensemble (ROOM tokens after PROMPT) under names of this module's own."""
-    drafter = copy.copy(toy_member("a", "byte_level", "llama", 1))
-    drafter.name = "alu-a"
-    verifier = _narrow_verifier(ROOM)
-    verifier.name = "alu-b"
-    with registered_members([drafter, verifier]) as registered:
+    with narrow_names("alu") as registered:
         yield registered
 
 

@@ -11,6 +11,7 @@ import asyncio
 import copy
 import pickle
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -97,14 +98,21 @@ def test_server_with_max_tokens_too_big_names_it(base_url: str) -> None:
 # Each passed 256 where the user set none (--max-new-tokens' default, ChatEnsemble's and EnsembleLLM's
 # max_tokens), so the engine read it as asked and refused the prompt above.
 
+@contextmanager
+def narrow_names(prefix: str) -> Iterator[list[str]]:
+    """The narrow ensemble (ROOM tokens after PROMPT) registered as ``{prefix}-a``, ``{prefix}-b``, names the
+    CLI and the adapters load (each module its own: others register toys too)."""
+    drafter = copy.copy(toy_member("a", "byte_level", "llama", 1))
+    drafter.name = f"{prefix}-a"
+    verifier = _narrow_verifier(ROOM)
+    verifier.name = f"{prefix}-b"
+    with registered_members([drafter, verifier]) as registered:
+        yield registered
+
+
 @pytest.fixture(scope="module")
 def names() -> Iterator[list[str]]:
-    """The narrow ensemble under names the CLI and the adapters load (their own: others register toys too)."""
-    drafter = copy.copy(toy_member("a", "byte_level", "llama", 1))
-    drafter.name = "dal-a"
-    verifier = _narrow_verifier(ROOM)
-    verifier.name = "dal-b"
-    with registered_members([drafter, verifier]) as registered:
+    with narrow_names("dal") as registered:
         yield registered
 
 
