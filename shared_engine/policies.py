@@ -7,7 +7,7 @@ whether the boundary (OOV-like) check applies, and whether members already agree
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -95,14 +95,15 @@ class Policy:
             return any(m.capabilities.computes_apart for m in members)
         return self.overlap == "on"
 
-    def needs_verification(self, drafted_prob: float) -> bool:
+    def needs_verification(self, drafted_prob: Callable[[], float]) -> bool:
         """GaC's gate: the others are asked where the drafter gives the token it drafted less than the
-        threshold (its top-1 probability unless a JSON constraint or the loop guard overruled it)."""
+        threshold (its top-1 probability unless a JSON constraint or the loop guard overruled it).
+        ``drafted_prob`` is read only where a gate is set: a softmax over the vocabulary every round."""
         if not self.uses_verifiers:
             return False
         if self.gate_threshold is None:
             return True
-        return drafted_prob < self.gate_threshold
+        return drafted_prob() < self.gate_threshold
 
 
     @property

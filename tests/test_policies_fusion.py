@@ -174,9 +174,9 @@ def test_policies_are_the_documented_methods() -> None:
     assert (every.draft, every.require_boundary, every.skip_consensus) == (DraftSchedule.fixed(1), False, False)
     gac = make_policy("gac-threshold", five, 0.4)
     assert gac.draft == DraftSchedule.fixed(1)
-    assert gac.needs_verification(1 / 3) and not gac.needs_verification(0.4)  # the drafted token's probability
+    assert gac.needs_verification(lambda: 1 / 3) and not gac.needs_verification(lambda: 0.4)  # the drafted token's
     single = make_policy("single", DraftSchedule.adaptive(6, 16), 0.5)
-    assert not single.needs_verification(0.0) and single.draft == DraftSchedule.fixed(6)
+    assert not single.needs_verification(lambda: 0.0) and single.draft == DraftSchedule.fixed(6)
 
 
 def test_sampler_seeded_is_reproducible_and_top_p_restricts() -> None:

@@ -282,7 +282,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
 
     # the gate reads the drafter's probability of the token it drafted: under a JSON constraint or the loop
     # guard that is not its top choice, and the row's max read it sure where it was overruled
-    if len(state.members) == 1 or not policy.needs_verification(_first_prob(state, draft)):
+    if len(state.members) == 1 or not policy.needs_verification(lambda: _first_prob(state, draft)):
         state.draft_length = policy.draft.after(chosen, kept_whole=True)
         for event in _commit_whole(state, draft):
             yield event
