@@ -282,7 +282,7 @@ async def decode_round(state: RequestState, policy: Policy, fusion: FusionSettin
 
     # the gate reads the drafter's probability of the token it drafted: under a JSON constraint or the loop
     # guard that is not its top choice, and the row's max read it sure where it was overruled
-    if len(state.members) == 1 or not policy.needs_verification(lambda: _first_prob(state, draft)):
+    if len(state.members) == 1 or not policy.needs_verification(lambda: _drafted_prob(state, draft, 0)):
         state.draft_length = policy.draft.after(chosen, kept_whole=True)
         for event in _commit_whole(state, draft):
             yield event
@@ -466,13 +466,12 @@ def _drafter_probs(state: RequestState, draft: Draft, policy: Policy) -> list[fl
     without it): those the draft's stop already computed, the rest from the draft's rows."""
     if policy.confidence_gate is None:
         return []
-    return [draft.probs[j] if j < len(draft.probs) else _drafter_prob(state, token, logits)
-            for j, (token, logits) in enumerate(zip(draft.ids, draft.logits))]
+    return [_drafted_prob(state, draft, j) for j in range(len(draft.ids))]
 
 
-def _first_prob(state: RequestState, draft: Draft) -> float:
-    """The drafter's probability of its first drafted token (the draft's stop may have computed it)."""
-    return draft.probs[0] if draft.probs else _drafter_prob(state, draft.ids[0], draft.logits[0])
+def _drafted_prob(state: RequestState, draft: Draft, j: int) -> float:
+    """The drafter's probability of its ``j``-th drafted token (the draft's stop may have computed it)."""
+    return draft.probs[j] if j < len(draft.probs) else _drafter_prob(state, draft.ids[j], draft.logits[j])
 
 
 def _drafter_prob(state: RequestState, token: int, logits: torch.Tensor) -> float:
