@@ -509,7 +509,7 @@ class LlamaCppMember(RemoteMember):
         if len(results) != len(prompts) or not all(isinstance(r, dict) for r in results):
             raise self.malformed("/completion results", answer)
         other = next((r["model"] for r in results if self.model_names and isinstance(r.get("model"), str)
-                      and r["model"] not in self.model_names), None)
+                      and r["model"] not in self.model_names | PLACEHOLDER_NAMES), None)
         if other is not None:
             known = " or ".join(sorted(self.model_names))
             raise self.client.error(f"the server now serves {other}, not {known} (restarted on another model?): "
@@ -593,6 +593,13 @@ def _server_context(props: Any, default: int) -> int:
         return int(props["default_generation_settings"]["n_ctx"])
     except (KeyError, TypeError, ValueError):
         return default
+
+
+PLACEHOLDER_NAMES = frozenset({"gpt-3.5-turbo", "gpt-3.5-turbo-0613"})
+"""What a llama-server built before llama.cpp PR #17668 (2025-12) names in every ``/completion`` answer
+when started without ``--alias`` (its ``DEFAULT_OAICOMPAT_MODEL``; ``-0613`` in older builds), whatever model
+it serves, while its ``/props`` names the model's path: such an answer names no model, so it is no sign of
+a restart (which these servers' answers cannot show)."""
 
 
 def _served_names(props: Any) -> frozenset[str]:
