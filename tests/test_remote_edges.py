@@ -263,7 +263,8 @@ def test_an_sglang_server_started_with_a_shorter_context_refuses_a_long_prompt_u
     """An SGLang server started with --context-length 64 for a model of 4096 positions: the member took
     its window from the tokenizer folder (4096), so a prompt of ~100 tokens passed the engine's check
     and the server's 400 came mid-generation as a MemberError. The window now comes from the server's
-    /v1/models max_model_len (less one: SGLang refuses input + max_new_tokens >= context_len)."""
+    /v1/models max_model_len (less two: SGLang refuses input + max_new_tokens >= context_len, and
+    every request asks one new token)."""
     from shared_engine import EnsembleEngine
     from shared_engine.errors import ContextLengthError
 
@@ -272,13 +273,13 @@ def test_an_sglang_server_started_with_a_shorter_context_refuses_a_long_prompt_u
     with serve(_sglang_server(str(tmp_path), (200, _card(max_model_len=64)))) as (url, log):
         member = load_member(f"sglang:{url}", http=HttpSettings(retries=0))
         engine = EnsembleEngine([member, toy.toy_member("b", "metaspace", "gpt2", 2)], method="safe")
-        with pytest.raises(ContextLengthError, match=re.escape(f"{tmp_path}'s context window of 63 tokens")):
+        with pytest.raises(ContextLengthError, match=re.escape(f"{tmp_path}'s context window of 62 tokens")):
             engine.generate("Sofia went to the market and bought " * 8, max_new_tokens=8)
         assert all(path != "/generate" for _, path, _ in log)  # refused before any scoring
         # a longer context than the 2048 the member assumed without max_position_embeddings
         (tmp_path / "config.json").unlink()
     with serve(_sglang_server(str(tmp_path), (200, _card(max_model_len=32768)))) as (url, _):
-        assert load_member(f"sglang:{url}", http=HttpSettings(retries=0)).context_window == 32767
+        assert load_member(f"sglang:{url}", http=HttpSettings(retries=0)).context_window == 32766
 
 
 def test_an_sglang_or_vllm_server_that_reports_no_context_length_falls_back_to_the_folder(tmp_path) -> None:  # noqa: ANN001

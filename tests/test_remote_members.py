@@ -661,7 +661,8 @@ def test_connecting_by_spec_finds_the_model_and_checks_the_tokenizer(tmp_path) -
 
     with serve(handler) as (url, _):
         vllm = load_member(f"vllm:{url}#{tmp_path}")
-        assert isinstance(vllm, VLLMMember) and vllm.model == "tiny" and vllm.context_window == 512
+        # max_model_len 512, less the one new token every request asks
+        assert isinstance(vllm, VLLMMember) and vllm.model == "tiny" and vllm.context_window == 511
         assert not vllm.capabilities.prefix_cache and vllm.capabilities.k == 20
         assert vllm.capabilities.computes_apart  # served elsewhere: overlap auto is on
         sglang = load_member(f"sglang:{url}#{tmp_path}")

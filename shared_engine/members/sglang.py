@@ -40,11 +40,12 @@ def served_context_window(client: JsonClient) -> int | None:
     ``/get_model_info`` names no length in any version read (``model_path``, ``tokenizer_path``,
     ``is_generation``, ``preferred_sampling_params``, ``weight_version``).
 
-    The window is ``context_len - 1``: SGLang's tokenizer manager refuses a request when
+    The window is ``context_len - 2``: SGLang's tokenizer manager refuses a request when
     ``input tokens + max_new_tokens >= context_len`` ("Requested token count exceeds the model's
-    maximum context length"), where vLLM refuses only above ``max_model_len``. Every request here asks
-    ``max_new_tokens = 1``, so a window of ``context_len - 1`` is what the engine's check
-    (prompt + max_new_tokens <= window) needs to keep every request inside SGLang's."""
+    maximum context length"), so with the ``max_new_tokens = 1`` every request here asks (the scoring
+    call's bonus row) a prompt may hold ``context_len - 2`` ids, and the engine fills the window up to
+    its last id (a window of ``context_len - 1`` was an HTTP 400 in the last round of an answer that
+    filled it, not a finish on "length")."""
     try:
         answer = client.get("/v1/models")
     except MemberError as exc:  # a route the server lacks (or refuses): the fallback, as before
@@ -53,7 +54,7 @@ def served_context_window(client: JsonClient) -> int | None:
         return None
     try:
         length = answer["data"][0].get("max_model_len")
-        return int(length) - 1 if length and int(length) > 1 else None
+        return int(length) - 2 if length and int(length) > 2 else None
     except (KeyError, TypeError, ValueError, IndexError, AttributeError):
         return None
 
@@ -82,6 +83,7 @@ class SGLangMember(RemoteMember):
         return self.parse_score(answer, ids, first_row)
 
     def parse_score(self, answer: Any, ids: list[int], first_row: int) -> list[TopK]:
+        self.raise_if_aborted(answer)
         try:
             meta = answer["meta_info"]
             need = len(ids) - first_row
@@ -94,3 +96,14 @@ class SGLangMember(RemoteMember):
             return [TopK([int(item[1]) for item in row], [float(item[0]) for item in row]) for row in rows]
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise self.malformed("/generate", exc) from exc
+
+    def raise_if_aborted(self, answer: Any) -> None:
+        """The server's own reason where it aborted the request: SGLang answers an abort without a
+        ``status_code`` (a scheduler that died, a request aborted by the server or an admin) with HTTP 200,
+        empty logprob lists and ``meta_info.finish_reason = {"type": "abort", "message": ...}``; read as
+        rows, that was a confusing "unexpected shape" error."""
+        meta = answer.get("meta_info") if isinstance(answer, dict) else None
+        reason = meta.get("finish_reason") if isinstance(meta, dict) else None
+        if isinstance(reason, dict) and reason.get("type") == "abort":
+            message = reason.get("message") or "no reason given"
+            raise self.client.error(f"the server aborted the request: {message}")

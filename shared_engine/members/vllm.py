@@ -15,20 +15,30 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from ..errors import MemberError
 from .http import HttpSettings
 from .remote import DEFAULT_TOP_K, MemberTokenizer, RemoteMember
 from .topk import TopK
 
 TOKEN_ID_PREFIX = "token_id:"
+LOGPROBS_CAP = re.compile(r"logprobs of \d+, which is greater than max allowed: (\d+)")
+"""vLLM's refusal of more logprobs than its ``--max-logprobs`` (``_validate_logprobs``, sample and prompt)."""
 
 
 def served_model(client_answer: Any) -> tuple[str, str | None, int | None]:
-    """(served name, model root path, max_model_len) from a ``GET /v1/models`` answer."""
+    """(served name, model root path, context window) from a ``GET /v1/models`` answer.
+
+    The window is ``max_model_len - 1``: vLLM refuses a request whose prompt plus ``max_tokens`` passes
+    ``max_model_len`` (``serving_engine._validate_input``; with no ``max_tokens``, a prompt of
+    ``max_model_len`` ids), and every request here asks one new token (the scoring call's bonus row),
+    while the engine fills the window up to its last id: a prompt of ``max_model_len`` ids was an HTTP 400
+    in the last round of an answer that filled the window, not a finish on "length"."""
     first = client_answer["data"][0]
-    window = first.get("max_model_len")
-    return str(first["id"]), first.get("root"), int(window) if window else None
+    length = first.get("max_model_len")
+    return str(first["id"]), first.get("root"), int(length) - 1 if length and int(length) > 1 else None
 
 
 class VLLMMember(RemoteMember):
@@ -61,8 +71,27 @@ class VLLMMember(RemoteMember):
         return body
 
     def score(self, ids: list[int], first_row: int) -> list[TopK]:
-        answer = self.client.post("/v1/completions", self.score_request(ids, first_row))
+        try:
+            answer = self.client.post("/v1/completions", self.score_request(ids, first_row))
+        except MemberError as exc:
+            capped = self.logprobs_cap_error(exc)
+            if capped is None:
+                raise
+            raise capped from exc
         return self.parse_score(answer, ids, first_row)
+
+    def logprobs_cap_error(self, exc: MemberError) -> MemberError | None:
+        """What to do about a server started with ``--max-logprobs`` below this member's ``top_k``
+        (vLLM's HTTP 400 "Requested sample logprobs of 20, which is greater than max allowed: 5" on
+        every scoring call: the server's ``/v1/models`` does not say its cap, so it shows only here);
+        None for any other error."""
+        cap = LOGPROBS_CAP.search(exc.reason)
+        if cap is None:
+            return None
+        return self.client.error(
+            f"the server returns at most {cap.group(1)} logprobs, fewer than this member's top_k "
+            f"{self.top_k}: restart vLLM with --max-logprobs {self.top_k} (or more), or give the member "
+            f"top_k={cap.group(1)} or less (MemberConfig's top_k; load_member(..., top_k=N)) ({exc.reason})")
 
     def parse_score(self, answer: Any, ids: list[int], first_row: int) -> list[TopK]:
         try:
