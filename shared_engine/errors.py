@@ -11,6 +11,22 @@ class InvalidRequestError(EnsembleError, ValueError):
     """The request (prompt, messages or parameters) cannot be served as given."""
 
 
+class InvalidParametersError(InvalidRequestError):
+    """Parameters that failed validation (``options.validated``), with the first problem's location
+    (``"response_format.json_schema"``) and pydantic's error type (``"missing"``, ``"string_type"``): the
+    server's error ``param`` and ``code`` are read from them, not from the message's text, which a value
+    (a tool named "x: Field required") could fake and which joins every problem into one line."""
+
+    def __init__(self, message: str, loc: str | None = None, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.kind = kind
+
+    def __reduce__(self) -> tuple[type[InvalidParametersError], tuple[str, str | None, str | None]]:
+        """Rebuilt from its parts (``args`` holds the message alone), as ``MemberError``."""
+        return type(self), (str(self), self.loc, self.kind)
+
+
 class ContextLengthError(InvalidRequestError):
     """Prompt plus max_new_tokens exceed the smallest member's context window."""
 

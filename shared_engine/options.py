@@ -11,7 +11,7 @@ from typing import Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import InvalidRequestError
+from .errors import InvalidParametersError, InvalidRequestError
 
 DEFAULT_MAX_ACTIVE = 4
 """Requests that generate at once by default: what the HTTP server admits (``serve --max-active``)
@@ -358,8 +358,11 @@ def validated(model: type[ModelT], /, **values: object) -> ModelT:
     try:
         return model(**values)
     except ValidationError as err:
+        errors = err.errors()
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
             + (_unknown_name_hint(model, e["loc"]) if e["type"] == "extra_forbidden" and e["loc"] else "")
-            for e in err.errors())
-        raise InvalidRequestError(f"invalid parameters: {problems}") from None
+            for e in errors)
+        first = errors[0]
+        raise InvalidParametersError(f"invalid parameters: {problems}", loc=".".join(map(str, first["loc"])) or None,
+                                     kind=first["type"]) from None

@@ -9,7 +9,6 @@ import math
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from shared_engine import EnsembleEngine
@@ -36,7 +35,7 @@ def _infinite_nll_engine() -> EnsembleEngine:
                 event = event.model_copy(update={"candidates": [*event.candidates[:-1], last]})
             yield event
 
-    engine.astream = astream  # type: ignore[method-assign]
+    engine.astream = astream  # type: ignore[method-assign,assignment]
     return engine
 
 
@@ -73,7 +72,7 @@ def _slow_engine(ended: list[bool]) -> EnsembleEngine:
         finally:
             ended.append(finished)
 
-    engine.astream = astream  # type: ignore[method-assign]
+    engine.astream = astream  # type: ignore[method-assign,assignment]
     return engine
 
 
@@ -91,3 +90,43 @@ def test_a_chunk_the_page_cannot_show_ends_the_request() -> None:
                                timeout=60_000)
         _wait_until(lambda: bool(ended), timeout=15)
         assert ended == [False], "the generation ran to its end for a page that had stopped reading"
+
+
+# ----------------------------------------------------------------------------- engine validation's codes
+
+
+@pytest.fixture(scope="module")
+def base_url() -> Iterator[str]:
+    with serve_in_background(create_app(toy_engine())) as url:
+        yield url
+
+
+def error_of(base_url: str, extra: dict[str, Any]) -> dict[str, Any]:
+    response = post(base_url, {"model": MODEL, "messages": USER, "max_tokens": 2, **extra})
+    assert response.status_code == 400, response.text
+    error: dict[str, Any] = response.json()["error"]
+    return error
+
+
+TOOLS = [{"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize(("extra", "param", "code"), [
+    # the engine's validation: code null, where the request's own validation said invalid_type/invalid_value
+    ({"response_format": {"type": "bogus"}}, "response_format.type", "invalid_value"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}},
+     "response_format.json_schema.schema", "invalid_type"),
+    ({"tools": [{"type": "function", "function": {"name": 5}}]}, "tools.0.function.name", "invalid_type"),
+    # two problems: the param was the first's, the code ('Field required' found anywhere) the second's
+    ({"tools": [{"type": "function", "function": {"name": 5}}], "response_format": {"type": "json_schema"}},
+     "tools.0.function.name", "invalid_type"),
+    # a value holding the text the code was read from
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "x: Field required"}}},
+     "tool_choice", "invalid_value"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "invalid_value"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "missing_required_parameter"),
+])
+def test_engine_validation_codes_come_from_the_problem_named(base_url: str, extra: dict[str, Any], param: str,
+                                                             code: str) -> None:
+    error = error_of(base_url, extra)
+    assert (error["param"], error["code"]) == (param, code), error

@@ -40,7 +40,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..engine import EnsembleEngine
-from ..errors import ContextLengthError, EngineClosedError, InvalidRequestError
+from ..errors import ContextLengthError, EngineClosedError, InvalidParametersError, InvalidRequestError
 from ..events import Event
 from ..members.chat import normalize_messages
 from ..options import DEFAULT_MAX_ACTIVE, GenerationParams, validated
@@ -88,9 +88,12 @@ def _engine_error(err: InvalidRequestError, prompt_field: str = "messages", answ
         param = answer_field if answer_field is not None and message.startswith(answer_field) else prompt_field
         return ApiError(400, message, param=param, code="context_length_exceeded")
     message = str(err)
-    # the engine's validation of a field the request left out ('response_format.json_schema: Field required')
-    code = "missing_required_parameter" if ": Field required" in message else None
-    return ApiError(400, message, param=_param_of(message), code=code)
+    if isinstance(err, InvalidParametersError) and err.kind is not None:
+        # param and code from the same (first) problem, by its type: read from the message's text, a value
+        # holding ': Field required' flipped the code, and with two problems they came from different ones
+        return ApiError(400, message, param=err.loc or _param_of(message), code=_code_of(err.kind))
+    # the engine's own checks ("tool_choice 'g' is not ..."): a value the request sent that cannot be served
+    return ApiError(400, message, param=_param_of(message), code="invalid_value")
 
 
 async def _check_fit(engine: EnsembleEngine, prompts: list[str], params: dict[str, Any]) -> None:
@@ -131,9 +134,7 @@ def _validation_error(err: ValidationError, body: Any = None) -> ApiError:
     # failed as a string too); the other branches' errors at a field above it are not counted again
     first = max(range(len(errors)), key=lambda index: len(paths[index].split(".")))
     param = paths[first] or None
-    kind = errors[first]["type"]
-    code = ("missing_required_parameter" if kind == "missing" else
-            "invalid_type" if kind.endswith("_type") or kind == "model_attributes_type" else "invalid_value")
+    code = _code_of(errors[first]["type"])
     same = [error["msg"] for error, path in zip(errors, paths, strict=True) if path == paths[first]]
     text = same[0] + "".join(f", or {_without(msg, 'Input should be ')}" for msg in dict.fromkeys(same[1:]))
     message = f"{param}: {text}" if param else text
@@ -141,6 +142,12 @@ def _validation_error(err: ValidationError, body: Any = None) -> ApiError:
     if others:
         message += f" (and {others} more problem{'s' if others > 1 else ''})"
     return ApiError(400, message, param=param, code=code)
+
+
+def _code_of(kind: str) -> str:
+    """The OpenAI error code of a pydantic error type, for the request's and the engine's validation alike."""
+    return ("missing_required_parameter" if kind == "missing" else
+            "invalid_type" if kind.endswith("_type") or kind == "model_attributes_type" else "invalid_value")
 
 
 def _body_path(loc: tuple[int | str, ...], body: Any, kind: str) -> str:
