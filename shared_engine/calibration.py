@@ -22,7 +22,7 @@ question. From the log-probabilities of the answer's tokens:
 Questions used as few-shot exemplars in the evaluation's prompt are skipped, and a test split is
 refused: a profile must never be fitted on the questions it is evaluated on. A question longer than
 a member's context window is left out, with a warning naming it, and the next question is read in
-its place: ``--limit N`` fits on N questions where the split has them.
+its place: ``--limit N`` fits on N questions where the split has them (fewer: a warning says how many).
 
 Ctrl-C while the questions are read fits on those read so far (a second Ctrl-C stops the fit) and
 exits 130, as an interrupted eval does. The profile says so (``fitted.interrupted``, fitted on
@@ -228,6 +228,9 @@ def collect(members: Sequence[Member], bench: str, records: Sequence[Record], be
     next one read in its place, so ``--limit N`` gets N where the split has them."""
     asked = len(records) if limit is None else limit
     wanted = min(asked, len(records))
+    if wanted < asked:  # said before minutes of reading: the profile is fitted on fewer than asked
+        _log.warning("calibrate: --limit %d, but the split has %d question(s) to fit on (the prompt's exemplars "
+                     "and test questions left out); fitting on those", asked, wanted)
     evidence = _Evidence(nll=[0.0] * len(members), unscored=[0] * len(members), asked=wanted)
     sessions = [m.new_session() for m in members]
     too_long: list[tuple[str, str]] = []
@@ -401,6 +404,10 @@ def calibrate(models: Sequence[str | Member], bench: str = "gsm8k", data: str | 
             if _same_file(target, read):
                 raise InvalidRequestError(f"--out {out} is the data file {read}: saving the profile there would "
                                           "overwrite it; give another file")
+        shots = benchmark.exemplars  # beside the split or the data folder's: not the split, but every later
+        if shots is not None and _same_file(target, shots):  # eval and calibrate there reads its first rows
+            raise InvalidRequestError(f"--out {out} is {shots}, the file the prompt's few-shot exemplars are read "
+                                      "from: saving the profile there would overwrite it; give another file")
     names = member_keys(models)
     if len(set(names)) != len(names):  # before loading any: a load takes seconds to minutes
         raise InvalidRequestError(f"calibrate needs distinct members, got {names}")

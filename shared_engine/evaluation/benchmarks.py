@@ -40,6 +40,7 @@ class Benchmark:
     score: Callable[[str, Record], Score]
     stop: tuple[str, ...] = ()
     exclude: Callable[[Record], bool] | None = field(default=None)   # e.g. a record used as an exemplar
+    exemplars: Path | None = None     # the file the few-shot exemplars are read from (never to be overwritten)
 
     def dataset(self) -> Dataset:
         data = self.load(self.path)
@@ -162,7 +163,8 @@ def get_benchmark(name: str, data: str | None = None, pair: str | None = None) -
         train = _aux(path, "train.jsonl", "gsm8k/train.jsonl")
         return Benchmark(name, path, "accuracy", 512, datasets.load_gsm8k,
                          partial(prompts.gsm8k_messages, train_file=train),
-                         lambda out, r: scoring.score_number(out, r.answers[0]), stop=("\nQuestion:",))
+                         lambda out, r: scoring.score_number(out, r.answers[0]), stop=("\nQuestion:",),
+                         exemplars=train)
     if name == "math500":
         path = _main_path(data, "math500/test.jsonl")
         return Benchmark(name, path, "accuracy", 1024, datasets.load_math500, prompts.math_messages,
@@ -171,7 +173,7 @@ def get_benchmark(name: str, data: str | None = None, pair: str | None = None) -
         path = _main_path(data, "arc_challenge/test.jsonl")
         dev = _aux(path, "dev.jsonl", "arc_challenge/dev.jsonl")
         return Benchmark(name, path, "accuracy", 128, datasets.load_arc,
-                         partial(prompts.arc_messages, dev_file=dev), _choice_score)
+                         partial(prompts.arc_messages, dev_file=dev), _choice_score, exemplars=dev)
     if name == "mmlu-redux":
         path = _main_path(data, "mmlu_redux")
         return Benchmark(name, path, "accuracy", 384, datasets.load_mmlu_redux, prompts.mmlu_messages, _choice_score)

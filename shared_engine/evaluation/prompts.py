@@ -60,16 +60,42 @@ def format_choices(record: Record) -> str:
 
 @cache
 def gsm8k_shots(train_file: Path) -> tuple[tuple[str, str], ...]:
+    """The first ``GSM8K_SHOTS`` rows of the train split as worked exemplars. Blank lines are skipped (the
+    split's loader skips them too); a row that is no exemplar is an error naming the file and line, not a
+    JSONDecodeError or KeyError traceback from every eval and calibrate that reads the folder."""
     if not train_file.is_file():
         raise InvalidRequestError(f"GSM8K exemplars need the train split: {train_file} not found")
-    shots = []
-    with train_file.open(encoding="utf-8") as f:
-        for _, line in zip(range(GSM8K_SHOTS), f):
-            row = json.loads(line)
-            body, final = row["answer"].rsplit("####", 1)
-            body = re.sub(r"<<[^>]*>>", "", body).strip()
-            shots.append((row["question"], f"{body}\nThe answer is {final.strip()}."))
+    shots: list[tuple[str, str]] = []
+    try:
+        with train_file.open(encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if len(shots) == GSM8K_SHOTS:
+                    break
+                if line.strip():
+                    shots.append(_gsm8k_shot(line, train_file, number))
+    except UnicodeDecodeError:
+        raise InvalidRequestError(f"{train_file} is not UTF-8 text; the GSM8K exemplars are read from it "
+                                  "(GSM8K train format)") from None
     return tuple(shots)
+
+
+def _gsm8k_shot(line: str, train_file: Path, number: int) -> tuple[str, str]:
+    """One exemplar: the question and its worked solution, ``<<calc>>`` notes removed, ``#### N`` ->
+    ``The answer is N.``"""
+    at = f"{train_file}, line {number}"
+    expected = 'the GSM8K exemplars are read from its first rows, one {"question": ..., "answer": "... #### N"} per line'
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise InvalidRequestError(f"{at}: not JSON ({err.msg}); {expected}") from None
+    if not isinstance(row, dict) or not isinstance(row.get("question"), str) or \
+            not isinstance(row.get("answer"), str):
+        raise InvalidRequestError(f'{at}: no "question" and "answer" strings; {expected}')
+    if "####" not in row["answer"]:
+        raise InvalidRequestError(f'{at}: the "answer" has no "#### N" final answer; {expected}')
+    body, final = row["answer"].rsplit("####", 1)
+    body = re.sub(r"<<[^>]*>>", "", body).strip()
+    return row["question"], f"{body}\nThe answer is {final.strip()}."
 
 
 def gsm8k_messages(record: Record, train_file: Path) -> Messages:
@@ -84,11 +110,24 @@ def math_messages(record: Record) -> Messages:
 
 @cache
 def arc_shots(dev_file: Path) -> tuple[tuple[str, str], ...]:
+    """One exemplar per answer letter A-D from the dev split. Blank and unreadable lines are skipped, as
+    the split's loader skips them; a row that is JSON but no ARC record is an error naming the file, not
+    a KeyError or UnicodeDecodeError traceback from every eval and calibrate that reads the folder."""
     if not dev_file.is_file():
         raise InvalidRequestError(f"ARC exemplars need the dev split: {dev_file} not found")
+    expected = "the ARC exemplars are read from it (AI2's ARC-Challenge dev format, one record per line)"
+    try:
+        records = load_arc(dev_file).records
+    except InvalidRequestError:
+        raise
+    except UnicodeDecodeError:
+        raise InvalidRequestError(f"{dev_file} is not UTF-8 text; {expected}") from None
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as err:  # a field missing or of another type
+        what = f"no {err}" if isinstance(err, KeyError) else " ".join(f"{type(err).__name__}: {err}".split())
+        raise InvalidRequestError(f"{dev_file}: a row is no ARC record ({what}); {expected}") from None
     shots, letters = [], set()
-    for record in load_arc(dev_file).records:  # one exemplar per answer letter: tiny models copy the
-        answer = record.answers[0]              # exemplars' letters (3 plain first shots gave 80% "C")
+    for record in records:      # one exemplar per answer letter: tiny models copy the
+        answer = record.answers[0]  # exemplars' letters (3 plain first shots gave 80% "C")
         if answer in letters or len(record.choices) != 4:
             continue
         letters.add(answer)
