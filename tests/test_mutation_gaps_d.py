@@ -1,0 +1,129 @@
+"""Behaviour the suite left unpinned (mutation testing of alignment.py, decoding/adafuse.py and
+auto_weights.py): each test fails on one mutant of the code it names and passes on the code as it is.
+Pure functions, hand-made tables and fake states only, so the file stays fast."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from shared_engine.alignment import EOS_KEY, TokenTable, complete_length, valid_prefix_length
+from shared_engine.auto_weights import FitCache, answer_tokens, choose_drafter, example_answers
+from shared_engine.decoding.adafuse import Span, _candidate_keys, _leader_span, _loop_free_token
+
+
+def _table(pieces: list[bytes], special: set[int], eos: set[int]) -> TokenTable:
+    return TokenTable.from_bytes(pieces, special_ids=special, eos_ids=eos, encode=lambda text: [], name="fake")
+
+
+def test_an_incomplete_three_byte_character_led_by_0xe0_is_held_back() -> None:
+    """alignment.complete_length: a lead byte 0xE0 opens a three-byte character (U+0800..U+0FFF:
+    Devanagari, Bengali, Thai...), so its first two bytes at the end of a draft are held back until
+    the next token completes it; read as a two-byte lead, the half character counted as text and
+    every Hindi or Thai answer could be cut (and sent) inside a character."""
+    ka = "क".encode()  # U+0915: E0 A4 95
+    assert ka[0] == 0xE0
+    assert complete_length(b"x" + ka[:2]) == 1
+    assert valid_prefix_length(b"x" + ka[:2]) == 1
+    assert complete_length(b"x" + ka) == 4
+
+
+def test_the_loop_free_fallback_ends_the_answer_where_eos_is_the_drafters_best() -> None:
+    """adafuse._loop_free_token: every member proposed the loop, and the drafter's most likely token
+    that does not repeat it is its EOS: the answer ends (EOS_KEY). Without that check EOS was read as
+    the text of its piece, and the answer got the literal '</s>' and went on."""
+    table = _table([b"<pad>", b"</s>", b"a", b" b"], {0, 1}, {1})
+    state = SimpleNamespace(members=[SimpleNamespace(table=table, eos_ids=table.eos_ids)],
+                            loop_at=lambda tail: None, loop_tail=lambda: b"")
+    assert _loop_free_token(state, torch.tensor([0.0, 9.0, 2.0, 3.0]), 0) == EOS_KEY  # type: ignore[arg-type]
+
+
+def test_tables_with_the_same_pieces_but_other_eos_ids_are_no_same_vocabulary() -> None:
+    """alignment.TokenTable.same_vocabulary: a verifier with the drafter's vocabulary reads the
+    drafter's own ids instead of re-tokenizing, EOS included; where the two end their turn with other
+    ids (a base and an instruct model of one family: '<|endoftext|>' vs '<|im_end|>'), the drafter's
+    EOS id would be read as the verifier's and its end-of-answer mass taken from the wrong id."""
+    pieces = [b"<|endoftext|>", b"<|im_end|>", b"a", b" b"]
+    base, instruct = _table(pieces, {0, 1}, {0}), _table(pieces, {0, 1}, {1})
+    assert base.same_vocabulary(_table(pieces, {0, 1}, {0}))
+    assert not base.same_vocabulary(instruct) and not instruct.same_vocabulary(base)
+
+
+def test_a_drafter_weighted_zero_gives_no_fallback_candidate() -> None:
+    """adafuse._candidate_keys: where no member proposed anything spellable, the round's one candidate
+    is the most likely token of the first *weighted* member: a drafter weighted 0 has no say (it
+    neither proposes nor scores), so its own best token must not become the answer either."""
+    drafter, verifier = _table([b"</s>", b" x", b" y"], {0}, {0}), _table([b"</s>", b" x", b" y"], {0}, {0})
+    state = SimpleNamespace(weighted=lambda: [1], loop_guard=None,
+                            members=[SimpleNamespace(table=drafter), SimpleNamespace(table=verifier)])
+    outlook = SimpleNamespace(firsts=[torch.tensor([0.0, 5.0, 1.0]), torch.tensor([0.0, 1.0, 5.0])])
+    keys, ruled_out = _candidate_keys(state, outlook, [[], []])  # type: ignore[arg-type]
+    assert keys == [b" y"] and ruled_out == 0
+
+
+def test_a_leader_writing_alone_reports_its_own_span_nll() -> None:
+    """adafuse._leader_span (vote="uncertain", a sure leader): the span decision's one candidate
+    carries the leader's mean NLL of its span as its score; the report (and the span card a user
+    reads to see how sure the writer was) showed 0.0 for every span written alone."""
+    state = SimpleNamespace(members=[SimpleNamespace(label="qwen"), SimpleNamespace(label="gemma")])
+    span = Span(b" Paris", [7, 8], 1.25, 1)
+    chosen, (candidate,) = _leader_span(state, 1, [[], [span]])  # type: ignore[arg-type]
+    assert chosen == b" Paris"
+    assert candidate.score == 1.25 and candidate.member_nll == {"gemma": 1.25}
+    assert candidate.proposed_by == ["gemma"]
+
+
+class _EvenMember:
+    """A member whose every next-token distribution is uniform: two of them fit any text equally."""
+
+    def __init__(self, table: TokenTable) -> None:
+        self.table = table
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(*args)
+
+
+class _EvenSession:
+    def sync(self, ids: list[int], first: int) -> torch.Tensor:
+        return torch.zeros(len(ids) - first + 1, 16)
+
+
+def test_drafter_auto_keeps_the_configured_order_on_a_tie() -> None:
+    """auto_weights.choose_drafter: members that fit the example answers equally well keep the
+    configured drafter (the first), as documented; taking the last of the tied ones moved drafting
+    to another member (another tokenizer, other speed) for no measured reason."""
+    chars = b"QA: hiyes\n"
+    table = _table([bytes([c]) for c in chars], set(), set())
+    ids = [chars.index(c) for c in b"Q: hi\nA: yes"]
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}]
+    members: Any = [_EvenMember(table), _EvenMember(table)]
+    sessions: Any = [_EvenSession(), _EvenSession()]
+    choice = asyncio.run(choose_drafter(members, sessions, [ids, ids], messages, FitCache()))
+    assert choice.nll_per_byte[0] == choice.nll_per_byte[1] and choice.index == 0
+
+
+def test_drafter_auto_scores_the_first_example_answer_tokens_within_its_budget() -> None:
+    """auto_weights.answer_tokens: over ``budget`` example-answer tokens, the *first* ones are scored,
+    so a conversation that grows keeps the same scored prefix and finds its fit cached (FitCache);
+    the last ones changed with every new turn and were scored again each request."""
+    chars = b"QA: hiyes\n"
+    table = _table([bytes([c]) for c in chars], set(), set())
+    ids = [chars.index(c) for c in b"Q: hi\nA: yes\nQ: hi\nA: yes"]
+    member: Any = _EvenMember(table)
+    every = answer_tokens(member, ids, ["yes", "yes"])
+    assert every == [9, 10, 11, 22, 23, 24]
+    assert answer_tokens(member, ids, ["yes", "yes"], budget=4) == every[:4]
+
+
+def test_a_blank_assistant_turn_is_no_example_answer() -> None:
+    """auto_weights.example_answers: an assistant turn with only whitespace (a conversation's empty
+    reply, a template's placeholder) shows no answer; counted, its empty text is found anywhere in the
+    prompt and a prompt with no real example answer is scored as if it had one."""
+    messages: Any = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " \n"},
+                     {"role": "assistant", "content": None}, {"role": "assistant", "content": "Paris"}]
+    assert example_answers(messages) == ["Paris"]
+    assert example_answers(messages[:3]) == []
