@@ -130,3 +130,76 @@ def test_engine_validation_codes_come_from_the_problem_named(base_url: str, extr
                                                              code: str) -> None:
     error = error_of(base_url, extra)
     assert (error["param"], error["code"]) == (param, code), error
+
+
+# ----------------------------------------------------------------------------- message fields
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "get", "arguments": "{}"}}
+
+
+def _conversation(assistant: dict[str, Any], tool: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, **assistant},
+            tool if tool is not None else {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+
+
+@pytest.mark.parametrize(("messages", "path"), [
+    ([{"role": "user", "content": "hi", "bogus": 1}], "messages[0].bogus"),
+    # a misspelt key: the calls it held were dropped without a word
+    (_conversation({"toolCalls": [CALL]}), "messages[1].toolCalls"),
+    (_conversation({"tool_calls": [{**CALL, "idx": 0}]}), "messages[1].tool_calls[0].idx"),
+    (_conversation({"tool_calls": [{**CALL, "function": {**CALL["function"], "args": "{}"}}]}),
+     "messages[1].tool_calls[0].function.args"),
+])
+def test_an_unknown_message_key_is_refused_by_name(base_url: str, messages: list[dict[str, Any]], path: str) -> None:
+    error = error_of(base_url, {"messages": messages, "tools": TOOLS})
+    assert error["message"] == f"Unknown parameter: '{path}'.", error
+    assert error["code"] == "unknown_parameter" and error["param"] == path.replace("[", ".").replace("]", ""), error
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"messages": _conversation({"tool_calls": [CALL]})}, None),
+    ({"messages": _conversation({"tool_calls": [CALL]}, {"role": "tool", "content": "sunny"})},
+     "messages.2.tool_call_id"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}},
+     "response_format.json_schema.name"),
+])
+def test_fields_openai_requires_are_required(base_url: str, extra: dict[str, Any], param: str | None) -> None:
+    response = post(base_url, {"model": MODEL, "messages": USER, "max_tokens": 2, **extra})
+    if param is None:  # the same request with the field: served
+        assert response.status_code == 200, response.text
+        return
+    error = response.json()["error"]
+    assert (response.status_code, error["param"], error["code"]) == (400, param, "missing_required_parameter"), error
+
+
+def test_a_replayed_conversation_keeps_every_field_openai_defines(base_url: str) -> None:
+    """What clients send back from earlier responses: every key of the openai package's message types
+    (an assistant's refusal, audio, legacy function_call), vLLM's reasoning_content, a streamed call's index."""
+    import typing
+
+    from openai.types import chat
+
+    from shared_engine.server.openai_schema import IGNORED_MESSAGE_KEYS, ChatMessage
+
+    defined = {key for name in dir(chat) if name.startswith("ChatCompletion") and name.endswith("MessageParam")
+               and isinstance(kind := getattr(chat, name), type) for key in typing.get_type_hints(kind)}
+    assert defined and defined <= set(ChatMessage.model_fields), defined - set(ChatMessage.model_fields)
+    assert IGNORED_MESSAGE_KEYS <= set(ChatMessage.model_fields)
+    assistant = {"content": "checking", "name": "helper", "refusal": None, "audio": None, "function_call": None,
+                 "reasoning_content": "The user wants the weather.", "tool_calls": [{**CALL, "index": 0}]}
+    response = post(base_url, {"model": MODEL, "messages": _conversation(assistant), "max_tokens": 2})
+    assert response.status_code == 200, response.text
+
+
+def test_langchain_messages_are_served(base_url: str) -> None:
+    """LangChain's ChatOpenAI writes a conversation with calls and results as OpenAI's dicts, as sent."""
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+    from langchain_openai.chat_models.base import _convert_message_to_dict
+
+    messages = [SystemMessage("Be brief."), HumanMessage("Weather?"),
+                AIMessage("", tool_calls=[{"name": "get", "args": {}, "id": "c1", "type": "tool_call"}]),
+                ToolMessage("sunny", tool_call_id="c1")]
+    response = post(base_url, {"model": MODEL, "messages": [_convert_message_to_dict(m) for m in messages],
+                               "max_tokens": 2})
+    assert response.status_code == 200, response.text
+

@@ -138,6 +138,8 @@ def _validation_error(err: ValidationError, body: Any = None) -> ApiError:
     same = [error["msg"] for error, path in zip(errors, paths, strict=True) if path == paths[first]]
     text = same[0] + "".join(f", or {_without(msg, 'Input should be ')}" for msg in dict.fromkeys(same[1:]))
     message = f"{param}: {text}" if param else text
+    if code == "unknown_parameter" and param:  # OpenAI's words, with its path ('messages[0].toolCalls')
+        message = f"Unknown parameter: '{_openai_path(param)}'."
     others = sum(path != paths[first] and not paths[first].startswith(f"{path}.") for path in paths)
     if others:
         message += f" (and {others} more problem{'s' if others > 1 else ''})"
@@ -146,8 +148,13 @@ def _validation_error(err: ValidationError, body: Any = None) -> ApiError:
 
 def _code_of(kind: str) -> str:
     """The OpenAI error code of a pydantic error type, for the request's and the engine's validation alike."""
-    return ("missing_required_parameter" if kind == "missing" else
+    return ("missing_required_parameter" if kind == "missing" else "unknown_parameter" if kind == "extra_forbidden" else
             "invalid_type" if kind.endswith("_type") or kind == "model_attributes_type" else "invalid_value")
+
+
+def _openai_path(path: str) -> str:
+    """'messages.0.tool_calls.1.id' as OpenAI's messages write it: 'messages[0].tool_calls[1].id'."""
+    return re.sub(r"\.(\d+)(?=\.|$)", r"[\1]", path)
 
 
 def _body_path(loc: tuple[int | str, ...], body: Any, kind: str) -> str:
@@ -363,6 +370,8 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
             raise unknown_model(req.model)
         if problem := req.unsupported():
             raise ApiError(400, f"{problem[0]}: {problem[1]}", param=problem[0], code="unsupported_parameter")
+        if isinstance(req, ChatCompletionRequest) and (field := req.missing()):
+            raise ApiError(400, f"{field}: Field required", param=field, code="missing_required_parameter")
         if problem := req.conflict():
             raise ApiError(400, f"{problem[0]}: {problem[1]}", param=problem[0], code="invalid_value")
 

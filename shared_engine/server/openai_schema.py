@@ -49,32 +49,50 @@ class TextPart(BaseModel):
 
 
 class FunctionCallIn(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    """The function of an earlier call; any other key is refused by name (``unknown_parameter``)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     name: str
     arguments: str = "{}"
 
 
 class ToolCallIn(BaseModel):
-    """An earlier call in an assistant message of the conversation."""
+    """An earlier call in an assistant message of the conversation. Unknown keys are refused, as OpenAI
+    refuses them: ignored, a misspelt key dropped what it held without a word."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCallIn
+    index: int | None = Field(None, description="Ignored: a streamed call's position (ChoiceDeltaToolCall), which "
+                                                "clients that rebuild calls from a stream's deltas send back.")
+
+
+IGNORED_MESSAGE_KEYS = frozenset({"audio", "function_call", "refusal", "reasoning_content"})
+"""Message keys accepted and not read: the other fields of the openai package's ``ChatCompletion*MessageParam``
+types (an earlier answer's audio, legacy function call and refusal) and ``reasoning_content`` (vLLM's and
+DeepSeek's reasoning, which clients replay with the answer), so that a conversation replayed from earlier
+responses is served; any other key is refused (``unknown_parameter``)."""
 
 
 class ChatMessage(BaseModel):
-    """One input message; ``content`` may be a string or a list of text parts (no images)."""
+    """One input message; ``content`` may be a string or a list of text parts (no images). A key that is
+    neither read nor in ``IGNORED_MESSAGE_KEYS`` is refused by name, as OpenAI does: ignored, a misspelt
+    ``toolCalls`` dropped the conversation's calls without a word."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     role: Role
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    audio: Any = Field(None, exclude=True)
+    function_call: Any = Field(None, exclude=True)
+    refusal: Any = Field(None, exclude=True)
+    reasoning_content: Any = Field(None, exclude=True)
     _non_text_part: tuple[int, str] | None = PrivateAttr(None)
 
     @model_validator(mode="wrap")
@@ -265,6 +283,19 @@ class ChatCompletionRequest(_GenerationRequest):
                 return (f"messages.{m}.content.{index}",
                         f"{kind!r} parts are not supported (this server reads text only)")
         return super().unsupported()
+
+    def missing(self) -> str | None:
+        """The path of a field OpenAI requires inside a message or the response format that the request
+        left out (pydantic cannot name it: it is required for one role or one type only): a tool result
+        answers one call, and a json_schema format is named."""
+        for m, message in enumerate(self.messages):
+            if message.role == "tool" and message.tool_call_id is None:
+                return f"messages.{m}.tool_call_id"
+        schema = (self.response_format or {}).get("json_schema")
+        if (self.response_format or {}).get("type") == "json_schema" and isinstance(schema, dict) \
+                and "name" not in schema:
+            return "response_format.json_schema.name"
+        return None
 
     def conflict(self) -> tuple[str, str] | None:
         if self.tool_choice not in (None, "auto", "none") and not self.tools:
