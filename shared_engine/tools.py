@@ -160,7 +160,8 @@ class OutputOptions(BaseModel):
     tools: list[ToolSpec] | None = Field(None, description="Tools the members may call (OpenAI format).")
     tool_choice: str | bool | dict[str, Any] | None = Field(
         None, description="'auto' (default), 'none', 'required'/'any'/True, a tool name or "
-                          "{'type': 'function', 'function': {'name': ...}}.")
+                          "{'type': 'function', 'function': {'name': ...}}; Anthropic's {'type': 'any'} "
+                          "(and 'auto', 'none', 'required') reads as that string.")
     parallel_tool_calls: bool | None = Field(None, description="False: stop after the first call.")
     prefix: str = Field("", description="Text the answer starts with (prefill): the members continue it.")
     response_format: ResponseFormat | None = None
@@ -176,17 +177,32 @@ class OutputOptions(BaseModel):
                            "which are rendered as turns of a conversation.")
 
 
+_CHOICE_TYPES = ("auto", "any", "none", "required")
+
+
+def plain_tool_choice(tool_choice: Any) -> Any:
+    """Anthropic's ``{"type": "auto"|"any"|"none"}`` (and ``"required"``) as that string.
+
+    LangChain's and Anthropic's callers pass these dicts; without this they read as a tool's name
+    that names no tool. Any other value is returned as it is.
+    """
+    if isinstance(tool_choice, Mapping) and tool_choice.get("type") in _CHOICE_TYPES:
+        return tool_choice["type"]
+    return tool_choice
+
+
 def forced_tool(tool_choice: Any, names: Sequence[str]) -> str | None:
     """``tool_choice`` as None (the model decides), "any", or the one tool name that must be called."""
-    if tool_choice in (None, False, "auto", "none"):
+    choice = plain_tool_choice(tool_choice)
+    if choice in (None, False, "auto", "none"):
         return None
-    if tool_choice in (True, "any", "required"):
+    if choice in (True, "any", "required"):
         return names[0] if len(names) == 1 else "any"
-    if isinstance(tool_choice, Mapping):
-        function = tool_choice.get("function")
-        tool_choice = (function.get("name") if isinstance(function, Mapping) else None) or tool_choice.get("name")
-    if isinstance(tool_choice, str) and tool_choice in names:
-        return tool_choice
+    if isinstance(choice, Mapping):
+        function = choice.get("function")
+        choice = (function.get("name") if isinstance(function, Mapping) else None) or choice.get("name")
+    if isinstance(choice, str) and choice in names:
+        return choice
     raise InvalidRequestError(f"tool_choice {tool_choice!r} is not 'auto', 'none', 'required' or one of the "
                               f"tools {list(names)}")
 
@@ -755,13 +771,14 @@ class OutputPlan:
         if self.raw_prompt and (tools or self.response_format or options.tool_result_hint):
             raise InvalidRequestError("a raw prompt takes no tools, response_format or tool_result_hint: "
                                       "they are rendered as turns of a conversation; send messages instead")
-        if not tools and options.tool_choice not in (None, False, "none", "auto"):  # as OpenAI (and the server) say
+        choice = plain_tool_choice(options.tool_choice)
+        if not tools and choice not in (None, False, "none", "auto"):  # as OpenAI (and the server) say
             raise InvalidRequestError("tool_choice is only allowed when tools are specified (it asks for a call "
                                       f"but no tool is offered: {options.tool_choice!r})")
-        if self.response_format is not None and tools and options.tool_choice not in (None, "none", "auto"):
+        if self.response_format is not None and tools and choice not in (None, "none", "auto"):
             raise InvalidRequestError("a forced tool call and a JSON response_format cannot be combined")
-        self.forced = forced_tool(options.tool_choice, self.names) if tools else None
-        self.tools = tools if tools and options.tool_choice != "none" else None
+        self.forced = forced_tool(choice, self.names) if tools else None
+        self.tools = tools if tools and choice != "none" else None
         self.schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in self.tools or []}
         """Each offered tool's parameter schema: what a forced call is constrained to and what parsed
         arguments are typed by."""

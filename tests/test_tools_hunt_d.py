@@ -1,0 +1,44 @@
+"""Anthropic-style ``tool_choice`` dicts ({"type": "any"|"auto"|"none"|"required"}), as LangChain and
+Anthropic callers pass them: each reads as its string, and a refused value is named as it was passed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared_engine import InvalidRequestError
+from shared_engine.tools import OutputOptions, OutputPlan, forced_tool
+
+TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
+         for name in ("get_weather", "other")]
+NAMES = ["get_weather", "other"]
+
+
+@pytest.mark.parametrize(("choice", "forced"), [
+    ({"type": "any"}, "any"), ({"type": "required"}, "any"), ({"type": "auto"}, None), ({"type": "none"}, None),
+])
+def test_type_dicts_read_as_their_string(choice: dict[str, Any], forced: str | None) -> None:
+    assert forced_tool(choice, NAMES) == forced
+    assert forced_tool(choice, ["get_weather"]) == (forced and "get_weather")  # one tool: its name
+
+
+def test_the_plan_forces_offers_or_withholds_the_tools_as_the_string_would() -> None:
+    for kind in ("any", "auto", "none", "required"):
+        by_dict, by_string = (OutputPlan(OutputOptions(tools=TOOLS, tool_choice=c)) for c in ({"type": kind}, kind))
+        assert (by_dict.forced, by_dict.tools) == (by_string.forced, by_string.tools), kind
+    assert OutputPlan(OutputOptions(tools=TOOLS, tool_choice={"type": "none"})).tools is None
+    assert OutputPlan(OutputOptions(tool_choice={"type": "auto"})).tools is None  # no tools: allowed, as "auto"
+    with pytest.raises(InvalidRequestError, match="no tool is offered"):
+        OutputPlan(OutputOptions(tool_choice={"type": "any"}))
+
+
+def test_a_tool_named_by_type_tool_is_still_forced() -> None:
+    assert forced_tool({"type": "tool", "name": "other"}, NAMES) == "other"
+
+
+def test_a_refused_choice_is_named_as_passed() -> None:
+    with pytest.raises(InvalidRequestError, match=r"tool_choice \{'type': 'tool', 'name': 'nope'\}"):
+        forced_tool({"type": "tool", "name": "nope"}, NAMES)
+    with pytest.raises(InvalidRequestError, match=r"tool_choice \{'type': 'bogus'\}"):
+        forced_tool({"type": "bogus"}, NAMES)
