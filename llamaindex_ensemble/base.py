@@ -28,6 +28,7 @@ Design:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -71,7 +72,7 @@ from shared_engine.events import Event, FinishEvent
 from shared_engine.members import Member
 from shared_engine.members.chat import join_text_parts, normalize_messages
 from shared_engine.options import GenerationParams, unset_field, validated
-from shared_engine.tools import ANSWER_CUT
+from shared_engine.tools import ANSWER_CUT, plain_tool_choice
 
 from .events import EnsembleDecisionEvent, EnsembleFinishEvent, EnsembleSpanEvent, EnsembleStepEvent, dispatcher
 
@@ -488,7 +489,7 @@ class EnsembleLLM(FunctionCallingLLM):
         converted = to_engine_messages(messages)
         if output.get("tools"):
             params["tools"] = [_tool_spec(t) for t in output["tools"]]
-            choice = output.get("tool_choice")
+            choice = plain_tool_choice(output.get("tool_choice"))  # {"type": "auto"} too
             params["tool_choice"] = "required" if output.get("tool_required") and choice in (None, "auto") else choice
             if output.get("parallel_tool_calls") is not None:
                 params["parallel_tool_calls"] = output["parallel_tool_calls"]
@@ -576,8 +577,10 @@ class EnsembleLLM(FunctionCallingLLM):
     @staticmethod
     def _chat_response(turn: _Turn, delta: str | None) -> ChatResponse:
         blocks: list[Any] = [TextBlock(text=turn.text), *turn.tool_calls]
-        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks), delta=delta,
-                            raw=turn.raw, additional_kwargs=turn.additional_kwargs)
+        message = ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks)
+        if turn.tool_calls:  # LlamaIndex's streaming programs look for calls here only (as OpenAI's LLM sets it)
+            message.additional_kwargs["tool_calls"] = [_openai_call(block) for block in turn.tool_calls]
+        return ChatResponse(message=message, delta=delta, raw=turn.raw, additional_kwargs=turn.additional_kwargs)
 
     @staticmethod
     def _completion_response(turn: _Turn, delta: str | None) -> CompletionResponse:
@@ -800,7 +803,10 @@ def to_engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             else:
                 raise InvalidRequestError(f"message {i} has a {block.block_type!r} block; EnsembleLLM is "
                                           "text-only (text and tool-call blocks)")
-        for call in message.additional_kwargs.get("tool_calls") or []:  # legacy OpenAI-style field
+        # the legacy OpenAI-style field, read only where no block holds the calls: an answer of
+        # ours (as OpenAI's LLM's) carries them in both, and the calls would be sent twice
+        legacy = [] if calls else message.additional_kwargs.get("tool_calls") or []
+        for call in legacy:
             function = call.get("function", call) if isinstance(call, Mapping) else getattr(call, "function", call)
             name = function.get("name") if isinstance(function, Mapping) else getattr(function, "name", None)
             args = function.get("arguments") if isinstance(function, Mapping) else getattr(function, "arguments", {})
@@ -813,6 +819,14 @@ def to_engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             entry["tool_call_id"] = message.additional_kwargs["tool_call_id"]
         converted.append(entry)
     return converted
+
+
+def _openai_call(block: ToolCallBlock) -> dict[str, Any]:
+    """A tool call as OpenAI's message field holds it (arguments as a JSON string)."""
+    args = block.tool_kwargs
+    return {"id": block.tool_call_id, "type": "function",
+            "function": {"name": block.tool_name,
+                         "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}}
 
 
 def _tool_spec(tool: Any) -> dict[str, Any]:
