@@ -811,7 +811,8 @@ class ChatEnsemble(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        async for chunk in self._atranslated(_Translator(self), messages, stop, run_manager, kwargs):
+        translator = _Translator(self, v1_stream=self.output_version == "v1")
+        async for chunk in self._atranslated(translator, messages, stop, run_manager, kwargs):
             yield chunk
 
     async def _atranslated(self, translator: _Translator, messages: list[BaseMessage], stop: list[str] | None,
@@ -835,7 +836,8 @@ class ChatEnsemble(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        yield from self._translated(_Translator(self), messages, stop, run_manager, kwargs)
+        translator = _Translator(self, v1_stream=self.output_version == "v1")
+        yield from self._translated(translator, messages, stop, run_manager, kwargs)
 
     def _translated(self, translator: _Translator, messages: list[BaseMessage], stop: list[str] | None,
                     run_manager: CallbackManagerForLLMRun | None, kwargs: dict[str, Any]
@@ -990,22 +992,42 @@ async def _aannounce(chunks: AsyncIterator[ChatGenerationChunk], run_manager: As
 class _Translator:
     """Engine events of one request -> ``ChatGenerationChunk``s (text, tool calls, final chunk)."""
 
-    def __init__(self, model: ChatEnsemble) -> None:
+    def __init__(self, model: ChatEnsemble, *, v1_stream: bool = False) -> None:
         self.model = model
         self.call_errors: dict[str | None, str] = {}
         """Why each unreadable call is one, by id: LangChain makes streamed calls whose arguments are no
         object ``invalid_tool_calls`` with ``error`` None, and rebuilds them so as each chunk is added."""
+        self.v1_stream = v1_stream
+        """Chunks streamed to an ``output_version="v1"`` caller: they are merged by their content
+        blocks' ``index``, so each block gets its own (see ``_block_index``)."""
+        self._block, self._kind = -1, ""
+
+    def _block_index(self, kind: str) -> int:
+        """The index of this chunk's content block among all the answer's blocks, as Anthropic numbers
+        them: a run of text is one block, each call one block. langchain-core numbers v1 blocks that
+        have none by their type's runs only, so text after two calls would take the second call's
+        index, and a call's own index (its place among the calls) the first text's: merged into one."""
+        if kind != self._kind or kind == "tool_call":
+            self._block += 1
+        self._kind = kind
+        return self._block
 
     def on_event(self, event: Event) -> list[ChatGenerationChunk]:
         if event.type == "token":
-            return [ChatGenerationChunk(message=AIMessageChunk(content=event.text))] if event.text else []
+            if not event.text:
+                return []
+            content: str | list[str | dict[str, Any]] = event.text
+            if self.v1_stream:
+                content = [{"type": "text", "text": event.text, "index": self._block_index("text")}]
+            return [ChatGenerationChunk(message=AIMessageChunk(content=content))]
         if event.type == "tool_call":
             # an unreadable call's raw text as a JSON string: LangChain reads args that are no
             # object as an invalid_tool_call (raw JSON object text would pass as a call named '')
             args = json.dumps(event.raw, ensure_ascii=False) if event.error else event.arguments_json
             if event.error:
                 self.call_errors[event.id] = event.error
-            chunk = tool_call_chunk(name=event.name, args=args, id=event.id, index=event.index)
+            index = self._block_index("tool_call") if self.v1_stream else event.index  # v0: among the calls
+            chunk = tool_call_chunk(name=event.name, args=args, id=event.id, index=index)
             return [ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[chunk]))]
         if event.type == "finish":
             event.raise_if_closed_mid_answer("this ChatEnsemble")  # a stream raises after the chunks it gave
