@@ -123,7 +123,7 @@ def test_an_arc_exemplar_file_with_a_broken_row_is_an_error_naming_it(
     folder.mkdir()
     dev = folder / "dev.jsonl"
     dev.write_text("\n" + bad + "\n" + "".join(json.dumps(_arc_row(i, "ABCD"[i % 4])) + "\n" for i in range(8)))
-    with pytest.raises(InvalidRequestError, match="no ARC record") as caught:
+    with pytest.raises(InvalidRequestError, match="row 0: a row of the wrong shape") as caught:
         prompts.arc_shots(dev)
     assert str(dev) in str(caught.value)
     test = folder / "test.jsonl"
@@ -133,7 +133,7 @@ def test_an_arc_exemplar_file_with_a_broken_row_is_an_error_naming_it(
         assert main(["eval", "--bench", "arc-challenge", "--models", "a,b", "--data", str(test), "--limit", "1",
                      "--max-new-tokens", "2", "--no-progress", "--out", str(tmp_path / "ev")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {dev}: a row is no ARC record") and "Traceback" not in err
+    assert err.startswith(f"error: {dev} row 0: a row of the wrong shape") and "Traceback" not in err
 
 
 def test_an_arc_exemplar_file_with_blank_lines_gives_all_four_letters(tmp_path: Path) -> None:

@@ -16,11 +16,12 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import InvalidRequestError
 from .scoring import usable_aliases
@@ -59,7 +60,7 @@ def _jsonl(path: Path, skipped: Counter[str]) -> Iterator[dict[str, Any]]:
     in the file (the 70% split cut it off), is skipped and counted."""
     pending = ""
     with path.open(encoding="utf-8", newline="\n") as f:
-        for line in f:
+        for line in _utf8_lines(f, path):
             if not line.strip():
                 continue
             if pending and line.lstrip().startswith("{"):  # a head whose tail never came
@@ -77,6 +78,15 @@ def _jsonl(path: Path, skipped: Counter[str]) -> Iterator[dict[str, Any]]:
         skipped["malformed line"] += 1
 
 
+def _utf8_lines(lines: Iterator[str], path: Path) -> Iterator[str]:
+    """The file's lines; a file that is not UTF-8 text is an error naming it (a UnicodeDecodeError
+    traceback from every eval and calibrate that read it)."""
+    try:
+        yield from lines
+    except UnicodeDecodeError:
+        raise InvalidRequestError(f"{path} is not UTF-8 text (benchmark files are UTF-8 JSON lines)") from None
+
+
 def _rows(path: Path, keys: tuple[str, ...], skipped: Counter[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     """Numbered JSON rows holding ``keys``; an error if the file has none (not this format)."""
     count = 0
@@ -88,6 +98,18 @@ def _rows(path: Path, keys: tuple[str, ...], skipped: Counter[str]) -> Iterator[
         count += 1
     if count == 0:
         raise InvalidRequestError(f"{path}: no JSON lines with the fields {list(keys)}")
+
+
+@contextmanager
+def _row_shape(where: str) -> Iterator[None]:
+    """A row that holds the expected keys with the wrong shape inside (an ARC option without its
+    ``label``, a number where the question's text goes) is an error naming its file and row: it was
+    a KeyError/TypeError/ValidationError traceback out of ``eval`` and ``calibrate``."""
+    try:
+        yield
+    except (KeyError, IndexError, TypeError, AttributeError, ValidationError) as err:
+        detail = f"no {err}" if isinstance(err, KeyError) else str(err).splitlines()[0]
+        raise InvalidRequestError(f"{where}: a row of the wrong shape ({type(err).__name__}: {detail})") from None
 
 
 def _need_file(path: Path) -> Path:
@@ -108,8 +130,9 @@ def gsm8k_final_answer(solution: str) -> str:
 def load_gsm8k(path: Path) -> Dataset:
     records, skipped = [], Counter[str]()
     for i, row in _rows(path, ("question", "answer"), skipped):
-        records.append(Record(id=str(i), question=row["question"], answers=[gsm8k_final_answer(row["answer"])],
-                              solution=row["answer"]))
+        with _row_shape(f"{path} row {i}"):
+            records.append(Record(id=str(i), question=row["question"], answers=[gsm8k_final_answer(row["answer"])],
+                                  solution=row["answer"]))
     return Dataset(name="gsm8k", source=str(path), records=records, skipped=dict(skipped))
 
 
@@ -118,8 +141,9 @@ def load_gsm8k(path: Path) -> Dataset:
 def load_math500(path: Path) -> Dataset:
     records, skipped = [], Counter[str]()
     for i, row in _rows(path, ("problem", "answer"), skipped):
-        records.append(Record(id=row.get("unique_id") or str(i), question=row["problem"], answers=[row["answer"]],
-                              group=row.get("subject"), solution=row.get("solution")))
+        with _row_shape(f"{path} row {i}"):
+            records.append(Record(id=row.get("unique_id") or str(i), question=row["problem"],
+                                  answers=[row["answer"]], group=row.get("subject"), solution=row.get("solution")))
     return Dataset(name="math500", source=str(path), records=records, skipped=dict(skipped))
 
 
@@ -134,17 +158,19 @@ def load_arc(path: Path) -> Dataset:
     """Both schemas: the re-keyed test file (``options``, ``answer``) and AI2's own (``question.stem``)."""
     records, skipped = [], Counter[str]()
     for i, row in _rows(path, ("question",), skipped):
-        if isinstance(row["question"], dict) and "answerKey" in row:  # AI2 schema (dev split)
-            stem, options, answer = row["question"]["stem"], row["question"]["choices"], row["answerKey"]
-        elif "options" in row and "answer" in row:
-            stem, options, answer = row["question"], row["options"], row["answer"]
-        else:
-            raise InvalidRequestError(f"{path} row {i}: neither ARC schema (options/answer or question.stem/answerKey)")
-        choices = [Choice(label=_arc_label(str(o["label"]), j), text=o["text"]) for j, o in enumerate(options)]
-        answer = _arc_label(str(answer), 0)
-        if answer not in {c.label for c in choices}:
-            raise InvalidRequestError(f"{path} row {i}: answer {answer!r} is not an option label")
-        records.append(Record(id=str(row.get("id", i)), question=stem, answers=[answer], choices=choices))
+        with _row_shape(f"{path} row {i}"):
+            if isinstance(row["question"], dict) and "answerKey" in row:  # AI2 schema (dev split)
+                stem, options, answer = row["question"]["stem"], row["question"]["choices"], row["answerKey"]
+            elif "options" in row and "answer" in row:
+                stem, options, answer = row["question"], row["options"], row["answer"]
+            else:
+                raise InvalidRequestError(
+                    f"{path} row {i}: neither ARC schema (options/answer or question.stem/answerKey)")
+            choices = [Choice(label=_arc_label(str(o["label"]), j), text=o["text"]) for j, o in enumerate(options)]
+            answer = _arc_label(str(answer), 0)
+            if answer not in {c.label for c in choices}:
+                raise InvalidRequestError(f"{path} row {i}: answer {answer!r} is not an option label")
+            records.append(Record(id=str(row.get("id", i)), question=stem, answers=[answer], choices=choices))
     return Dataset(name="arc-challenge", source=str(path), records=records, skipped=dict(skipped))
 
 
@@ -244,8 +270,9 @@ def load_bbh(path: Path) -> Dataset:
             if is_option_text(ex["input"], str(ex["target"])):
                 skipped[BBH_OPTION_TEXT] += 1
                 continue
-            records.append(Record(id=f"{file.stem}/{i}", question=ex["input"], answers=[str(ex["target"])],
-                                  group=file.stem))
+            with _row_shape(f"{file} example {i}"):
+                records.append(Record(id=f"{file.stem}/{i}", question=ex["input"], answers=[str(ex["target"])],
+                                      group=file.stem))
         per_task.append(records)
     return Dataset(name="bbh", source=str(path), records=_interleave(per_task), skipped=dict(skipped))
 
@@ -273,7 +300,8 @@ def load_qa(path: Path, name: str) -> Dataset:
         if not usable_aliases([str(a) for a in answers]):
             skipped[QA_NO_ALIAS] += 1  # e.g. NQ's "---": only an empty answer would match it
             continue
-        records.append(Record(id=str(i), question=row["question"], answers=[str(a) for a in answers]))
+        with _row_shape(f"{path} row {i}"):
+            records.append(Record(id=str(i), question=row["question"], answers=[str(a) for a in answers]))
     return Dataset(name=name, source=str(path), records=records, skipped=dict(skipped))
 
 
