@@ -233,11 +233,16 @@ def template_renders_tools(tokenizer: Any) -> bool:
 
 
 def tool_call_text(name: str, arguments: Mapping[str, Any] | str | None) -> str:
-    """An earlier tool call, written the way the members are asked to write one."""
+    """An earlier tool call, written the way the members are asked to write one. Arguments that read as
+    no object (OpenAI's own answers may carry them: "the model does not always generate valid JSON")
+    are shown as the string they are: as ``{}`` the members saw a call made with no arguments."""
+    shown: Any
     if isinstance(arguments, str):
         loaded = _loads(arguments)
-        arguments = loaded if isinstance(loaded, dict) else {}
-    body = json.dumps({"name": name, "arguments": dict(arguments or {})}, ensure_ascii=False)
+        shown = loaded if isinstance(loaded, dict) else (arguments.strip() or {})
+    else:
+        shown = dict(arguments or {})
+    body = json.dumps({"name": name, "arguments": shown}, ensure_ascii=False)
     return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
 
 

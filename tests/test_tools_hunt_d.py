@@ -3,12 +3,13 @@ Anthropic callers pass them: each reads as its string, and a refused value is na
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from shared_engine import InvalidRequestError
-from shared_engine.tools import OutputOptions, OutputPlan, forced_tool
+from shared_engine.tools import OutputOptions, OutputPlan, forced_tool, tool_call_text
 
 TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
          for name in ("get_weather", "other")]
@@ -42,3 +43,18 @@ def test_a_refused_choice_is_named_as_passed() -> None:
         forced_tool({"type": "tool", "name": "nope"}, NAMES)
     with pytest.raises(InvalidRequestError, match=r"tool_choice \{'type': 'bogus'\}"):
         forced_tool({"type": "bogus"}, NAMES)
+
+
+def test_an_earlier_call_whose_arguments_read_as_no_object_is_shown_as_written() -> None:
+    """tools.tool_call_text: a replayed assistant call whose arguments are no JSON object (OpenAI's own
+    answers may carry such) was shown to the members as a call with ``{}``: they saw a call made
+    without its arguments. It is shown as the string it is; an object (or one json_repair reads) stays
+    an object, and no arguments stay ``{}``."""
+    def shown(arguments: object) -> object:
+        return json.loads(tool_call_text("lookup", arguments).splitlines()[1])["arguments"]
+
+    assert shown("Paris please") == "Paris please"
+    assert shown("[1, 2]") == "[1, 2]"
+    assert shown('{"city": "Paris"}') == {"city": "Paris"}
+    assert shown('{"city": "Paris"') == {"city": "Paris"}
+    assert shown("") == {} and shown(None) == {}
