@@ -5,17 +5,21 @@ member backend's failure."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import math
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from shared_engine import EnsembleEngine
+from shared_engine.errors import MemberError
 from shared_engine.events import AdaFuseEvent, Event
 from shared_engine.server import create_app
 from shared_engine.server.background import serve_in_background
-from tests.test_server import MODEL, USER, _wait_until, post, toy_engine, toy_members
+from tests.test_server import MODEL, USER, _wait_until, post, sse_payloads, toy_engine, toy_members
 
 # ----------------------------------------------------------------------------- the page
 
@@ -203,3 +207,63 @@ def test_langchain_messages_are_served(base_url: str) -> None:
                                "max_tokens": 2})
     assert response.status_code == 200, response.text
 
+
+# ----------------------------------------------------------------------------- a member's failure
+
+MEMBER_URL = "http://10.1.2.3:8081"
+
+
+def _failing_engine(monkeypatch: pytest.MonkeyPatch, after: int = 0) -> EnsembleEngine:
+    """Every-token whose member 'b' fails as a remote backend does (a MemberError naming its URL) on its
+    calls after the first ``after`` of each request (the toy members are shared: patched for the test only)."""
+    members = toy_members()
+    original = members[1].new_session
+
+    def new_session() -> Any:
+        session = original()
+        calls = [0]
+        for name in ("sync", "step", "rows_at"):
+            method = getattr(session, name)
+
+            def failing(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+                calls[0] += 1
+                if calls[0] > after:
+                    raise MemberError("b", MEMBER_URL, f"connection refused ({MEMBER_URL}/completion)")
+                return _method(*args, **kwargs)
+
+            setattr(session, name, failing)
+        return session
+
+    monkeypatch.setattr(members[1], "new_session", new_session)
+    return EnsembleEngine(members, method="every-token", max_new_tokens=200)
+
+
+def test_a_member_failure_is_a_502_without_its_url(caplog: pytest.LogCaptureFixture,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """It was a 500 'internal error: MemberError: member 'b' at http://...' (an internal address in the
+    answer) and an 'Exception in ASGI application' traceback in the log for every request."""
+    body = {"model": MODEL, "messages": USER, "max_tokens": 3}
+    with caplog.at_level(logging.ERROR), serve_in_background(create_app(_failing_engine(monkeypatch))) as url:
+        answers = [post(url, body), post(url, {**body, "stream": True}),
+                   httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": "Sofia", "max_tokens": 3},
+                              timeout=60)]
+    for response in answers:
+        assert response.status_code == 502, response.text
+        assert response.json()["error"] == {
+            "message": "member 'b' is unavailable: connection refused (<its URL>/completion)", "type": "server_error",
+            "param": None, "code": "member_unavailable"}
+    logged = [record for record in caplog.records if record.levelno >= logging.ERROR]
+    assert not [r for r in logged if "Exception in ASGI application" in r.getMessage() or r.exc_info], logged
+    assert sum(MEMBER_URL in r.getMessage() for r in logged) == 3, [r.getMessage() for r in logged]
+
+
+def test_a_member_failure_mid_stream_is_reported_without_its_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    body = {"model": MODEL, "messages": USER, "max_tokens": 200, "stream": True}
+    with serve_in_background(create_app(_failing_engine(monkeypatch, after=25))) as url:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
+            assert response.status_code == 200
+            payloads = [json.loads(p) for p in sse_payloads(response) if p != "[DONE]"]
+    contents = [p for p in payloads if p.get("choices") and p["choices"][0]["delta"].get("content")]
+    errors = [p["error"] for p in payloads if "error" in p]
+    assert contents and len(errors) == 1, payloads  # the failure came after some of the answer
+    assert "member 'b' is unavailable" in errors[0]["message"] and MEMBER_URL not in errors[0]["message"], errors

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -40,7 +41,14 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..engine import EnsembleEngine
-from ..errors import ContextLengthError, EngineClosedError, InvalidParametersError, InvalidRequestError
+from ..errors import (
+    ContextLengthError,
+    EngineClosedError,
+    EnsembleError,
+    InvalidParametersError,
+    InvalidRequestError,
+    MemberError,
+)
 from ..events import Event
 from ..members.chat import normalize_messages
 from ..options import DEFAULT_MAX_ACTIVE, GenerationParams, validated
@@ -60,6 +68,7 @@ from .openai_schema import (
 from .sse import ClientGone, EventStreamResponse, cancel_on_disconnect
 
 MAX_BODY_BYTES = 1 << 20
+log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
@@ -117,6 +126,24 @@ def _answer_fills_a_window(engine: EnsembleEngine, params: dict[str, Any]) -> bo
     asked = params.get("max_new_tokens", options.max_new_tokens if "max_new_tokens" in options.model_fields_set
                        else None)
     return asked is not None and asked >= engine.context_window
+
+
+class MemberUnavailable(EnsembleError, RuntimeError):
+    """A member's failure as a client may read it: the member's name and the reason, not the backend's
+    URL (an internal address). Raised in the MemberError's place once it is logged, with the URL."""
+
+
+def _unavailable(err: MemberError) -> MemberUnavailable:
+    """Log the member's failure on one line, URL included (the operator's lead), and return what the client
+    is told; no traceback: the failure is the backend's, not the server's."""
+    log.error("member %r at %s failed: %s", err.member, err.url, err.reason)
+    reason = err.reason.replace(err.url, "<its URL>") if err.url else err.reason
+    return MemberUnavailable(f"member {err.member!r} is unavailable: {reason}")
+
+
+def _member_error(err: MemberUnavailable) -> ApiError:
+    """A 502, as a gateway whose upstream failed: the request may be retried."""
+    return ApiError(502, str(err), type="server_error", code="member_unavailable")
 
 
 def _shutting_down(err: EngineClosedError) -> ApiError:
@@ -250,6 +277,8 @@ async def _events(engine: EnsembleEngine, ticket: Ticket, messages: str | list[d
         async with ticket, aclosing(engine.astream(messages, **params)) as stream:
             async for event in stream:
                 yield event
+    except MemberError as err:  # a stream already started reports str(err) in-stream: without the URL
+        raise _unavailable(err) from None
     finally:
         ticket.close()
 
@@ -487,6 +516,12 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
         assert isinstance(exc, EngineClosedError)
         return _shutting_down(exc).response()
 
+    async def member_error(request: Request, exc: Exception) -> Response:
+        """A member's backend failed: a 502 naming the member, logged once with its URL. As the catch-all
+        500 it was the URL in the answer and an 'Exception in ASGI application' traceback in the log."""
+        assert isinstance(exc, MemberError | MemberUnavailable)
+        return _member_error(_unavailable(exc) if isinstance(exc, MemberError) else exc).response()
+
     async def server_error(request: Request, exc: Exception) -> Response:
         return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error").response()
 
@@ -504,6 +539,7 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
     guard = [Middleware(ApiKeyGuard, api_key=api_key)] if api_key else []
     app = Starlette(routes=routes, lifespan=lifespan, middleware=cors + guard,
                     exception_handlers={ApiError: api_error, HTTPException: http_error, EngineClosedError: closed_error,
+                                        MemberError: member_error, MemberUnavailable: member_error,
                                         Exception: server_error})
     app.state.engine, app.state.admission, app.state.model_name = engine, admission, name
     return app
