@@ -138,3 +138,18 @@ def test_a_kill_while_the_samples_are_rewritten_leaves_them_whole(tmp_path: Path
     monkeypatch.undo()
     assert file.read_bytes().startswith(whole)
     assert len(read_samples(file)) == 20 and file.read_bytes() == whole
+
+
+def test_compare_says_a_run_still_loading_is_going_not_failed(tmp_path: Path) -> None:
+    """A run whose eval holds its lock but has answered nothing yet (its members still loading) was
+    called a failed start ("skipped ... its start failed" beside other runs, "no summary.json" alone),
+    though the README says compare reports such a run as still going."""
+    pytest.importorskip("fcntl")
+    from shared_engine.evaluation.runner import writer_lock
+
+    out = tmp_path / "going"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    with writer_lock(out):
+        with pytest.raises(InvalidRequestError, match=r"its run is still going, pid \d+"):
+            compare_runs([out], tmp_path / "plots")

@@ -751,7 +751,8 @@ def _runs_only(dirs: list[Path]) -> tuple[list[Path], list[Path], list[Path]]:
     """The given folders less those that are no eval run at all (the plots folder, which the first
     ``compare runs/*`` writes into ``runs/``, so the next ``runs/*`` glob picks it up) and runs that
     never answered a question (``config.json`` only: a start that failed, e.g. a misspelt model); and
-    those two lists. A run's folder with answers but no summary still fails in load_summaries."""
+    those two lists. A run's folder with answers but no summary still fails in load_summaries, and so
+    does one whose eval holds its lock (loading its members, no answer yet): it is still going, not failed."""
     keep: list[Path] = []
     skipped: list[Path] = []
     unanswered: list[Path] = []
@@ -761,7 +762,7 @@ def _runs_only(dirs: list[Path]) -> tuple[list[Path], list[Path], list[Path]]:
             keep.append(folder)
         elif not (folder / CONFIG).exists():
             skipped.append(folder)
-        elif not samples.exists() or not samples.stat().st_size:
+        elif (not samples.exists() or not samples.stat().st_size) and not lock_holder(folder):
             unanswered.append(folder)
         else:
             keep.append(folder)
