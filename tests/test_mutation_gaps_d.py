@@ -13,7 +13,18 @@ import torch
 
 from shared_engine.alignment import EOS_KEY, TokenTable, complete_length, valid_prefix_length
 from shared_engine.auto_weights import FitCache, answer_tokens, choose_drafter, example_answers
-from shared_engine.decoding.adafuse import Span, _candidate_keys, _leader_span, _loop_free_token
+from shared_engine.decoding.adafuse import (
+    AdaFuseSettings,
+    Continuation,
+    Span,
+    _branches,
+    _candidate_keys,
+    _leader_span,
+    _loop_free_token,
+    _propose_spans,
+    _write,
+)
+from shared_engine.sampling import Sampler
 
 
 def _table(pieces: list[bytes], special: set[int], eos: set[int]) -> TokenTable:
@@ -127,3 +138,100 @@ def test_a_blank_assistant_turn_is_no_example_answer() -> None:
                      {"role": "assistant", "content": None}, {"role": "assistant", "content": "Paris"}]
     assert example_answers(messages) == ["Paris"]
     assert example_answers(messages[:3]) == []
+
+
+class _WidthSession:
+    """Rows of ``fill`` over ``width`` ids: 0.0 is uniform (NLL log(width) per token), NaN a broken member."""
+
+    def __init__(self, width: int, fill: float = 0.0) -> None:
+        self.width, self.fill = width, fill
+
+    def sync(self, ids: list[int], first: int) -> torch.Tensor:
+        return torch.full((len(ids) - first + 1, self.width), self.fill)
+
+
+def test_drafter_auto_keeps_the_configured_drafter_when_a_fit_is_nan() -> None:
+    """auto_weights.choose_drafter: a member whose example-answer NLL is NaN (NaN logits) leaves the
+    choice to the configuration, with the reason; ``min`` over a list holding NaN is no minimum (NaN
+    compares false both ways, so the result depends on where the NaN sits) and silently moved drafting
+    to whichever member followed it."""
+    chars = b"QA: hiyes\n"
+    table = _table([bytes([c]) for c in chars], set(), set())
+    ids = [chars.index(c) for c in b"Q: hi\nA: yes"]
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}]
+    members: Any = [_EvenMember(table), _EvenMember(table), _EvenMember(table)]
+    sessions: Any = [_WidthSession(32), _WidthSession(16, float("nan")), _WidthSession(16)]
+    choice = asyncio.run(choose_drafter(members, sessions, [ids, ids, ids], messages, FitCache()))
+    assert choice.index is None and "not finite" in choice.reason
+
+
+def test_a_writers_own_eos_log_prob_is_its_whole_end_of_turn_mass() -> None:
+    """adafuse.Continuation.add: where the writer's table has several EOS ids ('<|im_end|>' and
+    '<|endoftext|>'), the log-prob it keeps for its EOS is the mass of all of them, as ``_score``
+    scores the end for every other member; the picked id's share alone made a writer that splits its
+    end over two ids score its own ending span worse than the others score it."""
+    table = _table([b"<|endoftext|>", b"<|im_end|>", b" a"], {0, 1}, {0, 1})
+    logits = torch.tensor([1.0, 1.0, 0.0])
+    cont = Continuation()
+    cont.add(1, logits, table, AdaFuseSettings())
+    expected = float(torch.logsumexp(torch.log_softmax(logits, -1)[[0, 1]], 0))
+    assert cont.eos and abs(cont.logprobs[0] - expected) < 1e-6
+
+
+class _CountingWriter:
+    """A session whose next token is always ``token`` (a peaked row), counting its forwards."""
+
+    def __init__(self, width: int, token: int) -> None:
+        self.width, self.token, self.forwards = width, token, 0
+
+    def sync(self, ids: list[int], first: int) -> torch.Tensor:
+        self.forwards += 1
+        rows = torch.zeros(len(ids) - first + 1, self.width)
+        rows[:, self.token] = 9.0
+        return rows
+
+
+def _every_boundary(data: bytes) -> set[int]:
+    return set(range(len(data) + 1))
+
+
+def test_a_span_stops_writing_once_its_words_end_where_every_member_can_cut() -> None:
+    """adafuse._write: a one-word span stops as soon as its first word is complete and every member
+    has a boundary after it; looking for the end only from the next word on wrote one more word per
+    span (one more forward of the member for each of its tokens) and threw it away."""
+    table = _table([b"</s>", b" a", b" b"], {0}, {0})
+    session = _CountingWriter(3, 2)
+    span = _write(session, [1], torch.tensor([0.0, 5.0, 1.0]), 1, table, AdaFuseSettings(),  # type: ignore[arg-type]
+                  lambda logits: int(torch.argmax(logits)), 1, _every_boundary)  # type: ignore[arg-type]
+    assert span.key == b" a" and session.forwards == 1
+
+
+def test_branches_stay_within_a_top_k_members_exact_support() -> None:
+    """adafuse._branches: a member that gives only its top K ids exactly (a top-K backend,
+    ``exact_support``) branches over at most K first tokens; past them its logits are filler, so a
+    branch started there is written from a token the member never ranked."""
+    table = _table([b"</s>", b" a", b" b", b" c"], {0}, {0})
+    settings = AdaFuseSettings(num_candidates=3)
+    spans = _branches(_CountingWriter(4, 0), [1], torch.tensor([0.0, 5.0, 4.0, 3.0]), table,  # type: ignore[arg-type]
+                      settings, _every_boundary, 0, 1)  # type: ignore[arg-type]
+    assert len(spans) == 1
+
+
+def test_every_member_branches_with_its_own_seed() -> None:
+    """adafuse._propose_spans: each member samples its branches (candidate_temperature > 0) from its
+    own seed (the round's seed + its index); with one seed for all, members with the same vocabulary
+    and like distributions drew the same branches, and the vote got fewer distinct candidates."""
+    seeds: list[int] = []
+
+    class _Member:
+        async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+            seeds.append(args[6])
+            return []
+
+    table = _table([b"</s>", b" a"], {0}, {0})
+    record = SimpleNamespace(member=_Member(), session=None, table=table)
+    state = SimpleNamespace(weighted=lambda: [0, 1], members=[record, record])
+    outlook = SimpleNamespace(contexts=[[1], [1]], firsts=[torch.zeros(2), torch.zeros(2)], shared=_every_boundary)
+    settings = AdaFuseSettings(candidate_temperature=1.0)
+    asyncio.run(_propose_spans(state, outlook, settings, Sampler(1.0, seed=7)))  # type: ignore[arg-type]
+    assert len(seeds) == 2 and len(set(seeds)) == 2
