@@ -11,8 +11,9 @@ from shared_engine.alignment import TokenTable
 from shared_engine.errors import InvalidRequestError
 from shared_engine.events import ToolCallEvent
 from shared_engine.json_constraint import JsonPrefix, call_start_state, constrained_token, start_state
-from shared_engine.sampling import Sampler, generator_seed
+from shared_engine.sampling import Sampler, generator_seed, speculative_choice
 from shared_engine.tools import (
+    CallEnd,
     OutputOptions,
     OutputPlan,
     ToolCallParser,
@@ -207,3 +208,20 @@ def test_a_property_schema_of_false_is_left_out_not_the_whole_constraint() -> No
     assert state.after(b'"x"') is None
     done = state.after(b'"a": 1}')
     assert done is not None and done.finished
+
+
+def test_a_drafted_candidate_the_proposal_gives_no_mass_is_corrected_not_divided_by() -> None:
+    """sampling.speculative_choice: a drafted candidate with proposal probability 0 (the draft spelled
+    it through a token outside its nucleus) is not accepted by the ratio target/proposal, which would
+    divide by zero and fail the request; the choice is drawn from the residual (here candidate 1 alone)."""
+    target, proposal = torch.tensor([0.5, 0.5, 0.0]), torch.tensor([1.0, 0.0, 0.0])
+    picks = {speculative_choice(Sampler(temperature=1.0, seed=seed), target, proposal, 1) for seed in range(10)}
+    assert picks == {1}
+
+
+def test_a_call_the_prefix_already_closes_ends_the_answer_at_its_start() -> None:
+    """tools.CallEndFinder.find: where the caller's prefix holds a whole call (one call asked for), the
+    answer ends at its first character (0): the position is counted in the answer after the prefix,
+    and the close tag inside the prefix gave a negative one, no position in the answer at all."""
+    prefix = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\nDone: '
+    assert CallEnd(prefix).finder().find("more text") == 0
