@@ -147,16 +147,18 @@ def _conversation(assistant: dict[str, Any], tool: dict[str, Any] | None = None)
 
 
 @pytest.mark.parametrize(("messages", "path"), [
-    ([{"role": "user", "content": "hi", "bogus": 1}], "messages[0].bogus"),
     # a misspelt key: the calls it held were dropped without a word
     (_conversation({"toolCalls": [CALL]}), "messages[1].toolCalls"),
-    (_conversation({"tool_calls": [{**CALL, "idx": 0}]}), "messages[1].tool_calls[0].idx"),
-    (_conversation({"tool_calls": [{**CALL, "function": {**CALL["function"], "args": "{}"}}]}),
-     "messages[1].tool_calls[0].function.args"),
+    (_conversation({"tool_call": [CALL]}), "messages[1].tool_call"),
+    ([{"role": "user", "Content": "hi"}], "messages[0].Content"),
+    (_conversation({"tool_calls": [{"id": "c1", "type": "function", "functions": CALL["function"]}]}),
+     "messages[1].tool_calls[0].functions"),
+    (_conversation({"tool_calls": [{**CALL, "function": {"name": "get", "argument": "{}"}}]}),
+     "messages[1].tool_calls[0].function.argument"),
 ])
-def test_an_unknown_message_key_is_refused_by_name(base_url: str, messages: list[dict[str, Any]], path: str) -> None:
+def test_a_misspelt_message_key_is_refused_by_name(base_url: str, messages: list[dict[str, Any]], path: str) -> None:
     error = error_of(base_url, {"messages": messages, "tools": TOOLS})
-    assert error["message"] == f"Unknown parameter: '{path}'.", error
+    assert error["message"].startswith(f"Unknown parameter: '{path}'."), error
     assert error["code"] == "unknown_parameter" and error["param"] == path.replace("[", ".").replace("]", ""), error
 
 
@@ -176,21 +178,23 @@ def test_fields_openai_requires_are_required(base_url: str, extra: dict[str, Any
     assert (response.status_code, error["param"], error["code"]) == (400, param, "missing_required_parameter"), error
 
 
-def test_a_replayed_conversation_keeps_every_field_openai_defines(base_url: str) -> None:
-    """What clients send back from earlier responses: every key of the openai package's message types
-    (an assistant's refusal, audio, legacy function_call), vLLM's reasoning_content, a streamed call's index."""
-    import typing
-
+def test_a_replayed_conversation_is_served_whatever_its_provider_added(base_url: str) -> None:
+    """What clients send back from earlier responses: every key of the openai package's message types,
+    request and response (``annotations``, ``refusal``, ``audio``; the ``parse()`` helpers' ``parsed`` and
+    ``parsed_arguments``), vLLM's ``reasoning``/``reasoning_content``, LiteLLM's ``provider_specific_fields``,
+    a streamed call's ``index``: e627b1a refused the response types' keys with a 400."""
     from openai.types import chat
 
-    from shared_engine.server.openai_schema import IGNORED_MESSAGE_KEYS, ChatMessage
-
-    defined = {key for name in dir(chat) if name.startswith("ChatCompletion") and name.endswith("MessageParam")
-               and isinstance(kind := getattr(chat, name), type) for key in typing.get_type_hints(kind)}
-    assert defined and defined <= set(ChatMessage.model_fields), defined - set(ChatMessage.model_fields)
-    assert IGNORED_MESSAGE_KEYS <= set(ChatMessage.model_fields)
-    assistant = {"content": "checking", "name": "helper", "refusal": None, "audio": None, "function_call": None,
-                 "reasoning_content": "The user wants the weather.", "tool_calls": [{**CALL, "index": 0}]}
+    kinds = [getattr(chat, name) for name in dir(chat) if name.startswith(("ChatCompletion", "ParsedChatCompletion"))
+             and name.endswith(("MessageParam", "Message")) and isinstance(getattr(chat, name), type)]
+    defined = {key for kind in kinds for key in getattr(kind, "model_fields", None) or kind.__annotations__}
+    assert {"annotations", "refusal", "parsed", "audio", "tool_calls"} <= defined, defined
+    read = {"role", "content", "name", "tool_calls", "tool_call_id"}
+    assistant: dict[str, Any] = {key: None for key in defined - read}
+    assistant.update(content="checking", name="helper", reasoning="The user wants the weather.",
+                     reasoning_content="The user wants the weather.", provider_specific_fields={},
+                     annotations=[], tool_calls=[{**CALL, "index": 0, "function": {**CALL["function"],
+                                                                                  "parsed_arguments": {}}}])
     response = post(base_url, {"model": MODEL, "messages": _conversation(assistant), "max_tokens": 2})
     assert response.status_code == 200, response.text
 
@@ -211,6 +215,7 @@ def test_langchain_messages_are_served(base_url: str) -> None:
 # ----------------------------------------------------------------------------- a member's failure
 
 MEMBER_URL = "http://10.1.2.3:8081"
+OTHER_URL = "http://10.9.9.9:9090"  # another internal address the reason names (a redirect's target)
 
 
 def _failing_engine(monkeypatch: pytest.MonkeyPatch, after: int = 0) -> EnsembleEngine:
@@ -228,7 +233,8 @@ def _failing_engine(monkeypatch: pytest.MonkeyPatch, after: int = 0) -> Ensemble
             def failing(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
                 calls[0] += 1
                 if calls[0] > after:
-                    raise MemberError("b", MEMBER_URL, f"connection refused ({MEMBER_URL}/completion)")
+                    raise MemberError("b", MEMBER_URL, f"connection refused ({MEMBER_URL}/completion), "
+                                                       f"after a redirect to {OTHER_URL}/completion")
                 return _method(*args, **kwargs)
 
             setattr(session, name, failing)
@@ -250,8 +256,8 @@ def test_a_member_failure_is_a_502_without_its_url(caplog: pytest.LogCaptureFixt
     for response in answers:
         assert response.status_code == 502, response.text
         assert response.json()["error"] == {
-            "message": "member 'b' is unavailable: connection refused (<its URL>/completion)", "type": "server_error",
-            "param": None, "code": "member_unavailable"}
+            "message": "member 'b' is unavailable: connection refused (<its URL>/completion), after a redirect to "
+                       "<a URL>", "type": "server_error", "param": None, "code": "member_unavailable"}
     logged = [record for record in caplog.records if record.levelno >= logging.ERROR]
     assert not [r for r in logged if "Exception in ASGI application" in r.getMessage() or r.exc_info], logged
     assert sum(MEMBER_URL in r.getMessage() for r in logged) == 3, [r.getMessage() for r in logged]
@@ -266,4 +272,24 @@ def test_a_member_failure_mid_stream_is_reported_without_its_url(monkeypatch: py
     contents = [p for p in payloads if p.get("choices") and p["choices"][0]["delta"].get("content")]
     errors = [p["error"] for p in payloads if "error" in p]
     assert contents and len(errors) == 1, payloads  # the failure came after some of the answer
-    assert "member 'b' is unavailable" in errors[0]["message"] and MEMBER_URL not in errors[0]["message"], errors
+    assert "member 'b' is unavailable" in errors[0]["message"] and "10." not in errors[0]["message"], errors
+    assert errors[0]["code"] == "member_unavailable", errors  # as the same failure's 502 says
+
+
+def test_a_member_url_with_credentials_is_logged_without_them(caplog: pytest.LogCaptureFixture) -> None:
+    from shared_engine.server.app import _unavailable
+
+    with caplog.at_level(logging.ERROR):
+        told = _unavailable(MemberError("b", "http://user:secret@10.1.2.3:8081", "HTTP 500"))
+    assert str(told) == "member 'b' is unavailable: HTTP 500"
+    assert [r.getMessage() for r in caplog.records] == ["member 'b' at http://10.1.2.3:8081 failed: HTTP 500"]
+
+
+@pytest.mark.parametrize("choice", [{"type": "auto"}, {"type": "none"}])
+def test_an_anthropic_style_choice_that_calls_nothing_needs_no_tools(base_url: str, choice: dict[str, str]) -> None:
+    """The engine reads {"type": "auto"|"none"} as the strings (1ba6eea); the server still refused them
+    without tools ("tool_choice is only allowed when tools are specified"), serving the strings."""
+    response = post(base_url, {"model": MODEL, "messages": USER, "max_tokens": 2, "tool_choice": choice})
+    assert response.status_code == 200, response.text
+    error = error_of(base_url, {"messages": USER, "tool_choice": {"type": "any"}})
+    assert error["param"] == "tool_choice", error

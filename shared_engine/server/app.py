@@ -44,7 +44,6 @@ from ..engine import EnsembleEngine
 from ..errors import (
     ContextLengthError,
     EngineClosedError,
-    EnsembleError,
     InvalidParametersError,
     InvalidRequestError,
     MemberError,
@@ -54,7 +53,7 @@ from ..members.chat import normalize_messages
 from ..options import DEFAULT_MAX_ACTIVE, GenerationParams, validated
 from ..tools import OutputOptions, OutputPlan
 from .admission import Admission, Overloaded, Ticket
-from .completions import collect, collect_text, stream_chunks
+from .completions import MemberUnavailable, collect, collect_text, stream_chunks
 from .openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -128,17 +127,18 @@ def _answer_fills_a_window(engine: EnsembleEngine, params: dict[str, Any]) -> bo
     return asked is not None and asked >= engine.context_window
 
 
-class MemberUnavailable(EnsembleError, RuntimeError):
-    """A member's failure as a client may read it: the member's name and the reason, not the backend's
-    URL (an internal address). Raised in the MemberError's place once it is logged, with the URL."""
-
-
 def _unavailable(err: MemberError) -> MemberUnavailable:
     """Log the member's failure on one line, URL included (the operator's lead), and return what the client
     is told; no traceback: the failure is the backend's, not the server's."""
-    log.error("member %r at %s failed: %s", err.member, err.url, err.reason)
-    reason = err.reason.replace(err.url, "<its URL>") if err.url else err.reason
+    log.error("member %r at %s failed: %s", err.member, _URL_CREDENTIALS.sub("//", err.url), err.reason)
+    reason = _URL.sub("<a URL>", err.reason.replace(err.url, "<its URL>") if err.url else err.reason)
     return MemberUnavailable(f"member {err.member!r} is unavailable: {reason}")
+
+
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>)]+", re.IGNORECASE)
+"""Any address in a member's reason (a redirect's target, the server root a hint names, a backend's own
+words): internal addresses the client is not told."""
+_URL_CREDENTIALS = re.compile(r"//[^/@\s]*@")
 
 
 def _member_error(err: MemberUnavailable) -> ApiError:
@@ -158,8 +158,10 @@ def _validation_error(err: ValidationError, body: Any = None) -> ApiError:
     errors = err.errors()
     paths = [_body_path(error["loc"], body, error["type"]) for error in errors]
     # the branch that got furthest into the body is the one the client meant ('content': [{"text": 3}]
-    # failed as a string too); the other branches' errors at a field above it are not counted again
-    first = max(range(len(errors)), key=lambda index: len(paths[index].split(".")))
+    # failed as a string too); the other branches' errors at a field above it are not counted again. At
+    # one depth a misspelt key comes first: it explains the field missing beside it ('functions')
+    first = max(range(len(errors)),
+                key=lambda index: (len(paths[index].split(".")), errors[index]["type"] == "extra_forbidden"))
     param = paths[first] or None
     code = _code_of(errors[first]["type"])
     same = [error["msg"] for error, path in zip(errors, paths, strict=True) if path == paths[first]]

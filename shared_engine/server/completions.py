@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from typing import Literal
 
-from ..errors import EngineClosedError
+from ..errors import EngineClosedError, EnsembleError
 from ..events import AdaFuseEvent, EnsembleEvent, Event, FinishEvent, TokenEvent, ToolCallEvent, Usage
 from .openai_schema import (
     AssistantMessage,
@@ -35,6 +35,12 @@ from .openai_schema import (
     as_decision,
 )
 from .sse import sse
+
+
+class MemberUnavailable(EnsembleError, RuntimeError):
+    """A member's failure as a client may read it: the member's name and the reason, not the backend's
+    URL (an internal address). Raised in the MemberError's place once it is logged, with the URL."""
+
 
 Listing = bool | Literal["all"]
 
@@ -163,7 +169,8 @@ async def stream_chunks(events: AsyncIterator[Event], *, completion_id: str, mod
                         cut = ErrorDetail(message=CUT_SHORT, type="server_error", code="server_shutting_down")
                         yield sse(ErrorBody(error=cut).model_dump_json())
         except Exception as err:  # noqa: BLE001 - the status line is sent; report in-stream
-            error = ErrorBody(error=ErrorDetail(message=f"generation failed: {err}", type="server_error"))
+            code = "member_unavailable" if isinstance(err, MemberUnavailable) else None  # as its 502 says
+            error = ErrorBody(error=ErrorDetail(message=f"generation failed: {err}", type="server_error", code=code))
             yield sse(error.model_dump_json())
             return
     yield sse("[DONE]")

@@ -17,8 +17,11 @@ clients keep unknown fields in ``model_extra`` and otherwise ignore them); see `
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
+from collections.abc import Iterable
+from difflib import SequenceMatcher
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -37,6 +40,7 @@ from pydantic_core import PydanticCustomError
 
 from ..events import AdaFuseEvent, EnsembleEvent, OpenAIFinishReason, Stats, ToolCallEvent, Usage
 from ..members.chat import join_text_parts
+from ..tools import plain_tool_choice
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -48,51 +52,58 @@ class TextPart(BaseModel):
     text: str
 
 
-class FunctionCallIn(BaseModel):
-    """The function of an earlier call; any other key is refused by name (``unknown_parameter``)."""
+def _squashed(key: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", key.lower())
+
+
+def misspells(key: str, fields: Iterable[str]) -> bool:
+    """Whether ``key`` reads as one of ``fields`` misspelt (``toolCalls``, ``tool_call``, ``Content``)."""
+    return any(SequenceMatcher(None, _squashed(key), _squashed(field)).ratio() >= 0.85 for field in fields)
+
+
+class _Replayed(BaseModel):
+    """A part of a conversation that clients replay from earlier responses. Keys this server does not
+    read are ignored: providers and clients add their own (OpenAI's ``annotations``, ``refusal``,
+    ``audio``; the ``parse()`` helpers' ``parsed`` and ``parsed_arguments``; vLLM's ``reasoning``, ...),
+    and replayed responses are served, as other OpenAI-compatible servers serve them. A key that reads
+    as a misspelt field is refused by name (``unknown_parameter``, as OpenAI says it): ignored, a
+    ``toolCalls`` dropped the conversation's calls without a word."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ignore_foreign_keys(cls, data: object) -> object:
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {key: value for key, value in data.items()
+                if key in fields or (isinstance(key, str) and misspells(key, fields))}
+
+
+class FunctionCallIn(_Replayed):
+    """The function of an earlier call."""
 
     name: str
     arguments: str = "{}"
 
 
-class ToolCallIn(BaseModel):
-    """An earlier call in an assistant message of the conversation. Unknown keys are refused, as OpenAI
-    refuses them: ignored, a misspelt key dropped what it held without a word."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
+class ToolCallIn(_Replayed):
+    """An earlier call in an assistant message of the conversation."""
 
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCallIn
-    index: int | None = Field(None, description="Ignored: a streamed call's position (ChoiceDeltaToolCall), which "
-                                                "clients that rebuild calls from a stream's deltas send back.")
 
 
-IGNORED_MESSAGE_KEYS = frozenset({"audio", "function_call", "refusal", "reasoning_content"})
-"""Message keys accepted and not read: the other fields of the openai package's ``ChatCompletion*MessageParam``
-types (an earlier answer's audio, legacy function call and refusal) and ``reasoning_content`` (vLLM's and
-DeepSeek's reasoning, which clients replay with the answer), so that a conversation replayed from earlier
-responses is served; any other key is refused (``unknown_parameter``)."""
-
-
-class ChatMessage(BaseModel):
-    """One input message; ``content`` may be a string or a list of text parts (no images). A key that is
-    neither read nor in ``IGNORED_MESSAGE_KEYS`` is refused by name, as OpenAI does: ignored, a misspelt
-    ``toolCalls`` dropped the conversation's calls without a word."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
+class ChatMessage(_Replayed):
+    """One input message; ``content`` may be a string or a list of text parts (no images)."""
 
     role: Role
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
-    audio: Any = Field(None, exclude=True)
-    function_call: Any = Field(None, exclude=True)
-    refusal: Any = Field(None, exclude=True)
-    reasoning_content: Any = Field(None, exclude=True)
     _non_text_part: tuple[int, str] | None = PrivateAttr(None)
 
     @model_validator(mode="wrap")
@@ -298,7 +309,7 @@ class ChatCompletionRequest(_GenerationRequest):
         return None
 
     def conflict(self) -> tuple[str, str] | None:
-        if self.tool_choice not in (None, "auto", "none") and not self.tools:
+        if plain_tool_choice(self.tool_choice) not in (None, "auto", "none") and not self.tools:
             return "tool_choice", "tool_choice is only allowed when tools are specified"
         return super().conflict()
 
