@@ -46,9 +46,10 @@ def test_json_lines_rows_of_the_wrong_shape_name_their_row(tmp_path: Path, loade
         loader(path)
 
 
-def test_bbh_example_of_the_wrong_shape_names_its_example(tmp_path: Path) -> None:
+@pytest.mark.parametrize("question", [["not", "text"], 7, None], ids=["list", "number", "null"])
+def test_bbh_example_of_the_wrong_shape_names_its_example(tmp_path: Path, question: object) -> None:
     path = tmp_path / "task.json"
-    path.write_text(json.dumps({"examples": [{"input": ["not", "text"], "target": "(A)"}]}), encoding="utf-8")
+    path.write_text(json.dumps({"examples": [{"input": question, "target": "(A)"}]}), encoding="utf-8")
     with pytest.raises(InvalidRequestError, match=r"task\.json example 0: a row of the wrong shape"):
         datasets.load_bbh(path)
 

@@ -73,6 +73,21 @@ def test_a_server_with_an_alias_restarted_under_another_alias_is_still_refused()
             member.close()
 
 
+def test_a_server_with_an_alias_restarted_without_one_is_still_refused() -> None:
+    """83fb425 let every answer naming the placeholder through, so a server started with --alias and
+    restarted (an older build, no --alias) on another model was read through the wrong vocabulary."""
+    answers = {"model": "qwen"}
+    with serve(_old_llama_server({"model_alias": "qwen", "model_path": "/models/qwen.gguf"}, answers)) as (url, _):
+        member = LlamaCppMember("ll", url, toy_tokenizer(), check_tokenizer=False, http=NO_RETRY)
+        try:
+            assert member.score([1, 2, 3], 3)[0].ids == [5]
+            answers["model"] = "gpt-3.5-turbo"
+            with pytest.raises(MemberError, match="now serves gpt-3.5-turbo"):
+                member.score([1, 2, 3], 3)
+        finally:
+            member.close()
+
+
 # ------------------------------------------------------------------ vLLM / SGLang: the largest prompt admitted
 CONTEXT = 40
 

@@ -267,10 +267,10 @@ def load_bbh(path: Path) -> Dataset:
         for i, ex in enumerate(data["examples"]):
             if not isinstance(ex, dict) or "input" not in ex or "target" not in ex:
                 raise InvalidRequestError(f"{file} example {i}: not a BBH example (no 'input' and 'target')")
-            if is_option_text(ex["input"], str(ex["target"])):
-                skipped[BBH_OPTION_TEXT] += 1
-                continue
             with _row_shape(f"{file} example {i}"):
+                if is_option_text(ex["input"], str(ex["target"])):
+                    skipped[BBH_OPTION_TEXT] += 1
+                    continue
                 records.append(Record(id=f"{file.stem}/{i}", question=ex["input"], answers=[str(ex["target"])],
                                       group=file.stem))
         per_task.append(records)

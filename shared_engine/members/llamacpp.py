@@ -422,6 +422,10 @@ class LlamaCppMember(RemoteMember):
         self.model_names: frozenset[str] = _served_names(props)
         """Every name the server went by at the start (its model's path and its ``--alias``): an answer
         names the alias when there is one, the path otherwise."""
+        alias = props.get("model_alias") if isinstance(props, dict) else None
+        self._answer_names = self.model_names | (frozenset() if alias else PLACEHOLDER_NAMES)
+        """The names an answer may give: an older server without ``--alias`` names a placeholder; one that
+        had an alias and now answers with a placeholder was restarted (without it: on another model?)."""
         total = server.slots if server is not None else _server_slots(props)
         self.slots = (server_slot_pool(self.url, total) if self.pin_slots and server is None
                       else SlotPool(total if self.pin_slots else 0))
@@ -509,7 +513,7 @@ class LlamaCppMember(RemoteMember):
         if len(results) != len(prompts) or not all(isinstance(r, dict) for r in results):
             raise self.malformed("/completion results", answer)
         other = next((r["model"] for r in results if self.model_names and isinstance(r.get("model"), str)
-                      and r["model"] not in self.model_names | PLACEHOLDER_NAMES), None)
+                      and r["model"] not in self._answer_names), None)
         if other is not None:
             known = " or ".join(sorted(self.model_names))
             raise self.client.error(f"the server now serves {other}, not {known} (restarted on another model?): "
