@@ -239,7 +239,8 @@ def tool_call_text(name: str, arguments: Mapping[str, Any] | str | None) -> str:
     shown: Any
     if isinstance(arguments, str):
         loaded = _loads(arguments)
-        shown = loaded if isinstance(loaded, dict) else (arguments.strip() or {})
+        written = arguments.strip()
+        shown = loaded if isinstance(loaded, dict) else {} if written in ("", "null") else written
     else:
         shown = dict(arguments or {})
     body = json.dumps({"name": name, "arguments": shown}, ensure_ascii=False)

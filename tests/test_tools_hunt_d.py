@@ -57,4 +57,4 @@ def test_an_earlier_call_whose_arguments_read_as_no_object_is_shown_as_written()
     assert shown("[1, 2]") == "[1, 2]"
     assert shown('{"city": "Paris"}') == {"city": "Paris"}
     assert shown('{"city": "Paris"') == {"city": "Paris"}
-    assert shown("") == {} and shown(None) == {}
+    assert shown("") == {} and shown(None) == {} and shown("null") == {}
