@@ -192,6 +192,7 @@ def test_a_replayed_conversation_is_served_whatever_its_provider_added(base_url:
     read = {"role", "content", "name", "tool_calls", "tool_call_id"}
     assistant: dict[str, Any] = {key: None for key in defined - read}
     assistant.update(content="checking", name="helper", reasoning="The user wants the weather.",
+                     context={"citations": []},  # Azure OpenAI "On Your Data": no misspelt content
                      reasoning_content="The user wants the weather.", provider_specific_fields={},
                      annotations=[], tool_calls=[{**CALL, "index": 0, "function": {**CALL["function"],
                                                                                   "parsed_arguments": {}}}])

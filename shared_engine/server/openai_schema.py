@@ -58,7 +58,7 @@ def _squashed(key: str) -> str:
 
 def misspells(key: str, fields: Iterable[str]) -> bool:
     """Whether ``key`` reads as one of ``fields`` misspelt (``toolCalls``, ``tool_call``, ``Content``)."""
-    return any(SequenceMatcher(None, _squashed(key), _squashed(field)).ratio() >= 0.85 for field in fields)
+    return any(SequenceMatcher(None, _squashed(key), _squashed(field)).ratio() >= 0.9 for field in fields)
 
 
 class _Replayed(BaseModel):
