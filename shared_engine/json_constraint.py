@@ -129,9 +129,7 @@ class _Rewrite:
         branches = schema.get("anyOf") or schema.get("oneOf")  # oneOf: one branch only is the validation's
         if isinstance(branches, list) and branches:
             options = [self.schema(branch) for branch in branches]
-            if own is not None and all(option == _ANY for option in options):
-                return own  # e.g. {"type": "object", ..., "anyOf": [{"required": ["a"]}, ...]}
-            return {"anyOf": options}
+            return {"anyOf": options} if own is None else self._within(schema, own, options)
         parts = schema.get("allOf")
         if isinstance(parts, list) and parts:
             typed = [part for part in (self.schema(p) for p in parts) if part != _ANY]
@@ -140,6 +138,42 @@ class _Rewrite:
                 raise _Unsupported(schema)
             return typed[0] if typed else dict(_ANY)
         return own if own is not None else dict(_ANY)  # untyped ({}, {"title": ...}, "not", "if"): any value
+
+    def _within(self, schema: Mapping[str, Any], own: dict[str, Any], options: list[dict[str, Any]]) -> dict[str, Any]:
+        """A schema with both its own type and ``anyOf`` (or ``oneOf``) branches: a value is both, which
+        the parser cannot be told, so one of the two stands for it. The branches where each is of a type
+        ``own`` allows (branches of no type ``own`` allows dropped: no value is both); else ``own``. The
+        branches given whatever they said, ``{"type": "integer", "anyOf": [{"minimum": 5}, ...]}`` let a
+        string be written (an untyped branch is any value), which the validation then refused. An
+        ``enum`` or ``const`` of its own (tighter than a branch) stands as it is."""
+        if "const" in schema or "enum" in schema:
+            return own
+        allowed = self._kinds(own)
+        if allowed is None:
+            return own
+        kinds = [self._kinds(option) for option in options]
+        kept = [(option, k) for option, k in zip(options, kinds) if k is None or _overlap(k, allowed)]
+        if not kept or any(k is None or not _inside(k, allowed) for _, k in kept):
+            return own  # e.g. {"type": "object", ..., "anyOf": [{"required": ["a"]}, ...]}
+        return kept[0][0] if len(kept) == 1 else {"anyOf": [option for option, _ in kept]}
+
+    def _kinds(self, schema: Mapping[str, Any], seen: frozenset[str] = frozenset()) -> frozenset[str] | None:
+        """The JSON types a rewritten schema allows ("number" takes "integer" in), None if not known
+        (a $ref that leads round to itself)."""
+        if "type" in schema:
+            return frozenset([schema["type"]])
+        if "anyOf" in schema:
+            kinds = [self._kinds(option, seen) for option in schema["anyOf"]]
+            known = [k for k in kinds if k is not None]
+            return frozenset().union(*known) if len(known) == len(kinds) else None
+        if "enum" in schema:  # an enum of numbers (_enum_schema)
+            return frozenset(["number"])
+        if "const" in schema:  # a boolean const (_enum_schema)
+            return frozenset(["boolean"])
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref not in seen:
+            return self._kinds(self.schema(self.defs[ref.split("/")[-1]]), seen | {ref})
+        return None
 
     def _ref(self, ref: Any) -> dict[str, Any]:
         parts = ref.split("/") if isinstance(ref, str) else []
@@ -229,6 +263,16 @@ class _Bare(str):
     type is exactly ``str`` and writes any other as it is, so ``_Bare("true")`` lets ``true`` only."""
 
 
+def _overlap(kinds: frozenset[str], allowed: frozenset[str]) -> bool:
+    """Whether a value can be of one of ``kinds`` and one of ``allowed`` (an integer is a number)."""
+    return any(_inside(frozenset([kind]), allowed) or (kind == "number" and "integer" in allowed) for kind in kinds)
+
+
+def _inside(kinds: frozenset[str], allowed: frozenset[str]) -> bool:
+    """Whether every value of one of ``kinds`` is of one of ``allowed``."""
+    return all(kind in allowed or (kind == "integer" and "number" in allowed) for kind in kinds)
+
+
 def _enum_schema(values: list[Any]) -> dict[str, Any]:
     """``enum`` (or ``const``) as the parser takes it: its strings, its numbers, its booleans (one
     of them: that one alone; ``const: true`` let ``false`` through, and a forced call's arguments
@@ -289,6 +333,16 @@ def _atoms(regex: str) -> list[str]:
     return atoms
 
 
+def _bracket_escaped(atom: str) -> str:
+    """A character class whose first character is ``]`` (``[]a]``, ``[^]a]``: Python's ``re``, the
+    validation's, reads it as one of the class's characters) with that ``]`` escaped: the parser's
+    regex library reads ``[]`` as an empty class, and ``^[]a]+$`` made every string unwritable."""
+    for opening in ("[]", "[^]"):
+        if atom.startswith(opening) and len(atom) > len(opening):
+            return opening[:-1] + "\\" + atom[len(opening) - 1:]
+    return atom
+
+
 _NON_ASCII = "[^\\x00-\\x7f]"
 
 
@@ -314,6 +368,7 @@ def _unicode_escapes(atoms: list[str]) -> str:
     classes = _unicode_classes() if escapes else {}  # spelled once per process (0.4 s), where needed only
 
     def spelled(atom: str) -> str:
+        atom = _bracket_escaped(atom)
         if atom in classes:
             return f"[{classes[atom]}]"
         if atom.lower() in classes:  # \D, \S

@@ -116,7 +116,13 @@ def speculative_choice(sampler: Sampler, target: torch.Tensor, proposal: torch.T
     distribution giving candidate k the probability ``proposal[k]`` (the rest of its mass lies on
     tokens that are no candidate); it is kept with probability min(1, target/proposal), otherwise
     the choice is drawn from the normalised residual max(0, target - proposal). The result is
-    distributed exactly as ``target`` (which sums to 1), however the draft was drawn."""
+    distributed exactly as ``target`` (which sums to 1), however the draft was drawn.
+
+    A drafted candidate the proposal gives nothing (the draft came from a distribution other than
+    ``proposal``) is no draft the rule can keep: it is rejected like a draft of no candidate. Where
+    the residual is empty (target == proposal up to rounding, so a rejection had no probability),
+    the choice is drawn from ``target`` itself: keeping the drafted candidate there committed one the
+    target may give nothing."""
     if sampler.greedy:
         return int(torch.argmax(target))
     if drafted is not None and float(proposal[drafted]) > 0.0:
@@ -124,6 +130,6 @@ def speculative_choice(sampler: Sampler, target: torch.Tensor, proposal: torch.T
         if ratio >= 1.0 or sampler.uniform() < ratio:
             return drafted
     residual = (target - proposal).clamp_min(0.0)
-    if float(residual.sum()) <= 0.0:  # target == proposal up to rounding: nothing to correct
-        return drafted if drafted is not None else sampler.pick(target)
+    if float(residual.sum()) <= 0.0:
+        return sampler.pick(target)
     return sampler.pick(residual)
