@@ -94,7 +94,7 @@ from shared_engine.events import Event, FinishEvent
 from shared_engine.members import member_config
 from shared_engine.members.chat import join_text_parts
 from shared_engine.members.remote import load_tokenizer
-from shared_engine.options import Method, unset_field, validated
+from shared_engine.options import Method, copy_unsetting, unset_field, validated
 from shared_engine.profile import profile_digest
 from shared_engine.tools import ANSWER_CUT, forced_tool
 from shared_engine.zoo import ZOO
@@ -411,14 +411,7 @@ class ChatEnsemble(BaseChatModel):
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """``update={"max_tokens": None}`` unsets the copy's length, as the constructor reads None
         (pydantic's ``model_copy`` validates nothing: the engine was sent None)."""
-        update = dict(update or {})
-        unset = "max_tokens" in update and update["max_tokens"] is None
-        if unset:
-            del update["max_tokens"]
-        clone = super().model_copy(update=update, deep=deep)
-        if unset:
-            unset_field(clone, "max_tokens")
-        return clone
+        return copy_unsetting(super().model_copy, update, deep)
 
     def configurable_fields(self, **kwargs: AnyConfigurableField) -> RunnableSerializable[LanguageModelInput,
                                                                                           AIMessage]:

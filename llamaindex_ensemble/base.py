@@ -71,7 +71,7 @@ from shared_engine.engine import iterate_sync
 from shared_engine.events import Event, FinishEvent
 from shared_engine.members import Member
 from shared_engine.members.chat import join_text_parts, normalize_messages
-from shared_engine.options import GenerationParams, unset_field, validated
+from shared_engine.options import GenerationParams, copy_unsetting, unset_field, validated
 from shared_engine.tools import ANSWER_CUT, plain_tool_choice
 
 from .events import EnsembleDecisionEvent, EnsembleFinishEvent, EnsembleSpanEvent, EnsembleStepEvent, dispatcher
@@ -336,14 +336,7 @@ class EnsembleLLM(FunctionCallingLLM):
                                       "make a new EnsembleLLM(...) for another ensemble")
         if update and "context_window" in update:  # model_copy validates nothing: -5 went on to the prompt helper
             _check_context_window(update["context_window"])
-        update = dict(update or {})
-        unset = "max_tokens" in update and update["max_tokens"] is None  # as the constructor reads None
-        if unset:
-            del update["max_tokens"]
-        clone = super().model_copy(update=update, deep=deep)
-        if unset:
-            unset_field(clone, "max_tokens")
-        return clone
+        return copy_unsetting(super().model_copy, update, deep)
 
     def __setattr__(self, name: str, value: Any) -> None:
         """``llm.context_window = -5`` is refused as ``__init__`` refuses it (fields are not validated on

@@ -6,8 +6,8 @@ import difflib
 import math
 import sys
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal, TypeVar, get_args
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -297,6 +297,21 @@ def unset_field(model: BaseModel, name: str) -> None:
     ``max_tokens = None`` means "not set", and a length set by no one is never sent to the engine."""
     model.__dict__[name] = type(model).model_fields[name].default
     model.__pydantic_fields_set__.discard(name)
+
+
+def copy_unsetting(copy: Callable[..., ModelT], update: Mapping[str, Any] | None, deep: bool,
+                   name: str = "max_tokens") -> ModelT:
+    """``copy(update=..., deep=...)`` (a pydantic ``model_copy``) where ``update={name: None}`` unsets the
+    copy's field, as the adapters' constructors read None (``model_copy`` validates nothing: the engine
+    was sent None)."""
+    update = dict(update or {})
+    unset = name in update and update[name] is None
+    if unset:
+        del update[name]
+    clone = copy(update=update, deep=deep)
+    if unset:
+        unset_field(clone, name)
+    return clone
 
 
 _OTHER_NAMES = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens",

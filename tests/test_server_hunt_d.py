@@ -20,6 +20,7 @@ from shared_engine.events import AdaFuseEvent, Event
 from shared_engine.server import create_app
 from shared_engine.server.background import serve_in_background
 from tests.test_server import MODEL, USER, _wait_until, post, sse_payloads, toy_engine, toy_members
+from tests.test_server_request_errors import error_of
 
 # ----------------------------------------------------------------------------- the page
 
@@ -103,13 +104,6 @@ def test_a_chunk_the_page_cannot_show_ends_the_request() -> None:
 def base_url() -> Iterator[str]:
     with serve_in_background(create_app(toy_engine())) as url:
         yield url
-
-
-def error_of(base_url: str, extra: dict[str, Any]) -> dict[str, Any]:
-    response = post(base_url, {"model": MODEL, "messages": USER, "max_tokens": 2, **extra})
-    assert response.status_code == 400, response.text
-    error: dict[str, Any] = response.json()["error"]
-    return error
 
 
 TOOLS = [{"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}]
