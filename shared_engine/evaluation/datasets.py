@@ -59,7 +59,7 @@ def _jsonl(path: Path, skipped: Counter[str]) -> Iterator[dict[str, Any]]:
     (TriviaQA has one); a line that is only the tail of such a record, whose head is not
     in the file (the 70% split cut it off), is skipped and counted."""
     pending = ""
-    with path.open(encoding="utf-8", newline="\n") as f:
+    with path.open(encoding="utf-8-sig", newline="\n") as f:  # a BOM made the first row "malformed"
         for line in _utf8_lines(f, path):
             if not line.strip():
                 continue
@@ -149,9 +149,16 @@ def load_math500(path: Path) -> Dataset:
 
 # --- ARC -----------------------------------------------------------------------------------------
 
-def _arc_label(label: str, index: int) -> str:
-    """Numeric labels (some NYSED items use 1-4) become letters, as in the re-keyed test file."""
-    return LETTERS[int(label) - 1] if label.isdigit() else label or LETTERS[index]
+def _arc_label(label: str, where: str) -> str:
+    """Numeric labels (some NYSED items use 1-4) become letters, as in the re-keyed test file. A number
+    with no letter ("0" was read as "J", "11" an IndexError) is an error naming the row; only ASCII
+    digits are numbers ("²" passed ``isdigit`` and ``int`` raised a ValueError traceback)."""
+    if not re.fullmatch(r"[0-9]+", label):
+        return label
+    if not 1 <= int(label) <= len(LETTERS):
+        raise InvalidRequestError(f"{where}: a row of the wrong shape (label {label!r} is no option number "
+                                  f"1-{len(LETTERS)})")
+    return LETTERS[int(label) - 1]
 
 
 def load_arc(path: Path) -> Dataset:
@@ -166,8 +173,12 @@ def load_arc(path: Path) -> Dataset:
             else:
                 raise InvalidRequestError(
                     f"{path} row {i}: neither ARC schema (options/answer or question.stem/answerKey)")
-            choices = [Choice(label=_arc_label(str(o["label"]), j), text=o["text"]) for j, o in enumerate(options)]
-            answer = _arc_label(str(answer), 0)
+            where = f"{path} row {i}"
+            choices = [Choice(label=_arc_label(str(o["label"]), where) or LETTERS[j], text=o["text"])
+                       for j, o in enumerate(options)]
+            if answer is None or not str(answer).strip():  # was read as the first option's label, "A"
+                raise InvalidRequestError(f"{where}: a row of the wrong shape (empty answer key {answer!r})")
+            answer = _arc_label(str(answer), where)
             if answer not in {c.label for c in choices}:
                 raise InvalidRequestError(f"{path} row {i}: answer {answer!r} is not an option label")
             records.append(Record(id=str(row.get("id", i)), question=stem, answers=[answer], choices=choices))
@@ -258,7 +269,7 @@ def load_bbh(path: Path) -> Dataset:
     per_task, skipped = [], Counter[str]()
     for file in files:
         try:
-            data = json.loads(file.read_text(encoding="utf-8"))
+            data = json.loads(file.read_text(encoding="utf-8-sig"))  # a BOM was "not one JSON document"
         except ValueError as err:  # e.g. another benchmark's JSON lines; UnicodeDecodeError is one too
             raise InvalidRequestError(f"{file}: not a BBH task file (not one JSON document: {err})") from None
         if not isinstance(data, dict) or not isinstance(data.get("examples"), list):
@@ -268,6 +279,7 @@ def load_bbh(path: Path) -> Dataset:
             if not isinstance(ex, dict) or "input" not in ex or "target" not in ex:
                 raise InvalidRequestError(f"{file} example {i}: not a BBH example (no 'input' and 'target')")
             with _row_shape(f"{file} example {i}"):
+                _bbh_target(ex["target"])
                 if is_option_text(ex["input"], str(ex["target"])):
                     skipped[BBH_OPTION_TEXT] += 1
                     continue
@@ -278,6 +290,13 @@ def load_bbh(path: Path) -> Dataset:
 
 
 BBH_OPTION_TEXT = "gold is an option's text, not its letter"
+
+
+def _bbh_target(target: object) -> None:
+    """A target is text (a number is read as its text): null was scored against the gold "None", a
+    list against "['A']", which no answer matches."""
+    if not isinstance(target, (str, int, float)):
+        raise TypeError(f"target {target!r} is not text")
 
 
 def is_option_text(question: str, target: str) -> bool:
