@@ -308,10 +308,31 @@ def copy_unsetting(copy: Callable[..., ModelT], update: Mapping[str, Any] | None
     unset = name in update and update[name] is None
     if unset:
         del update[name]
-    clone = copy(update=update, deep=deep)
+    if deep and update:
+        # pydantic's deep copy with an update deep-copies the private attributes itself, not through
+        # the model's ``__deepcopy__`` (which shares the engine): EnsembleLLM's engine holds locks, and
+        # model_copy(update={"temperature": 0.7}, deep=True) raised "cannot pickle '_thread.lock' object"
+        clone = copy(update=None, deep=True)
+        _apply_update(clone, update)
+    else:
+        clone = copy(update=update, deep=deep)
     if unset:
         unset_field(clone, name)
     return clone
+
+
+def _apply_update(model: BaseModel, update: Mapping[str, Any]) -> None:
+    """``update`` set on ``model`` as pydantic's ``model_copy`` sets it: unvalidated, marked as set,
+    keys that are no field going to the extras where the model allows extras."""
+    allow_extra = type(model).model_config.get("extra") == "allow"
+    for key, value in update.items():
+        if allow_extra and key not in type(model).model_fields:
+            if model.__pydantic_extra__ is None:
+                model.__pydantic_extra__ = {}
+            model.__pydantic_extra__[key] = value
+        else:
+            model.__dict__[key] = value
+    model.__pydantic_fields_set__.update(update)
 
 
 _OTHER_NAMES = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens",
