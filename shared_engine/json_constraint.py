@@ -111,6 +111,8 @@ class _Rewrite:
         self.defs_key = "definitions" if "definitions" in root else "$defs"
         defs = root.get(self.defs_key)
         self.defs: Mapping[str, Any] = defs if isinstance(defs, Mapping) else {}
+        self.merging: set[str] = set()  # the $ref branches being merged with a schema's own part (_branch)
+        self.reading: set[str] = set()  # the $refs whose types are being read (_kinds)
 
     def root(self, schema: Mapping[str, Any]) -> dict[str, Any]:
         out = self.schema(schema)
@@ -128,8 +130,9 @@ class _Rewrite:
         own = self._own(schema)
         branches = schema.get("anyOf") or schema.get("oneOf")  # oneOf: one branch only is the validation's
         if isinstance(branches, list) and branches:
-            options = [self.schema(branch) for branch in branches]
-            return {"anyOf": options} if own is None else self._within(schema, own, options)
+            if own is None:
+                return {"anyOf": [self.schema(branch) for branch in branches]}
+            return self._within(schema, own, [self._branch(schema, branch) for branch in branches])
         parts = schema.get("allOf")
         if isinstance(parts, list) and parts:
             typed = [part for part in (self.schema(p) for p in parts) if part != _ANY]
@@ -157,13 +160,36 @@ class _Rewrite:
             return own  # e.g. {"type": "object", ..., "anyOf": [{"required": ["a"]}, ...]}
         return kept[0][0] if len(kept) == 1 else {"anyOf": [option for option, _ in kept]}
 
-    def _kinds(self, schema: Mapping[str, Any], seen: frozenset[str] = frozenset()) -> frozenset[str] | None:
+    def _branch(self, schema: Mapping[str, Any], branch: Any) -> dict[str, Any]:
+        """One ``anyOf``/``oneOf`` branch of a schema with its own type, rewritten as the two together
+        (``_merged``): a value is both. Taken alone, ``{"required": ["lat", "lon"]}`` under ``{"type":
+        "object", "properties": {"city": ...}}`` read as untyped, so the schema's own part stood and
+        the branch's keys were unwritable; a branch listing properties lost the schema's own optional
+        ones. A ``$ref`` branch is merged with its definition, unless that definition is being merged
+        already (a recursive one: the ``$ref`` stands as it is)."""
+        if "const" in schema or "enum" in schema:  # the own part stands as it is (_within)
+            return self.schema(branch)
+        ref = branch.get("$ref") if isinstance(branch, Mapping) else None
+        if ref is None:
+            return self.schema(_merged(schema, branch))
+        self._ref(ref)  # a $ref the parser cannot resolve: unsupported
+        if ref in self.merging:
+            return self.schema(branch)
+        self.merging.add(ref)
+        try:
+            return self.schema(_merged(schema, self.defs[ref.split("/")[-1]]))
+        finally:
+            self.merging.discard(ref)
+
+    def _kinds(self, schema: Mapping[str, Any]) -> frozenset[str] | None:
         """The JSON types a rewritten schema allows ("number" takes "integer" in), None if not known
-        (a $ref that leads round to itself)."""
+        (a $ref that leads round to itself: the refs being read are kept on the instance, as the
+        definition's rewriting comes back here through ``_within``; a ``seen`` passed along was lost
+        there, and a recursive definition with typed branches ran into a RecursionError)."""
         if "type" in schema:
             return frozenset([schema["type"]])
         if "anyOf" in schema:
-            kinds = [self._kinds(option, seen) for option in schema["anyOf"]]
+            kinds = [self._kinds(option) for option in schema["anyOf"]]
             known = [k for k in kinds if k is not None]
             return frozenset().union(*known) if len(known) == len(kinds) else None
         if "enum" in schema:  # an enum of numbers (_enum_schema)
@@ -171,9 +197,13 @@ class _Rewrite:
         if "const" in schema:  # a boolean const (_enum_schema)
             return frozenset(["boolean"])
         ref = schema.get("$ref")
-        if isinstance(ref, str) and ref not in seen:
-            return self._kinds(self.schema(self.defs[ref.split("/")[-1]]), seen | {ref})
-        return None
+        if not isinstance(ref, str) or ref in self.reading:
+            return None
+        self.reading.add(ref)
+        try:
+            return self._kinds(self.schema(self.defs[ref.split("/")[-1]]))
+        finally:
+            self.reading.discard(ref)
 
     def _ref(self, ref: Any) -> dict[str, Any]:
         parts = ref.split("/") if isinstance(ref, str) else []
@@ -261,6 +291,30 @@ class _Rewrite:
 class _Bare(str):
     """A ``const`` the parser writes without quotes: lm-format-enforcer 0.11.3 quotes a const whose
     type is exactly ``str`` and writes any other as it is, so ``_Bare("true")`` lets ``true`` only."""
+
+
+_BRANCHING = ("anyOf", "oneOf", "allOf", "$defs", "definitions")
+"""A schema's keywords that are not its own part (``_merged`` leaves them out)."""
+
+
+def _merged(schema: Mapping[str, Any], branch: Any) -> Any:
+    """``branch`` with what ``schema`` itself says (its ``anyOf``/``oneOf``/``allOf`` aside) merged in,
+    as JSON Schema reads a schema beside its branches (both hold): the branch's keywords, the schema's
+    where the branch has none (its type, for an untyped branch), the properties of both (the branch's
+    where both list one: a value meets both, so either is a looser stand-in, the branch's the tighter
+    as a rule) and the required keys of both. A branch that is no object (``true``) or holds an
+    ``allOf`` of its own (two typed parts: unsupported) stands as it is."""
+    if not isinstance(branch, Mapping) or "allOf" in branch:
+        return branch
+    out = {key: value for key, value in schema.items() if key not in _BRANCHING}
+    out.update(branch)
+    own, more = schema.get("properties"), branch.get("properties")
+    if isinstance(own, Mapping) and isinstance(more, Mapping):
+        out["properties"] = {**own, **more}
+    own_required, more_required = schema.get("required"), branch.get("required")
+    if isinstance(own_required, list) and isinstance(more_required, list):
+        out["required"] = list(dict.fromkeys(own_required + more_required))
+    return out
 
 
 def _overlap(kinds: frozenset[str], allowed: frozenset[str]) -> bool:

@@ -85,3 +85,78 @@ def test_a_negated_class_starting_with_a_bracket_still_excludes_it() -> None:
     _, state = _value_state({"type": "string", "pattern": "^[^]a]+$"})
     assert state.after(b'"n": "]"') is None
     assert state.after(b'"n": "a"') is None
+
+
+def _writable(schema: dict[str, Any], answer: str) -> bool:
+    """Whether ``answer`` can be written whole under the constraint of ``schema`` (checked against the
+    validation first: the constraint must take exactly the valid answers here)."""
+    fmt = ResponseFormat.model_validate({"type": "json_schema", "json_schema": {"schema": schema}})
+    valid = format_error(answer, fmt) is None
+    state = start_state(schema, "")
+    assert state is not None
+    after = state.after(answer.encode())
+    writable = after is not None and after.complete
+    assert writable == valid, (answer, writable, valid)
+    return writable
+
+
+_CITY_OR_COORDINATES = {"type": "object", "properties": {"city": {"type": "string"}},
+                        "anyOf": [{"required": ["city"]},
+                                  {"properties": {"lat": {"type": "number"}, "lon": {"type": "number"}},
+                                   "required": ["lat", "lon"]}]}
+
+
+@pytest.mark.parametrize("answer", ['{"city": "Paris"}', '{"lat": 48.8, "lon": 2.3}',
+                                    '{"city": "Paris", "lat": 1, "lon": 2}'])
+def test_an_untyped_branch_of_an_object_schema_is_an_object_branch(answer: str) -> None:
+    """_Rewrite._branch (86c2a21's regression): a branch saying only "required" was read as untyped (any
+    value), so the schema's own part stood for all, and the other branch's keys (lat, lon) could not be
+    written. Each branch is now merged with the schema's own part (its type, both properties)."""
+    assert _writable(_CITY_OR_COORDINATES, answer)
+
+
+def test_an_object_schema_with_untyped_branches_still_refuses_other_types() -> None:
+    """_Rewrite._branch: the merged branches keep the schema's type (86c2a21's goal): a string, no object,
+    stays unwritable (the pre-86c2a21 union of an untyped branch let any value through)."""
+    state = start_state(_CITY_OR_COORDINATES, "")
+    assert state is not None
+    assert state.after(b'"Paris"') is None
+
+
+def test_the_own_optional_properties_stay_writable_beside_branches_listing_properties() -> None:
+    """_Rewrite._branch: a branch listing properties ({"properties": {"type": {"const": "circle"}}, ...})
+    stood for the value alone, so the schema's own optional "color" was no key the parser took."""
+    schema = {"type": "object", "required": ["type"],
+              "properties": {"type": {"enum": ["circle", "square"]}, "radius": {"type": "number"},
+                             "side": {"type": "number"}, "color": {"type": "string"}},
+              "oneOf": [{"properties": {"type": {"const": "circle"}}, "required": ["radius"]},
+                        {"properties": {"type": {"const": "square"}}, "required": ["side"]}]}
+    assert _writable(schema, '{"type": "circle", "radius": 1, "color": "red"}')
+    assert _writable(schema, '{"type": "square", "side": 2}')
+    assert not _writable(schema, '{"type": "circle", "side": 2}')  # the branch's const and required hold
+
+
+def test_the_own_properties_stay_writable_beside_ref_branches() -> None:
+    """_Rewrite._branch: a $ref branch is merged with its definition, so the schema's own "note" (in
+    no definition) is writable beside either one."""
+    schema = {"$defs": {"A": {"type": "object", "properties": {"k": {"const": "a"}, "x": {"type": "integer"}},
+                              "required": ["k", "x"]},
+                        "B": {"type": "object", "properties": {"k": {"const": "b"}}, "required": ["k"]}},
+              "type": "object", "properties": {"k": {"type": "string"}, "note": {"type": "string"}},
+              "oneOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}]}
+    assert _writable(schema, '{"k": "b", "note": "hi"}')
+    assert _writable(schema, '{"k": "a", "x": 1, "note": "hi"}')
+    assert not _writable(schema, '{"k": "c"}')  # neither definition's "k"
+
+
+def test_a_recursive_definition_behind_a_typed_schemas_branch_is_still_constrained() -> None:
+    """_Rewrite._kinds (86c2a21): reading a $ref branch's type rewrote its definition, which came back
+    to the same $ref (the "seen" refs were lost on the way), so a linked list's {"type": ["object",
+    "null"], "anyOf": [{"$ref": Node}, {"type": "null"}]} ran into a RecursionError and the answer
+    was not constrained at all."""
+    schema = {"$defs": {"Node": {"type": "object", "required": ["v"], "properties": {
+        "v": {"type": "integer"},
+        "next": {"type": ["object", "null"], "anyOf": [{"$ref": "#/$defs/Node"}, {"type": "null"}]}}}},
+        "$ref": "#/$defs/Node"}
+    assert _writable(schema, '{"v": 1, "next": {"v": 2, "next": null}}')
+    assert not _writable(schema, '{"v": 1, "next": "x"}')
