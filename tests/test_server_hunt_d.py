@@ -149,6 +149,11 @@ def _conversation(assistant: dict[str, Any], tool: dict[str, Any] | None = None)
      "messages[1].tool_calls[0].functions"),
     (_conversation({"tool_calls": [{**CALL, "function": {"name": "get", "argument": "{}"}}]}),
      "messages[1].tool_calls[0].function.argument"),
+    # two letters swapped, the commonest typo (a ratio below 0.9: served with the calls or text dropped)
+    ([{"role": "user", "contnet": "hi"}], "messages[0].contnet"),
+    (_conversation({"tool_clals": [CALL]}), "messages[1].tool_clals"),
+    (_conversation({"tool_calls": [{**CALL, "function": {"name": "get", "arguemnts": "{}"}}]}),
+     "messages[1].tool_calls[0].function.arguemnts"),
 ])
 def test_a_misspelt_message_key_is_refused_by_name(base_url: str, messages: list[dict[str, Any]], path: str) -> None:
     error = error_of(base_url, {"messages": messages, "tools": TOOLS})
@@ -162,6 +167,10 @@ def test_a_misspelt_message_key_is_refused_by_name(base_url: str, messages: list
      "messages.2.tool_call_id"),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}},
      "response_format.json_schema.name"),
+    # under another key the field was served as absent: a call without its arguments, a message without its text
+    ({"messages": _conversation({"tool_calls": [{**CALL, "function": {"name": "get", "args": "{}"}}]})},
+     "messages.1.tool_calls.0.function.arguments"),
+    ({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "text": "hi"}]}, "messages.1.content"),
 ])
 def test_fields_openai_requires_are_required(base_url: str, extra: dict[str, Any], param: str | None) -> None:
     response = post(base_url, {"model": MODEL, "messages": USER, "max_tokens": 2, **extra})
@@ -229,7 +238,8 @@ def _failing_engine(monkeypatch: pytest.MonkeyPatch, after: int = 0) -> Ensemble
                 calls[0] += 1
                 if calls[0] > after:
                     raise MemberError("b", MEMBER_URL, f"connection refused ({MEMBER_URL}/completion), "
-                                                       f"after a redirect to {OTHER_URL}/completion")
+                                                       f"after a redirect to {OTHER_URL}/completion and to "
+                                                       "//10.9.9.9:9090/x (Server at 10.1.2.3 Port 8081)")
                 return _method(*args, **kwargs)
 
             setattr(session, name, failing)
@@ -252,7 +262,8 @@ def test_a_member_failure_is_a_502_without_its_url(caplog: pytest.LogCaptureFixt
         assert response.status_code == 502, response.text
         assert response.json()["error"] == {
             "message": "member 'b' is unavailable: connection refused (<its URL>/completion), after a redirect to "
-                       "<a URL>", "type": "server_error", "param": None, "code": "member_unavailable"}
+                       "<a URL> and to <a URL> (Server at <its host> Port 8081)", "type": "server_error",
+            "param": None, "code": "member_unavailable"}
     logged = [record for record in caplog.records if record.levelno >= logging.ERROR]
     assert not [r for r in logged if "Exception in ASGI application" in r.getMessage() or r.exc_info], logged
     assert sum(MEMBER_URL in r.getMessage() for r in logged) == 3, [r.getMessage() for r in logged]

@@ -29,6 +29,7 @@ from contextlib import aclosing, asynccontextmanager
 from functools import cache
 from importlib.resources import files
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
@@ -132,12 +133,15 @@ def _unavailable(err: MemberError) -> MemberUnavailable:
     is told; no traceback: the failure is the backend's, not the server's."""
     log.error("member %r at %s failed: %s", err.member, _URL_CREDENTIALS.sub("//", err.url), err.reason)
     reason = _URL.sub("<a URL>", err.reason.replace(err.url, "<its URL>") if err.url else err.reason)
+    host = urlsplit(err.url).hostname if err.url else None
+    if host:  # bare, in a backend's own words ("Server at llm-b.internal Port 8081")
+        reason = reason.replace(host, "<its host>")
     return MemberUnavailable(f"member {err.member!r} is unavailable: {reason}")
 
 
-_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>)]+", re.IGNORECASE)
-"""Any address in a member's reason (a redirect's target, the server root a hint names, a backend's own
-words): internal addresses the client is not told."""
+_URL = re.compile(r"(?:\b[a-z][a-z0-9+.-]*:)?//[^\s'\"<>)]+", re.IGNORECASE)
+"""Any address in a member's reason (a redirect's target, protocol-relative or not, the server root a hint
+names, a backend's own words): internal addresses the client is not told."""
 _URL_CREDENTIALS = re.compile(r"//[^/@\s]*@")
 
 

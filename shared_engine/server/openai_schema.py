@@ -57,8 +57,12 @@ def _squashed(key: str) -> str:
 
 
 def misspells(key: str, fields: Iterable[str]) -> bool:
-    """Whether ``key`` reads as one of ``fields`` misspelt (``toolCalls``, ``tool_call``, ``Content``)."""
-    return any(SequenceMatcher(None, _squashed(key), _squashed(field)).ratio() >= 0.9 for field in fields)
+    """Whether ``key`` reads as one of ``fields`` misspelt: written otherwise (``toolCalls``, ``Content``),
+    a letter more or less (``tool_call``), or two letters swapped (``contnet``, ``arguemnts``), while other
+    providers' own keys (Azure's ``context``) are not."""
+    squashed = _squashed(key)
+    return any(SequenceMatcher(None, squashed, other).ratio() >= 0.9 or sorted(squashed) == sorted(other)
+               for other in map(_squashed, fields))
 
 
 class _Replayed(BaseModel):
@@ -85,7 +89,7 @@ class FunctionCallIn(_Replayed):
     """The function of an earlier call."""
 
     name: str
-    arguments: str = "{}"
+    arguments: str  # required, as OpenAI requires it: a call replayed under another key ("args") lost its arguments
 
 
 class ToolCallIn(_Replayed):
@@ -298,10 +302,13 @@ class ChatCompletionRequest(_GenerationRequest):
     def missing(self) -> str | None:
         """The path of a field OpenAI requires inside a message or the response format that the request
         left out (pydantic cannot name it: it is required for one role or one type only): a tool result
-        answers one call, and a json_schema format is named."""
+        answers one call, every message but an assistant's has content (one under another key, "text",
+        was served as empty), and a json_schema format is named."""
         for m, message in enumerate(self.messages):
             if message.role == "tool" and message.tool_call_id is None:
                 return f"messages.{m}.tool_call_id"
+            if message.role != "assistant" and message.content is None:  # OpenAI: only an assistant's may be absent
+                return f"messages.{m}.content"
         schema = (self.response_format or {}).get("json_schema")
         if (self.response_format or {}).get("type") == "json_schema" and isinstance(schema, dict) \
                 and "name" not in schema:
