@@ -26,7 +26,7 @@ def names() -> Iterator[list[str]]:
 @pytest.mark.parametrize("update", [{"temperature": 0.7}, {"max_tokens": None, "temperature": 0.7},
                                     {"max_tokens": 3}])
 def test_a_deep_copy_of_an_ensemble_llm_takes_an_update(names: list[str], update: dict[str, Any]) -> None:
-    llm = EnsembleLLM(models=names, method="every-token", max_tokens=5, engine_options={"draft_length": 2})
+    llm = EnsembleLLM(models=names, method="safe", max_tokens=5, engine_options={"draft_length": 2})
     clone = llm.model_copy(update=update, deep=True)
     assert clone.engine is llm.engine  # shared through __deepcopy__, not copied
     assert clone.engine_options == {"draft_length": 2} and clone.engine_options is not llm.engine_options
@@ -40,7 +40,7 @@ def test_a_deep_copy_of_an_ensemble_llm_takes_an_update(names: list[str], update
 
 
 def test_a_deep_copy_of_a_chat_ensemble_takes_an_update(names: list[str]) -> None:
-    model = ChatEnsemble(models=names, method="every-token", max_tokens=5, engine_options={"draft_length": 2})
+    model = ChatEnsemble(models=names, method="safe", max_tokens=5, engine_options={"draft_length": 2})
     clone = model.model_copy(update={"temperature": 0.7}, deep=True)
     assert clone.temperature == 0.7 and model.temperature is None and "temperature" in clone.model_fields_set
     assert clone.engine_options == {"draft_length": 2} and clone.engine_options is not model.engine_options
