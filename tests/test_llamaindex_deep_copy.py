@@ -45,5 +45,6 @@ def test_a_deep_copy_of_a_chat_ensemble_takes_an_update(names: list[str]) -> Non
     assert clone.temperature == 0.7 and model.temperature is None and "temperature" in clone.model_fields_set
     assert clone.engine_options == {"draft_length": 2} and clone.engine_options is not model.engine_options
     model.close()
-    assert clone.invoke(PROMPT).response_metadata["engine_finish_reason"] in {"length", "stop"}
+    # sampled (temperature 0.7, no seed): any end of a whole answer; the point is that the copy still answers
+    assert clone.invoke(PROMPT).response_metadata["engine_finish_reason"] in {"length", "stop", "eos"}
     clone.close()
