@@ -136,7 +136,14 @@ def _unavailable(err: MemberError) -> MemberUnavailable:
     host = urlsplit(err.url).hostname if err.url else None
     if host:  # bare, in a backend's own words ("Server at llm-b.internal Port 8081")
         reason = reason.replace(host, "<its host>")
+    if len(reason) > REASON_CHARS:  # a backend's error page, echoed: the log keeps it whole
+        reason = reason[:REASON_CHARS].rstrip() + "…"
     return MemberUnavailable(f"member {err.member!r} is unavailable: {reason}")
+
+
+REASON_CHARS = 240
+"""The most characters of a member's failure the client is told: the reason echoes the backend's answer
+(an HTML error page, a proxy's), which is the operator's to read in the log, not the client's."""
 
 
 _URL = re.compile(r"(?:\b[a-z][a-z0-9+.-]*:)?//[^\s'\"<>)]+", re.IGNORECASE)

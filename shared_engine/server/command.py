@@ -88,6 +88,11 @@ def _draining_server(app: Starlette, grace_s: int) -> uvicorn.Server:
                      "ones get a 503", load.active, grace_s, load.waiting)
             await shut_down(app, grace_s, hurry=lambda: self.force_exit)
             await super().shutdown(sockets)
+            if self.force_exit and not self.lifespan.shutdown_event.is_set():
+                # uvicorn skips the app's lifespan shutdown on a second Ctrl+C, and the lifespan task,
+                # left waiting, was cancelled at exit: a CancelledError traceback. The app's shutdown
+                # does nothing to wait for (shut_down has closed the engine or been hurried past it).
+                await self.lifespan.shutdown()
 
     return DrainingServer(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=grace_s))
 

@@ -169,6 +169,10 @@ UNSUPPORTED: dict[str, str] = {
 """Request fields this server refuses with a 400 rather than silently ignore (any other unknown field is ignored)."""
 
 
+MAX_STOPS = 4
+"""The most ``stop`` sequences one request may send: OpenAI's limit, which it refuses past with a 400."""
+
+
 MAX_PROMPTS = 2048
 """The most prompts one legacy completions request may list: they are answered one after another on
 one admission slot, and each is checked before the first is answered."""
@@ -237,9 +241,13 @@ class _GenerationRequest(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stops_non_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
+        """Non-empty, and at most ``MAX_STOPS`` of them, as OpenAI refuses more (a client written against
+        this server must not fail on OpenAI's)."""
         stops = [value] if isinstance(value, str) else value or []
         if any(not s for s in stops):
             raise ValueError("stop strings must be non-empty")
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop sequences are allowed, got {len(stops)}")
         return value
 
     def unsupported(self) -> tuple[str, str] | None:
@@ -318,7 +326,30 @@ class ChatCompletionRequest(_GenerationRequest):
     def conflict(self) -> tuple[str, str] | None:
         if plain_tool_choice(self.tool_choice) not in (None, "auto", "none") and not self.tools:
             return "tool_choice", "tool_choice is only allowed when tools are specified"
+        if (unanswered := self.unanswered_tool_result()) is not None:
+            return unanswered
         return super().conflict()
+
+    def unanswered_tool_result(self) -> tuple[str, str] | None:
+        """(param, message) for the first tool result whose ``tool_call_id`` is the id of no call in an
+        earlier assistant message, as OpenAI refuses it: served, the result stood in the prompt as an answer
+        to nothing. Ids may repeat across turns (a client replays every turn); a call replayed without an
+        id may be the one answered, so then any id is."""
+        called: set[str] = set()
+        anonymous = False
+        for m, message in enumerate(self.messages):
+            if message.role == "assistant":
+                for call in message.tool_calls or []:
+                    if call.id is None:
+                        anonymous = True
+                    else:
+                        called.add(call.id)
+            elif message.role == "tool" and message.tool_call_id is not None \
+                    and message.tool_call_id not in called and not anonymous:
+                return (f"messages.{m}.tool_call_id",
+                        "messages with role 'tool' must be a response to a preceding message with 'tool_calls' "
+                        f"(no earlier assistant message has a call with id {json.dumps(message.tool_call_id)})")
+        return None
 
     def answer_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

@@ -1,0 +1,182 @@
+"""Server hunt 2026-12-07e (toy members): a tool result that answers no call, more stop sequences than
+OpenAI allows, a second Ctrl+C while `serve` shuts down, and a member's error page echoed to the client."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from shared_engine.errors import MemberError
+from shared_engine.server import create_app
+from shared_engine.server.app import _unavailable
+from shared_engine.server.background import serve_in_background
+from tests.test_server import MODEL, USER, post, sse_payloads_iter, toy_engine
+from tests.test_server_shutdown import ROOT, SERVE, _wait_until
+
+
+@pytest.fixture(scope="module")
+def base_url() -> Iterator[str]:
+    with serve_in_background(create_app(toy_engine())) as url:
+        yield url
+
+
+# ----------------------------------------------------------------------------- tool results
+
+def _call(call_id: str | None) -> dict[str, Any]:
+    call = {"type": "function", "function": {"name": "get", "arguments": "{}"}}
+    return call if call_id is None else {"id": call_id, **call}
+
+
+def _calls(*ids: str | None) -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": [_call(i) for i in ids]}
+
+
+def _result(call_id: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": "sunny"}
+
+
+@pytest.mark.parametrize(("messages", "param"), [
+    # no call at all before the result
+    ([*USER, {"role": "assistant", "content": "ok"}, _result("c1")], "messages.2.tool_call_id"),
+    # a call, but not this one
+    ([*USER, _calls("c1"), _result("c2")], "messages.2.tool_call_id"),
+    # the call comes after its result
+    ([*USER, _result("c1"), _calls("c1"), _result("c1")], "messages.1.tool_call_id"),
+    # the second result of two calls answers neither
+    ([*USER, _calls("c1", "c2"), _result("c1"), _result("c3")], "messages.3.tool_call_id"),
+])
+def test_a_tool_result_that_answers_no_call_is_refused(base_url: str, messages: list[dict[str, Any]],
+                                                       param: str) -> None:
+    """It was served (HTTP 200), the result in the prompt as an answer to nothing; OpenAI refuses it with a
+    400 ("messages with role 'tool' must be a response to a preceeding message with 'tool_calls'")."""
+    response = post(base_url, {"model": MODEL, "messages": messages, "max_tokens": 2})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"], error["type"]) == (param, "invalid_value", "invalid_request_error"), error
+    assert "must be a response to a preceding message with 'tool_calls'" in error["message"], error
+
+
+@pytest.mark.parametrize("messages", [
+    [*USER, _calls("c1"), _result("c1")],
+    [*USER, _calls("c1", "c2"), _result("c2"), _result("c1")],
+    # ids repeat across turns (clients that number their calls per turn)
+    [*USER, _calls("c1"), _result("c1"), {"role": "user", "content": "And tomorrow?"}, _calls("c1"), _result("c1")],
+    # an earlier turn's call answered after a later turn (the answer stands where the client put it)
+    [*USER, _calls("c1"), {"role": "user", "content": "Go on."}, _result("c1")],
+    # a call replayed without its id: it may be the one answered
+    [*USER, _calls(None), _result("c9")],
+])
+def test_a_tool_result_that_answers_an_earlier_call_is_served(base_url: str, messages: list[dict[str, Any]]) -> None:
+    response = post(base_url, {"model": MODEL, "messages": messages, "max_tokens": 2})
+    assert response.status_code == 200, response.text
+
+
+def test_an_openai_client_conversation_with_calls_is_served(base_url: str) -> None:
+    """The openai client's own round trip: the assistant message it got back, replayed with its results."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0)
+    answer = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=2)  # type: ignore[arg-type]
+    replayed = answer.choices[0].message.model_dump(exclude_none=True)
+    replayed["tool_calls"] = [_call("call_0"), _call("call_1")]
+    messages = [*USER, replayed, _result("call_0"), _result("call_1")]
+    second = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)  # type: ignore[arg-type]
+    assert second.choices[0].finish_reason in ("length", "stop", "tool_calls")
+
+
+# ----------------------------------------------------------------------------- stop sequences
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_more_than_four_stop_sequences_are_refused(base_url: str, path: str) -> None:
+    """Five were served; OpenAI allows four and refuses more with a 400."""
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 2, "stop": ["a1", "b2", "c3", "d4", "e5"]}
+    body.update({"messages": USER} if path.endswith("chat/completions") else {"prompt": "Sofia"})
+    response = httpx.post(f"{base_url}{path}", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == ("stop", "invalid_value"), error
+    assert "at most 4 stop sequences" in error["message"], error
+    body["stop"] = body["stop"][:4]
+    assert httpx.post(f"{base_url}{path}", json=body, timeout=60).status_code == 200
+
+
+# ----------------------------------------------------------------------------- a member's error page
+
+
+def test_a_member_error_page_is_cut_short_for_the_client(caplog: pytest.LogCaptureFixture) -> None:
+    """A backend's HTML error page came back whole in the 502's message (here 5,000 characters); the client
+    gets its start and an ellipsis, the log the whole reason."""
+    page = "<!DOCTYPE html><html><body>" + "Service unavailable. " * 250 + "</body></html>"
+    with caplog.at_level(logging.ERROR):
+        told = str(_unavailable(MemberError("b", "http://10.1.2.3:8081",
+                                            f"POST /completion answered HTTP 500: {page}")))
+    assert told.startswith("member 'b' is unavailable: POST /completion answered HTTP 500: <!DOCTYPE html>"), told
+    assert told.endswith("…") and len(told) < 300, told
+    assert page in caplog.records[0].getMessage()
+
+
+def test_a_short_member_reason_is_told_whole() -> None:
+    reason = "POST /completion answered HTTP 500: " + "x" * 150
+    assert str(_unavailable(MemberError("b", "http://10.1.2.3:8081", reason))) == \
+        f"member 'b' is unavailable: {reason}"
+
+
+# ----------------------------------------------------------------------------- a second Ctrl+C
+
+
+def test_a_second_ctrl_c_exits_without_a_traceback(tmp_path: Path) -> None:
+    """The second Ctrl+C (during the running stream's grace) made uvicorn skip the app's lifespan shutdown;
+    the lifespan task, left waiting, was cancelled at exit and logged an 'asyncio.exceptions.CancelledError'
+    traceback."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        server = subprocess.Popen([sys.executable, "-c", SERVE, str(port)], cwd=ROOT, stdout=out,
+                                  stderr=subprocess.STDOUT)
+    try:
+        def up() -> bool:
+            assert server.poll() is None, log.read_text()
+            try:
+                return httpx.get(f"{url}/health", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        _wait_until(up)
+        streamed: list[str] = []
+        body = {"model": MODEL, "messages": USER, "max_tokens": 400, "stream": True}
+
+        def stream() -> None:
+            try:
+                with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
+                    streamed.extend(sse_payloads_iter(response))
+            except httpx.HTTPError:
+                pass  # a forced exit may cut it: not what this test is about
+
+        running = threading.Thread(target=stream)
+        running.start()
+        _wait_until(lambda: len(streamed) >= 3)
+        server.send_signal(signal.SIGINT)
+        _wait_until(lambda: "Shutting down:" in log.read_text())  # the first is being handled: the grace runs
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=60) == 0, log.read_text()
+        running.join(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    output = log.read_text()
+    assert "Traceback" not in output and "CancelledError" not in output, output
+    assert "Application shutdown complete." in output, output
