@@ -23,6 +23,8 @@ Questions used as few-shot exemplars in the evaluation's prompt are skipped, and
 refused: a profile must never be fitted on the questions it is evaluated on. A question longer than
 a member's context window is left out, with a warning naming it, and the next question is read in
 its place: ``--limit N`` fits on N questions where the split has them (fewer: a warning says how many).
+A fit on fewer than 20 questions is warned about: its weights are unreliable (one question gave a member
+weight 0.999997).
 
 Ctrl-C while the questions are read fits on those read so far (a second Ctrl-C stops the fit) and
 exits 130, as an interrupted eval does. The profile says so (``fitted.interrupted``, fitted on
@@ -77,6 +79,9 @@ outside them gets the rest's even share (SmolLM2 on one GSM8K train answer: -96.
 THRESHOLD_GRID = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 STORED_TOP_K = 64
 DEFAULT_QUESTIONS = 50
+RELIABLE_QUESTIONS = 20
+"""Fewer questions fitted on are warned about: weights fitted on one question (N=1) came out 0.999997 for
+one member, a fit to that answer rather than to the members."""
 LOGPROB_FLOOR = -100.0
 """A reference token a member gives no probability (-inf) counts as this log-probability in its NLL
 per byte (the drafter choice; a profile holds finite numbers only); the weights see it as 0."""
@@ -386,13 +391,33 @@ def member_reading(member: Member) -> str:
 
 def calibrate(models: Sequence[str | Member], bench: str = "gsm8k", data: str | None = None,
               limit: int = DEFAULT_QUESTIONS, backend: str | None = None, progress: bool = True,
-              out: str | Path | None = None) -> EnsembleProfile:
+              out: str | Path | None = None, *, save: bool = True) -> EnsembleProfile:
     """Fit a profile for ``models`` on ``bench``'s training/dev split (the Python entry point).
     ``backend``: how names without a prefix run (None: ``CALIBRATE_BACKEND``, transformers, whose
     distributions are exact; a member that gives top-K rows is warned about). ``out``: where the profile
-    will be saved, refused before fitting if it is a file fitted on or held out (saving there would
-    overwrite the split). Ctrl-C after the first question is read returns the profile fitted on the
-    questions read, ``fitted.interrupted`` set (before it, KeyboardInterrupt)."""
+    is saved (``save_profile``: a fit cut short never replaces a file there), refused before fitting if it
+    cannot be written or is a file fitted on or held out (saving there would overwrite the split); the
+    profile was returned unsaved before, so a script that read ``out`` next found nothing. ``save=False``
+    checks ``out`` but leaves the writing to the caller (the CLI, which prints a profile it cannot write).
+    Ctrl-C after the first question is read returns the profile fitted on the questions read,
+    ``fitted.interrupted`` set (before it, KeyboardInterrupt)."""
+    if out is not None:
+        check_output_file(Path(out).expanduser(), "--out", "profile's")  # before minutes of fitting, not after
+    profile = _fit(models, bench, data, limit, backend, progress, out)
+    if out is not None and save:
+        try:
+            target = save_profile(profile, Path(out).expanduser())
+        except OSError as err:
+            raise InvalidRequestError(f"cannot write the profile to {out} ({err.strerror or err})") from None
+        if target != Path(out).expanduser():  # the CLI says this on stderr itself
+            _log.warning("calibrate: the fit was interrupted; the profile already at %s is kept, the partial fit "
+                         "is in %s (move it over %s to use it)", out, target, out)
+    return profile
+
+
+def _fit(models: Sequence[str | Member], bench: str, data: str | None, limit: int, backend: str | None,
+         progress: bool, out: str | Path | None) -> EnsembleProfile:
+    """``calibrate`` up to the profile: ``out`` is checked against the files read, not written."""
     if len(models) < 2:
         raise InvalidRequestError("calibrate needs at least two members")
     if limit < 1:
@@ -425,6 +450,11 @@ def calibrate(models: Sequence[str | Member], bench: str = "gsm8k", data: str | 
                          "drafter_confidence fitted are approximate; a model this machine runs is exact on "
                          "transformers (the default here; transformers:NAME)", name, k, member_reading(member))
     evidence = collect(members, bench, records, benchmark, progress, limit)
+    if evidence.questions < RELIABLE_QUESTIONS:  # said with the --limit notice's voice, before the fit is used
+        _log.warning("calibrate: fitted on %d question(s), fewer than %d: the weights, drafter and "
+                     "drafter_confidence are unreliable (one question gave a member weight 0.999997); fit on "
+                     "%d or more questions for a profile to use", evidence.questions, RELIABLE_QUESTIONS,
+                     RELIABLE_QUESTIONS)
     profile = fit_profile(members, names, evidence, bench, path, evidence.questions)
     return profile.model_copy(update={"sources": local_sources(models)})
 
@@ -471,9 +501,8 @@ def run(args: argparse.Namespace) -> int:
     fit short (the partial profile is saved, never over an existing file: ``interrupted_path``)."""
     try:
         out = Path(args.out).expanduser()  # `--out=~/p.json`: the shell expands no ~ after '='
-        check_output_file(out, "--out", "profile's")  # before minutes of fitting, not after
         profile = calibrate(args.models, args.bench, args.data, args.limit, args.backend, not args.no_progress,
-                            out=out)
+                            out=out, save=False)  # written below, once: a profile it cannot write is printed
     except EnsembleError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -481,11 +510,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"interrupted: no profile was written to {args.out}", file=sys.stderr)
         return 130
     fitted = profile.fitted
-    kept = fitted.interrupted and (out.exists() or out.is_symlink())  # an earlier profile: not replaced by a part
-    target = interrupted_path(out) if kept else out
+    target = profile_target(profile, out)
+    kept = target != out
     shown = str(target) if kept else args.out
     try:
-        profile.save(target)
+        save_profile(profile, out)
     except OSError as err:  # the fit is not lost: it goes to stdout
         print(profile.model_dump_json(indent=2))
         print(f"error: cannot write the profile to {shown} ({err.strerror or err}); it is printed above",
@@ -508,3 +537,18 @@ def interrupted_path(out: Path) -> Path:
     """Where a fit cut short goes when ``out`` already holds a file: beside it (``p.json`` ->
     ``p.interrupted.json``), so Ctrl-C never swaps a full profile for one fitted on a few questions."""
     return out.with_name(f"{out.stem}.interrupted{out.suffix}")
+
+
+def profile_target(profile: EnsembleProfile, out: Path) -> Path:
+    """Where ``profile`` is saved for ``out``: ``out``, or beside it (``interrupted_path``) for a fit cut
+    short where ``out`` already holds a file (an earlier profile: not replaced by a part)."""
+    kept = profile.fitted.interrupted and (out.exists() or out.is_symlink())
+    return interrupted_path(out) if kept else out
+
+
+def save_profile(profile: EnsembleProfile, out: Path) -> Path:
+    """Save ``profile`` for ``out`` (``profile_target``), whole or not at all; the file written. The one
+    writer of both ``calibrate(out=...)`` and ``safe-ensemble calibrate --out``."""
+    target = profile_target(profile, out)
+    profile.save(target)
+    return target

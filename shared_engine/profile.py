@@ -14,7 +14,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
@@ -27,25 +27,43 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+_Share = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+"""A fraction of choices (a threshold's accuracy)."""
+_Nats = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+"""A negative log-likelihood: never below 0."""
+
+
 class FitInfo(BaseModel):
-    """How a profile was fitted, so a reader can judge it."""
+    """How a profile was fitted, so a reader can judge it. The numbers are bounded as a fit writes them: a
+    hand-edited ``questions: -5`` (or 0, a negative count, an accuracy of 1.5) loaded as a fit of no
+    questions; it is refused naming the field."""
 
     bench: str
     data: str = Field(description="The labelled file fitted on (a train/dev split, never a test split).")
-    questions: int = Field(description="Questions used.")
-    asked: int | None = Field(None, description="Questions the fit set out to read (--limit, or as many as the "
-                                                "split has); absent in profiles written before it.")
+    questions: int = Field(ge=1, description="Questions used.")
+    asked: int | None = Field(None, ge=1, description="Questions the fit set out to read (--limit, or as many as "
+                                                      "the split has); absent in profiles written before it.")
     interrupted: bool = Field(False, description="Cut short (Ctrl-C): fitted on the ``questions`` read of the "
                                                  "``asked``, a partial fit.")
-    spans: int = Field(0, description="Spans between shared token boundaries the weights were fitted on.")
-    positions: int = Field(0, description="Fusable drafter positions drafter_confidence was chosen on.")
+    spans: int = Field(0, ge=0, description="Spans between shared token boundaries the weights were fitted on.")
+    positions: int = Field(0, ge=0, description="Fusable drafter positions drafter_confidence was chosen on.")
     method: str = Field(description="How weights, drafter and drafter_confidence were chosen.")
-    nll_per_byte: dict[str, float] = Field(default_factory=dict,
+    nll_per_byte: dict[str, _Nats] = Field(default_factory=dict,
                                            description="Each member's NLL of the reference answers, nats/byte.")
-    log_likelihood: float | None = Field(None, description="Of the spans under the fitted mixture, nats.")
-    threshold_accuracy: dict[str, float] = Field(
+    log_likelihood: float | None = Field(None, allow_inf_nan=False,
+                                         description="Of the spans under the fitted mixture, nats.")
+    threshold_accuracy: dict[str, _Share] = Field(
         default_factory=dict, description="Right choices at fusable positions for each drafter_confidence "
                                           "tried ('none' = always fuse).")
+
+    @model_validator(mode="after")
+    def _read_of_asked(self) -> FitInfo:
+        """A fit reads at most the questions it set out to read (fewer where it was cut short or a question
+        did not fit a member's window)."""
+        if self.asked is not None and self.questions > self.asked:
+            raise ValueError(f"questions ({self.questions}) is more than asked ({self.asked}): a fit reads at most "
+                             "the questions it set out to read")
+        return self
 
 
 PROFILE_VERSION = 1
