@@ -33,10 +33,13 @@ text as written, escapes and all. So a schema is first rewritten into the part i
 (``_parser_schema``): ``oneOf`` becomes ``anyOf`` (exclusivity is left to the validation), ``const``
 and ``enum`` a union per JSON type, a fixed string its JSON spelling (``_as_parsed``), a
 ``pattern`` (searched for, the parser matches the whole string; its ``\\w``, ``\\d``, ``\\s``
-Unicode, the parser's ASCII) a whole-string regex (``_whole_match``), and what it
-cannot enforce is left free (an untyped value, ``not``, ``if``: any JSON value; an unsupported
-``pattern``: any string); a schema it cannot approximate that way (several typed ``allOf`` parts, a
-``$ref`` outside ``$defs``) is not constrained at all. Should the parser still raise mid-answer, the
+Unicode, the parser's ASCII) a whole-string regex (``_whole_match``), whose string's escapes are
+matched as the characters they stand for (``_PatternEscape``: the parser offers none there), a
+definition that is one of its own ``anyOf`` options the options it leads to (``_union_cycles_read``:
+the parser went round it forever), and what it cannot enforce is left free (an untyped value,
+``not``, ``if``: any JSON value; an unsupported ``pattern``: any string); a schema it cannot
+approximate that way (several typed ``allOf`` parts, a ``$ref`` outside ``$defs``) is not
+constrained at all. Should the parser still raise mid-answer, the
 constraint is dropped for the rest of that answer (``JsonPrefix.parser`` None), which is then
 validated as usual.
 """
@@ -117,7 +120,7 @@ class _Rewrite:
     def root(self, schema: Mapping[str, Any]) -> dict[str, Any]:
         out = self.schema(schema)
         if self.defs:
-            out[self.defs_key] = {name: self.schema(sub) for name, sub in self.defs.items()}
+            out[self.defs_key] = _union_cycles_read({name: self.schema(sub) for name, sub in self.defs.items()})
         return out
 
     def schema(self, schema: Any) -> dict[str, Any]:
@@ -317,6 +320,58 @@ def _merged(schema: Mapping[str, Any], branch: Any) -> Any:
     return out
 
 
+def _union_refs(schema: Mapping[str, Any]) -> set[str]:
+    """The definitions a rewritten schema is a union of (a ``$ref``, or one among its ``anyOf`` options):
+    the ones the parser reads as soon as it starts a value of ``schema``."""
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        return {ref.split("/")[-1]}
+    options = schema.get("anyOf")
+    return set().union(*map(_union_refs, options)) if isinstance(options, list) else set()
+
+
+def _union_options(schema: Mapping[str, Any], defs: Mapping[str, Any], seen: frozenset[str]) -> list[Mapping[str, Any]]:
+    """The options of the union ``schema`` is, its ``$ref`` options read through (a definition in
+    ``seen`` adds none: it is being read already, and adds nothing its other options do not)."""
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        name = ref.split("/")[-1]
+        return [] if name in seen else _union_options(defs[name], defs, seen | {name})
+    options = schema.get("anyOf")
+    if isinstance(options, list):
+        return [leaf for option in options for leaf in _union_options(option, defs, seen)]
+    return [schema]
+
+
+def _union_cycles_read(defs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Rewritten definitions without a cycle of union options: a definition that is, through ``$ref``
+    and ``anyOf`` options alone, one of its own options (``Expr: oneOf [Lit, Group]``, ``Group: anyOf
+    [Expr]``) sent the parser round it forever when a value started (a RecursionError: no constraint
+    at all). Such a definition is the union of the options it leads to that are no ``$ref``, which
+    are the values it takes (a recursion through an object's property or an array's items is read
+    a value at a time and stays as it is)."""
+    def cyclic(name: str) -> bool:
+        seen: set[str] = set()
+        todo = list(_union_refs(defs[name]))
+        while todo:
+            ref = todo.pop()
+            if ref == name:
+                return True
+            if ref not in seen and ref in defs:
+                seen.add(ref)
+                todo.extend(_union_refs(defs[ref]))
+        return False
+
+    read = dict(defs)
+    for name in [name for name in defs if cyclic(name)]:
+        leaves = _union_options(defs[name], defs, frozenset([name]))
+        options = list({json.dumps(leaf, sort_keys=True): leaf for leaf in leaves}.values())  # each once
+        if not options:
+            raise _Unsupported(name)  # a union of itself alone: no value
+        read[name] = dict(options[0]) if len(options) == 1 else {"anyOf": options}
+    return read
+
+
 def _overlap(kinds: frozenset[str], allowed: frozenset[str]) -> bool:
     """Whether a value can be of one of ``kinds`` and one of ``allowed`` (an integer is a number)."""
     return any(_inside(frozenset([kind]), allowed) or (kind == "number" and "integer" in allowed) for kind in kinds)
@@ -498,6 +553,9 @@ def _feed(parser: CharacterLevelParser, char: str) -> CharacterLevelParser | Non
         char = _STAND_IN
     if char == " " and isinstance(parser, JsonSchemaParser) and (states := _strings(parser)):
         return _into_string(parser, states, char)  # an enum's, a key's or a pattern's space: see _string_add
+    if char == "\\" and isinstance(parser, JsonSchemaParser) and (states := _strings(parser)) \
+            and any(state.regex_parser is not None for state in states):
+        return _escape_into(parser, states)  # a pattern's string: see _PatternEscape
     allowed = parser.get_allowed_characters()
     if char in allowed:
         return _no_integer_exponent(parser.add_character(char)) if char in "eE" else parser.add_character(char)
@@ -583,6 +641,99 @@ def _into_string(parser: JsonSchemaParser, states: list[StringParsingState], cha
         return None
     after = _on_top(parser, fed[0] if len(fed) == 1 else UnionParser(fed),
                     parser.last_non_whitespace_character if char == " " else char)
+    after.num_consecutive_whitespaces = 0
+    return after
+
+
+_ESCAPED = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+"""JSON's one-letter escapes and the character each stands for."""
+
+_HEX = "0123456789abcdefABCDEF"
+
+
+def _is_surrogate(code: int) -> bool:
+    return 0xD800 <= code <= 0xDFFF
+
+
+def _regex_takes_some(regex: RegexParser, low: int, high: int) -> bool:
+    """Whether ``regex`` takes next some character from ``low`` to ``high`` (code points, surrogates
+    aside): one its FSM names with a way on, or one it does not name where it has a way on for any."""
+    def plain(symbol: str) -> bool:
+        return low <= ord(symbol) <= high and not _is_surrogate(ord(symbol))
+
+    fsm = regex.context.pattern
+    for transition in fsm.map.get(regex.current_state, {}):
+        symbols = fsm.alphabet.by_transition[transition]
+        if any(symbol is not anything_else and plain(symbol) for symbol in symbols):
+            return True
+        if anything_else in symbols:
+            surrogates = max(0, min(high, 0xDFFF) - max(low, 0xD800) + 1)
+            named = sum(plain(symbol) for symbol in fsm.alphabet if symbol is not anything_else)
+            if high - low + 1 - surrogates - named > 0:
+                return True
+    return False
+
+
+def _escaped_takes(state: StringParsingState, low: int, high: int) -> bool:
+    """Whether the string ``state`` takes an escape standing for a character from ``low`` to ``high``.
+    A ``pattern`` string matches the character the escape stands for (not a lone surrogate: half of a
+    character its regex cannot be asked about; a non-BMP character is written as it is); any other string
+    reads an escape as its backslash alone, as the parser does (its lengths count one character, an enum
+    value is spelled so: ``_as_parsed``)."""
+    if state.regex_parser is not None:
+        return _regex_takes_some(state.regex_parser, low, high)
+    return _string_takes(state, "\\")
+
+
+class _PatternEscape(CharacterLevelParser):
+    """An escape sequence being written inside the string(s) ``states``, one of them with a ``pattern``:
+    the parser offers no backslash in a ``pattern`` string (it would match the escape's characters
+    against the regex), so a string holding a backslash, a quote or a line break could not be written
+    under any pattern, even ``^.+$``. The escape is read here whole and the character it stands for
+    given to each string's regex (JSON Schema matches the decoded value); only escapes standing for a
+    character some string takes are offered."""
+
+    def __init__(self, states: list[StringParsingState], written: str = "") -> None:
+        super().__init__(_CONFIG)
+        self.states = states
+        self.written = written  # after the backslash: "", or "u" and up to 3 hex digits
+        self._allowed: str | None = None
+
+    def _open(self, digits: str) -> bool:
+        """Whether a \\u escape starting with the hex ``digits`` can stand for a character a string takes."""
+        low, high = int(digits.ljust(4, "0"), 16), int(digits.ljust(4, "f"), 16)
+        return any(_escaped_takes(state, low, high) for state in self.states)
+
+    def get_allowed_characters(self) -> str:
+        if self._allowed is None:  # asked once per token of the vocabulary: worked out once
+            if not self.written:
+                simple = "".join(c for c, char in _ESCAPED.items() if self._open(f"{ord(char):04x}"))
+                self._allowed = simple + ("u" if self._open("") else "")
+            else:
+                self._allowed = "".join(digit for digit in _HEX if self._open(self.written[1:] + digit))
+        return self._allowed
+
+    def add_character(self, new_character: str) -> CharacterLevelParser:
+        written = self.written + new_character
+        if written == "u" or (written.startswith("u") and len(written) < 5):
+            return _PatternEscape(self.states, written)
+        code = ord(_ESCAPED[written]) if len(written) == 1 else int(written[1:], 16)
+        fed: list[CharacterLevelParser] = [
+            _string_add(state, chr(code) if state.regex_parser is not None else "\\")
+            for state in self.states if _escaped_takes(state, code, code)]
+        return fed[0] if len(fed) == 1 else UnionParser(fed)
+
+    def can_end(self) -> bool:
+        return False
+
+
+def _escape_into(parser: JsonSchemaParser, states: list[StringParsingState]) -> CharacterLevelParser | None:
+    """``parser`` after a backslash inside its ``pattern`` string (``_PatternEscape``), None if no escape
+    can follow."""
+    escape = _PatternEscape(states)
+    if not escape.get_allowed_characters():
+        return None
+    after = _on_top(parser, escape, "\\")
     after.num_consecutive_whitespaces = 0
     return after
 
@@ -713,6 +864,8 @@ class JsonPrefix:
         if self.parser is None:
             return True
         try:
+            if first == 0x5C:  # a backslash: a pattern string takes escapes the parser does not offer
+                return True
             if first < 0x80:
                 return chr(first) in self.parser.get_allowed_characters()
             return _may_start(self.parser, bytes([first]))
