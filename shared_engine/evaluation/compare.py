@@ -620,6 +620,7 @@ def _pyplot() -> Any:
 
 OTHER_BENCH = "another benchmark than the baseline's"
 OTHER_DATA = "another data file than the baseline's"
+OTHER_EXEMPLARS = "other few-shot exemplar files than the baseline's"
 NO_SAMPLES = f"no {SAMPLES} to pair by question"
 OTHER_QUESTIONS = "other questions under the same ids than the baseline's"
 
@@ -637,6 +638,7 @@ def _partition(base: dict[str, Any], summaries: list[dict[str, Any]]) -> tuple[l
             continue
         reason = (OTHER_BENCH if s["bench"] != base["bench"] else NO_SAMPLES if not (Path(s["dir"]) / SAMPLES).is_file()
                   else OTHER_DATA if not _same_data(base, s)
+                  else OTHER_EXEMPLARS if not _same_exemplars(base, s)
                   else OTHER_QUESTIONS if not _same_questions(Path(base["dir"]), Path(s["dir"])) else None)
         if reason is None:
             same.append(s)
@@ -648,6 +650,13 @@ def _partition(base: dict[str, Any], summaries: list[dict[str, Any]]) -> tuple[l
 def _same_data(base: dict[str, Any], other: dict[str, Any]) -> bool:
     """Whether two runs read the same data, where both recorded its hash (else the questions tell)."""
     a, b = base.get("data_sha256"), other.get("data_sha256")
+    return not (a and b) or a == b
+
+
+def _same_exemplars(base: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether two runs' prompts read the same exemplar files, where both recorded their hash: a run
+    stored before ``prompt_sha256`` was recorded still pairs with a new one over the same data."""
+    a, b = base.get("prompt_sha256"), other.get("prompt_sha256")
     return not (a and b) or a == b
 
 

@@ -24,6 +24,7 @@ import sys
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -124,6 +125,11 @@ class RunConfig(BaseModel):
     data: str | None = Field(None, description="The benchmark file or folder read, resolved (None: a run "
                                                "written before it was recorded).")
     data_sha256: str | None = Field(None, description="A hash of what ``data`` held (a folder: its files).")
+    prompt_sha256: str | None = Field(
+        None, description="A hash of the files the prompts read besides the data (few-shot exemplars: GSM8K "
+                          "train, ARC dev, BBH cot-prompts, AdaFuse prompt files); None: none, or a run written "
+                          "before it was recorded. Kept apart from ``data_sha256`` so that runs stored before "
+                          "it still pair with new ones over the same data.")
 
 
 def data_identity(path: Path) -> dict[str, str | None]:
@@ -140,6 +146,35 @@ def data_identity(path: Path) -> dict[str, str | None]:
     except OSError:
         return {"data": str(resolved), "data_sha256": None}
     return {"data": str(resolved), "data_sha256": digest.hexdigest()}
+
+
+def prompt_files(bench: Benchmark) -> list[Path]:
+    """The files and folders ``bench``'s prompts read besides its data: its ``exemplars`` and every path its
+    ``messages`` is bound to (BBH's cot-prompts folder, an AdaFuse prompt file), so that another exemplar
+    file beside the same test file is another run (the data hash covers the test file alone)."""
+    paths = [bench.exemplars] if bench.exemplars is not None else []
+    if isinstance(bench.messages, partial):
+        paths += [v for v in bench.messages.keywords.values() if isinstance(v, Path)]
+    return sorted({p.expanduser().resolve() for p in paths})
+
+
+def prompt_identity(bench: Benchmark) -> dict[str, str | None]:
+    """``prompt_sha256``: the content of ``prompt_files`` (a folder: its files by relative name, at any
+    depth); None where the benchmark reads none, or one cannot be read (the prompt fails on it first)."""
+    files = prompt_files(bench)
+    if not files:
+        return {"prompt_sha256": None}
+    digest = hashlib.sha256()
+    try:
+        for path in files:
+            digest.update(path.name.encode() + b"\0")  # by name, not place: a moved data folder resumes
+            inner = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+            for file in inner:
+                name = file.relative_to(path).as_posix() if path.is_dir() else ""
+                digest.update(name.encode() + b"\0" + file.read_bytes() + b"\0")
+    except OSError:
+        return {"prompt_sha256": None}
+    return {"prompt_sha256": digest.hexdigest()}
 
 
 class Sample(BaseModel):
@@ -297,8 +332,12 @@ def _check_config(out: Path, config: RunConfig, resume: bool) -> None:
     answered = samples_file.exists() and samples_file.stat().st_size > 0
     if answered and not resume:
         raise InvalidRequestError(f"{samples_file} already has samples: pass --resume to continue it, or another --out")
+    if resume and answered and not config_file.exists():  # the answers' settings unknown: they would mix
+        raise InvalidRequestError(
+            f"cannot resume {out}: {samples_file} has answers but there is no {config_file} saying which settings "
+            f"(models, method, max_new_tokens, data) they were made with; start a new run with another --out")
     # a start that failed before any answer (a misspelt model) left its config: nothing to mix with
-    if resume and answered and config_file.exists():
+    if resume and answered:
         previous = RunConfig.model_validate_json(config_file.read_text())
         # options the engine gained since, at the run's method's defaults (not safe's), still match
         defaults = EngineOptions(method=config.method).model_dump()
@@ -318,7 +357,8 @@ def _check_config(out: Path, config: RunConfig, resume: bool) -> None:
 def _match_data(previous: RunConfig, config: RunConfig, out: Path) -> None:
     """The same data as the run read (its content, where both hashes are known: a moved data folder
     still resumes), in ``previous`` as in ``config`` so that only another file differs. A run written
-    before the data was recorded resumes, with a warning: what it read is unknown."""
+    before the data (or its exemplar files' hash) was recorded resumes, with a warning: what it read is
+    unknown."""
     if previous.data is None:
         log.warning("%s does not record which data file it read: resuming with %s", out, config.data)
         previous.data, previous.data_sha256 = config.data, config.data_sha256
@@ -326,6 +366,10 @@ def _match_data(previous: RunConfig, config: RunConfig, out: Path) -> None:
         previous.data = config.data
     elif previous.data_sha256 is None or config.data_sha256 is None:
         previous.data_sha256 = config.data_sha256  # a hash unknown: the path tells
+    if previous.prompt_sha256 is None and config.prompt_sha256 is not None:  # written before it was recorded
+        log.warning("%s does not record which few-shot exemplar files its prompts read: resuming with the "
+                    "current ones", out)
+        previous.prompt_sha256 = config.prompt_sha256
 
 
 def _differences(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
@@ -350,6 +394,8 @@ async def evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, 
     dataset, records = check_start(bench, out, limit)
     if config.data is None:  # the file the questions come from: a resume with another one is refused
         config = config.model_copy(update=data_identity(bench.path))
+    if config.prompt_sha256 is None:  # the exemplars the prompts read: a resume with others is refused
+        config = config.model_copy(update=prompt_identity(bench))
     with writer_lock(out):
         return await _evaluate(engine, bench, config, out, dataset, records, resume=resume, progress=progress,
                                on_sample=on_sample, interruptible_load=interruptible_load)
