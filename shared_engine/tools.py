@@ -732,13 +732,39 @@ def format_error(text: str, response_format: ResponseFormat) -> str | None:
     if spec is not None and spec.json_schema:
         # formats too ("checked and retried"): without a format_checker jsonschema only annotates them;
         # date-time and time need rfc3339-validator (a base dependency), the rest the standard library
-        cls = jsonschema.validators.validator_for(spec.json_schema)
+        cls = _without_ref_cycles(jsonschema.validators.validator_for(spec.json_schema))
         validator = cls(spec.json_schema, format_checker=cls.FORMAT_CHECKER)
         problem = jsonschema.exceptions.best_match(validator.iter_errors(value))
         if problem is not None:
             where = "/".join(map(str, problem.absolute_path)) or "the object"
             return f"{where}: {problem.message}"
     return None
+
+
+def _without_ref_cycles(cls: Any) -> Any:
+    """``cls`` whose ``$ref`` fails where it would read the same value through the same reference again.
+
+    Definitions that are each other's union options (``A: anyOf ["a", B]``, ``B: anyOf [A, 1]``) sent
+    jsonschema round them without end, on a valid value too where the cycle's branch comes first: a
+    RecursionError instead of the answer (the constraint writes such schemas). A value matches a
+    definition only through a finite path of branches, so a path that comes back to the same value and
+    reference adds nothing: failing it leaves the verdict that of the schema. The same value is the same
+    object (a child value is another object; a parent's frames are never a child's)."""
+    resolve = cls.VALIDATORS["$ref"]
+    reading: set[tuple[int, str]] = set()
+
+    def ref(validator: Any, ref: str, instance: Any, schema: Any) -> Any:
+        key = (id(instance), ref)
+        if key in reading:
+            yield jsonschema.exceptions.ValidationError(f"{ref} leads back to itself here")
+            return
+        reading.add(key)
+        try:
+            yield from resolve(validator, ref, instance, schema)
+        finally:
+            reading.discard(key)
+
+    return jsonschema.validators.extend(cls, {"$ref": ref})
 
 
 def _root_not_object(schema: Mapping[str, Any]) -> str | None:
