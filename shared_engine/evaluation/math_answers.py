@@ -17,20 +17,27 @@ from .scoring import Score
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
 
 
+def _boxed_at(text: str, start: int) -> str | None:
+    """The content of the box whose ``\\boxed`` ends at ``start``: ``{...}`` (balanced braces) or ``5``; None where
+    it is cut off."""
+    if start < len(text) and text[start] == "{":
+        depth = 0
+        for i in range(start, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                return text[start + 1:i]
+        return None
+    match = re.match(r"([^\s$]+)", text[start:])
+    return match.group(1) if match else None
+
+
 def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (balanced braces) or ``\\boxed 5``."""
-    starts = [m.end() for m in _BOXED.finditer(text)]
-    for start in reversed(starts):
-        if start < len(text) and text[start] == "{":
-            depth = 0
-            for i in range(start, len(text)):
-                depth += {"{": 1, "}": -1}.get(text[i], 0)
-                if depth == 0:
-                    return text[start + 1:i]
-            continue  # unbalanced (cut off): try an earlier one
-        match = re.match(r"([^\s$]+)", text[start:])
-        if match:
-            return match.group(1)
+    """Content of the last ``\\boxed{...}`` (balanced braces) or ``\\boxed 5``; an unbalanced one (cut off) is
+    skipped for an earlier one."""
+    for start in reversed([m.end() for m in _BOXED.finditer(text)]):
+        content = _boxed_at(text, start)
+        if content is not None:
+            return content
     return None
 
 
@@ -103,6 +110,7 @@ def normalize_math(answer: str) -> str:
     for command in (r"\text", r"\textbf", r"\mbox", r"\mathrm", r"\mathbf"):
         s = _unwrap(s, command)
     s = re.sub(r"(?<!\\)\\[!,;: ]", "", s)                      # thin spaces (a matrix row break stays)
+    s = s.replace("{,}", ",")                                      # 10{,}080 -> 10,080 (then 10080 below)
     s = s.replace("\\left", "").replace("\\right", "").replace("\\displaystyle", "")
     # an answer written in inline / display math: \(x\) and \[x\] are x ("\(a\) or \(b\)" is not one span)
     delimited = re.fullmatch(r"\\\(((?:(?!\\[()]).)*)\\\)|\\\[((?:(?!\\[\[\]]).)*)\\\]", s, flags=re.DOTALL)
@@ -215,7 +223,22 @@ def _matrix_entries(s: str) -> list[str] | None:
     return re.split(r"\\\\|&", match.group(1)) if match else None
 
 
+def _list_items(s: str) -> list[str]:
+    """The items of an answer listed without brackets ("1,-2", a set's "\\{1,-2\\}" once normalised), with an
+    item ``a \\pm b`` as its two values ``a+b`` and ``a-b`` (a gold "3 \\pm 2\\sqrt{2}" is both roots): one item
+    where it lists none."""
+    items = []
+    for part in _split_top_level(s):
+        if part.count("\\pm") == 1:
+            items += [part.replace("\\pm", "+"), part.replace("\\pm", "-")]
+        else:
+            items.append(part)
+    return items
+
+
 def math_equal(prediction: str, gold: str) -> bool:
+    """Equal answers: the same normalised string, matrices / tuples / intervals / lists equal part by part in order
+    (a gold ``a \\pm b`` is the list ``a+b, a-b``), else sympy's values."""
     a, b = normalize_math(prediction), normalize_math(gold)
     if a == b or (a.isalpha() and a.lower() == b.lower()):
         return True
@@ -224,17 +247,31 @@ def math_equal(prediction: str, gold: str) -> bool:
         return len(ma) == len(mb) and all(math_equal(x, y) for x, y in zip(ma, mb))
     brackets = re.compile(r"^([(\[])(.*)([)\]])$")
     ba, bb = brackets.match(a), brackets.match(b)
-    if ba and bb and "," in a and "," in b:  # tuples and intervals: the brackets must match too
+    if ba and bb and "," in a and "," in b:  # tuples and intervals: the brackets must match too, and the order
         if (ba.group(1), ba.group(3)) != (bb.group(1), bb.group(3)):
             return False
-        a, b = ba.group(2), bb.group(2)
-    pa, pb = _split_top_level(a), _split_top_level(b)
+        pa, pb = _split_top_level(ba.group(2)), _split_top_level(bb.group(2))
+        return len(pa) == len(pb) and all(math_equal(x, y) for x, y in zip(pa, pb))
+    pa, pb = _list_items(a), _list_items(b)
     if len(pa) > 1 or len(pb) > 1:
         return len(pa) == len(pb) and all(math_equal(x, y) for x, y in zip(pa, pb))
     return _sympy_equal(a, b)
 
 
+def _final_boxes(text: str) -> list[str]:
+    """The contents of the boxes on the last line that has one ("$\\boxed{-2}$ and $\\boxed{1}$.")."""
+    line = next((line for line in reversed(text.splitlines()) if _BOXED.search(line)), "")
+    boxes = (_boxed_at(line, m.end()) for m in _BOXED.finditer(line))
+    return [box.strip() for box in boxes if box is not None]
+
+
 def score_math(output: str, gold: str) -> Score:
+    """The boxed (or stated) answer against the gold; where the gold is a list ("-2,1", "3 \\pm 2\\sqrt{2}") and the
+    output boxes each item on its own ("$\\boxed{-2}$ and $\\boxed{1}$"), those boxes as one list (the last box alone
+    was read, one item of two). A gold of one item is still compared with the last box alone."""
     extracted = extract_math(output)
+    boxes = _final_boxes(output)
+    if len(_list_items(normalize_math(gold))) > 1 and len(boxes) > 1 and extracted == boxes[-1]:
+        extracted = ", ".join(boxes)
     correct = extracted is not None and math_equal(extracted, gold)
     return Score(extracted=extracted, correct=correct, value=float(correct))

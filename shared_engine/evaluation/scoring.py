@@ -104,11 +104,27 @@ _REASON = re.compile(r"\b(?i:because|since|as|given|so|which|when|after|if|thus|
 _STARTS_NUMBER = re.compile(r"(?:[\s*$(]|\\[($\[]|\\boxed\{)*-?\s*\.?\d")
 
 
+# a calculation's result given in words, read as its '=': "36 / 2, which is 18", "3 * 6, which equals 18", "12+6 equals
+# 18", "3 times 6, which is 18", "half of 36, which is 18" (their first number, 36, 3, 12, was read). Only straight
+# after a calculation (two numbers joined by an operator, or "half/twice/1/2 of N") and before any '=': "15, which is
+# 3 more than 12" is 15, and "3 + 5 = 8, which is 2 more than 6" is 8
+_OPERATION = (r"\d\s*(?:[+\-*/×÷xX·^]|\\(?:times|cdot|div)\b|(?i:times|plus|minus|divided\s+by|multiplied\s+by)\b)"
+              r"\s*\$?\s*\.?\d|(?i:\b(?:half|a\s+third|a\s+quarter|twice|double)|\d)\s+(?i:of)\s+\$?\s*\.?\d")
+_WORDS_EQUAL = re.compile(rf"^((?:(?!=)[^\n])*?(?:{_OPERATION})(?:[^=\n]*?(?:[\d)]|\b(?!(?i:which)\b)[^\W\d_]+))?)"
+                          r"\s*,?\s*(?i:which\s+)?(?i:is(?:\s+equal\s+to)?|equals|gives|makes)\s+(?=[$\\(*\s-]*\.?\d)")
+
+
+def _words_as_equals(text: str) -> str:
+    """``3 * 6, which is 18`` -> ``3 * 6=18``: a result given in words reads as one after an '='."""
+    return _WORDS_EQUAL.sub(r"\1=", text, count=1)
+
+
 def _calculation_result(text: str) -> str:
     """Where a stated answer has an '=', the text after the last one if the answer opens with words ("that there are
     9 + 6 = 15 liters") or is a calculation up to its first '=' ("3 + 5 = 8" is 8); else the whole text: in "18
     because she sells 16 - 3 - 4 = 9 eggs" the '=' is in a reason given after the answer, and reading after it
-    gave 9."""
+    gave 9. A result in words after a calculation ("36 / 2, which is 18") counts as after an '='."""
+    text = _words_as_equals(text)
     before, equals, _ = text.partition("=")
     if equals and not _STARTS_NUMBER.match(text):
         return text.rsplit("=", 1)[-1]
@@ -122,7 +138,7 @@ def _firm(answer: str) -> bool:
     """Whether a cue's stated answer (its line after the cue) reads one way: it leads with a number, and any '=' in its
     sentence is in a calculation. "The answer is the sum of 5 and 15." and "The answer is 5 apples per box, so for 4
     boxes: 4 * 5 = 20" (its first number, or its result?) are not, and rank below a '####' or \\boxed{} answer."""
-    sentence = _SENTENCE_END.split(answer, 1)[0]
+    sentence = _words_as_equals(_SENTENCE_END.split(answer, 1)[0])
     return bool(_STARTS_NUMBER.match(sentence)) and ("=" not in sentence or _calculation_result(sentence) != sentence)
 
 
@@ -204,6 +220,7 @@ def score_number(output: str, gold: str) -> Score:
 # words that call them all right ("A and C are both true", "A or B could be correct"); any other word explains the
 # first letter ("B, A and C are wrong", "C, A or B would double count", "B and I am sure")
 _CHAIN_END = r"\**\s*\)?\**"
+_QUOTE_END = r"[\"'`\]\u2019\u201d]?"  # the closing quote or bracket of a letter written "'B'" or "[B]"
 _OFFERED = re.compile(
     _CHAIN_END + r"[^\S\n]*(?:[^\w\s*)]|\n|$)|" + _CHAIN_END
     + r"\s+(?:(?:are|is|seem|seems|look|looks|would|could|might|may|can|both|all|each|equally|also|be|possibly|probably"
@@ -228,8 +245,11 @@ def _hedged(text: str, start: int, end: int, labels: str) -> bool:
     set_, low = re.escape(labels), re.escape(labels.lower())
     joiner = (r"\s*(?:,\s*(?:or|and)\b|,|/|&|\b(?:or|and)\b)\s*(?:(?i:maybe|possibly|perhaps|probably)\s+)?"
               r"(?:(?i:option|choice)\s*)?")
-    after = re.compile(rf"{_CHAIN_END}{joiner}\**\s*(?:\(\s*([{set_}{low}])\s*\)|([{set_}])\b(?!['\u2019]))")
-    before = re.compile(rf"(?:\(\s*([{set_}{low}])\s*\)|\b([{set_}]))\**{joiner}\(?\s*\**$")
+    quoted = rf"[\"'`\[\u2018\u201c]([{set_}{low}])[\"'`\]\u2019\u201d]"  # "'A' or 'B'", "[A] or [B]"
+    after = re.compile(rf"{_QUOTE_END}{_CHAIN_END}{joiner}\**\s*(?:\(\s*([{set_}{low}])\s*\)|([{set_}])\b(?!['\u2019])"
+                       rf"|{quoted})")
+    before = re.compile(rf"(?:\(\s*([{set_}{low}])\s*\)|\b([{set_}])|{quoted})\**{joiner}\(?\s*\**"
+                        rf"[\"'`\[\u2018\u201c]?$")
     letters = {text[start:end].upper()}
     # the chosen letter heads the chain, then a bare comma ("B, A and C, which are wrong"; not "A or B, ...")
     heads = not before.search(text, 0, start) and bool(re.match(rf"{_CHAIN_END}\s*,(?!\s*(?:or|and)\b)", text[end:]))
@@ -244,6 +264,7 @@ def _hedged(text: str, start: int, end: int, labels: str) -> bool:
     either = re.search(r"\b(?i:either|both)\s+(?:(?i:option|choice)\s*)?\(?\s*\**$", text[:start])
     if not either and heads and _REJECTED.match(text, end):
         return False
+    end += bool(re.match(_QUOTE_END[:-1], text[end:]))  # past the last letter's closing quote or bracket
     return bool(either or _OFFERED.match(text, end))
 
 
@@ -293,8 +314,10 @@ def extract_choice(output: str, labels: str) -> str | None:
     whenever that letter was the key."""
     set_ = re.escape(labels)
     low = re.escape(labels.lower())
-    # the letter after a cue: "X", "(X)", "(x)", "**X**", "option X", "either X (or Y)"
-    letter = rf"[\s*]*(?:(?i:either|both)\s+)?(?:(?i:option|choice)\s*)?(?:\(\s*([{set_}{low}])\s*\)|([{set_}])\b)"
+    # the letter after a cue: "X", "(X)", "(x)", "**X**", "option X", "either X (or Y)"; in quotes, square brackets or
+    # backticks ('"B"', "'B'", "[B]", "`B`": no answer before)
+    letter = (rf"[\s*]*(?:(?i:either|both)\s+)?(?:(?i:option|choice)\s*)?(?:\(\s*([{set_}{low}])\s*\)|([{set_}])\b"
+              rf"|[\"'`\[\u2018\u201c]\s*([{set_}{low}])\s*[\"'`\]\u2019\u201d])")
     cues = [rf"(?i:(?:answer|choice|option)\s+is)\s*:?{letter}", rf"(?i:answer)\**\s*:{letter}",
             rf"\\boxed\{{\s*(?:\\text\{{)?\(?([{set_}{low}])\)?\}}?\s*\}}"]
     found = [(m.start(), m.span(g)) for pattern in cues for m in re.finditer(pattern, output)
@@ -315,7 +338,8 @@ def extract_choice(output: str, labels: str) -> str | None:
     # after the first line, as the docstring says: "B. Photosynthesis\n\nExplanation: Option A is wrong" named its
     # answer first, and reading the later "option A" first gave A. A letter called right ("D is correct.", "Among the
     # options, B is the correct answer.") beats a mention of an option ("Option A is wrong. B is correct.")
-    called_right = rf"(?<![\w'\u2019])\(?([{set_}])\)?\**\s+is\s+(?:the\s+)?(?:correct|right|best)\b"
+    # "B is the answer." too (no answer before)
+    called_right = rf"(?<![\w'\u2019])\(?([{set_}])\)?\**\s+is\s+(?:the\s+)?(?:correct|right|best|answer)\b"
     if span is None:
         named = [m for m in re.finditer(called_right, output)
                  if m.group(1) not in denied and not _supposed(output, m.start(), m.end())]
@@ -433,7 +457,8 @@ def score_bbh(output: str, gold: str) -> Score:
         if first and stated is not None:  # "So the answer is (A) or (B)." is a hedge, no answer
             extracted = None if _hedged(stated, *first.span(1), "ABCDEFGHIJKLMNOPQR") else first.group(1).upper()
         else:
-            extracted = extract_choice(stated or output, "ABCDEFGHIJKLMNOPQR")
+            # a letter in quotes or backticks ('So the answer is "B".') is that letter
+            extracted = extract_choice(_unwrapped(stated) if stated else output, "ABCDEFGHIJKLMNOPQR")
         correct = extracted == option.group(1)
         return Score(extracted=extracted, correct=correct, value=float(correct))
     target = " ".join(gold.split())
@@ -458,9 +483,16 @@ def score_bbh(output: str, gold: str) -> Score:
 
 # --- open QA (NQ, TriviaQA, SQuAD) -----------------------------------------------------------------
 
+# typographic quotes and apostrophes are the ASCII ones (then dropped as punctuation): "“Hey Jude”" scored F1 0 against
+# "Hey Jude" and "O’Neill" 0.5 against "O'Neill", as string.punctuation holds only the ASCII ones
+_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201b": "'", "\u00b4": "'", "`": "'",
+                         "\u201c": '"', "\u201d": '"', "\u201e": '"'})
+
+
 def normalize_answer(text: str) -> str:
-    """SQuAD's official normalisation: lower case, no punctuation, no articles, single spaces."""
-    text = text.lower()
+    """SQuAD's official normalisation: lower case, no punctuation (typographic quotes too), no articles, single
+    spaces."""
+    text = text.translate(_QUOTES).lower()
     text = "".join(ch for ch in text if ch not in set(string.punctuation))
     text = re.sub(r"\b(a|an|the)\b", " ", text)
     return " ".join(text.split())
@@ -503,7 +535,7 @@ def usable_aliases(golds: list[str]) -> list[str]:
 def _as_written(text: str) -> str:
     """An answer made of symbols (``A+``, ``+-*/``, ``@``), which SQuAD's normalisation empties: case,
     spacing, quotes, bold and a final period aside."""
-    return " ".join(text.strip().strip("*\"'").rstrip(".").lower().split())
+    return " ".join(text.translate(_QUOTES).strip().strip("*\"'").rstrip(".").lower().split())
 
 
 def _alias_match(prediction: str, gold: str) -> tuple[bool, float]:
@@ -532,18 +564,23 @@ _LABEL = re.compile(r"^\s*[*_]*(?:(?:translation|übersetzung|traducere|german|d
                     r"|rumänisch)[*_]*\s*:|(?:(?:sure|okay|ok|certainly)\W{0,3})?here(?:['\u2019]s|\s+is)\b[^:\n]{0,60}?"
                     r"(?:translation|übersetzung|traducere)[^:\n]{0,30}:)[*_]*\s*", re.IGNORECASE)
 _FENCE = re.compile(r"^\s*```[\w+-]*\s*$")
+# a lead-in line with no colon ("Sure! Here is the translation.", "Here is the translation into German"), with the
+# translation on the lines after it: it was scored as the translation (chrF 12 for a perfect one)
+_LEAD_IN = re.compile(r"\s*[*_]*(?:(?:sure|okay|ok|certainly|of\s+course)\W{0,3})?here(?:['\u2019]s|\s+is)\b"
+                      r"[^:\n]{0,60}?(?:translation|übersetzung|traducere)\b[^:\n]{0,40}", re.IGNORECASE)
 
 
 def extract_translation(output: str) -> str:
     """The translation in the output: its first paragraph, without a 'Translation:' label (models tend to
     add notes after it). Markdown code fences, and a lead-in line ending in ':' with the text after it
-    ("The sentence translates as follows:"), are not the translation either: every run is read this way,
+    ("The sentence translates as follows:", or "Sure! Here is the translation." with no colon), are not the
+    translation either: every run is read this way,
     so a member or an ensemble that wraps its answer is not scored on the wrapper."""
     lines = [line for line in output.strip().splitlines() if not _FENCE.match(line)]
     text = _LABEL.sub("", "\n".join(lines).strip())
     while True:
         first, _, rest = text.partition("\n")
-        if not (first.rstrip().endswith(":") and rest.strip()):
+        if not ((first.rstrip().endswith(":") or _LEAD_IN.fullmatch(first)) and rest.strip()):
             break
         text = _LABEL.sub("", rest.strip())
     return text.split("\n\n", 1)[0].strip()
