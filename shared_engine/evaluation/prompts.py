@@ -110,10 +110,9 @@ def math_messages(record: Record) -> Messages:
 
 @cache
 def arc_shots(dev_file: Path) -> tuple[tuple[str, str], ...]:
-    """One exemplar per answer letter A-D from the dev split. Blank and unreadable lines are skipped, as
-    the split's loader skips them; a row that is JSON but no ARC record is an error naming the file and
-    row (load_arc), not a KeyError or UnicodeDecodeError traceback from every eval and calibrate that
-    reads the folder."""
+    """One exemplar per answer letter A-D from the dev split. Blank lines are skipped; a malformed line or
+    a row that is JSON but no ARC record is an error naming the file and line (load_arc), not a KeyError
+    or UnicodeDecodeError traceback from every eval and calibrate that reads the folder."""
     if not dev_file.is_file():
         raise InvalidRequestError(f"ARC exemplars need the dev split: {dev_file} not found")
     expected = "the ARC exemplars are read from it (AI2's ARC-Challenge dev format, one record per line)"
