@@ -41,6 +41,7 @@ class Benchmark:
     stop: tuple[str, ...] = ()
     exclude: Callable[[Record], bool] | None = field(default=None)   # e.g. a record used as an exemplar
     exemplars: Path | None = None     # the file the few-shot exemplars are read from (never to be overwritten)
+    prompt_sources: tuple[Path, ...] = ()  # what else the prompts read (BBH's cot-prompts, an AdaFuse prompt file)
 
     def dataset(self) -> Dataset:
         data = self.load(self.path)
@@ -181,7 +182,8 @@ def get_benchmark(name: str, data: str | None = None, pair: str | None = None) -
         path = _main_path(data, "bbh")
         cot = _aux(path, "cot-prompts", "bbh/cot-prompts")
         return Benchmark(name, path, "accuracy", 384, datasets.load_bbh, partial(prompts.bbh_messages, cot_dir=cot),
-                         lambda out, r: scoring.score_bbh(out, r.answers[0]), stop=("\nQ:",))
+                         lambda out, r: scoring.score_bbh(out, r.answers[0]), stop=("\nQ:",),
+                         prompt_sources=(cot,))
     if name in _QA:
         relative, prompt_name = _QA[name]
         path = _main_path(data, relative)
@@ -189,7 +191,7 @@ def get_benchmark(name: str, data: str | None = None, pair: str | None = None) -
         return Benchmark(name, path, "exact_match", 32, partial(datasets.load_qa, name=name),
                          partial(prompts.qa_messages, prompt_file=prompt),
                          lambda out, r: scoring.score_qa(out, r.answers), stop=("\nQuestion:",),
-                         exclude=lambda r: prompts.in_prompt(r, prompt))
+                         exclude=lambda r: prompts.in_prompt(r, prompt), prompt_sources=(prompt,))
     if name == "flores":
         pair = flores_pair(data, pair)
         if pair not in FLORES_PAIRS:
@@ -200,6 +202,6 @@ def get_benchmark(name: str, data: str | None = None, pair: str | None = None) -
         prompt = _aux(path, f"../prompts/adafuse/{_FLORES_PROMPTS[pair]}", f"prompts/adafuse/{_FLORES_PROMPTS[pair]}")
         return Benchmark(f"flores-{pair}", path, "chrf", 256, partial(datasets.load_flores, pair=pair),
                          partial(prompts.flores_messages, prompt_file=prompt),
-                         lambda out, r: scoring.score_translation(out, r.answers[0]))
+                         lambda out, r: scoring.score_translation(out, r.answers[0]), prompt_sources=(prompt,))
     raise InvalidRequestError(f"unknown benchmark {name!r}; choose one of {BENCHMARKS}")
 

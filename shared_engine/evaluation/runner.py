@@ -24,7 +24,6 @@ import sys
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -149,13 +148,11 @@ def data_identity(path: Path) -> dict[str, str | None]:
 
 
 def prompt_files(bench: Benchmark) -> list[Path]:
-    """The files and folders ``bench``'s prompts read besides its data: its ``exemplars`` and every path its
-    ``messages`` is bound to (BBH's cot-prompts folder, an AdaFuse prompt file), so that another exemplar
-    file beside the same test file is another run (the data hash covers the test file alone)."""
+    """The files and folders ``bench``'s prompts read besides its data: its ``exemplars`` and
+    ``prompt_sources`` (BBH's cot-prompts folder, an AdaFuse prompt file), so that another exemplar file
+    beside the same test file is another run (the data hash covers the test file alone)."""
     paths = [bench.exemplars] if bench.exemplars is not None else []
-    if isinstance(bench.messages, partial):
-        paths += [v for v in bench.messages.keywords.values() if isinstance(v, Path)]
-    return sorted({p.expanduser().resolve() for p in paths})
+    return sorted({p.expanduser().resolve() for p in (*paths, *bench.prompt_sources)})
 
 
 def prompt_identity(bench: Benchmark) -> dict[str, str | None]:
