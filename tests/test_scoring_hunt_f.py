@@ -54,7 +54,10 @@ def test_bbh_result_in_words(output: str, gold: str) -> None:
 
 
 @pytest.mark.parametrize(("prediction", "gold"), [
+    ("1, -2", "-2,1"),  # "Enter all the integer roots, separated by commas": any order
+    ("-2, 1", "1,-2"),
     ("3 + 2\\sqrt{2}, 3 - 2\\sqrt{2}", "3 \\pm 2 \\sqrt{2}"),
+    ("3 - 2\\sqrt{2}, 3 + 2\\sqrt{2}", "3 \\pm 2 \\sqrt{2}"),
     ("10{,}080", "10,\\!080"),
     ("11{,}111{,}111{,}100", "11,\\! 111,\\! 111,\\! 100"),
     ("\\$32{,}348", "\\$32,\\!348"),
@@ -66,6 +69,7 @@ def test_math_lists_and_thousands(prediction: str, gold: str) -> None:
 @pytest.mark.parametrize(("prediction", "gold"), [
     ("(1,-2)", "(-2,1)"),        # an ordered pair keeps its order
     ("[1,2)", "(1,2]"),          # an interval its brackets
+    ("1,1", "1,-1"),             # each item matched once
     ("5,5", "5"),                # a list is not a single number
     ("1", "1,2"),
     ("3 + 2\\sqrt{2}", "3 \\pm 2 \\sqrt{2}"),  # one root of two

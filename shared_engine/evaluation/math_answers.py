@@ -236,9 +236,23 @@ def _list_items(s: str) -> list[str]:
     return items
 
 
+def _same_items(pa: list[str], pb: list[str]) -> bool:
+    """Whether two lists hold equal items, in any order, each matched once ("1,-2" is "-2,1"; "1,1" is not
+    "1,-1"). Equality is an equivalence, so taking the first unmatched equal item cannot miss a matching."""
+    if len(pa) != len(pb):
+        return False
+    left = list(pb)
+    for x in pa:
+        found = next((i for i, y in enumerate(left) if math_equal(x, y)), None)
+        if found is None:
+            return False
+        del left[found]
+    return True
+
+
 def math_equal(prediction: str, gold: str) -> bool:
-    """Equal answers: the same normalised string, matrices / tuples / intervals / lists equal part by part in order
-    (a gold ``a \\pm b`` is the list ``a+b, a-b``), else sympy's values."""
+    """Equal answers: the same normalised string, matrices / tuples / intervals equal part by part in order, lists
+    without brackets ("Enter all the solutions, separated by commas") equal as multisets, else sympy's values."""
     a, b = normalize_math(prediction), normalize_math(gold)
     if a == b or (a.isalpha() and a.lower() == b.lower()):
         return True
@@ -253,8 +267,8 @@ def math_equal(prediction: str, gold: str) -> bool:
         pa, pb = _split_top_level(ba.group(2)), _split_top_level(bb.group(2))
         return len(pa) == len(pb) and all(math_equal(x, y) for x, y in zip(pa, pb))
     pa, pb = _list_items(a), _list_items(b)
-    if len(pa) > 1 or len(pb) > 1:
-        return len(pa) == len(pb) and all(math_equal(x, y) for x, y in zip(pa, pb))
+    if len(pa) > 1 or len(pb) > 1:  # compared in order, "1, -2" for a gold "-2,1" was wrong
+        return _same_items(pa, pb)
     return _sympy_equal(a, b)
 
 
