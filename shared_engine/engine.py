@@ -847,19 +847,31 @@ _DONE = object()
 
 
 def iterate_sync(agen: AsyncIterator[T]) -> Generator[T, None, None]:
-    """Drive an async iterator on a helper thread and hand its items over one by one."""
+    """Drive an async iterator on a helper thread and hand its items over one by one.
+
+    Closing the iterator early (``close()``, a ``break``, garbage collection, a KeyboardInterrupt in the
+    consumer) cancels the pump's task, so the stream stops at the await it is in: waiting for its next
+    item instead kept the engine calling members whose answers nobody read, and ``close()`` blocked until
+    then (seconds against a slow server). The stream's own ``finally`` still runs (``aclose``), so the
+    engine releases its sessions and admission before ``close()`` returns."""
     items: queue.Queue[Any] = queue.Queue(maxsize=64)
     stop = threading.Event()
+    running: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[None]]] = []
 
     async def pump() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        running.append((asyncio.get_running_loop(), task))
         try:
+            if stop.is_set():  # closed before the pump started: the consumer's cancel may have missed it
+                return
             async for item in agen:
-                if stop.is_set():
-                    break
                 items.put(item)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
-            items.put(exc)
+            if not (isinstance(exc, asyncio.CancelledError) and stop.is_set()):  # not the consumer's own cancel
+                items.put(exc)
         finally:
+            await _aclose(agen)
             items.put(_DONE)
 
     thread = threading.Thread(target=lambda: asyncio.run(pump()), daemon=True)
@@ -870,12 +882,29 @@ def iterate_sync(agen: AsyncIterator[T]) -> Generator[T, None, None]:
                 raise item
             yield item
     finally:
-        stop.set()
-        while thread.is_alive():  # let the pump notice the stop and close the stream
+        stop.set()  # before reading ``running``: the pump appends, then reads ``stop``
+        if running:
+            _cancel_soon(*running[0])
+        while thread.is_alive():  # let the stream's finally run (its items are dropped)
             try:
                 items.get(timeout=0.05)
             except queue.Empty:
                 pass
+
+
+def _cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` from another thread; a loop already closed has nothing left to cancel."""
+    try:
+        loop.call_soon_threadsafe(task.cancel)
+    except RuntimeError:
+        pass
+
+
+async def _aclose(agen: AsyncIterator[Any]) -> None:
+    """Run the iterator's ``finally`` where it has one to run (an async generator left mid-way)."""
+    aclose = getattr(agen, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 def _member_index(name: str, names: list[str]) -> int:

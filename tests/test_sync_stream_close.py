@@ -1,0 +1,168 @@
+"""Closing a blocking stream early (``iterate_sync``: ``engine.stream``, LangChain's ``stream``, LlamaIndex's
+``stream_chat``) stops the stream where it is: close() used to wait for the stream's next item while the
+engine kept calling members whose answers were thrown away (seconds against a slow server)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import signal
+import threading
+import time
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+import pytest
+
+from shared_engine import EnsembleEngine
+from shared_engine.engine import iterate_sync
+from shared_engine.members import HFMember
+from tests.toy import toy_member
+
+
+class Slow:
+    """A toy stream: one item, then five slow steps (a draft block's server calls) before the next."""
+
+    def __init__(self, step_s: float = 1.0) -> None:
+        self.step_s = step_s
+        self.steps: list[int] = []
+        self.released = False
+
+    async def events(self) -> AsyncGenerator[str, None]:
+        try:
+            yield "first"
+            for i in range(5):
+                await asyncio.sleep(self.step_s)
+                self.steps.append(i)
+            yield "second"
+        finally:
+            await asyncio.sleep(0)  # an awaited release (the engine's sessions, its admission) still runs
+            self.released = True
+
+
+def test_close_after_the_first_item_does_no_more_work_and_releases() -> None:
+    slow = Slow()
+    stream = iterate_sync(slow.events())
+    assert next(stream) == "first"
+    started = time.monotonic()
+    stream.close()
+    assert slow.steps == [] and slow.released
+    assert time.monotonic() - started < 2  # the next item was 5 s away
+    time.sleep(1.2)
+    assert slow.steps == []  # nothing went on behind close()
+
+
+def test_break_out_of_a_for_loop_stops_the_stream() -> None:
+    slow = Slow()
+    stream = iterate_sync(slow.events())
+    for item in stream:
+        assert item == "first"
+        break
+    stream.close()
+    assert slow.steps == [] and slow.released
+
+
+def test_a_stream_dropped_without_close_stops_when_collected() -> None:
+    slow = Slow()
+    stream = iterate_sync(slow.events())
+    assert next(stream) == "first"
+    del stream
+    gc.collect()
+    assert slow.steps == [] and slow.released
+
+
+def test_keyboard_interrupt_while_waiting_stops_the_stream() -> None:
+    """Ctrl-C while the consumer waits for the next item: the stream stops at once and the
+    KeyboardInterrupt reaches the consumer."""
+    slow = Slow()
+    stream = iterate_sync(slow.events())
+    assert next(stream) == "first"
+    timer = threading.Timer(0.2, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            next(stream)
+    finally:
+        timer.cancel()
+    assert slow.steps == [] and slow.released
+
+
+def test_keyboard_interrupt_thrown_in_at_an_item_stops_the_stream() -> None:
+    slow = Slow()
+    stream = iterate_sync(slow.events())
+    assert next(stream) == "first"
+    with pytest.raises(KeyboardInterrupt):
+        stream.throw(KeyboardInterrupt())
+    assert slow.steps == [] and slow.released
+
+
+def test_a_stream_read_to_its_end_gives_every_item_and_releases() -> None:
+    slow = Slow(step_s=0.01)
+    assert list(iterate_sync(slow.events())) == ["first", "second"]
+    assert slow.steps == [0, 1, 2, 3, 4] and slow.released
+
+
+class StreamFailed(ValueError):
+    pass
+
+
+async def failing(exc: BaseException, released: list[bool]) -> AsyncGenerator[str, None]:
+    try:
+        yield "first"
+        await asyncio.sleep(0.01)
+        raise exc
+    finally:
+        released.append(True)
+
+
+@pytest.mark.parametrize("make", [lambda: StreamFailed("member 1 failed"), asyncio.CancelledError])
+def test_an_error_in_the_stream_reaches_the_consumer_with_its_type(make: Callable[[], BaseException]) -> None:
+    """Also a CancelledError of the stream's own (a member's task cancelled): it is not the
+    consumer's close, and must not read as the stream's normal end."""
+    error = make()
+    released: list[bool] = []
+    stream = iterate_sync(failing(error, released))
+    assert next(stream) == "first"
+    with pytest.raises(type(error)) as raised:
+        next(stream)
+    assert raised.value is error and released == [True]
+
+
+def test_close_before_the_first_item_is_fine() -> None:
+    slow = Slow()
+    stream = iterate_sync(slow.events())
+    stream.close()  # never started: nothing to stop
+    assert slow.steps == []
+
+
+def _slow_member(monkeypatch: pytest.MonkeyPatch, member: HFMember, finished: list[float]) -> None:
+    """Each compute call of ``member`` waits 0.5 s first (a slow server) and notes when it finished."""
+    real = member.run
+
+    async def run(fn: Callable[..., Any], *args: Any) -> Any:
+        await asyncio.sleep(0.5)
+        result = await real(fn, *args)
+        finished.append(time.monotonic())
+        return result
+
+    monkeypatch.setattr(member, "run", run)
+
+
+@pytest.mark.parametrize("method", ["single", "safe"])
+def test_an_engine_stream_closed_early_stops_its_member_calls_and_the_engine_stays_right(
+        monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+    members = [toy_member("a", "byte_level", "llama", 1), toy_member("b", "metaspace", "gpt2", 2)]
+    members = members[:1] if method == "single" else members
+    prompt = "Sofia visited Berlin"
+    fresh = EnsembleEngine(members, method=method, max_new_tokens=16).generate(prompt).text
+    finished: list[float] = []
+    for member in members:
+        _slow_member(monkeypatch, member, finished)
+    engine = EnsembleEngine(members, method=method, max_new_tokens=16)
+    stream = engine.stream(prompt, max_new_tokens=200)
+    assert any(event.type == "token" for event in stream)  # stops at the first token
+    closed = time.monotonic()
+    stream.close()
+    assert [t for t in finished if t > closed] == []  # no member call went on after close()
+    monkeypatch.undo()
+    assert engine.generate(prompt).text == fresh
