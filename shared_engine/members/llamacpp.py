@@ -62,6 +62,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import re
 import threading
 import weakref
 from collections import Counter
@@ -508,20 +509,45 @@ class LlamaCppMember(RemoteMember):
         if ban_partial:
             body["logit_bias"] = [[t, False] for t in self.partial_utf8_ids]
         with self._server_call():
-            answer = self.client.post("/completion", body, retry_timeouts=False)  # the server computes on
+            try:
+                answer = self.client.post("/completion", body, retry_timeouts=False)  # the server computes on
+            except MemberError as exc:
+                other = self._refused_by_another_model(exc)
+                if other is not None:
+                    raise self._restarted(other) from exc
+                raise
         results = answer if isinstance(answer, list) else [answer]
         if len(results) != len(prompts) or not all(isinstance(r, dict) for r in results):
             raise self.malformed("/completion results", answer)
         other = next((r["model"] for r in results if self.model_names and isinstance(r.get("model"), str)
                       and r["model"] not in self._answer_names), None)
         if other is not None:
-            known = " or ".join(sorted(self.model_names))
-            raise self.client.error(f"the server now serves {other}, not {known} (restarted on another model?): "
-                                    "its answers cannot be read with this member's vocabulary; reconnect the member")
+            raise self._restarted(other)
         try:
             return sorted(results, key=lambda r: int(r.get("index", 0)))
         except (TypeError, ValueError) as exc:  # an "index" that is no number: the member's error, not a bare one
             raise self.malformed("/completion results", answer) from exc
+
+    def _refused_by_another_model(self, error: MemberError) -> str | None:
+        """The model a server restarted behind this member's URL serves, where that restart is why it
+        refused a ``/completion`` (None otherwise): a model with a smaller vocabulary refuses this
+        member's ids with HTTP 400 "Prompt contains invalid tokens" before any answer could name it.
+        Asked of ``/props`` only on a refusal (HTTP 4xx): a server down or timing out would not answer."""
+        if not self.model_names or not _CLIENT_ERROR.search(error.reason):
+            return None
+        try:
+            props = self.client.get("/props")
+        except MemberError:
+            return None  # no better reason to give than the refusal itself
+        served = props.get("model_path") if isinstance(props, dict) else None
+        return served if isinstance(served, str) and served and served not in self.model_names else None
+
+    def _restarted(self, other: str) -> MemberError:
+        """The error for a server now serving ``other``: reading on would read its ids through this
+        member's vocabulary, so only a new member (reconnected) can go on."""
+        known = " or ".join(sorted(self.model_names))
+        return self.client.error(f"the server now serves {other}, not {known} (restarted on another model?): "
+                                 "its answers cannot be read with this member's vocabulary; reconnect the member")
 
     def score(self, ids: list[int], first_row: int, slot: int | None = None, fresh: bool = False) -> list[TopK]:
         """See ``RemoteMember.score`` and ``score_at``."""
@@ -597,6 +623,10 @@ def _server_context(props: Any, default: int) -> int:
         return int(props["default_generation_settings"]["n_ctx"])
     except (KeyError, TypeError, ValueError):
         return default
+
+
+_CLIENT_ERROR = re.compile(r"answered HTTP 4\d\d\b")
+"""How ``http.HttpClient`` words a refusal (a 4xx status) in a ``MemberError``'s reason."""
 
 
 PLACEHOLDER_NAMES = frozenset({"gpt-3.5-turbo", "gpt-3.5-turbo-0613"})
