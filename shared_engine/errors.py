@@ -42,14 +42,17 @@ class MemberError(EnsembleError, RuntimeError):
     usable: every request builds fresh sessions, so the next request starts clean.
     """
 
-    def __init__(self, member: str, url: str, reason: str) -> None:
+    def __init__(self, member: str, url: str, reason: str, status: int | None = None) -> None:
         super().__init__(f"member {member!r} at {url}: {reason}")
         self.member = member
         self.url = url
         self.reason = reason
+        self.status = status
+        """The HTTP status the backend answered with, where it answered one (4xx: it refused the request,
+        which callers tell apart from a server down without reading the wording of ``reason``)."""
 
-    def __reduce__(self) -> tuple[type[MemberError], tuple[str, str, str]]:
-        """Rebuilt from its three parts: ``args`` holds the message alone, so unpickling (a process
+    def __reduce__(self) -> tuple[type[MemberError], tuple[str, str, str, int | None]]:
+        """Rebuilt from its parts: ``args`` holds the message alone, so unpickling (a process
         pool's worker failing, a checkpointer) or ``copy`` called ``__init__`` with one argument and
         raised a TypeError; a pool reported BrokenProcessPool and the cause was lost."""
-        return type(self), (self.member, self.url, self.reason)
+        return type(self), (self.member, self.url, self.reason, self.status)

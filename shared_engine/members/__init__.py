@@ -275,7 +275,7 @@ def _connect(spec: MemberSpec, options: dict[str, Any]) -> Member:
             try:
                 info = probe.get("/get_model_info")
             except MemberError as exc:  # a llama-server or vLLM has no such route: say which prefix it needs
-                if "HTTP 404" not in exc.reason:
+                if exc.status != 404:
                     raise
                 raise probe.error(f"{exc.reason}: not a sglang server{wrong_server_hint(probe, 'sglang')}") from exc
             path = spec.tokenizer or (info.get("tokenizer_path") or info.get("model_path")

@@ -238,8 +238,8 @@ class JsonClient:
     def close(self) -> None:
         self._client.close()
 
-    def error(self, reason: str) -> MemberError:
-        return MemberError(self.member, self.base_url, reason)
+    def error(self, reason: str, status: int | None = None) -> MemberError:
+        return MemberError(self.member, self.base_url, reason, status)
 
     def get(self, path: str) -> Any:
         return self._call("GET", path, None)
@@ -300,7 +300,7 @@ class JsonClient:
         if status in RETRY_STATUS:
             raise _Retryable(f"HTTP {status}: {text[:200]}")
         if status >= 400:
-            raise self.error(f"{method} {path} answered HTTP {status}: {text[:300]}{self._v1_hint(status)}")
+            raise self.error(f"{method} {path} answered HTTP {status}: {text[:300]}{self._v1_hint(status)}", status)
         if 300 <= status < 400:  # not followed (a POST would be resent as a GET, a key to another host)
             where = f" to {location}" if location else ""
             raise self.error(f"{method} {path} answered HTTP {status}, a redirect{where}: give the member the URL "

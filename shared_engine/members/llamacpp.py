@@ -62,7 +62,6 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-import re
 import threading
 import weakref
 from collections import Counter
@@ -533,7 +532,7 @@ class LlamaCppMember(RemoteMember):
         refused a ``/completion`` (None otherwise): a model with a smaller vocabulary refuses this
         member's ids with HTTP 400 "Prompt contains invalid tokens" before any answer could name it.
         Asked of ``/props`` only on a refusal (HTTP 4xx): a server down or timing out would not answer."""
-        if not self.model_names or not _CLIENT_ERROR.search(error.reason):
+        if not self.model_names or error.status is None or not 400 <= error.status < 500:
             return None
         try:
             props = self.client.get("/props")
@@ -623,10 +622,6 @@ def _server_context(props: Any, default: int) -> int:
         return int(props["default_generation_settings"]["n_ctx"])
     except (KeyError, TypeError, ValueError):
         return default
-
-
-_CLIENT_ERROR = re.compile(r"answered HTTP 4\d\d\b")
-"""How ``http.HttpClient`` words a refusal (a 4xx status) in a ``MemberError``'s reason."""
 
 
 PLACEHOLDER_NAMES = frozenset({"gpt-3.5-turbo", "gpt-3.5-turbo-0613"})

@@ -49,7 +49,7 @@ def served_context_window(client: JsonClient) -> int | None:
     try:
         answer = client.get("/v1/models")
     except MemberError as exc:  # a route the server lacks (or refuses): the fallback, as before
-        if "answered HTTP 4" not in exc.reason:
+        if exc.status is None or not 400 <= exc.status < 500:
             raise
         return None
     try:
