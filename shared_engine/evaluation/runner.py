@@ -155,9 +155,17 @@ def prompt_files(bench: Benchmark) -> list[Path]:
     return sorted({p.expanduser().resolve() for p in (*paths, *bench.prompt_sources)})
 
 
+def _unread(relative: Path) -> bool:
+    """A file in a prompt folder that no prompt reads: hidden (``.DS_Store``, an editor's ``.task.txt.swp``,
+    anything under a hidden folder) or a backup (``task.txt~``). Hashed, it refused the resume of a run of
+    hours after Finder or an editor wrote one beside BBH's cot prompts."""
+    return any(part.startswith(".") for part in relative.parts) or relative.name.endswith("~")
+
+
 def prompt_identity(bench: Benchmark) -> dict[str, str | None]:
     """``prompt_sha256``: the content of ``prompt_files`` (a folder: its files by relative name, at any
-    depth); None where the benchmark reads none, or one cannot be read (the prompt fails on it first)."""
+    depth, but for what no prompt reads: hidden files and editor backups, ``_unread``); None where the
+    benchmark reads none, or one cannot be read (the prompt fails on it first)."""
     files = prompt_files(bench)
     if not files:
         return {"prompt_sha256": None}
@@ -165,7 +173,8 @@ def prompt_identity(bench: Benchmark) -> dict[str, str | None]:
     try:
         for path in files:
             digest.update(path.name.encode() + b"\0")  # by name, not place: a moved data folder resumes
-            inner = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+            inner = sorted(f for f in path.rglob("*") if f.is_file() and not _unread(f.relative_to(path))) \
+                if path.is_dir() else [path]
             for file in inner:
                 name = file.relative_to(path).as_posix() if path.is_dir() else ""
                 digest.update(name.encode() + b"\0" + file.read_bytes() + b"\0")
@@ -324,7 +333,7 @@ def check_start(bench: Benchmark, out: Path, limit: int | None) -> tuple[Dataset
     return dataset, records
 
 
-def _check_config(out: Path, config: RunConfig, resume: bool) -> None:
+def _check_config(out: Path, config: RunConfig, resume: bool, bench: Benchmark) -> None:
     config_file, samples_file = out / CONFIG, out / SAMPLES
     answered = samples_file.exists() and samples_file.stat().st_size > 0
     if answered and not resume:
@@ -342,8 +351,11 @@ def _check_config(out: Path, config: RunConfig, resume: bool) -> None:
                                     if k not in previous.engine_options and v == defaults.get(k)}
         _match_data(previous, config, out)
         if previous != config:
-            raise InvalidRequestError(f"cannot resume {out}: it was run with different settings "
-                                      f"{_differences(previous.model_dump(), config.model_dump())}")
+            differences = _differences(previous.model_dump(), config.model_dump())
+            exemplars = (f" (prompt_sha256: the few-shot exemplar files its prompts read differ now: "
+                         f"{', '.join(str(p) for p in prompt_files(bench))})" if "prompt_sha256" in differences else "")
+            raise InvalidRequestError(f"cannot resume {out}: it was run with different settings {differences}"
+                                      f"{exemplars}")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:  # e.g. --out naming a file (a log)
@@ -402,7 +414,7 @@ async def _evaluate(engine: EnsembleEngine, bench: Benchmark, config: RunConfig,
                     records: list[Record], *, resume: bool, progress: bool,
                     on_sample: Callable[[Sample], None] | None, interruptible_load: bool) -> dict[str, Any]:
     """``evaluate`` with ``out`` locked."""
-    _check_config(out, config, resume)
+    _check_config(out, config, resume, bench)
     wanted = {r.id for r in records}
     samples_file = out / SAMPLES
     done = {s.id: s for s in _stored(read_samples(samples_file), records, bench, samples_file) if s.id in wanted}

@@ -1,0 +1,54 @@
+"""What a prompt folder holds besides the prompts does not make another run (review of 8f1d1d0): a
+``.DS_Store`` or an editor's swap file appearing in BBH's cot-prompts/ refused the resume of a run of
+hours, with two hashes and no hint which files; a changed prompt is still refused, naming the files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shared_engine.errors import InvalidRequestError
+from shared_engine.evaluation.benchmarks import Benchmark, get_benchmark
+from shared_engine.evaluation.runner import CONFIG, SAMPLES, RunConfig, _check_config, data_identity, prompt_identity
+
+
+def _bbh(folder: Path) -> Benchmark:
+    (folder / "cot-prompts").mkdir(parents=True)
+    (folder / "task.json").write_text(json.dumps({"examples": [{"input": "Q?", "target": "1"}]}))
+    (folder / "cot-prompts" / "task.txt").write_text("Task.\n\nQ: 1?\nA: So the answer is 1.\n")
+    return get_benchmark("bbh", str(folder))
+
+
+def _config(bench: Benchmark) -> RunConfig:
+    return RunConfig(bench="bbh", models=["a", "b"], method="safe", max_new_tokens=8, engine_options={},
+                     member_options={}, **data_identity(bench.path), **prompt_identity(bench))
+
+
+def _started(tmp_path: Path, bench: Benchmark) -> Path:
+    out = tmp_path / "run"
+    _check_config(out, _config(bench), False, bench)
+    (out / SAMPLES).write_text('{"id": "0"}\n')
+    assert (out / CONFIG).exists()
+    return out
+
+
+@pytest.mark.parametrize("stray", [".DS_Store", ".task.txt.swp", "task.txt~", ".git/HEAD"])
+def test_a_file_no_prompt_reads_does_not_refuse_the_resume(tmp_path: Path, stray: str) -> None:
+    bench = _bbh(tmp_path / "bbh")
+    out = _started(tmp_path, bench)
+    before = prompt_identity(bench)["prompt_sha256"]
+    path = tmp_path / "bbh" / "cot-prompts" / stray
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\0\0\0\1Bud1")
+    assert prompt_identity(bench)["prompt_sha256"] == before
+    _check_config(out, _config(bench), True, bench)  # was: "different settings {'prompt_sha256': ...}"
+
+
+def test_a_changed_prompt_is_refused_naming_the_files(tmp_path: Path) -> None:
+    bench = _bbh(tmp_path / "bbh")
+    out = _started(tmp_path, bench)
+    (tmp_path / "bbh" / "cot-prompts" / "task.txt").write_text("Task.\n\nQ: 2?\nA: So the answer is 2.\n")
+    with pytest.raises(InvalidRequestError, match=r"few-shot exemplar files .* differ now: .*cot-prompts"):
+        _check_config(out, _config(bench), True, bench)
