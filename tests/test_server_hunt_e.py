@@ -180,3 +180,15 @@ def test_a_second_ctrl_c_exits_without_a_traceback(tmp_path: Path) -> None:
     output = log.read_text()
     assert "Traceback" not in output and "CancelledError" not in output, output
     assert "Application shutdown complete." in output, output
+
+
+@pytest.mark.parametrize("pad", range(222, 240))
+def test_the_cut_never_leaves_half_a_placeholder(pad: int) -> None:
+    """Cut after the masking, 'see <its UR…' read as a broken address (review of 92ce12b): a placeholder is
+    told whole or not at all, and the address never."""
+    url = "http://10.0.0.5:8081/v1"
+    told = str(_unavailable(MemberError("m", url, "x" * pad + f" see {url}/x and //10.9.9.9/y for details")))
+    assert "10.0.0.5" not in told and "10.9.9.9" not in told
+    tail = told.removesuffix("…")
+    opened = tail.rfind("<")
+    assert opened <= tail.rfind(">"), told[-40:]

@@ -137,9 +137,16 @@ def _unavailable(err: MemberError) -> MemberUnavailable:
     if host:  # bare, in a backend's own words ("Server at llm-b.internal Port 8081")
         reason = reason.replace(host, "<its host>")
     if len(reason) > REASON_CHARS:  # a backend's error page, echoed: the log keeps it whole
-        reason = reason[:REASON_CHARS].rstrip() + "…"
+        cut = reason[:REASON_CHARS]
+        opened = cut.rfind("<")
+        if opened > cut.rfind(">") and reason.startswith(_PLACEHOLDERS, opened):  # "see <its UR…" read as
+            cut = cut[:opened]  # a broken address: a placeholder is told whole or not at all
+        reason = cut.rstrip() + "…"
     return MemberUnavailable(f"member {err.member!r} is unavailable: {reason}")
 
+
+_PLACEHOLDERS = ("<its URL>", "<a URL>", "<its host>")
+"""What ``_unavailable`` puts where a member's reason named an address."""
 
 REASON_CHARS = 240
 """The most characters of a member's failure the client is told: the reason echoes the backend's answer
