@@ -272,11 +272,30 @@ def math_equal(prediction: str, gold: str) -> bool:
     return _sympy_equal(a, b)
 
 
+_JOINER = re.compile(r"[\s$,;]*(?:(?:and|or|\\quad|\\qquad|\\text\{\s*(?:and|or)\s*\})[\s$,;]*)?(?:[a-zA-Z]\s*=\s*)?")
+
+
 def _final_boxes(text: str) -> list[str]:
-    """The contents of the boxes on the last line that has one ("$\\boxed{-2}$ and $\\boxed{1}$.")."""
+    """The boxes on the last line that has one, joined to its last box by nothing but a comma, 'and', 'or', \\quad or
+    'x =' ("$\\boxed{-2}$ and $\\boxed{1}$."): all of them were joined, so "$\\boxed{-2}$ is extraneous, so the answer
+    is $\\boxed{1}$" read the rejected -2 too and "..., i.e. $\\boxed{1,-2}$" read both roots twice. A last box that
+    already lists its items is taken alone."""
     line = next((line for line in reversed(text.splitlines()) if _BOXED.search(line)), "")
-    boxes = (_boxed_at(line, m.end()) for m in _BOXED.finditer(line))
-    return [box.strip() for box in boxes if box is not None]
+    spans = []
+    for m in _BOXED.finditer(line):
+        content = _boxed_at(line, m.end())
+        if content is None:
+            continue
+        end = m.end() + (len(content) + 2 if line[m.end():m.end() + 1] == "{" else len(content))
+        spans.append((m.start(), end, content.strip()))
+    run = spans[-1:]
+    if run and len(_split_top_level(run[0][2])) > 1:  # "..., i.e. $\\boxed{1,-2}$" states the whole list
+        return [run[0][2]]
+    for prev in reversed(spans[:-1]):
+        if not _JOINER.fullmatch(line[prev[1]:run[0][0]]):
+            break
+        run.insert(0, prev)
+    return [c for _, _, c in run]
 
 
 def score_math(output: str, gold: str) -> Score:

@@ -106,11 +106,13 @@ _STARTS_NUMBER = re.compile(r"(?:[\s*$(]|\\[($\[]|\\boxed\{)*-?\s*\.?\d")
 
 # a calculation's result given in words, read as its '=': "36 / 2, which is 18", "3 * 6, which equals 18", "12+6 equals
 # 18", "3 times 6, which is 18", "half of 36, which is 18" (their first number, 36, 3, 12, was read). Only straight
-# after a calculation (two numbers joined by an operator, or "half/twice/1/2 of N") and before any '=': "15, which is
-# 3 more than 12" is 15, and "3 + 5 = 8, which is 2 more than 6" is 8
+# after a calculation (two numbers joined by an operator, or "half/twice/1/2/20% of N") and before any '=': "15, which
+# is 3 more than 12" is 15, and "3 + 5 = 8, which is 2 more than 6" is 8. The calculation leads the text (after words
+# only): in "24 cookies and 24 / 2 is 12 per friend" it is a later remark, which read 12. "2 of 4 days, which is 50%"
+# is no calculation (it read 50), and the result is the nearest 'is' ("3 + 5 is 8, which is 2 more than 6" read 2)
 _OPERATION = (r"\d\s*(?:[+\-*/×÷xX·^]|\\(?:times|cdot|div)\b|(?i:times|plus|minus|divided\s+by|multiplied\s+by)\b)"
-              r"\s*\$?\s*\.?\d|(?i:\b(?:half|a\s+third|a\s+quarter|twice|double)|\d)\s+(?i:of)\s+\$?\s*\.?\d")
-_WORDS_EQUAL = re.compile(rf"^((?:(?!=)[^\n])*?(?:{_OPERATION})(?:[^=\n]*?(?:[\d)]|\b(?!(?i:which)\b)[^\W\d_]+))?)"
+              r"\s*\$?\s*\.?\d|(?:(?i:\b(?:half|a\s+third|a\s+quarter|twice|double))|\d\s*%)\s+(?i:of)\s+\$?\s*\.?\d")
+_WORDS_EQUAL = re.compile(rf"^([^\d=\n]*?[\d,.]*?(?:{_OPERATION})(?:[^=\n]*?(?:[\d)]|\b(?!(?i:which)\b)[^\W\d_]+))??)"
                           r"\s*,?\s*(?i:which\s+)?(?i:is(?:\s+equal\s+to)?|equals|gives|makes)\s+(?=[$\\(*\s-]*\.?\d)")
 
 
@@ -274,12 +276,17 @@ def _hedged(text: str, start: int, end: int, labels: str) -> bool:
 _SUPPOSED_BEFORE = re.compile(r"\b(?i:if|whether|suppose\w*|assum\w*|thought|none\s+of|neither|not)\b"
                               r"(?:(?!\b(?i:but)\b)[^.?!;\n])*$")  # "A is correct if ..., but with it, D is correct"
 _SUPPOSED_AFTER = re.compile(r"\s*(?:\?|(?i:(?:only\s+)?(?:if|when)\b))")
+# after "X is the answer", a turn in its sentence: someone else's answer ("One might think A is the answer, but option C
+# fits"); read as stated, it beat the real one. "A is correct, but ..." still states A
+_DISOWNED_AFTER = re.compile(r"[^.?!;\n]*?\b(?i:but|yet|however)\b")
 
 
 def _supposed(text: str, start: int, end: int) -> bool:
     """Whether "X is correct" at ``text[start:end]`` is supposed, asked or denied rather than stated: read as the
-    answer, "A is correct? No, A is wrong. Option C." and "None of A, B or C is correct. Option D ..." gave A and C."""
-    return bool(_SUPPOSED_BEFORE.search(text, 0, start) or _SUPPOSED_AFTER.match(text, end))
+    answer, "A is correct? No, A is wrong. Option C." and "None of A, B or C is correct. Option D ..." gave A and C.
+    "X is the answer, but ..." is someone's answer the sentence turns from."""
+    disowned = text[:end].lower().endswith("answer") and _DISOWNED_AFTER.match(text, end)
+    return bool(_SUPPOSED_BEFORE.search(text, 0, start) or _SUPPOSED_AFTER.match(text, end) or disowned)
 
 
 def _denied_letters(output: str, labels: str) -> set[str]:
@@ -565,9 +572,15 @@ _LABEL = re.compile(r"^\s*[*_]*(?:(?:translation|übersetzung|traducere|german|d
                     r"(?:translation|übersetzung|traducere)[^:\n]{0,30}:)[*_]*\s*", re.IGNORECASE)
 _FENCE = re.compile(r"^\s*```[\w+-]*\s*$")
 # a lead-in line with no colon ("Sure! Here is the translation.", "Here is the translation into German"), with the
-# translation on the lines after it: it was scored as the translation (chrF 12 for a perfect one)
+# translation on the lines after it: it was scored as the translation (chrF 12 for a perfect one). After the word
+# "translation" only a short "of/into/in <language>", a bracketed aside, a remark after a comma (", but I am unsure")
+# and punctuation: any 40 characters dropped a translation on the lead-in's line ("Here is the translation — Der Hund
+# bellt.") and a sentence that only starts so ("Here is the translation the U.N. commissioned in 1990.")
 _LEAD_IN = re.compile(r"\s*[*_]*(?:(?:sure|okay|ok|certainly|of\s+course)\W{0,3})?here(?:['\u2019]s|\s+is)\b"
-                      r"[^:\n]{0,60}?(?:translation|übersetzung|traducere)\b[^:\n]{0,40}", re.IGNORECASE)
+                      r"[^:\n]{0,60}?(?:translation|übersetzung|traducere)\b"
+                      r"(?:\s+(?:of|into|in|to)\s+(?:the\s+)?[^\W\d_]+(?:\s+[^\W\d_]+)?)?(?:\s*\([^()\n]{0,30}\))?"
+                      r"(?:\s*,\s*(?:which|but|though|although|as|since|because|I|it)\b[^:\n]{0,40})?\s*[.!:]?[*_]*\s*",
+                      re.IGNORECASE)
 
 
 def extract_translation(output: str) -> str:
