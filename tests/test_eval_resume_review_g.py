@@ -52,3 +52,15 @@ def test_a_changed_prompt_is_refused_naming_the_files(tmp_path: Path) -> None:
     (tmp_path / "bbh" / "cot-prompts" / "task.txt").write_text("Task.\n\nQ: 2?\nA: So the answer is 2.\n")
     with pytest.raises(InvalidRequestError, match=r"few-shot exemplar files .* differ now: .*cot-prompts"):
         _check_config(out, _config(bench), True, bench)
+
+
+def test_a_hidden_file_in_a_data_folder_is_the_same_data(tmp_path: Path) -> None:
+    """The same for the data folder itself (MMLU-Redux's, BBH's): a .DS_Store beside the task files was
+    another data file to --resume and to eval compare's pairing."""
+    bench = _bbh(tmp_path / "bbh")
+    before = data_identity(bench.path)["data_sha256"]
+    (tmp_path / "bbh" / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    (tmp_path / "bbh" / "task.json~").write_text("{}")
+    assert data_identity(bench.path)["data_sha256"] == before
+    (tmp_path / "bbh" / "task2.json").write_text(json.dumps({"examples": [{"input": "Q?", "target": "2"}]}))
+    assert data_identity(bench.path)["data_sha256"] != before

@@ -133,12 +133,13 @@ class RunConfig(BaseModel):
 
 def data_identity(path: Path) -> dict[str, str | None]:
     """``data`` and ``data_sha256`` of a benchmark file or folder (a folder's files by name and
-    content; BBH's 27 files, MMLU-Redux's 57: a few MB): a resume with another file is refused."""
+    content; BBH's 27 files, MMLU-Redux's 57: a few MB; not a hidden file or backup no loader reads,
+    ``_unread``): a resume with another file is refused."""
     resolved = path.expanduser().resolve()
     digest = hashlib.sha256()
     try:
         if resolved.is_dir():
-            for file in sorted(f for f in resolved.iterdir() if f.is_file()):
+            for file in sorted(f for f in resolved.iterdir() if f.is_file() and not _unread(Path(f.name))):
                 digest.update(file.name.encode() + b"\0" + file.read_bytes() + b"\0")
         else:
             digest.update(resolved.read_bytes())
