@@ -116,6 +116,8 @@ class _Rewrite:
         self.defs: Mapping[str, Any] = defs if isinstance(defs, Mapping) else {}
         self.merging: set[str] = set()  # the $ref branches being merged with a schema's own part (_branch)
         self.reading: set[str] = set()  # the $refs whose types are being read (_kinds)
+        self.counting: set[str] = set()  # the definitions whose items are being told apart (_counted_twice)
+        self.twice: dict[str, bool] = {}  # each definition's _counted_twice, once known
 
     def root(self, schema: Mapping[str, Any]) -> dict[str, Any]:
         out = self.schema(schema)
@@ -276,19 +278,40 @@ class _Rewrite:
             out["required"] = [_as_parsed(key) for key in required]
         return out
 
-    def _counted_twice(self, item: Mapping[str, Any], seen: frozenset[str] = frozenset()) -> bool:
+    def _counted_twice(self, item: Mapping[str, Any]) -> bool:
         """Whether the parser may count an array's item (rewritten) twice: lm-format-enforcer 0.11.3
         counts a boolean, a null, an array or a number enum once when complete and again at the
         ``,``, so minItems = maxItems = 3 closed a list of booleans after 2 (every try too short).
         Such an array's bounds are left to the validation."""
         ref = item.get("$ref")
         if isinstance(ref, str):
-            name = ref.split("/")[-1]
-            return name not in seen and self._counted_twice(self.schema(self.defs[name]), seen | {name})
+            return self._definition_counted_twice(ref.split("/")[-1])
         if isinstance(item.get("anyOf"), list):
-            return any(self._counted_twice(option, seen) for option in item["anyOf"])
+            return any(self._counted_twice(option) for option in item["anyOf"])
         return (item.get("type") in ("boolean", "null", "array") or "const" in item  # a _Bare boolean
                 or ("enum" in item and item.get("type") != "string"))
+
+    def _definition_counted_twice(self, name: str) -> bool:
+        """``_counted_twice`` of a definition, read from its rewriting. The definitions being read are
+        kept on the instance and one met again counts as not twice (the rest of the union decides):
+        rewriting a tree's definition reaches its own array items' ``$ref`` (``_typed``), and a
+        ``seen`` passed along was lost there, so ``children: list[Tree]`` recursed without end and the
+        answer was not constrained at all. Only the top of the rewriting is read, so a definition
+        met again deeper (an item's item) changes nothing; the answer of a reading begun with none
+        under way is kept, as one begun inside another may stand on that one's "not twice"."""
+        if name in self.twice:
+            return self.twice[name]
+        if name in self.counting:
+            return False
+        outermost = not self.counting
+        self.counting.add(name)
+        try:
+            twice = self._counted_twice(self.schema(self.defs[name]))
+        finally:
+            self.counting.discard(name)
+        if outermost:
+            self.twice[name] = twice
+        return twice
 
 
 class _Bare(str):
