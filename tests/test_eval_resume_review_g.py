@@ -64,3 +64,23 @@ def test_a_hidden_file_in_a_data_folder_is_the_same_data(tmp_path: Path) -> None
     assert data_identity(bench.path)["data_sha256"] == before
     (tmp_path / "bbh" / "task2.json").write_text(json.dumps({"examples": [{"input": "Q?", "target": "2"}]}))
     assert data_identity(bench.path)["data_sha256"] != before
+
+
+def test_what_the_hash_leaves_out_no_loader_reads(tmp_path: Path) -> None:
+    """pathlib's glob matches hidden files: a hidden task file was read as questions while the data hash
+    left it out (a change in it went unnoticed by --resume and eval compare), and macOS's '._task.json'
+    resource fork failed the BBH load. One rule (datasets.unread) for the loaders and the hashes."""
+    from shared_engine.evaluation.datasets import load_bbh, load_mmlu_redux
+    bench = _bbh(tmp_path / "bbh")
+    before = [r.id for r in load_bbh(bench.path).records]
+    (tmp_path / "bbh" / ".extra.json").write_text(json.dumps({"examples": [{"input": "Q2?", "target": "2"}]}))
+    (tmp_path / "bbh" / "._task.json").write_bytes(b"\0\5\26\7Mac OS X        \0\2")
+    assert [r.id for r in load_bbh(bench.path).records] == before
+    mmlu = tmp_path / "mmlu"
+    mmlu.mkdir()
+    row = "question,choices,answer,error_type\nQ?,\"['a', 'b', 'c', 'd']\",0,ok\n"
+    (mmlu / "mmlu_x.csv").write_text(row)
+    count = len(load_mmlu_redux(mmlu).records)
+    assert count == 1
+    (mmlu / ".mmlu_y.csv").write_text(row)
+    assert len(load_mmlu_redux(mmlu).records) == count

@@ -246,10 +246,23 @@ def _mmlu_rows(path: Path) -> list[dict[str, str]]:
     return [{(k or "").strip(): (v or "") for k, v in row.items() if k and k.strip()} for row in reader]
 
 
+def unread(relative: Path) -> bool:
+    """A file in a data or prompt folder that nothing reads: hidden (``.DS_Store``, macOS's ``._task.json``,
+    an editor's ``.task.txt.swp``, anything under a hidden folder) or a backup (``task.txt~``). The loaders
+    skip it (``._task.json`` is no task: it failed the BBH load) and the run's hashes leave it out (it
+    refused the resume of a run of hours), one rule for both, so a file read is always a file hashed."""
+    return any(part.startswith(".") for part in relative.parts) or relative.name.endswith("~")
+
+
+def _folder_files(folder: Path, pattern: str) -> list[Path]:
+    """The files of ``folder`` matching ``pattern`` that are read (pathlib's glob matches hidden ones)."""
+    return sorted(f for f in folder.glob(pattern) if not unread(Path(f.name)))
+
+
 def load_mmlu_redux(path: Path) -> Dataset:
     """One subject CSV, or a folder of them (records interleaved across subjects, so ``--limit``
     samples every subject)."""
-    files = sorted(path.glob("*.csv")) if path.is_dir() else [_need_file(path)]
+    files = _folder_files(path, "*.csv") if path.is_dir() else [_need_file(path)]
     if not files:
         raise InvalidRequestError(f"no MMLU-Redux .csv files in {path}")
     skipped: Counter[str] = Counter()
@@ -283,7 +296,7 @@ def _interleave(groups: list[list[Record]]) -> list[Record]:
 
 def load_bbh(path: Path) -> Dataset:
     """One task JSON, or the folder of them (records interleaved across tasks)."""
-    files = sorted(path.glob("*.json")) if path.is_dir() else [_need_file(path)]
+    files = _folder_files(path, "*.json") if path.is_dir() else [_need_file(path)]
     if not files:
         raise InvalidRequestError(f"no BBH task .json files in {path}")
     per_task, skipped = [], Counter[str]()

@@ -36,7 +36,7 @@ from ..events import mean_draft_length
 from ..loading import load_with_notice
 from ..options import EngineOptions
 from .benchmarks import Benchmark
-from .datasets import Dataset, Record
+from .datasets import Dataset, Record, unread
 from .prompts import PROMPT_VERSION
 from .scoring import corpus_translation
 
@@ -134,12 +134,12 @@ class RunConfig(BaseModel):
 def data_identity(path: Path) -> dict[str, str | None]:
     """``data`` and ``data_sha256`` of a benchmark file or folder (a folder's files by name and
     content; BBH's 27 files, MMLU-Redux's 57: a few MB; not a hidden file or backup no loader reads,
-    ``_unread``): a resume with another file is refused."""
+    ``datasets.unread``): a resume with another file is refused."""
     resolved = path.expanduser().resolve()
     digest = hashlib.sha256()
     try:
         if resolved.is_dir():
-            for file in sorted(f for f in resolved.iterdir() if f.is_file() and not _unread(Path(f.name))):
+            for file in sorted(f for f in resolved.iterdir() if f.is_file() and not unread(Path(f.name))):
                 digest.update(file.name.encode() + b"\0" + file.read_bytes() + b"\0")
         else:
             digest.update(resolved.read_bytes())
@@ -156,16 +156,9 @@ def prompt_files(bench: Benchmark) -> list[Path]:
     return sorted({p.expanduser().resolve() for p in (*paths, *bench.prompt_sources)})
 
 
-def _unread(relative: Path) -> bool:
-    """A file in a prompt folder that no prompt reads: hidden (``.DS_Store``, an editor's ``.task.txt.swp``,
-    anything under a hidden folder) or a backup (``task.txt~``). Hashed, it refused the resume of a run of
-    hours after Finder or an editor wrote one beside BBH's cot prompts."""
-    return any(part.startswith(".") for part in relative.parts) or relative.name.endswith("~")
-
-
 def prompt_identity(bench: Benchmark) -> dict[str, str | None]:
     """``prompt_sha256``: the content of ``prompt_files`` (a folder: its files by relative name, at any
-    depth, but for what no prompt reads: hidden files and editor backups, ``_unread``); None where the
+    depth, but for what no prompt reads: hidden files and editor backups, ``datasets.unread``); None where the
     benchmark reads none, or one cannot be read (the prompt fails on it first)."""
     files = prompt_files(bench)
     if not files:
@@ -174,7 +167,7 @@ def prompt_identity(bench: Benchmark) -> dict[str, str | None]:
     try:
         for path in files:
             digest.update(path.name.encode() + b"\0")  # by name, not place: a moved data folder resumes
-            inner = sorted(f for f in path.rglob("*") if f.is_file() and not _unread(f.relative_to(path))) \
+            inner = sorted(f for f in path.rglob("*") if f.is_file() and not unread(f.relative_to(path))) \
                 if path.is_dir() else [path]
             for file in inner:
                 name = file.relative_to(path).as_posix() if path.is_dir() else ""
