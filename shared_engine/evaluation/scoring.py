@@ -109,9 +109,12 @@ _STARTS_NUMBER = re.compile(r"(?:[\s*$(]|\\[($\[]|\\boxed\{)*-?\s*\.?\d")
 # after a calculation (two numbers joined by an operator, or "half/twice/1/2/20% of N") and before any '=': "15, which
 # is 3 more than 12" is 15, and "3 + 5 = 8, which is 2 more than 6" is 8. The calculation leads the text (after words
 # only): in "24 cookies and 24 / 2 is 12 per friend" it is a later remark, which read 12. "2 of 4 days, which is 50%"
-# is no calculation (it read 50), and the result is the nearest 'is' ("3 + 5 is 8, which is 2 more than 6" read 2)
+# is no calculation (it read 50), and the result is the nearest 'is' ("3 + 5 is 8, which is 2 more than 6" read 2).
+# The second number may open brackets ("2 * (3 + 4), which is 14", "5 * $(2 + 1)"), and "2(3 + 4)" multiplies: with a
+# digit required straight after the operator they read their first number, 2
 _OPERATION = (r"\d\s*(?:[+\-*/×÷xX·^]|\\(?:times|cdot|div)\b|(?i:times|plus|minus|divided\s+by|multiplied\s+by)\b)"
-              r"\s*\$?\s*\.?\d|(?:(?i:\b(?:half|a\s+third|a\s+quarter|twice|double))|\d\s*%)\s+(?i:of)\s+\$?\s*\.?\d")
+              r"\s*\$?\s*[(\[]*\s*\$?\s*\.?\d|\d\(\s*\$?\s*\.?\d"
+              r"|(?:(?i:\b(?:half|a\s+third|a\s+quarter|twice|double))|\d\s*%)\s+(?i:of)\s+\$?\s*\.?\d")
 _WORDS_EQUAL = re.compile(rf"^([^\d=\n]*?[\d,.]*?(?:{_OPERATION})(?:[^=\n]*?(?:[\d)]|\b(?!(?i:which)\b)[^\W\d_]+))??)"
                           r"\s*,?\s*(?i:which\s+)?(?i:is(?:\s+equal\s+to)?|equals|gives|makes)\s+(?=[$\\(*\s-]*\.?\d)")
 
@@ -276,16 +279,37 @@ def _hedged(text: str, start: int, end: int, labels: str) -> bool:
 _SUPPOSED_BEFORE = re.compile(r"\b(?i:if|whether|suppose\w*|assum\w*|thought|none\s+of|neither|not)\b"
                               r"(?:(?!\b(?i:but)\b)[^.?!;\n])*$")  # "A is correct if ..., but with it, D is correct"
 _SUPPOSED_AFTER = re.compile(r"\s*(?:\?|(?i:(?:only\s+)?(?:if|when)\b))")
-# after "X is the answer", a turn in its sentence: someone else's answer ("One might think A is the answer, but option C
-# fits"); read as stated, it beat the real one. "A is correct, but ..." still states A
-_DISOWNED_AFTER = re.compile(r"[^.?!;\n]*?\b(?i:but|yet|however)\b")
+# after "X is the answer", a turn in its sentence ("but", "yet", "however"): someone else's answer where a supposition
+# leads it ("One might think A is the answer, but option C fits"; read as stated, it beat the real one) or where the
+# sentence goes on to call another letter right ("A is the answer most people pick, however C is correct"). Any turn
+# disowned it before, and "B is the answer, but I am not fully sure." read no answer. "A is correct, but ..." states A
+_TURN_AFTER = re.compile(r"[^.?!;\n]*?\b(?i:but|yet|however)\b")
+_SUPPOSITION_BEFORE = re.compile(r"\b(?i:(?:one|someone|somebody|some|many|people|you)\s+(?:might|may|could|would)"
+                                 r"\s+(?:\w+\s+)?(?:think|argue|say|believe|assume|guess|pick|choose|expect|claim)"
+                                 r"|(?:may|might|could|would)\s+(?:seem|appear|look)|at\s+first(?:\s+(?:glance|sight))?)"
+                                 r"\b[^.?!;\n]*$")  # not a doubt: "Though some may disagree, C is the answer, but ..."
 
 
-def _supposed(text: str, start: int, end: int) -> bool:
+def _other_called_right(text: str, pos: int, letter: str, labels: str) -> bool:
+    """Whether the rest of the sentence from ``pos`` calls a letter other than ``letter`` right ("option C fits", "C is
+    correct", "the evidence points to option C"; not "some might choose A" or "D is also plausible")."""
+    others = re.escape("".join(label for label in labels if label != letter))
+    if not others:
+        return False
+    sentence = re.split(r"[.?!;\n]", text[pos:], maxsplit=1)[0]
+    other = rf"(?:(?i:option|choice)\s*)?\(?[{others}]\b\)?\**"
+    return bool(re.search(rf"(?<![\w'\u2019]){other}\s+(?i:fits|works|matches|is\s+(?:the\s+)?(?:correct|right|best"
+                          rf"|better|real|actual|true|answer))\b|\b(?i:points?|pointing)\s+to\s+{other}", sentence))
+
+
+def _supposed(text: str, start: int, end: int, labels: str) -> bool:
     """Whether "X is correct" at ``text[start:end]`` is supposed, asked or denied rather than stated: read as the
     answer, "A is correct? No, A is wrong. Option C." and "None of A, B or C is correct. Option D ..." gave A and C.
-    "X is the answer, but ..." is someone's answer the sentence turns from."""
-    disowned = text[:end].lower().endswith("answer") and _DISOWNED_AFTER.match(text, end)
+    "One might think A is the answer, but ..." is someone's answer the sentence turns from."""
+    turn = _TURN_AFTER.match(text, end) if text[:end].lower().endswith("answer") else None
+    letter = re.search(rf"[{re.escape(labels)}]", text[start:end])
+    disowned = turn is not None and bool(_SUPPOSITION_BEFORE.search(text, 0, start) or _other_called_right(
+        text, turn.end(), letter.group() if letter else "", labels))
     return bool(_SUPPOSED_BEFORE.search(text, 0, start) or _SUPPOSED_AFTER.match(text, end) or disowned)
 
 
@@ -349,7 +373,7 @@ def extract_choice(output: str, labels: str) -> str | None:
     called_right = rf"(?<![\w'\u2019])\(?([{set_}])\)?\**\s+is\s+(?:the\s+)?(?:correct|right|best|answer)\b"
     if span is None:
         named = [m for m in re.finditer(called_right, output)
-                 if m.group(1) not in denied and not _supposed(output, m.start(), m.end())]
+                 if m.group(1) not in denied and not _supposed(output, m.start(), m.end(), labels)]
         span = named[-1].span(1) if named else None
     if span is None:
         named = [m for m in re.finditer(rf"(?i:\b(?:option|choice))\s*\(?([{set_}])\b", output)
@@ -575,10 +599,14 @@ _FENCE = re.compile(r"^\s*```[\w+-]*\s*$")
 # translation on the lines after it: it was scored as the translation (chrF 12 for a perfect one). After the word
 # "translation" only a short "of/into/in <language>", a bracketed aside, a remark after a comma (", but I am unsure")
 # and punctuation: any 40 characters dropped a translation on the lead-in's line ("Here is the translation — Der Hund
-# bellt.") and a sentence that only starts so ("Here is the translation the U.N. commissioned in 1990.")
+# bellt.") and a sentence that only starts so ("Here is the translation the U.N. commissioned in 1990."). What is
+# translated may come before or after the language ("of the sentence into Spanish", "of your sentence in Spanish", "to
+# Spanish of the sentence above"): without it such a lead-in was kept as the translation's first line
+_OBJECT = r"\s+of\s+(?:the|this|your|my|given|following|above)(?:\s+[^\W\d_]+){1,2}"
 _LEAD_IN = re.compile(r"\s*[*_]*(?:(?:sure|okay|ok|certainly|of\s+course)\W{0,3})?here(?:['\u2019]s|\s+is)\b"
                       r"[^:\n]{0,60}?(?:translation|übersetzung|traducere)\b"
-                      r"(?:\s+(?:of|into|in|to)\s+(?:the\s+)?[^\W\d_]+(?:\s+[^\W\d_]+)?)?(?:\s*\([^()\n]{0,30}\))?"
+                      rf"(?:{_OBJECT})?(?:\s+(?:of|into|in|to)\s+(?:the\s+)?[^\W\d_]+(?:\s+[^\W\d_]+)?)?(?:{_OBJECT})?"
+                      r"(?:\s*\([^()\n]{0,30}\))?"
                       r"(?:\s*,\s*(?:which|but|though|although|as|since|because|I|it)\b[^:\n]{0,40})?\s*[.!:]?[*_]*\s*",
                       re.IGNORECASE)
 
