@@ -885,11 +885,22 @@ def iterate_sync(agen: AsyncIterator[T]) -> Generator[T, None, None]:
         stop.set()  # before reading ``running``: the pump appends, then reads ``stop``
         if running:
             _cancel_soon(*running[0])
-        while thread.is_alive():  # let the stream's finally run (its items are dropped)
-            try:
-                items.get(timeout=0.05)
-            except queue.Empty:
-                pass
+        if threading.current_thread() is thread:  # collected by the gc on the pump's own thread: waiting for
+            _drain(items)  # it would wait for itself forever; the cancel lands when this step yields (room
+        else:  # left in the queue for the item and the _DONE it may still put)
+            while thread.is_alive():  # let the stream's finally run (its items are dropped)
+                try:
+                    items.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+
+
+def _drain(items: queue.Queue[Any]) -> None:
+    while True:
+        try:
+            items.get_nowait()
+        except queue.Empty:
+            return
 
 
 def _cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:

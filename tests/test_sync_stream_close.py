@@ -128,6 +128,48 @@ def test_an_error_in_the_stream_reaches_the_consumer_with_its_type(make: Callabl
     assert raised.value is error and released == [True]
 
 
+def test_a_stream_collected_on_its_own_pump_thread_stops() -> None:
+    """An unclosed stream in a reference cycle, collected by a gc run on its own pump thread (the stream's
+    step allocating), waited in its finally for that very thread to end: forever, the request live and
+    the thread leaked (review of b8e2e81; older than it). It now stops when the step yields."""
+    armed = threading.Event()
+    released: list[bool] = []
+
+    async def events() -> AsyncGenerator[int, None]:
+        try:
+            for i in range(1000):
+                if armed.is_set():
+                    armed.clear()
+                    gc.collect()  # the cycle holding this very stream is collected here, on the pump thread
+                await asyncio.sleep(0.01)
+                yield i
+        finally:
+            released.append(True)
+
+    class Holder:
+        me: Holder
+        stream: Any
+
+    before = set(threading.enumerate())
+    holder = Holder()
+    holder.me, holder.stream = holder, iterate_sync(events())
+    next(holder.stream)
+    gc.disable()
+    try:
+        del holder
+        armed.set()
+        deadline = time.monotonic() + 10
+        while not released and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        gc.enable()
+    assert released == [True]
+    deadline = time.monotonic() + 5
+    while any(t.is_alive() for t in set(threading.enumerate()) - before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
+
+
 def test_close_before_the_first_item_is_fine() -> None:
     slow = Slow()
     stream = iterate_sync(slow.events())
