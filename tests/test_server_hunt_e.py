@@ -192,3 +192,15 @@ def test_the_cut_never_leaves_half_a_placeholder(pad: int) -> None:
     tail = told.removesuffix("…")
     opened = tail.rfind("<")
     assert opened <= tail.rfind(">"), told[-40:]
+
+
+@pytest.mark.parametrize(("url", "reason", "told"), [
+    ("http://its:80", "see http://its:80/x: the queue itself is full", "see <its URL>/x: the queue itself is full"),
+    ("http://a:80", "Bad gateway at a", "Bad gateway at <its host>"),
+    ("http://llm-b.internal:8081", "Server at llm-b.internal Port 8081 (not llm-b.internal2)",
+     "Server at <its host> Port 8081 (not llm-b.internal2)"),
+])
+def test_the_host_is_masked_as_a_whole_name(url: str, reason: str, told: str) -> None:
+    """A host such as 'its' or 'a' was replaced inside words and inside the placeholders themselves
+    ('see <<its host> URL>', 'd<its host>t'; review of d379dd4)."""
+    assert str(_unavailable(MemberError("m", url, reason))) == f"member 'm' is unavailable: {told}"

@@ -134,8 +134,9 @@ def _unavailable(err: MemberError) -> MemberUnavailable:
     log.error("member %r at %s failed: %s", err.member, _URL_CREDENTIALS.sub("//", err.url), err.reason)
     reason = _URL.sub("<a URL>", err.reason.replace(err.url, "<its URL>") if err.url else err.reason)
     host = urlsplit(err.url).hostname if err.url else None
-    if host:  # bare, in a backend's own words ("Server at llm-b.internal Port 8081")
-        reason = reason.replace(host, "<its host>")
+    if host:  # bare, in a backend's own words ("Server at llm-b.internal Port 8081"); as a whole name, not
+        # inside a word or a placeholder (a host "a" or "its" made "see <<its host> URL>", "d<its host>t")
+        reason = re.sub(rf"(?<![\w.<-]){re.escape(host)}(?![\w-]|\.\w)", "<its host>", reason)
     if len(reason) > REASON_CHARS:  # a backend's error page, echoed: the log keeps it whole
         cut = reason[:REASON_CHARS]
         opened = cut.rfind("<")
