@@ -45,6 +45,11 @@ class Admission:
             if self._admitted > self._active:  # wake the first queued ticket; each one wakes the next
                 self._slots.release()
 
+    @property
+    def closed(self) -> bool:
+        """Shutting down (``close`` was called)."""
+        return self._closed
+
     def load(self) -> Load:
         return Load(active=self._active, waiting=self._admitted - self._active,
                     max_active=self.max_active, max_waiting=self.max_waiting)

@@ -336,6 +336,24 @@ def _page() -> str:
     return files(__package__).joinpath("static/index.html").read_text(encoding="utf-8")
 
 
+class QuietForcedShutdown:
+    """A request still running when a second Ctrl+C forces the server down is cancelled as the process
+    exits (asyncio.run cancels what is left), and uvicorn logged that CancelledError as an 'Exception in
+    ASGI application' traceback, though nothing failed: its client is cut off, as it is told to expect.
+    Once shutting down, such a cancellation ends the request with one line instead."""
+
+    def __init__(self, app: ASGIApp, admission: Admission) -> None:
+        self.app, self.admission = app, admission
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except asyncio.CancelledError:
+            if scope["type"] != "http" or not self.admission.closed:
+                raise
+            log.info("%s %s cut off: the server was forced down", scope.get("method", ""), route_path(scope))
+
+
 OPEN_PATHS = frozenset({"/", "/health"})
 """The routes an API key does not guard: the live page and the health check."""
 
@@ -558,7 +576,8 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
     cors = [Middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
                        allow_headers=["Authorization", "Content-Type"], max_age=600)] if allowed_origins else []
     guard = [Middleware(ApiKeyGuard, api_key=api_key)] if api_key else []
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=cors + guard,
+    quiet = [Middleware(QuietForcedShutdown, admission=admission)]
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=quiet + cors + guard,
                     exception_handlers={ApiError: api_error, HTTPException: http_error, EngineClosedError: closed_error,
                                         MemberError: member_error, MemberUnavailable: member_error,
                                         Exception: server_error})
