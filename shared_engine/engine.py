@@ -866,6 +866,8 @@ def iterate_sync(agen: AsyncIterator[T]) -> Generator[T, None, None]:
             if stop.is_set():  # closed before the pump started: the consumer's cancel may have missed it
                 return
             async for item in agen:
+                if stop.is_set():  # closed: a burst of items with no await between them (one step's
+                    break  # tokens) would wait for a reader gone, and the cancel lands only at an await
                 items.put(item)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
             if not (isinstance(exc, asyncio.CancelledError) and stop.is_set()):  # not the consumer's own cancel

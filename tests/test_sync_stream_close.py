@@ -170,6 +170,45 @@ def test_a_stream_collected_on_its_own_pump_thread_stops() -> None:
     assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
 
 
+def test_a_stream_collected_on_its_pump_thread_mid_burst_stops() -> None:
+    """The same, where the step goes on to yield more items than the queue holds before its next await
+    (one member step's tokens): the pump waited on the full queue for a reader gone, the cancel never
+    landed and the stream's finally never ran (review of ec47ff3)."""
+    armed = threading.Event()
+    released: list[bool] = []
+
+    async def events() -> AsyncGenerator[int, None]:
+        try:
+            for i in range(1000):
+                if armed.is_set():
+                    armed.clear()
+                    gc.collect()
+                    for j in range(100):  # no await between these
+                        yield -j
+                await asyncio.sleep(0.01)
+                yield i
+        finally:
+            released.append(True)
+
+    class Holder:
+        me: Holder
+        stream: Any
+
+    holder = Holder()
+    holder.me, holder.stream = holder, iterate_sync(events())
+    next(holder.stream)
+    gc.disable()
+    try:
+        del holder
+        armed.set()
+        deadline = time.monotonic() + 10
+        while not released and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        gc.enable()
+    assert released == [True]
+
+
 def test_close_before_the_first_item_is_fine() -> None:
     slow = Slow()
     stream = iterate_sync(slow.events())
