@@ -288,6 +288,25 @@ _SUPPOSITION_BEFORE = re.compile(r"\b(?i:(?:one|someone|somebody|some|many|peopl
                                  r"\s+(?:\w+\s+)?(?:think|argue|say|believe|assume|guess|pick|choose|expect|claim)"
                                  r"|(?:may|might|could|would)\s+(?:seem|appear|look)|at\s+first(?:\s+(?:glance|sight))?)"
                                  r"\b[^.?!;\n]*$")  # not a doubt: "Though some may disagree, C is the answer, but ..."
+# straight before "X is the answer", a subject other than "I"/"we" and a verb of opinion ("Many students think A is the
+# answer", "Student 1 says", "John claims that", "You'd think", "A student might think") or a hypothetical ("It looks
+# like", "tempting to say"): someone's answer, not the output's ("I think B is the answer", "I would say" state it).
+# Read as stated, it outranked the correction after it ("... The correct response is (C).") and scored a rejected letter
+_MODAL = (r"(?:would|could|might|may|can|will|should|shall|must|do|does|did|really|also|still|just|strongly|honestly"
+          r"|personally|truly|certainly|definitely|often|usually|probably|naturally|wrongly|mistakenly)")
+# not "suggests"/"shows"/"conclude": "The evidence suggests B is the answer" is the output's own reasoning
+_OPINION = (r"(?:think|thinks|say|says|claim|claims|believe|believes|argue|argues|guess|guesses|assume|assumes"
+            r"|insist|insists)")
+_ATTRIBUTED_BEFORE = re.compile(
+    rf"(?:(?<![\w'\u2019])(?!(?i:i|we|{_MODAL})(?:['\u2019][a-z]+)?\b)[A-Za-z0-9]+(?:['\u2019][a-z]+)?"
+    rf"\s+(?:(?i:{_MODAL})\s+)*(?i:{_OPINION})"
+    r"|\b(?i:(?:looks|looked|seems|seemed|appears|sounds)\s+(?:like|as\s+(?:if|though))"
+    r"|tempting\s+to\s+(?:think|say|pick|choose|assume|conclude)))"
+    r"\s+(?i:that\s+)?(?:(?i:option|choice)\s*)?\**$")
+# a turn after "X is the answer": "but", "yet", "however", "wait", "no," or "actually" in its sentence or opening the
+# next one ("B is the answer. No, wait, it's D.")
+_TURN_ON = re.compile(r"[^.?!;\n]*?(?:[.?!;]\s*)?"
+                      r"(?:\b(?i:but|yet|however|wait|actually)\b|\b(?i:no)\s*[,\u2014\u2013-])")
 
 
 def _other_called_right(text: str, pos: int, letter: str, labels: str) -> bool:
@@ -302,6 +321,26 @@ def _other_called_right(text: str, pos: int, letter: str, labels: str) -> bool:
                           rf"|better|real|actual|true|answer))\b|\b(?i:points?|pointing)\s+to\s+{other}", sentence))
 
 
+def _other_chosen(text: str, pos: int, letter: str, labels: str) -> bool:
+    """Whether the output from ``pos`` on names a letter other than ``letter`` as the choice, in any sentence: "it's
+    (actually) C", "Actually, C.", "I would pick C", "the correct one/response is (C)", "C fits", "C is correct" (not
+    "some might choose A", "D is also plausible" or "let me explain option A")."""
+    others = re.escape("".join(label for label in labels if label != letter))
+    if not others:
+        return False
+    other = rf"(?:(?i:option|choice)\s*)?\(?[{others}]\b\)?\**"
+    ends = r"\s*(?:[.!,;]|$)"  # the letter ends its clause: "it is C.", not "it is A good idea"
+    rest = text[pos:]
+    return bool(re.search(
+        rf"(?<![\w'\u2019]){other}\s+(?i:fits|works|matches|is\s+(?:the\s+)?(?:correct|right|best|better|real|actual"
+        rf"|true|answer))\b|\b(?i:points?|pointing)\s+to\s+{other}"
+        rf"|\b(?i:it['\u2019]s|it\s+is|actually|rather|instead)\W+(?i:(?:actually|really|rather)\W+)?{other}{ends}"
+        rf"|\b(?:I|[Ww]e)(?:['\u2019]d|['\u2019]ll|\s+(?i:would|will|should|must)(?:\s+rather)?)?\s+(?i:pick|choose"
+        rf"|go\s+with|select|say)\s+{other}{ends}"
+        rf"|\b(?i:(?:correct|right|real|actual|true|best)\s+(?:answer|option|choice|one|response)\s+is)\W+{other}",
+        rest))
+
+
 def _supposed(text: str, start: int, end: int, labels: str) -> bool:
     """Whether "X is correct" at ``text[start:end]`` is supposed, asked or denied rather than stated: read as the
     answer, "A is correct? No, A is wrong. Option C." and "None of A, B or C is correct. Option D ..." gave A and C.
@@ -310,6 +349,13 @@ def _supposed(text: str, start: int, end: int, labels: str) -> bool:
     letter = re.search(rf"[{re.escape(labels)}]", text[start:end])
     disowned = turn is not None and bool(_SUPPOSITION_BEFORE.search(text, 0, start) or _other_called_right(
         text, turn.end(), letter.group() if letter else "", labels))
+    if text[:end].lower().endswith("answer"):
+        # someone else's answer ("John claims A is the answer."), or one the output turns from to another letter in
+        # any later sentence ("A is the answer, but wait, let me reconsider. Actually, C.")
+        sentence_start = max(text.rfind(mark, 0, start) for mark in ".?!;\n") + 1
+        turned = _TURN_ON.match(text, end)
+        disowned = disowned or bool(_ATTRIBUTED_BEFORE.search(text[sentence_start:start])) or (
+            turned is not None and _other_chosen(text, turned.end(), letter.group() if letter else "", labels))
     return bool(_SUPPOSED_BEFORE.search(text, 0, start) or _SUPPOSED_AFTER.match(text, end) or disowned)
 
 
