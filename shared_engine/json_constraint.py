@@ -116,7 +116,7 @@ class _Rewrite:
         self.defs: Mapping[str, Any] = defs if isinstance(defs, Mapping) else {}
         self.merging: set[str] = set()  # the $ref branches being merged with a schema's own part (_branch)
         self.reading: set[str] = set()  # the $refs whose types are being read (_kinds)
-        self.counting: set[str] = set()  # the definitions whose items are being told apart (_counted_twice)
+        self.counting: set[str] = set()  # the definitions met in the reading under way (_definition_counted_twice)
         self.twice: dict[str, bool] = {}  # each definition's _counted_twice, once known
 
     def root(self, schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -249,7 +249,7 @@ class _Rewrite:
             item = self.schema(items) if isinstance(items, Mapping) else dict(_ANY)  # a list (tuples), prefixItems: any
             if item != _ANY:
                 out["items"] = item
-            if not self._counted_twice(item):
+            if not self.counting and not self._counted_twice(item):  # in a reading, see _definition_counted_twice
                 out.update({k: schema[k] for k in ("minItems", "maxItems") if isinstance(schema.get(k), int)})
             return out
         if kind != "object":
@@ -298,7 +298,15 @@ class _Rewrite:
         ``seen`` passed along was lost there, so ``children: list[Tree]`` recursed without end and the
         answer was not constrained at all. Only the top of the rewriting is read, so a definition
         met again deeper (an item's item) changes nothing; the answer of a reading begun with none
-        under way is kept, as one begun inside another may stand on that one's "not twice"."""
+        under way is kept, as one begun inside another may stand on that one's "not twice".
+
+        As only the top is read, a rewriting under way inside a reading leaves its arrays' bounds
+        out (``_typed``) rather than reading their items' definitions too, and a definition read
+        once stays in ``counting`` until the outermost reading ends (met again: not twice, as one
+        that was twice ended the reading there): otherwise each reading rewrote again every
+        definition it reached through array items, along every path, and 30 definitions linked by
+        three lists took minutes, on the event loop of every request. Each reading now rewrites
+        every definition at most once."""
         if name in self.twice:
             return self.twice[name]
         if name in self.counting:
@@ -308,7 +316,8 @@ class _Rewrite:
         try:
             twice = self._counted_twice(self.schema(self.defs[name]))
         finally:
-            self.counting.discard(name)
+            if outermost:
+                self.counting.clear()
         if outermost:
             self.twice[name] = twice
         return twice
