@@ -6,9 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +19,7 @@ from shared_engine.server import create_app
 from shared_engine.server.app import _unavailable
 from shared_engine.server.background import serve_in_background
 from tests.test_server import MODEL, USER, post, sse_payloads_iter, toy_engine
-from tests.test_server_shutdown import ROOT, SERVE, _wait_until
+from tests.test_server_shutdown import _wait_until, serving
 
 
 @pytest.fixture(scope="module")
@@ -140,23 +137,7 @@ def test_a_second_ctrl_c_exits_without_a_traceback(tmp_path: Path) -> None:
     """The second Ctrl+C (during the running stream's grace) made uvicorn skip the app's lifespan shutdown;
     the lifespan task, left waiting, was cancelled at exit and logged an 'asyncio.exceptions.CancelledError'
     traceback."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path / "serve.log"
-    with log.open("w") as out:
-        server = subprocess.Popen([sys.executable, "-c", SERVE, str(port)], cwd=ROOT, stdout=out,
-                                  stderr=subprocess.STDOUT)
-    try:
-        def up() -> bool:
-            assert server.poll() is None, log.read_text()
-            try:
-                return httpx.get(f"{url}/health", timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        _wait_until(up)
+    with serving(tmp_path) as (server, url, log):
         streamed: list[str] = []
         body = {"model": MODEL, "messages": USER, "max_tokens": 400, "stream": True}
 
@@ -175,9 +156,6 @@ def test_a_second_ctrl_c_exits_without_a_traceback(tmp_path: Path) -> None:
         server.send_signal(signal.SIGINT)
         assert server.wait(timeout=60) == 0, log.read_text()
         running.join(timeout=60)
-    finally:
-        if server.poll() is None:
-            server.kill()
     output = log.read_text()
     assert "Traceback" not in output and "CancelledError" not in output, output
     assert "Application shutdown complete." in output, output

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +53,10 @@ def _wait_until(condition: Any, timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_shutdown_answers_queued_requests_and_ends_running_streams(tmp_path: Path, sig: signal.Signals) -> None:
-    """Before: uvicorn waited its grace, then cancelled the request tasks: the stream was cut with no
-    final chunk or [DONE], the queued request got a plain-text 500, the log a CancelledError traceback
-    per request, and SIGTERM killed the process (-15)."""
+@contextmanager
+def serving(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+    """``safe-ensemble serve`` over slow toy members in a child process, up and answering ``/health``:
+    the process, its URL and its log file; killed at the end if it is still running."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -73,6 +74,18 @@ def test_shutdown_answers_queued_requests_and_ends_running_streams(tmp_path: Pat
                 return False
 
         _wait_until(up)
+        yield server, url, log
+    finally:
+        if server.poll() is None:
+            server.kill()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_shutdown_answers_queued_requests_and_ends_running_streams(tmp_path: Path, sig: signal.Signals) -> None:
+    """Before: uvicorn waited its grace, then cancelled the request tasks: the stream was cut with no
+    final chunk or [DONE], the queued request got a plain-text 500, the log a CancelledError traceback
+    per request, and SIGTERM killed the process (-15)."""
+    with serving(tmp_path) as (server, url, log):
         streamed: list[str] = []
         body = {"model": MODEL, "messages": USER, "max_tokens": 400, "stream": True}
 
@@ -91,9 +104,6 @@ def test_shutdown_answers_queued_requests_and_ends_running_streams(tmp_path: Pat
         waiter.join(timeout=60)
         running.join(timeout=60)
         assert server.wait(timeout=60) == 0, log.read_text()
-    finally:
-        if server.poll() is None:
-            server.kill()
     output = log.read_text()
     assert "Traceback" not in output and "Exception in ASGI" not in output, output
     assert queued and queued[0].status_code == 503, output
