@@ -18,19 +18,10 @@ from shared_engine.errors import InvalidRequestError
 from shared_engine.evaluation.datasets import load_arc, load_gsm8k, load_qa
 from shared_engine.members import HFMember
 from shared_engine.profile import EnsembleProfile, FitInfo
+from tests.test_calibration import SHOTS, _rows
 from tests.toy import registered_members, toy_member
 
-SHOTS = 4  # the evaluation's GSM8K prompt takes the first 4 train rows as exemplars
 RELIABLE_QUESTIONS = 20  # fewer are warned about
-
-
-def _rows(n: int) -> list[dict[str, str]]:
-    rows = []
-    for i in range(n):
-        a, b = 3 + i, 11 + 2 * i
-        rows.append({"question": f"Sofia has {a} apples and buys {b} more. How many apples does she have?",
-                     "answer": f"She has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} apples.\n#### {a + b}"})
-    return rows
 
 
 def _train(tmp_path: Path, n: int = 3) -> Path:
