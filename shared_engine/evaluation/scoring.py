@@ -298,10 +298,10 @@ _MODAL = (r"(?:would|could|might|may|can|will|should|shall|must|do|does|did|real
 _OPINION = (r"(?:think|thinks|say|says|claim|claims|believe|believes|argue|argues|guess|guesses|assume|assumes"
             r"|insist|insists)")
 _ATTRIBUTED_BEFORE = re.compile(
-    rf"(?:(?<![\w'\u2019])(?!(?i:i|we|{_MODAL})(?:['\u2019][a-z]+)?\b)[A-Za-z0-9]+(?:['\u2019][a-z]+)?"
+    rf"(?:(?<![\w'\u2019])(?:(?i:you|he|she|they|someone|somebody|some|many|most|people|person|others?|one|students?"
+    rf"|teachers?|experts?|critics?)|(?!(?i:we|i)\b)[A-Z][a-z]+|\d+)(?:['\u2019](?!s\b)[a-z]+)?"
     rf"\s+(?:(?i:{_MODAL})\s+)*(?i:{_OPINION})"
-    r"|\b(?i:(?:looks|looked|seems|seemed|appears|sounds)\s+(?:like|as\s+(?:if|though))"
-    r"|tempting\s+to\s+(?:think|say|pick|choose|assume|conclude)))"
+    r"|\b(?i:tempting\s+to\s+(?:think|say|pick|choose|assume|conclude)))"
     r"\s+(?i:that\s+)?(?:(?i:option|choice)\s*)?\**$")
 # a turn after "X is the answer": "but", "yet", "however", "wait", "no," or "actually" in its sentence or opening the
 # next one ("B is the answer. No, wait, it's D.")
@@ -331,10 +331,13 @@ def _other_chosen(text: str, pos: int, letter: str, labels: str) -> bool:
     other = rf"(?:(?i:option|choice)\s*)?\(?[{others}]\b\)?\**"
     ends = r"\s*(?:[.!,;]|$)"  # the letter ends its clause: "it is C.", not "it is A good idea"
     rest = text[pos:]
+    first = re.split(r"[.?!;\n]", rest, maxsplit=1)[0]  # "C fits" only in the turn's own sentence: not a walk-through
+    if re.search(rf"(?<![\w'\u2019]){other}\s+(?i:fits|works|matches|is\s+(?:the\s+)?(?:correct|right|best|better"
+                 rf"|real|actual|true|answer))\b(?!\s+(?i:only|of|for|in|when|if|but))|\b(?i:points?|pointing)\s+to\s+{other}",
+                 first):
+        return True
     return bool(re.search(
-        rf"(?<![\w'\u2019]){other}\s+(?i:fits|works|matches|is\s+(?:the\s+)?(?:correct|right|best|better|real|actual"
-        rf"|true|answer))\b|\b(?i:points?|pointing)\s+to\s+{other}"
-        rf"|\b(?i:it['\u2019]s|it\s+is|actually|rather|instead)\W+(?i:(?:actually|really|rather)\W+)?{other}{ends}"
+        rf"\b(?i:it['\u2019]s|it\s+is|actually|rather|instead)\W+(?i:(?:actually|really|rather)\W+)?{other}{ends}"
         rf"|\b(?:I|[Ww]e)(?:['\u2019]d|['\u2019]ll|\s+(?i:would|will|should|must)(?:\s+rather)?)?\s+(?i:pick|choose"
         rf"|go\s+with|select|say)\s+{other}{ends}"
         rf"|\b(?i:(?:correct|right|real|actual|true|best)\s+(?:answer|option|choice|one|response)\s+is)\W+{other}",
