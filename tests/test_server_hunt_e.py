@@ -209,3 +209,26 @@ def test_a_request_cancelled_by_a_forced_shutdown_is_one_line_not_a_traceback(
         else:
             with pytest.raises(asyncio.CancelledError):
                 asyncio.run(app(scope, None, None))  # type: ignore[arg-type]
+
+
+def test_a_response_cut_off_at_shutdown_is_ended() -> None:
+    """Swallowed, a cancellation left a started response open and uvicorn logged 'ASGI callable returned
+    without completing response' (review of 839ed53): the response is ended with an empty last body."""
+    from shared_engine.server.admission import Admission
+    from shared_engine.server.app import QuietForcedShutdown
+
+    async def streaming(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        raise asyncio.CancelledError
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    admission = Admission(1, 0)
+    admission.close()
+    asyncio.run(QuietForcedShutdown(streaming, admission)({"type": "http", "path": "/v1/completions"}, None, send))  # type: ignore[arg-type]
+    assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    assert len(sent) == 3

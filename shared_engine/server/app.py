@@ -19,6 +19,7 @@ queued requests with a 503, lets the running ones finish for a grace period, the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -39,7 +40,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..engine import EnsembleEngine
 from ..errors import (
@@ -340,18 +341,31 @@ class QuietForcedShutdown:
     """A request still running when a second Ctrl+C forces the server down is cancelled as the process
     exits (asyncio.run cancels what is left), and uvicorn logged that CancelledError as an 'Exception in
     ASGI application' traceback, though nothing failed: its client is cut off, as it is told to expect.
-    Once shutting down, such a cancellation ends the request with one line instead."""
+    Once shutting down, such a cancellation ends the request with one line instead, and a response already
+    started is ended (uvicorn otherwise logged 'ASGI callable returned without completing response')."""
 
     def __init__(self, app: ASGIApp, admission: Admission) -> None:
         self.app, self.admission = app, admission
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = {"started": False, "ended": False}
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                state["started"] = True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                state["ended"] = True
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, sending)
         except asyncio.CancelledError:
             if scope["type"] != "http" or not self.admission.closed:
                 raise
-            log.info("%s %s cut off: the server was forced down", scope.get("method", ""), route_path(scope))
+            log.info("%s %s cut off at shutdown", scope.get("method", ""), route_path(scope))
+            if state["started"] and not state["ended"]:
+                with contextlib.suppress(Exception):  # the connection may be gone already
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 OPEN_PATHS = frozenset({"/", "/health"})
