@@ -54,3 +54,32 @@ def test_the_models_own_answer_is_read(output: str) -> None:
 ])
 def test_someone_elses_answer_is_still_not_read(output: str, rejected: str) -> None:
     assert extract_choice(output, "ABCD") != rejected
+
+
+# --- round k (review of 1b18af1): a turn that is a sentence by itself, and its correction in the next ones ---------
+
+@pytest.mark.parametrize("output", [
+    "A is the answer, but let me reconsider. Option C is true for all mammals. So C.",
+    "A is the answer. Actually, let me recheck. Option C matches the definition exactly. So the answer should be C.",
+    "A is the answer. Wait, let me re-read the question. Option C fits better, since it mentions both factors.",
+    "B is the answer. Actually, no. Option C is true.",
+])
+def test_a_correction_after_a_turn_of_its_own_is_read(output: str) -> None:
+    assert extract_choice(output, "ABCD") == "C"  # read the stated letter at 1b18af1, C before it
+
+
+@pytest.mark.parametrize(("output", "rejected"), [
+    ("B is the answer. Actually, no. C matches the description better.", "B"),
+    ("B is the answer. But hold on. C is the better choice.", "B"),
+    ("B is the answer. Wait. C is the real answer.", "B"),
+    ("B is the answer. But wait, the question asks which is NOT a mammal. A whale is a mammal. So C fits.", "B"),
+    ("D is the answer. Actually, wait. Looking again, C is true and D is false. So C.", "D"),
+    ("A is the answer. But wait, that can't be right since A is a gas. Looking at C, C fits the description of a "
+     "liquid.", "A"),
+    ("A is the answer. But wait. The evidence points to C.", "A"),
+    ("A is the answer, but wait. C is true of all of them, so C.", "A"),
+    ("My friend says A is the answer. I say C.", "A"),
+    ("Student A thinks B is the answer.", "B"),
+])
+def test_a_letter_the_output_takes_back_is_not_credited(output: str, rejected: str) -> None:
+    assert extract_choice(output, "ABCD") != rejected

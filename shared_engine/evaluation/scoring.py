@@ -299,7 +299,8 @@ _OPINION = (r"(?:think|thinks|say|says|claim|claims|believe|believes|argue|argue
             r"|insist|insists)")
 _ATTRIBUTED_BEFORE = re.compile(
     rf"(?:(?<![\w'\u2019])(?:(?i:you|he|she|they|someone|somebody|some|many|most|people|person|others?|one|students?"
-    rf"|teachers?|experts?|critics?)|(?!(?i:we|i)\b)[A-Z][a-z]+|\d+)(?:['\u2019](?!s\b)[a-z]+)?"
+    rf"|teachers?|experts?|critics?|friends?|classmates?|partners?|colleagues?|parents?|brothers?|sisters?)"
+    rf"|(?:(?i:student|person|player|speaker)\s+[A-Z0-9])|(?!(?i:we|i)\b)[A-Z][a-z]+|\d+)(?:['\u2019](?!s\b)[a-z]+)?"
     rf"\s+(?:(?i:{_MODAL})\s+)*(?i:{_OPINION})"
     r"|\b(?i:tempting\s+to\s+(?:think|say|pick|choose|assume|conclude)))"
     r"\s+(?i:that\s+)?(?:(?i:option|choice)\s*)?\**$")
@@ -331,16 +332,22 @@ def _other_chosen(text: str, pos: int, letter: str, labels: str) -> bool:
     other = rf"(?:(?i:option|choice)\s*)?\(?[{others}]\b\)?\**"
     ends = r"\s*(?:[.!,;]|$)"  # the letter ends its clause: "it is C.", not "it is A good idea"
     rest = text[pos:]
-    first = re.split(r"[.?!;\n]", rest, maxsplit=1)[0]  # "C fits" only in the turn's own sentence: not a walk-through
-    if re.search(rf"(?<![\w'\u2019]){other}\s+(?i:fits|works|matches|is\s+(?:the\s+)?(?:correct|right|best|better"
-                 rf"|real|actual|true|answer))\b(?!\s+(?i:only|of|for|in|when|if|but))|\b(?i:points?|pointing)\s+to\s+{other}",
-                 first):
-        return True
+    # "C fits/matches/is true" in any later sentence, but not one that qualifies or rejects it (a walk-through: "C is
+    # true of mammals but not of birds", "D matches part of it but not the main idea", "C fits only ...")
+    for sentence in re.split(r"[.?!;\n]", rest):
+        if re.search(r"\b(?i:only|not|but|wrong|incorrect|out|partly|part|although|though|except)\b", sentence):
+            continue
+        if re.search(rf"(?<![\w'\u2019]){other}\s+(?i:fits|works|matches|is\s+(?:the\s+)?(?:correct|right|best|better"
+                     rf"|real|actual|true|answer))\b(?!\s+(?i:of|for|in|when|if))|\b(?i:points?|pointing)\s+to\s+{other}",
+                     sentence):
+            return True
     return bool(re.search(
         rf"\b(?i:it['\u2019]s|it\s+is|actually|rather|instead)\W+(?i:(?:actually|really|rather)\W+)?{other}{ends}"
         rf"|\b(?:I|[Ww]e)(?:['\u2019]d|['\u2019]ll|\s+(?i:would|will|should|must)(?:\s+rather)?)?\s+(?i:pick|choose"
         rf"|go\s+with|select|say)\s+{other}{ends}"
-        rf"|\b(?i:(?:correct|right|real|actual|true|best)\s+(?:answer|option|choice|one|response)\s+is)\W+{other}",
+        rf"|\b(?i:(?:correct|right|real|actual|true|best)\s+(?:answer|option|choice|one|response)\s+is)\W+{other}"
+        rf"|(?:^|[.!;:]\s*|,\s*)(?i:so|thus|therefore|hence)\W+(?:(?i:the\s+answer\s+(?:should|must|would)\s+be|it\s+is|it['\u2019]s)\W+)?{other}{ends}"
+        rf"|\b(?i:answer\s+(?:should|must|would)\s+be)\W+{other}{ends}",
         rest))
 
 
