@@ -637,8 +637,8 @@ def _partition(base: dict[str, Any], summaries: list[dict[str, Any]]) -> tuple[l
         if Path(s["dir"]).resolve() == own:
             continue
         reason = (OTHER_BENCH if s["bench"] != base["bench"] else NO_SAMPLES if not (Path(s["dir"]) / SAMPLES).is_file()
-                  else OTHER_DATA if not _same_data(base, s)
-                  else OTHER_EXEMPLARS if not _same_exemplars(base, s)
+                  else OTHER_DATA if not _same_hash(base, s, "data_sha256")
+                  else OTHER_EXEMPLARS if not _same_hash(base, s, "prompt_sha256")
                   else OTHER_QUESTIONS if not _same_questions(Path(base["dir"]), Path(s["dir"])) else None)
         if reason is None:
             same.append(s)
@@ -647,16 +647,11 @@ def _partition(base: dict[str, Any], summaries: list[dict[str, Any]]) -> tuple[l
     return same, others
 
 
-def _same_data(base: dict[str, Any], other: dict[str, Any]) -> bool:
-    """Whether two runs read the same data, where both recorded its hash (else the questions tell)."""
-    a, b = base.get("data_sha256"), other.get("data_sha256")
-    return not (a and b) or a == b
-
-
-def _same_exemplars(base: dict[str, Any], other: dict[str, Any]) -> bool:
-    """Whether two runs' prompts read the same exemplar files, where both recorded their hash: a run
-    stored before ``prompt_sha256`` was recorded still pairs with a new one over the same data."""
-    a, b = base.get("prompt_sha256"), other.get("prompt_sha256")
+def _same_hash(base: dict[str, Any], other: dict[str, Any], key: str) -> bool:
+    """Whether two runs recorded the same ``key`` hash (``data_sha256``: the data; ``prompt_sha256``: the
+    exemplar files the prompts read), where both recorded it: a run stored before a hash was recorded still
+    pairs with a new one (the questions tell)."""
+    a, b = base.get(key), other.get(key)
     return not (a and b) or a == b
 
 
