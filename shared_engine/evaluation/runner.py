@@ -139,13 +139,19 @@ def data_identity(path: Path) -> dict[str, str | None]:
     digest = hashlib.sha256()
     try:
         if resolved.is_dir():
-            for file in sorted(f for f in resolved.iterdir() if f.is_file() and not unread(Path(f.name))):
-                digest.update(file.name.encode() + b"\0" + file.read_bytes() + b"\0")
+            _hash_files(digest, resolved, resolved.iterdir())
         else:
             digest.update(resolved.read_bytes())
     except OSError:
         return {"data": str(resolved), "data_sha256": None}
     return {"data": str(resolved), "data_sha256": digest.hexdigest()}
+
+
+def _hash_files(digest: Any, folder: Path, found: Iterator[Path]) -> None:
+    """Each file of ``found`` in ``folder`` by its name there and its content, in name order, but for what no
+    loader or prompt reads (``datasets.unread``): the one way both hashes read a folder."""
+    for file in sorted(f for f in found if f.is_file() and not unread(f.relative_to(folder))):
+        digest.update(file.relative_to(folder).as_posix().encode() + b"\0" + file.read_bytes() + b"\0")
 
 
 def prompt_files(bench: Benchmark) -> list[Path]:
@@ -167,11 +173,10 @@ def prompt_identity(bench: Benchmark) -> dict[str, str | None]:
     try:
         for path in files:
             digest.update(path.name.encode() + b"\0")  # by name, not place: a moved data folder resumes
-            inner = sorted(f for f in path.rglob("*") if f.is_file() and not unread(f.relative_to(path))) \
-                if path.is_dir() else [path]
-            for file in inner:
-                name = file.relative_to(path).as_posix() if path.is_dir() else ""
-                digest.update(name.encode() + b"\0" + file.read_bytes() + b"\0")
+            if path.is_dir():
+                _hash_files(digest, path, path.rglob("*"))
+            else:
+                digest.update(b"\0" + path.read_bytes() + b"\0")
     except OSError:
         return {"prompt_sha256": None}
     return {"prompt_sha256": digest.hexdigest()}
