@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import random
 import tracemalloc
 import weakref
@@ -33,7 +32,7 @@ from langchain_ensemble import ChatEnsemble
 from llamaindex_ensemble import EnsembleLLM
 from shared_engine import EngineClosedError, EnsembleEngine
 from shared_engine.members import HFMember, load_member
-from tests.toy import registered_members, toy_member
+from tests.toy import registered_members, settle, toy_member
 
 TOYS = ("toy-bpe", "toy-sp")
 PROMPTS = ["Sofia visited Berlin", "Nina looked at the lake", "def add(a, b):", "Q: What is 3 + 4?"]
@@ -64,14 +63,6 @@ def sessions(monkeypatch: pytest.MonkeyPatch) -> weakref.WeakSet:
 
     monkeypatch.setattr(HFMember, "new_session", tracked)
     return live
-
-
-def _settle(members: list[HFMember]) -> None:
-    """Wait for forwards a cancelled request left running on worker threads, then collect."""
-    for member in members:
-        with member.lock:
-            pass
-    gc.collect()
 
 
 async def _spin() -> None:
@@ -181,11 +172,11 @@ def test_100_cancellations_free_everything_and_answers_stay_identical(
             await kinds[i % len(kinds)](rng.choice(PROMPTS), rng.randrange(0, 12))
             if i == 9:  # warmed up: caches, lazily built tables, LangChain/LlamaIndex singletons
                 await _spin()
-                _settle(toys)
+                settle(toys)
                 baseline = tracemalloc.take_snapshot().statistics("filename")
                 baseline = sum(s.size for s in baseline)
         await _spin()
-        _settle(toys)
+        settle(toys)
         end = sum(s.size for s in tracemalloc.take_snapshot().statistics("filename"))
         return baseline, end
 
@@ -194,7 +185,7 @@ def test_100_cancellations_free_everything_and_answers_stay_identical(
         baseline, end = asyncio.run(soak())
     finally:
         tracemalloc.stop()
-    _settle(toys)
+    settle(toys)
     assert engine.live_requests == 0
     assert [s for s in sessions if s.cache is not None] == [], "a cancelled request kept its KV cache"
     assert len(sessions) == 0, f"{len(sessions)} sessions still alive after 100 cancellations"
@@ -227,7 +218,7 @@ def test_concurrent_greedy_requests_match_sequential_even_next_to_cancellations(
 
     results = asyncio.run(together())
     assert results[:3 * len(PROMPTS)] == expected * 3
-    _settle(toys)
+    settle(toys)
     assert len(sessions) == 0 and engine.live_requests == 0
 
 
@@ -246,7 +237,7 @@ def test_engines_share_members_and_close_leaves_them_usable(toys: list[HFMember]
     with pytest.raises(EngineClosedError):
         first.generate(PROMPTS[0])
     assert [asyncio.run(_engine_answer(second, p)) for p in PROMPTS[:2]] == expected
-    _settle(toys)
+    settle(toys)
     assert len(sessions) == 0
 
 
@@ -286,7 +277,7 @@ def test_closing_ends_running_requests_as_cancelled(toys: list[HFMember], sessio
     assert finish.stats.tokens < 200
     assert "".join(e.text for e in events if e.type == "token") == finish.text
     assert live == 0
-    _settle(toys)
+    settle(toys)
     assert len(sessions) == 0
 
 
@@ -311,5 +302,5 @@ def test_zoo_cancellations_leave_identical_answers_and_free_sessions(sessions: w
         return [r.text for r in together]
 
     assert asyncio.run(cancel_then_answer()) == expected
-    _settle(members)
+    settle(members)
     assert engine.live_requests == 0 and len(sessions) == 0

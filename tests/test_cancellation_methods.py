@@ -24,7 +24,6 @@ At the end the same engine answers byte-identically to a fresh engine.
 from __future__ import annotations
 
 import asyncio
-import gc
 import itertools
 import random
 import weakref
@@ -36,8 +35,8 @@ import pytest
 
 from shared_engine import EnsembleEngine
 from shared_engine.members import HFMember
-from shared_engine.members.hf import HFSession, compute_thread
-from tests.toy import toy_member
+from shared_engine.members.hf import HFSession
+from tests.toy import settle, toy_member
 
 PROMPT = "Sofia visited Berlin"
 MAX_TOKENS = 6  # kept small: the file runs in seconds on a loaded CPU
@@ -103,14 +102,6 @@ def watch(monkeypatch: pytest.MonkeyPatch) -> _Watch:
     return watched
 
 
-def _settle(members: list[HFMember]) -> None:
-    """Wait for the jobs a cancelled request left on the member threads (running or still queued:
-    each thread takes its jobs in order), then collect."""
-    for member in members:
-        compute_thread(member.devices).submit(lambda: None).result()
-    gc.collect()
-
-
 async def _cancelled(engine: EnsembleEngine, watched: _Watch) -> None:
     async def consume() -> None:
         async for _event in engine.astream(PROMPT):
@@ -171,11 +162,11 @@ def test_cancelling_at_member_jobs_frees_everything_and_answers_stay_identical(
         assert len(watch.calls) <= at + 1, f"{where}: the request went on after the cancellation ({watch.calls})"
         assert watch.unclosed == set(), f"{where}: the engine left {len(watch.unclosed)} session(s) open"
         watch.consumer = None
-        _settle(toys)
+        settle(toys)
         assert engine.live_requests == 0, f"{where}: the engine still holds the request"
         assert len(watch.alive) == 0, f"{where}: {len(watch.alive)} session(s) still alive"
 
     watch.reset()
     assert engine.generate(PROMPT).text == expected
-    _settle(toys)
+    settle(toys)
     assert engine.live_requests == 0 and len(watch.alive) == 0

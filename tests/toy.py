@@ -19,6 +19,7 @@ runs once per test process; building everything takes well under five seconds on
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import random
 from collections.abc import Iterator
@@ -41,6 +42,7 @@ from transformers import (
 
 from shared_engine.members import HFMember, register_member, unregister_member
 from shared_engine.members.chat import normalize_messages
+from shared_engine.members.hf import compute_thread
 
 BYTE_LEVEL_VOCAB = 900
 METASPACE_VOCAB = 700  # includes the 256 byte-fallback pieces and 4 special tokens
@@ -253,6 +255,15 @@ def toy_member(name: str, tokenizer: str = "byte_level", arch: str = "llama", se
 def _toy_member(name: str, tokenizer: str, arch: str, seed: int) -> HFMember:
     tok = TOKENIZERS[tokenizer]()
     return HFMember(name, ARCHS[arch](tok, seed), tok)
+
+
+def settle(members: list[HFMember]) -> None:
+    """Wait for the jobs a cancelled request left on the members' compute threads (running or still
+    queued: a thread takes its jobs in order, so an empty job pushed through returns after them),
+    then collect. Waiting on a member's lock instead misses a job still queued behind it."""
+    for member in members:
+        compute_thread(member.devices).submit(lambda: None).result()
+    gc.collect()
 
 
 @contextmanager
