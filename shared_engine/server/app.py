@@ -198,7 +198,7 @@ def _validation_error(err: ValidationError, body: Any = None) -> ApiError:
 def _code_of(kind: str) -> str:
     """The OpenAI error code of a pydantic error type, for the request's and the engine's validation alike."""
     return ("missing_required_parameter" if kind == "missing" else "unknown_parameter" if kind == "extra_forbidden" else
-            "invalid_type" if kind.endswith("_type") or kind == "model_attributes_type" else "invalid_value")
+            "invalid_type" if kind.endswith("_type") else "invalid_value")
 
 
 def _openai_path(path: str) -> str:
