@@ -373,9 +373,12 @@ class EnsembleEngine:
         ``raw_prompt``: the string prompt is text the answer continues, in no chat format (OpenAI's
         completions; ``OutputOptions.raw_prompt``).
         """
-        gen, plan, messages = self._prepare(
-            messages_or_prompt, params, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
-            prefix=prefix, response_format=response_format, tool_result_hint=tool_result_hint, raw_prompt=raw_prompt)
+        # off the loop: validating the output options checks every tool's parameter schema (jsonschema,
+        # a tenth of a second and more for a tool list of nested models), and froze every other stream
+        gen, plan, messages = await asyncio.to_thread(
+            self._prepare, messages_or_prompt, params, tools=tools, tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls, prefix=prefix, response_format=response_format,
+            tool_result_hint=tool_result_hint, raw_prompt=raw_prompt)
         rejected: list[tuple[str, str]] = []
         retried: list[Stats] = []
         answer_plan = plan.answer_only()  # a retry beside offered tools answers in JSON, under the schema
@@ -498,7 +501,7 @@ class EnsembleEngine:
         the request's start does. A caller about to answer several prompts in turn checks them all
         first, so that a later prompt's error does not throw away the answers before it."""
         output = {k: params.pop(k) for k in OutputOptions.model_fields if k in params}
-        gen, plan, messages = self._prepare(messages_or_prompt, params, **output)
+        gen, plan, messages = await asyncio.to_thread(self._prepare, messages_or_prompt, params, **output)
         await self._fitted_prompt_ids(messages, plan, gen)
 
     async def _fitted_prompt_ids(self, messages: list[dict[str, Any]], plan: OutputPlan,
@@ -527,12 +530,15 @@ class EnsembleEngine:
                      gen: GenerationParams) -> tuple[RequestState, Sampler]:
         """A request's state, registered as live: members loaded, prompts rendered, sessions made."""
         members, prompt_ids, max_new_tokens = await self._fitted_prompt_ids(messages, plan, gen)
+        # AdaFuse's spans are written by every member unconstrained: its JSON is validated and retried only.
+        adafuse = self.options.method == "adafuse"
+        # Built off the loop (a schema's parser takes seconds: its patterns' automata), which on the loop
+        # thread froze every other request's stream. Before the sessions: a request cancelled meanwhile
+        # has nothing to close (the worker's parser is simply dropped).
+        constraint = await asyncio.to_thread(plan.constraint) if not adafuse else None
         records = request_members(members, self.labels, [m.new_session() for m in members], prompt_ids,
                                   self._weights(), chat_turn=not plan.raw_prompt)
         stops = tuple(gen.stop) + tuple(plan.stops)  # the members' turn stops: RequestState.every_member_writes
-        # AdaFuse's spans are written by every member unconstrained: its JSON is validated and retried only.
-        adafuse = self.options.method == "adafuse"
-        constraint = plan.constraint() if not adafuse else None
         state = RequestState(records, max_new_tokens, stop=tuple(dict.fromkeys(stops)), constraint=constraint,
                              loop_guard=gen.loop_guard, every_member_writes=adafuse)
         self._live[id(state)] = state

@@ -1,0 +1,165 @@
+"""A request's JSON constraint, and its output options' validation, are built off the event loop.
+
+Building the character-level parser of a schema (``json_constraint.start_state`` /
+``call_start_state``: its patterns' automata) took seconds for a pydantic model of ~20 nested
+models or a forced call among ~10 tools, and validating the options checks every tool's
+parameter schema (jsonschema, tenths of a second): run on the loop thread, either froze every
+other request of the engine (no token streamed meanwhile). The checks here are exact, not
+timing-based: which thread ran the work, and whether a coroutine on the loop can run while it
+does (a patched ``start_state`` waits for the loop to answer; on the loop thread it never could).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import shared_engine.engine as engine_module
+import shared_engine.tools as tools_module
+from shared_engine import EnsembleEngine
+from shared_engine.json_constraint import JsonPrefix
+from shared_engine.members import HFMember
+from shared_engine.members.hf import HFSession
+from shared_engine.tools import OutputOptions
+from tests.toy import settle, toy_member
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA}}
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]  # the toys: 512 tokens
+WAIT_S = 10.0  # how long a patched start_state waits for the loop: far beyond any thread hop
+
+
+@pytest.fixture(scope="module")
+def toys() -> list[HFMember]:
+    return [toy_member("toy-offloop-a", "byte_level"), toy_member("toy-offloop-b", "metaspace", seed=1)]
+
+
+@pytest.fixture
+def engine(toys: list[HFMember]) -> Iterator[EnsembleEngine]:
+    engine = EnsembleEngine(toys, method="safe", max_new_tokens=3)
+    yield engine
+    engine.close()
+
+
+def _recording(monkeypatch: pytest.MonkeyPatch, name: str) -> list[threading.Thread]:
+    """Patch ``tools.<name>`` (what ``OutputPlan.constraint`` calls) to record the thread it runs on."""
+    threads: list[threading.Thread] = []
+    real: Callable[..., JsonPrefix | None] = getattr(tools_module, name)
+
+    def recorded(*args: Any) -> JsonPrefix | None:
+        threads.append(threading.current_thread())
+        return real(*args)
+
+    monkeypatch.setattr(tools_module, name, recorded)
+    return threads
+
+
+async def test_schema_constraint_is_built_off_the_loop(engine: EnsembleEngine,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    threads = _recording(monkeypatch, "start_state")
+    result = await engine.agenerate("Where?", response_format=RESPONSE_FORMAT)
+    assert result.finish_reason in ("stop", "eos", "length")
+    assert threads, "the request built no constraint"
+    assert threading.current_thread() not in threads, "start_state ran on the event loop's thread"
+
+
+async def test_forced_call_constraint_is_built_off_the_loop(engine: EnsembleEngine,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    threads = _recording(monkeypatch, "call_start_state")
+    await engine.agenerate("F?", tools=TOOLS, tool_choice="required")
+    assert threads, "the request built no constraint"
+    assert threading.current_thread() not in threads, "call_start_state ran on the event loop's thread"
+
+
+async def test_output_options_are_validated_off_the_loop(engine: EnsembleEngine,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tools' parameter schemas are checked (jsonschema) where OutputOptions is validated."""
+    threads: list[threading.Thread] = []
+    real = engine_module.validated
+
+    def recorded(cls: type[Any], **values: Any) -> Any:
+        if cls is OutputOptions:
+            threads.append(threading.current_thread())
+        return real(cls, **values)
+
+    monkeypatch.setattr(engine_module, "validated", recorded)
+    await engine.agenerate("F?", tools=TOOLS, tool_choice="required")
+    await engine.acheck_fits("F?", tools=TOOLS)
+    assert len(threads) == 2
+    assert threading.current_thread() not in threads, "the output options were validated on the loop's thread"
+
+
+def _waiting_start_state(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event, list[bool]]:
+    """Patch start_state to wait, the first time, (up to WAIT_S) for ``answered``, which only a coroutine on the loop
+    sets: ``answers`` records whether it came (on the loop thread it cannot: the loop is in here).
+    ``entered`` is set once the patched start_state runs."""
+    entered, answered, answers = threading.Event(), threading.Event(), []
+    real = tools_module.start_state
+
+    def waiting(*args: Any) -> JsonPrefix | None:
+        if not entered.is_set():  # the first attempt's (a format retry builds its own: not waited on)
+            entered.set()
+            answers.append(answered.wait(WAIT_S))
+        return real(*args)
+
+    monkeypatch.setattr(tools_module, "start_state", waiting)
+    return entered, answered, answers
+
+
+async def _until(check: Callable[[], bool], what: str) -> None:
+    """Wait, polling from the loop, until ``check()`` (a worker's progress; work on the loop thread has
+    already run by the time this coroutine resumes)."""
+    for _ in range(int(WAIT_S / 0.01)):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{what} never happened")
+
+
+async def test_other_coroutines_run_while_the_constraint_is_built(engine: EnsembleEngine,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    entered, answered, answers = _waiting_start_state(monkeypatch)
+    request = asyncio.create_task(engine.agenerate("Where?", response_format=RESPONSE_FORMAT))
+    await _until(entered.is_set, "the constraint's build")
+    answered.set()  # the loop runs while the constraint is being built
+    await request
+    assert answers == [True], "the event loop was blocked while the constraint was built"
+
+
+async def test_cancelled_while_building_leaves_nothing(engine: EnsembleEngine, toys: list[HFMember],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cancelled while its constraint is built: the request ends at once, opened no session (or closed
+    it), holds no live state, and the engine answers the next request."""
+    opened: list[HFSession] = []
+    closed: list[HFSession] = []
+    new_session, close = HFMember.new_session, HFSession.close
+
+    def tracked_session(self: HFMember) -> Any:
+        session = new_session(self)
+        opened.append(session)
+        return session
+
+    def tracked_close(self: HFSession) -> None:
+        closed.append(self)
+        close(self)
+
+    monkeypatch.setattr(HFMember, "new_session", tracked_session)
+    monkeypatch.setattr(HFSession, "close", tracked_close)
+    entered, answered, answers = _waiting_start_state(monkeypatch)
+    request = asyncio.create_task(engine.agenerate("Where?", response_format=RESPONSE_FORMAT))
+    await _until(entered.is_set, "the constraint's build")
+    request.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    answered.set()  # the worker ends; its constraint is dropped
+    await _until(lambda: bool(answers), "the end of the worker's wait")
+    assert answers == [True], "the event loop was blocked while the constraint was built"
+    assert all(session in closed for session in opened), "a cancelled request left a session open"
+    assert engine.live_requests == 0 and engine._starting == 0
+    settle(toys)
+    result = await engine.agenerate("Where?", response_format=RESPONSE_FORMAT)
+    assert result.finish_reason in ("stop", "eos", "length")
