@@ -28,8 +28,12 @@ class TokenEvent(_Event):
     type: Literal["token"] = "token"
     text: str = Field(description="Text delta (complete UTF-8 characters only).")
     source: Literal["draft", "ensemble", "prefix"] = Field(
-        description="'draft': a drafted token accepted as is; 'ensemble': chosen by fusion; 'prefix': "
-                    "the answer prefix the caller gave (prefill), which the members continued.")
+        description="'draft': a drafted token kept as is, including where fusion ran and kept it; "
+                    "'ensemble': fusion changed the drafted token here (AdaFuse: a span the members voted "
+                    "on); 'prefix': the answer prefix the caller gave (prefill), which the members "
+                    "continued. Where fusion ran is counted by the stats' ensembled_tokens and shown by the "
+                    "'ensemble' events (every-token fuses every position, yet its tokens read 'draft' "
+                    "wherever fusion kept the draft).")
     position: int = Field(description="Index of this token in the answer (drafter tokens).")
 
 
