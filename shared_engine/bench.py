@@ -134,7 +134,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                             "gsm8k/test.jsonl, else the GSM8K sample shipped in the package); for a benchmark, "
                             "its file or the data folder (as eval's --data)")
     bench.add_argument("--methods", type=_method_list, default="single,safe,every-token,adafuse",
-                       help="comma-separated; an entry may change engine flags for itself, e.g. "
+                       help="comma-separated (default: %(default)s); an entry may change engine flags for itself, e.g. "
                             "safe:draft-schedule=adaptive, and is then compared with its method (vs_safe, "
                             "same_answers_as_safe); a flag's value may hold commas (safe:weights=2,1). With "
                             "--drafter auto, single runs the first member")
@@ -154,7 +154,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         args.json = str(Path(args.json).expanduser())  # --json=~/x.json: no shell expands ~ after '='
         check_output_file(Path(args.json), "--json", "results'")
-    results = run_bench(args)
+    try:
+        results = run_bench(args)
+    except KeyboardInterrupt:  # before every method answered a prompt: it exited 130 without a word
+        print(f"interrupted before every method answered a prompt: nothing measured"
+              f"{f', nothing written to {args.json}' if args.json else ''}", file=sys.stderr)
+        return 130
     text = json.dumps(results, indent=2)
     print(text, flush=True)
     if args.json:

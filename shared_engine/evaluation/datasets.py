@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from itertools import zip_longest
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -45,6 +45,39 @@ class Record(BaseModel):
     choices: list[Choice] = Field(default_factory=list, description="Multiple choice options, labelled A, B, ...")
     group: str | None = Field(None, description="Subject (MMLU-Redux), task (BBH), subject (MATH-500).")
     solution: str | None = Field(None, description="Worked solution where the file has one.")
+
+
+class Layout(NamedTuple):
+    """Where a benchmark's data lies in the data folder and what else ``--data`` may name, for the error
+    that a ``--data`` holding none of it gets (``/tmp`` said "benchmark file not found: /tmp")."""
+
+    inside: str  # the file (or files) in the data folder: "gsm8k/test.jsonl", "bbh/*.json"
+    kind: str    # a file that may be given instead: "a GSM8K .jsonl file"
+
+    def hint(self) -> str:
+        return f"--data takes the data folder, the {self.inside.split('/')[0]} folder or {self.kind}"
+
+
+LAYOUTS = {
+    "gsm8k": Layout("gsm8k/test.jsonl", "a GSM8K .jsonl file"),
+    "math500": Layout("math500/test.jsonl", "a MATH-500 .jsonl file"),
+    "arc-challenge": Layout("arc_challenge/test.jsonl", "an ARC .jsonl file"),
+    "mmlu-redux": Layout("mmlu_redux/*.csv", "one subject's MMLU-Redux .csv file"),
+    "bbh": Layout("bbh/*.json", "one BBH task's .json file"),
+    "nq": Layout("nq_open/test.jsonl", "an NQ-open .jsonl file"),
+    "triviaqa": Layout("triviaqa/test.jsonl", "a TriviaQA .jsonl file"),
+    "squad": Layout("squad/test.jsonl", "a SQuAD .jsonl file"),
+}
+"""As ``benchmarks.get_benchmark`` looks for them (FLORES: ``flores_layout``)."""
+
+
+def flores_layout(pair: str) -> Layout:
+    return Layout(f"flores/{pair}.jsonl", f"a FLORES {pair}.jsonl file")
+
+
+class RowError(InvalidRequestError):
+    """A row holding the expected keys whose content is no record of this benchmark (a GSM8K answer
+    without ``####``): ``_row_shape`` names the file and row, which the loader knows and the check not."""
 
 
 class Dataset(BaseModel):
@@ -97,7 +130,7 @@ def _utf8_lines(lines: Iterator[str], path: Path) -> Iterator[str]:
         raise InvalidRequestError(f"{path} is not UTF-8 text (benchmark files are UTF-8 JSON lines)") from None
 
 
-def _rows(path: Path, keys: tuple[str, ...], skipped: Counter[str],
+def _rows(path: Path, keys: tuple[str, ...], skipped: Counter[str], layout: Layout,
           strict: bool = True) -> Iterator[tuple[int, dict[str, Any]]]:
     """Numbered JSON rows holding ``keys``; an error if the file has none (not this format). ``strict`` (a
     file with no cut records: GSM8K, MATH-500, ARC, FLORES) refuses a malformed line once the file is read,
@@ -106,7 +139,7 @@ def _rows(path: Path, keys: tuple[str, ...], skipped: Counter[str],
     strict (the open-QA files, TriviaQA's cut record): skipped and counted, as the eval report shows."""
     count = 0
     malformed: list[tuple[int, str]] = []
-    for row in _jsonl(_need_file(path), skipped, malformed):
+    for row in _jsonl(_need_file(path, layout), skipped, malformed):
         if not isinstance(row, dict) or any(k not in row for k in keys):
             skipped["missing fields"] += 1
             continue
@@ -124,18 +157,31 @@ def _rows(path: Path, keys: tuple[str, ...], skipped: Counter[str],
 def _row_shape(where: str) -> Iterator[None]:
     """A row that holds the expected keys with the wrong shape inside (an ARC option without its
     ``label``, a number where the question's text goes) is an error naming its file and row: it was
-    a KeyError/TypeError/ValidationError traceback out of ``eval`` and ``calibrate``."""
+    a KeyError/TypeError/ValidationError traceback out of ``eval`` and ``calibrate``. A ``RowError`` (a
+    check that knows no row) gets the same prefix."""
     try:
         yield
+    except RowError as err:
+        raise InvalidRequestError(f"{where}: {err}") from None
     except (KeyError, IndexError, TypeError, AttributeError, ValidationError) as err:
         detail = f"no {err}" if isinstance(err, KeyError) else str(err).splitlines()[0]
         raise InvalidRequestError(f"{where}: a row of the wrong shape ({type(err).__name__}: {detail})") from None
 
 
-def _need_file(path: Path) -> Path:
+def _need_file(path: Path, layout: Layout) -> Path:
+    """``path`` if it is a file; else an error saying what was looked for and what ``--data`` takes."""
+    if path.is_dir():
+        _no_data(path, layout)
     if not path.is_file():
-        raise InvalidRequestError(f"benchmark file not found: {path}")
+        raise InvalidRequestError(f"benchmark file not found: {path} ({layout.hint()})")
     return path
+
+
+def _no_data(folder: Path, layout: Layout) -> NoReturn:
+    """A folder holding none of the benchmark's files (``get_benchmark`` looked in it for ``layout.inside``
+    and for its last part): it said "benchmark file not found: /tmp" of a folder that exists."""
+    raise InvalidRequestError(f"{folder}: a folder, but it holds neither {layout.inside} nor "
+                              f"{Path(layout.inside).name} ({layout.hint()})")
 
 
 # --- GSM8K ---------------------------------------------------------------------------------------
@@ -143,13 +189,13 @@ def _need_file(path: Path) -> Path:
 def gsm8k_final_answer(solution: str) -> str:
     """The number after ``####`` in a GSM8K worked solution, without thousands separators."""
     if "####" not in solution:
-        raise InvalidRequestError(f"GSM8K solution without '####': {solution[-80:]!r}")
+        raise RowError(f"GSM8K solution without '####': {solution[-80:]!r} (is this a GSM8K file?)")
     return solution.rsplit("####", 1)[1].strip().replace(",", "")
 
 
 def load_gsm8k(path: Path) -> Dataset:
     records, skipped = [], Counter[str]()
-    for i, row in _rows(path, ("question", "answer"), skipped):
+    for i, row in _rows(path, ("question", "answer"), skipped, LAYOUTS["gsm8k"]):
         with _row_shape(f"{path} row {i}"):
             records.append(Record(id=str(i), question=row["question"], answers=[gsm8k_final_answer(row["answer"])],
                                   solution=row["answer"]))
@@ -160,7 +206,7 @@ def load_gsm8k(path: Path) -> Dataset:
 
 def load_math500(path: Path) -> Dataset:
     records, skipped = [], Counter[str]()
-    for i, row in _rows(path, ("problem", "answer"), skipped):
+    for i, row in _rows(path, ("problem", "answer"), skipped, LAYOUTS["math500"]):
         with _row_shape(f"{path} row {i}"):
             records.append(Record(id=row.get("unique_id") or str(i), question=row["problem"],
                                   answers=[row["answer"]], group=row.get("subject"), solution=row.get("solution")))
@@ -184,7 +230,7 @@ def _arc_label(label: str, where: str) -> str:
 def load_arc(path: Path) -> Dataset:
     """Both schemas: the re-keyed test file (``options``, ``answer``) and AI2's own (``question.stem``)."""
     records, skipped = [], Counter[str]()
-    for i, row in _rows(path, ("question",), skipped):
+    for i, row in _rows(path, ("question",), skipped, LAYOUTS["arc-challenge"]):
         with _row_shape(f"{path} row {i}"):
             if isinstance(row["question"], dict) and "answerKey" in row:  # AI2 schema (dev split)
                 stem, options, answer = row["question"]["stem"], row["question"]["choices"], row["answerKey"]
@@ -262,9 +308,9 @@ def _folder_files(folder: Path, pattern: str) -> list[Path]:
 def load_mmlu_redux(path: Path) -> Dataset:
     """One subject CSV, or a folder of them (records interleaved across subjects, so ``--limit``
     samples every subject)."""
-    files = _folder_files(path, "*.csv") if path.is_dir() else [_need_file(path)]
+    files = _folder_files(path, "*.csv") if path.is_dir() else [_need_file(path, LAYOUTS["mmlu-redux"])]
     if not files:
-        raise InvalidRequestError(f"no MMLU-Redux .csv files in {path}")
+        _no_data(path, LAYOUTS["mmlu-redux"])
     skipped: Counter[str] = Counter()
     per_subject: list[list[Record]] = []
     for file in files:
@@ -296,9 +342,9 @@ def _interleave(groups: list[list[Record]]) -> list[Record]:
 
 def load_bbh(path: Path) -> Dataset:
     """One task JSON, or the folder of them (records interleaved across tasks)."""
-    files = _folder_files(path, "*.json") if path.is_dir() else [_need_file(path)]
+    files = _folder_files(path, "*.json") if path.is_dir() else [_need_file(path, LAYOUTS["bbh"])]
     if not files:
-        raise InvalidRequestError(f"no BBH task .json files in {path}")
+        _no_data(path, LAYOUTS["bbh"])
     per_task, skipped = [], Counter[str]()
     for file in files:
         try:
@@ -347,7 +393,8 @@ QA_NO_ALIAS = "no alias left once normalised"
 def load_qa(path: Path, name: str) -> Dataset:
     """NQ-open, TriviaQA, SQuAD: ``question`` and ``answer`` (one string or a list of aliases)."""
     records, skipped = [], Counter[str]()
-    for i, row in _rows(path, ("question", "answer"), skipped, strict=False):  # TriviaQA's cut record
+    layout = LAYOUTS.get(name) or Layout(f"{name}/test.jsonl", "an open-QA .jsonl file")  # a name not registered
+    for i, row in _rows(path, ("question", "answer"), skipped, layout, strict=False):  # TriviaQA's cut record
         answers = row["answer"] if isinstance(row["answer"], list) else [row["answer"]]
         if not usable_aliases([str(a) for a in answers]):
             skipped[QA_NO_ALIAS] += 1  # e.g. NQ's "---": only an empty answer would match it
@@ -359,7 +406,7 @@ def load_qa(path: Path, name: str) -> Dataset:
 
 def load_flores(path: Path, pair: str) -> Dataset:
     records, skipped = [], Counter[str]()
-    for i, row in _rows(path, ("question", "answer"), skipped):
+    for i, row in _rows(path, ("question", "answer"), skipped, flores_layout(pair)):
         if not isinstance(row["question"], str) or not isinstance(row["answer"], str):
             raise InvalidRequestError(f"{path} row {i}: not a FLORES file (a 'question' and an 'answer' "
                                       "sentence per row; an answer list is open QA's)")
