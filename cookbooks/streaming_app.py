@@ -76,7 +76,7 @@ def with_openai(base_url: str, model: str, max_tokens: int) -> None:
     print(f"[openai] finish={completion.choices[0].finish_reason} usage={completion.usage.total_tokens} tokens, "
           f"ensemble rate {stats['ensemble_rate']:.0%}")
 
-    # Streamed: text arrives chunk by chunk; [brackets] mark text chosen by fusion.
+    # Streamed: text arrives chunk by chunk; [brackets] mark text fusion chose over the drafter's token.
     stream = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=max_tokens, temperature=0,
         stream=True, stream_options={"include_usage": True})

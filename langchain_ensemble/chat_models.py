@@ -94,7 +94,7 @@ from shared_engine.events import Event, FinishEvent
 from shared_engine.members import member_config
 from shared_engine.members.chat import join_text_parts
 from shared_engine.members.remote import load_tokenizer
-from shared_engine.options import Method, _name_hint, copy_unsetting, unset_field, validated
+from shared_engine.options import Method, copy_unsetting, name_hint, unset_field, validated
 from shared_engine.profile import profile_digest
 from shared_engine.tools import ANSWER_CUT, forced_tool
 from shared_engine.zoo import ZOO
@@ -358,7 +358,7 @@ class ChatEnsemble(BaseChatModel):
         if unknown:  # a misspelt option would otherwise be dropped without a word
             # the hint EnsembleEngine, EnsembleLLM and --members give ("draft_lenght" had none here)
             accepted = sorted(known | _ENGINE_OPTION_KEYS | MemberDefaults.model_fields.keys())
-            found = {name: hint for name in unknown if (hint := _name_hint(name, accepted))}
+            found = {name: hint for name in unknown if (hint := name_hint(name, accepted))}
             hints = "".join(found.values()) if len(unknown) == 1 else "".join(f"; {n}{h}" for n, h in found.items())
             raise ValueError(f"unknown arguments {unknown}: not a ChatEnsemble field, engine option "
                              f"or member option{hints}")

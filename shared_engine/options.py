@@ -361,10 +361,10 @@ def _unknown_name_hint(model: type[BaseModel], loc: tuple[int | str, ...]) -> st
     owner, name = _nested_model(model, loc[:-1]), loc[-1]
     if owner is None or not isinstance(name, str):
         return ""
-    return _name_hint(name, list(owner.model_fields), per_request=owner is GenerationParams)
+    return name_hint(name, list(owner.model_fields), per_request=owner is GenerationParams)
 
 
-def _name_hint(name: str, accepted: Sequence[str], per_request: bool = False) -> str:
+def name_hint(name: str, accepted: Sequence[str], per_request: bool = False) -> str:
     """The hint for an unknown ``name`` among ``accepted``: the name meant (another API's name for
     it, or a close spelling), or where an engine option given per request goes; or nothing."""
     if per_request and name in EngineOptions.model_fields:
@@ -384,7 +384,7 @@ def check_request_keywords(params: Iterable[str], keywords: Sequence[str], calle
     unknown = [name for name in params if name not in accepted]
     if not unknown:
         return
-    problems = "; ".join(f"{name}: Extra inputs are not permitted{_name_hint(name, accepted, per_request=True)}"
+    problems = "; ".join(f"{name}: Extra inputs are not permitted{name_hint(name, accepted, per_request=True)}"
                          for name in unknown)
     raise InvalidRequestError(f"invalid parameters: {problems}; accepted keywords of {caller}: {', '.join(accepted)}")
 

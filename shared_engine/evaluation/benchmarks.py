@@ -25,8 +25,8 @@ BENCHMARKS = ("gsm8k", "math500", "arc-challenge", "mmlu-redux", "bbh", "nq", "t
 FLORES_PAIRS = ("en-de", "de-en", "en-ro")
 _FLORES_PROMPTS = {"en-de": "flores_en2deu_prompt.txt", "de-en": "flores_deu2en_prompt.txt",
                    "en-ro": "flores_en2ron_prompt.txt"}
-_QA = {"nq": ("nq_open/test.jsonl", "nq_prompt.txt"), "triviaqa": ("triviaqa/test.jsonl", "triviaqa_prompt.txt"),
-       "squad": ("squad/test.jsonl", "squad_prompt.txt")}
+_QA = {"nq": "nq_prompt.txt", "triviaqa": "triviaqa_prompt.txt", "squad": "squad_prompt.txt"}
+"""Each open-QA benchmark's few-shot prompt file (its data: ``datasets.LAYOUTS``)."""
 
 
 @dataclass(frozen=True)
@@ -160,33 +160,33 @@ def flores_pair(data: str | None, pair: str | None) -> str:
 
 def get_benchmark(name: str, data: str | None = None, pair: str | None = None) -> Benchmark:
     if name == "gsm8k":
-        path = _main_path(data, "gsm8k/test.jsonl")
+        path = _main_path(data, datasets.LAYOUTS["gsm8k"].inside)
         train = _aux(path, "train.jsonl", "gsm8k/train.jsonl")
         return Benchmark(name, path, "accuracy", 512, datasets.load_gsm8k,
                          partial(prompts.gsm8k_messages, train_file=train),
                          lambda out, r: scoring.score_number(out, r.answers[0]), stop=("\nQuestion:",),
                          exemplars=train)
     if name == "math500":
-        path = _main_path(data, "math500/test.jsonl")
+        path = _main_path(data, datasets.LAYOUTS["math500"].inside)
         return Benchmark(name, path, "accuracy", 1024, datasets.load_math500, prompts.math_messages,
                          lambda out, r: score_math(out, r.answers[0]))
     if name == "arc-challenge":
-        path = _main_path(data, "arc_challenge/test.jsonl")
+        path = _main_path(data, datasets.LAYOUTS["arc-challenge"].inside)
         dev = _aux(path, "dev.jsonl", "arc_challenge/dev.jsonl")
         return Benchmark(name, path, "accuracy", 128, datasets.load_arc,
                          partial(prompts.arc_messages, dev_file=dev), _choice_score, exemplars=dev)
     if name == "mmlu-redux":
-        path = _main_path(data, "mmlu_redux")
+        path = _main_path(data, datasets.LAYOUTS["mmlu-redux"].folder)
         return Benchmark(name, path, "accuracy", 384, datasets.load_mmlu_redux, prompts.mmlu_messages, _choice_score)
     if name == "bbh":
-        path = _main_path(data, "bbh")
+        path = _main_path(data, datasets.LAYOUTS["bbh"].folder)
         cot = _aux(path, "cot-prompts", "bbh/cot-prompts")
         return Benchmark(name, path, "accuracy", 384, datasets.load_bbh, partial(prompts.bbh_messages, cot_dir=cot),
                          lambda out, r: scoring.score_bbh(out, r.answers[0]), stop=("\nQ:",),
                          prompt_sources=(cot,))
     if name in _QA:
-        relative, prompt_name = _QA[name]
-        path = _main_path(data, relative)
+        prompt_name = _QA[name]
+        path = _main_path(data, datasets.LAYOUTS[name].inside)
         prompt = _aux(path, f"../prompts/adafuse/{prompt_name}", f"prompts/adafuse/{prompt_name}")
         return Benchmark(name, path, "exact_match", 32, partial(datasets.load_qa, name=name),
                          partial(prompts.qa_messages, prompt_file=prompt),
@@ -196,7 +196,7 @@ def get_benchmark(name: str, data: str | None = None, pair: str | None = None) -
         pair = flores_pair(data, pair)
         if pair not in FLORES_PAIRS:
             raise InvalidRequestError(f"unknown FLORES pair {pair!r}; choose one of {FLORES_PAIRS}")
-        path = _main_path(data, f"flores/{pair}.jsonl")
+        path = _main_path(data, datasets.flores_layout(pair).inside)
         if path.is_dir():
             path = path / f"{pair}.jsonl"
         prompt = _aux(path, f"../prompts/adafuse/{_FLORES_PROMPTS[pair]}", f"prompts/adafuse/{_FLORES_PROMPTS[pair]}")

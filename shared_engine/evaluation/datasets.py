@@ -54,8 +54,13 @@ class Layout(NamedTuple):
     inside: str  # the file (or files) in the data folder: "gsm8k/test.jsonl", "bbh/*.json"
     kind: str    # a file that may be given instead: "a GSM8K .jsonl file"
 
+    @property
+    def folder(self) -> str:
+        """The benchmark's folder in the data folder ("gsm8k", "bbh")."""
+        return self.inside.split("/")[0]
+
     def hint(self) -> str:
-        return f"--data takes the data folder, the {self.inside.split('/')[0]} folder or {self.kind}"
+        return f"--data takes the data folder, the {self.folder} folder or {self.kind}"
 
 
 LAYOUTS = {

@@ -480,8 +480,9 @@ class EnsembleDelta(BaseModel):
     lists decisions only)."""
 
     source: Literal["draft", "ensemble", "prefix"] | None = Field(
-        None, description="'ensemble': this text was chosen by fusion (a fused token or a voted "
-                          "span) over the drafter's own continuation.")
+        None, description="'ensemble': fusion chose this text over the drafter's own continuation "
+                          "(a fused token that changed the draft, or a voted span); a fused position "
+                          "that kept the drafted token reads 'draft'.")
     position: int | None = Field(None, description="Answer position (drafter tokens) of this text.")
     span: int | None = Field(None, description="AdaFuse: position of the span decision this text "
                                                "belongs to (listed or not).")
