@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
+from collections.abc import Mapping
 from fractions import Fraction
 
 from pydantic import BaseModel, ConfigDict
@@ -387,7 +388,61 @@ def _denied_letters(output: str, labels: str) -> set[str]:
     return denied
 
 
-def extract_choice(output: str, labels: str) -> str | None:
+# an "Option X" / "Choice (X)" mention that labels an item being analysed, not a choice: followed by a colon or a dash
+# ("Option (A): ...", "**Option D**: ...", "Option B - ..."), or by "has"/"says"/... ("Option (A) has the order ..."),
+# or heading a list item ("- Option C ..."). Read as the last 'option X', an output cut off mid walk-through ("...
+# The adjective order that Option (A) has is [5. color") gave the option it was analysing
+_LABEL_AFTER = re.compile(r"[)*]*\s*(?::|[-\u2013\u2014]+\s)|\)?\**\s+(?i:has|have|had|says|states|reads|contains"
+                          r"|describes|lists|shows|gives|uses|would\s+(?:mean|give|be))\b")
+_ITEM_START = re.compile(r"(?:^|\n)[^\S\n]*(?:[-+\u2022]|\*(?=\s)|\d+[.)])[^\S\n]*\**[^\S\n]*$")
+# what makes a labelled item a conclusion, in that item's own text: "This is the most likely attribution", "This option
+# is correct", "It is the best answer" (not "not the most likely", "incorrect", "the least likely")
+_ITEM_CONCLUDES = re.compile(r"\b(?i:this|it|which)(?:\s+(?i:option|choice|one))?\s+(?i:is)\s+"
+                             r"(?:(?i:the|clearly|therefore|thus)\s+)*"
+                             r"(?i:correct|right|best|most\s+(?:likely|plausible|accurate|appropriate)|answer)\b")
+# a conclusion leading the mention in its line ("Therefore, Option B: ...", "I choose Option (C):"): a choice
+_CONCLUDING_BEFORE = re.compile(r"\b(?i:so|therefore|thus|hence|finally|choose|pick|select|go\s+with|answer)\b"
+                                r"[^\w\n]*$")
+
+_OPTION_WORD_BEFORE = re.compile(r"(?i:\b(?:option|choice))\s*$")
+
+
+def _labels_item(text: str, start: int, end: int) -> bool:
+    """Whether the "option X" mention at ``text[start:end]`` (``end`` after its letter) labels an item being analysed
+    (see _LABEL_AFTER) rather than naming a choice, and its item does not call it right ("- **Option D**: ... This is
+    the most likely attribution." states D)."""
+    if not (_LABEL_AFTER.match(text, end) or _ITEM_START.search(text, 0, start)):
+        return False
+    if _CONCLUDING_BEFORE.search(text, 0, start):
+        return False
+    next_item = r"\n\s*\n|\n[^\S\n]*(?:[-+\u2022*]|\d+[.)])?[^\S\n]*\**(?i:option|choice)\b"
+    item = re.split(next_item, text[end:], maxsplit=1)[0]
+    return not _ITEM_CONCLUDES.search(item)
+
+
+def _letter_end(text: str, end: int) -> int:
+    """Past a cue's letter's closing bracket, quote or bold ("(D)", "**D**", "'D'")."""
+    closing = re.match(r"[\s*]*[)\]\"'`\u2019\u201d]?\**", text[end:])
+    return end + (closing.end() if closing else 0)
+
+
+def _normalised(text: str) -> str:
+    """An option's text for comparison: case, punctuation and spacing aside."""
+    return " ".join("".join(ch for ch in text.lower() if ch.isalnum() or ch.isspace()).split())
+
+
+def _text_of_other(text: str, end: int, letter: str, options: Mapping[str, str]) -> bool:
+    """Whether what follows a cue's letter (its line, or that line's first sentence) is another option's text word for
+    word and not the letter's own: "The answer is (D) They have each lost the same amount of potential energy.", that
+    being option C's text, contradicts itself (read as D, it scored right where D was the key)."""
+    line = text[end:].split("\n", 1)[0]
+    said = {_normalised(line), _normalised(re.split(r"\.(?=\s|$)", line, maxsplit=1)[0])} - {""}
+    own = _normalised(options.get(letter, ""))
+    others = {_normalised(body) for label, body in options.items() if label != letter} - {"", own}
+    return own not in said and bool(said & others)
+
+
+def extract_choice(output: str, labels: str, options: Mapping[str, str] | None = None) -> str | None:
     """The chosen option letter among ``labels`` (capital letters only, but for one in parentheses or a
     box after a cue: "a" is an article). The last explicit cue by position wins ('answer is (X)',
     'Answer: X', '\\boxed{X}', 'the correct choice is X'), so a final answer beats an earlier one
@@ -398,18 +453,25 @@ def extract_choice(output: str, labels: str) -> str | None:
     names only that letter, or a conclusion leads it ("Therefore (C).": not a walk-through of the options). No
     fallback reads a letter a denial names ("The answer is not (A), since ..." is no answer, "not (A) but (B)" is B).
     A hedge there ("The answer is A or B.", "either B or D") is no answer: read as its first letter, it scored right
-    whenever that letter was the key."""
+    whenever that letter was the key. A cue's letter cut off before its ')' at the output's end ("The answer is (B",
+    at the token cap) is that letter. An 'option X' that labels an item being analysed ("Option (A): ...",
+    "**Option D**: ...", "Option (A) has ...") is no choice unless its item calls it right. Given the ``options``'
+    texts (label -> text), a cue's letter followed by another option's text word for word ("The answer is (D) <C's
+    text>") contradicts itself: no answer."""
     set_ = re.escape(labels)
     low = re.escape(labels.lower())
     # the letter after a cue: "X", "(X)", "(x)", "**X**", "option X", "either X (or Y)"; in quotes, square brackets or
     # backticks ('"B"', "'B'", "[B]", "`B`": no answer before)
     letter = (rf"[\s*]*(?:(?i:either|both)\s+)?(?:(?i:option|choice)\s*)?(?:\(\s*([{set_}{low}])\s*\)|([{set_}])\b"
-              rf"|[\"'`\[\u2018\u201c]\s*([{set_}{low}])\s*[\"'`\]\u2019\u201d])")
+              rf"|[\"'`\[\u2018\u201c]\s*([{set_}{low}])\s*[\"'`\]\u2019\u201d]|\(\s*([{set_}{low}])[\s*]*\Z)")
     cues = [rf"(?i:(?:answer|choice|option)\s+is)\s*:?{letter}", rf"(?i:answer)\**\s*:{letter}",
             rf"\\boxed\{{\s*(?:\\text\{{)?\(?([{set_}{low}])\)?\}}?\s*\}}"]
     found = [(m.start(), m.span(g)) for pattern in cues for m in re.finditer(pattern, output)
              for g in range(1, len(m.groups()) + 1) if m.group(g)]
     span: tuple[int, int] | None = max(found)[1] if found else None
+    if span is not None and options and _text_of_other(
+            output, _letter_end(output, span[1]), output[span[0]:span[1]].upper(), options):
+        return None
     # a letter a denial names is no answer for the fallbacks below ("The answer is not (A), since x." read A)
     denied = _denied_letters(output, labels) if span is None else set()
     if span is None:
@@ -433,23 +495,27 @@ def extract_choice(output: str, labels: str) -> str | None:
         span = named[-1].span(1) if named else None
     if span is None:
         named = [m for m in re.finditer(rf"(?i:\b(?:option|choice))\s*\(?([{set_}])\b", output)
-                 if m.group(1) not in denied]
+                 if m.group(1) not in denied and not _labels_item(output, m.start(), m.end())]
         span = named[-1].span(1) if named else None
     if span is None:
         # only where the output names a single option in bare "(X)" form: a walk-through of "(A) ... (D) ..." (or one
         # cut off on its way) is no answer, not the last option it reached
-        bare = [m for m in re.finditer(rf"\(([{set_}])\)", output) if m.group(1) not in denied]
+        # nor an "Option (A)" that labels an item being analysed ("Option (A): ...", "the order Option (A) has is")
+        # (a label's letter counts as named: "(A) does not have it. Option (B): ..." names two)
+        every = [m for m in re.finditer(rf"\(([{set_}])\)", output) if m.group(1) not in denied]
+        bare = [m for m in every if not (_OPTION_WORD_BEFORE.search(output, 0, m.start())
+                                         and _labels_item(output, m.start(), m.end(1)))]
         # or where a conclusion leads the last one ("We eliminate (A) and (D). ... Therefore (C).")
         concluded = bool(bare) and bool(re.search(
             r"\b(?i:therefore|thus|hence|so|final\w*|should\s+be|must\s+be|would\s+be)\W*$", output[:bare[-1].start()]))
-        span = bare[-1].span(1) if bare and (len({m.group(1) for m in bare}) == 1 or concluded) else None
+        span = bare[-1].span(1) if bare and (len({m.group(1) for m in every}) == 1 or concluded) else None
     if span is None or _hedged(output, *span, labels):
         return None
     return output[span[0]:span[1]].upper()
 
 
-def score_choice(output: str, gold: str, labels: str) -> Score:
-    extracted = extract_choice(output, labels)
+def score_choice(output: str, gold: str, labels: str, options: Mapping[str, str] | None = None) -> Score:
+    extracted = extract_choice(output, labels, options)
     correct = extracted == gold
     return Score(extracted=extracted, correct=correct, value=float(correct))
 
@@ -543,6 +609,9 @@ def score_bbh(output: str, gold: str) -> Score:
         first = re.search(r"\(([A-Ra-r])\)", stated or "")  # "(e)" too: in brackets a small letter is no article
         if first and stated is not None:  # "So the answer is (A) or (B)." is a hedge, no answer
             extracted = None if _hedged(stated, *first.span(1), "ABCDEFGHIJKLMNOPQR") else first.group(1).upper()
+        elif (cut := re.fullmatch(r"[\s*]*\(\s*([A-Ra-r])[\s*]*", stated or "")) and output.rstrip().endswith(
+                (stated or "").rstrip()):
+            extracted = cut.group(1).upper()  # "So the answer is (B" cut at the token cap before its ')'
         else:
             # a letter in quotes or backticks ('So the answer is "B".') is that letter
             extracted = extract_choice(_unwrapped(stated) if stated else output, "ABCDEFGHIJKLMNOPQR")
