@@ -88,3 +88,25 @@ def test_an_unclosed_letter_not_at_the_end_is_not_read() -> None:
 
 def test_bbh_reads_a_cue_letter_cut_off_before_its_bracket() -> None:
     assert score_bbh("Let's think step by step. So the answer is (B", "(B)").correct
+
+
+# --- F2 through the harness: a run's scorer and eval compare's re-scoring pass the options ----------------------
+
+def test_the_harness_scores_a_letter_stated_with_another_options_text_as_no_answer() -> None:
+    from shared_engine.evaluation.benchmarks import _choice_score, stored_scorer
+    from shared_engine.evaluation.datasets import Choice, Record
+
+    output = "The answer is (D) They have each lost the same amount of potential energy."
+    record = Record(id="0", question="Which is true?", answers=["D"],
+                    choices=[Choice(label=k, text=v) for k, v in OPTIONS.items()])
+    assert _choice_score(output, record).extracted is None
+    asked = "Which is true?\n" + "\n".join(f"({k}) {v}" for k, v in OPTIONS.items())
+    sample = {"gold": ["D"], "prompt": [{"role": "user", "content": asked}]}
+    rescore = stored_scorer("arc-challenge")
+    assert rescore is not None
+    stored = rescore(output, sample)
+    assert stored is not None and stored.extracted is None
+    right = "The answer is (D) They have each gained one-half of their maximum kinetic energy."
+    assert _choice_score(right, record).correct
+    stored_right = rescore(right, sample)
+    assert stored_right is not None and stored_right.correct

@@ -89,7 +89,8 @@ def _aux(main: Path, beside: str, default_relative: str) -> Path:
 
 
 def _choice_score(output: str, record: Record) -> Score:
-    return scoring.score_choice(output, record.answers[0], "".join(c.label for c in record.choices))
+    options = {c.label: c.text for c in record.choices}  # a letter stated with another option's text: none
+    return scoring.score_choice(output, record.answers[0], "".join(options), options)
 
 
 def is_translation(run_bench: str) -> bool:
@@ -105,8 +106,9 @@ def _asked(sample: dict[str, Any]) -> str:
 
 
 def _stored_choice(output: str, sample: dict[str, Any]) -> Score:
-    labels = "".join(re.findall(r"^\(([A-J])\) ", _asked(sample), flags=re.MULTILINE)) or datasets.LETTERS
-    return scoring.score_choice(output, sample["gold"][0], labels)
+    """As ``_choice_score``, with the options read back from the question's ``(X) text`` lines."""
+    options = dict(re.findall(r"^\(([A-J])\) (.*)$", _asked(sample), flags=re.MULTILINE))
+    return scoring.score_choice(output, sample["gold"][0], "".join(options) or datasets.LETTERS, options or None)
 
 
 def _stored_bbh(output: str, sample: dict[str, Any]) -> Score | None:
