@@ -33,7 +33,7 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Generator, Mapping, Sequence
-from contextlib import aclosing
+from contextlib import aclosing, asynccontextmanager
 from typing import Any, TypeVar
 
 import torch
@@ -375,10 +375,12 @@ class EnsembleEngine:
         """
         # off the loop: validating the output options checks every tool's parameter schema (jsonschema,
         # a tenth of a second and more for a tool list of nested models), and froze every other stream
-        gen, plan, messages = await asyncio.to_thread(
-            self._prepare, messages_or_prompt, params, tools=tools, tool_choice=tool_choice,
-            parallel_tool_calls=parallel_tool_calls, prefix=prefix, response_format=response_format,
-            tool_result_hint=tool_result_hint, raw_prompt=raw_prompt)
+        async with self._starting_request():
+            gen, plan, messages = await asyncio.to_thread(
+                self._prepare, messages_or_prompt, params, tools=tools, tool_choice=tool_choice,
+                parallel_tool_calls=parallel_tool_calls, prefix=prefix, response_format=response_format,
+                tool_result_hint=tool_result_hint, raw_prompt=raw_prompt)
+            self._check_open()  # closed while validating: as if closed before
         rejected: list[tuple[str, str]] = []
         retried: list[Stats] = []
         answer_plan = plan.answer_only()  # a retry beside offered tools answers in JSON, under the schema
@@ -501,8 +503,23 @@ class EnsembleEngine:
         the request's start does. A caller about to answer several prompts in turn checks them all
         first, so that a later prompt's error does not throw away the answers before it."""
         output = {k: params.pop(k) for k in OutputOptions.model_fields if k in params}
-        gen, plan, messages = await asyncio.to_thread(self._prepare, messages_or_prompt, params, **output)
-        await self._fitted_prompt_ids(messages, plan, gen)
+        async with self._starting_request():
+            gen, plan, messages = await asyncio.to_thread(self._prepare, messages_or_prompt, params, **output)
+            await self._fitted_prompt_ids(messages, plan, gen)
+
+    @asynccontextmanager
+    async def _starting_request(self) -> AsyncIterator[None]:
+        """Count a request that awaits before ``_decode`` counts it (validating off the loop, checking
+        the fit): a close() meanwhile neither lets go of the members under it nor returns before it
+        ends (aclose() saw no request, released the members, and the request then opened sessions on
+        them); the last one to end lets go."""
+        self._check_open()
+        self._starting += 1
+        try:
+            yield
+        finally:
+            self._starting -= 1
+            await self._release_if_closed()
 
     async def _fitted_prompt_ids(self, messages: list[dict[str, Any]], plan: OutputPlan,
                                  gen: GenerationParams) -> tuple[list[Member], list[list[int]], int]:

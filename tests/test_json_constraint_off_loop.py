@@ -20,12 +20,12 @@ import pytest
 
 import shared_engine.engine as engine_module
 import shared_engine.tools as tools_module
-from shared_engine import EnsembleEngine
+from shared_engine import EngineClosedError, EnsembleEngine
 from shared_engine.json_constraint import JsonPrefix
 from shared_engine.members import HFMember
 from shared_engine.members.hf import HFSession
 from shared_engine.tools import OutputOptions
-from tests.toy import settle, toy_member
+from tests.toy import registered_members, settle, toy_member
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA}}
@@ -163,3 +163,75 @@ async def test_cancelled_while_building_leaves_nothing(engine: EnsembleEngine, t
     settle(toys)
     result = await engine.agenerate("Where?", response_format=RESPONSE_FORMAT)
     assert result.finish_reason in ("stop", "eos", "length")
+
+
+async def test_aclose_waits_for_a_request_still_validating_off_the_loop(toys: list[HFMember],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The validation's thread hop came before the request was counted: aclose() saw no request, let go
+    of the members and returned, and the request then opened sessions on the released members."""
+    entered, gate = threading.Event(), threading.Event()
+    real_validated, real_release = engine_module.validated, engine_module._release_all
+    real_session = HFMember.new_session
+    seen: list[str] = []
+
+    def slow_validated(model: Any, **values: Any) -> Any:
+        if model is OutputOptions and values.get("tools"):  # a long tool list's jsonschema checks
+            entered.set()
+            gate.wait(WAIT_S)
+        return real_validated(model, **values)
+
+    def release(specs: Any) -> None:
+        seen.append("release")
+        real_release(specs)
+
+    def new_session(self: HFMember) -> Any:
+        seen.append("session")
+        return real_session(self)
+
+    monkeypatch.setattr(engine_module, "validated", slow_validated)
+    monkeypatch.setattr(engine_module, "_release_all", release)
+    monkeypatch.setattr(HFMember, "new_session", new_session)
+    with registered_members(toys) as names:
+        engine = EnsembleEngine(names, method="safe", max_new_tokens=3)
+        await engine.agenerate("hi")  # the members loaded and held
+        seen.clear()
+        request = asyncio.create_task(engine.agenerate("F?", tools=TOOLS))
+        assert await asyncio.to_thread(entered.wait, WAIT_S)
+        closing = asyncio.create_task(engine.aclose())
+        await asyncio.sleep(0.05)  # the close runs as far as it goes while the request validates
+        gate.set()
+        await closing
+        assert request.done(), "aclose() returned while a request was still starting"
+        with pytest.raises(EngineClosedError):
+            request.result()
+    assert seen.count("release") == 1 and "session" not in seen[seen.index("release"):]
+
+
+async def test_the_server_checks_a_chat_requests_output_options_off_the_loop(engine: EnsembleEngine,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server checked a request's tools before admitting it, on the loop thread: the engine's own
+    check ran off it, but every stream still froze for the server's (tenths of a second per request)."""
+    import httpx
+
+    import shared_engine.server.app as app_module
+    from shared_engine.server import create_app
+
+    threads: list[threading.Thread] = []
+    real = app_module.validated
+
+    def recording(model: Any, **values: Any) -> Any:
+        if model is OutputOptions:
+            threads.append(threading.current_thread())
+        return real(model, **values)
+
+    monkeypatch.setattr(app_module, "validated", recording)
+    app = create_app(engine, model_name="ens")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        reply = await client.post("/v1/chat/completions", json={
+            "model": "ens", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "max_tokens": 2})
+        bad = await client.post("/v1/chat/completions", json={
+            "model": "ens", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "tool_choice": {
+                "type": "function", "function": {"name": "nope"}}})
+    assert reply.status_code == 200, reply.text
+    assert bad.status_code == 400 and "nope" in bad.text  # the error still a 400 naming what is wrong
+    assert len(threads) == 2 and threading.main_thread() not in threads

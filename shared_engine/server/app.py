@@ -495,13 +495,16 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
     async def chat_completions(request: Request) -> Response:
         req = await _parse(request, ChatCompletionRequest)
         check(req)
-        try:
+        def checked() -> tuple[list[dict[str, Any]], dict[str, Any]]:
             messages = normalize_messages([m.as_engine_message() for m in req.messages])
             params = req.generation_params()
             validated(GenerationParams, **params)
             output = req.output_options()
             OutputPlan(validated(OutputOptions, **output))
-            params.update(output)
+            return messages, {**params, **output}
+
+        try:  # off the loop: a long tool list's schemas take tenths of a second to check (every stream froze)
+            messages, params = await asyncio.to_thread(checked)
         except InvalidRequestError as err:
             raise _engine_error(err, "messages", req.answer_tokens_field()) from None
         except RecursionError:  # e.g. a JSON schema nested past what the engine's readers recurse through
