@@ -111,6 +111,18 @@ _REMOTE_PROVIDER_KEYS = frozenset({"timeout", "max_retries", "api_key", "base_ur
 """LangChain's standard parameters for hosted providers (its standard tests and ``init_chat_model``
 pass them to every chat model): accepted and unused, since the members run in this process or
 behind their own member configs (remote members set their own URL and timeout)."""
+_PER_REQUEST_HINTS = {
+    "tools": "tools are bound per request: llm.bind_tools([...])",
+    "tool_choice": "tool_choice is bound with the tools: llm.bind_tools([...], tool_choice=...)",
+    "response_format": "response_format goes per request: llm.with_structured_output(schema), "
+                       "llm.bind(response_format=...) or invoke(..., response_format=...)",
+    "keep_events": "keep_events is EnsembleEngine.agenerate's; ChatEnsemble sends engine events as custom "
+                   "events (custom_events=[...], read with astream_events)",
+}
+"""Per-request keywords given to the constructor: where each goes instead (the name was refused alone)."""
+_CHAT_NAMES = {"max_completion_tokens": "max_tokens"}
+"""The length cap by ChatOpenAI's newer name: options' ``name_hint`` maps it to the engine's
+``max_new_tokens``, which ChatEnsemble calls ``max_tokens``."""
 STRUCTURED_OUTPUT_METHODS = ("function_calling", "json_schema", "json_mode")
 PROVIDER = "safe-ensemble"
 
@@ -177,6 +189,22 @@ def _member_config(member: Any) -> MemberConfig:
     if isinstance(member, str | Mapping | MemberConfig):
         return member_config(dict(member) if isinstance(member, Mapping) else member)
     raise InvalidRequestError(f"members: {member!r} is not a MemberConfig, a mapping of its fields or a model name")
+
+
+def _unknown_hint(name: str, accepted: Sequence[str], values: dict[str, Any]) -> str:
+    """Where an unknown constructor argument goes: a per-request keyword to the call or ``bind_tools``, a
+    member's own setting (``n_ctx``, ``backend``: "not a member option" sent readers to ``member_options``,
+    which refuses them) to ``members``; else the name meant (``name_hint``)."""
+    if name in _PER_REQUEST_HINTS:
+        return f" ({_PER_REQUEST_HINTS[name]})"
+    if name in MemberConfig.model_fields and name != "model":  # "model": the hint says 'models'
+        models = values.get("models")
+        first = models[0] if isinstance(models, list) and models and isinstance(models[0], str) else "..."
+        return (f" ({name} is set per member: members=[{{'model': {first!r}, {name!r}: {values[name]!r}}}, ...] "
+                "instead of models)")
+    hint = name_hint(name, accepted)
+    meant = _CHAT_NAMES.get(name)
+    return f" (did you mean {meant!r}?)" if meant and not hint else hint
 
 
 def _release_engine(key: tuple[Any, ...]) -> None:
@@ -358,7 +386,7 @@ class ChatEnsemble(BaseChatModel):
         if unknown:  # a misspelt option would otherwise be dropped without a word
             # the hint EnsembleEngine, EnsembleLLM and --members give ("draft_lenght" had none here)
             accepted = sorted(known | _ENGINE_OPTION_KEYS | MemberDefaults.model_fields.keys())
-            found = {name: hint for name in unknown if (hint := name_hint(name, accepted))}
+            found = {name: hint for name in unknown if (hint := _unknown_hint(name, accepted, values))}
             hints = "".join(found.values()) if len(unknown) == 1 else "".join(f"; {n}{h}" for n, h in found.items())
             raise ValueError(f"unknown arguments {unknown}: not a ChatEnsemble field, engine option "
                              f"or member option{hints}")

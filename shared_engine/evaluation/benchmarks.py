@@ -73,7 +73,7 @@ def _main_path(data: str | None, relative: str) -> Path:
     given = Path(data).expanduser()
     if given.is_dir():
         for candidate in (given / relative, given / Path(relative).name):
-            if candidate.exists():
+            if candidate.exists() or candidate.is_symlink():  # a link to data not fetched: the loader says so
                 return candidate
     return given
 
@@ -190,7 +190,7 @@ def get_benchmark(name: str, data: str | None = None, pair: str | None = None) -
         prompt_name = _QA[name]
         path = _main_path(data, datasets.LAYOUTS[name].inside)
         prompt = _aux(path, f"../prompts/adafuse/{prompt_name}", f"prompts/adafuse/{prompt_name}")
-        return Benchmark(name, path, "exact_match", 32, partial(datasets.load_qa, name=name),
+        return Benchmark(name, path, "exact_match", 32, partial(datasets.load_qa, name=name, others_refused=True),
                          partial(prompts.qa_messages, prompt_file=prompt),
                          lambda out, r: scoring.score_qa(out, r.answers), stop=("\nQuestion:",),
                          exclude=lambda r: prompts.in_prompt(r, prompt), prompt_sources=(prompt,))
@@ -198,9 +198,8 @@ def get_benchmark(name: str, data: str | None = None, pair: str | None = None) -
         pair = flores_pair(data, pair)
         if pair not in FLORES_PAIRS:
             raise InvalidRequestError(f"unknown FLORES pair {pair!r}; choose one of {FLORES_PAIRS}")
+        # a folder without the pair's file stays the folder: the loader's no-data error names what it lacks
         path = _main_path(data, datasets.flores_layout(pair).inside)
-        if path.is_dir():
-            path = path / f"{pair}.jsonl"
         prompt = _aux(path, f"../prompts/adafuse/{_FLORES_PROMPTS[pair]}", f"prompts/adafuse/{_FLORES_PROMPTS[pair]}")
         return Benchmark(f"flores-{pair}", path, "chrf", 256, partial(datasets.load_flores, pair=pair),
                          partial(prompts.flores_messages, prompt_file=prompt),

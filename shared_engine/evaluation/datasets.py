@@ -53,6 +53,7 @@ class Layout(NamedTuple):
 
     inside: str  # the file (or files) in the data folder: "gsm8k/test.jsonl", "bbh/*.json"
     kind: str    # a file that may be given instead: "a GSM8K .jsonl file"
+    also: str = ""  # what else --data takes, for a first run without the data folder ("sample")
 
     @property
     def folder(self) -> str:
@@ -60,11 +61,12 @@ class Layout(NamedTuple):
         return self.inside.split("/")[0]
 
     def hint(self) -> str:
-        return f"--data takes the data folder, the {self.folder} folder or {self.kind}"
+        return f"--data takes the data folder, the {self.folder} folder or {self.kind}{self.also}"
 
 
 LAYOUTS = {
-    "gsm8k": Layout("gsm8k/test.jsonl", "a GSM8K .jsonl file"),
+    "gsm8k": Layout("gsm8k/test.jsonl", "a GSM8K .jsonl file",
+                    "; --data sample runs the GSM8K sample the package ships"),
     "math500": Layout("math500/test.jsonl", "a MATH-500 .jsonl file"),
     "arc-challenge": Layout("arc_challenge/test.jsonl", "an ARC .jsonl file"),
     "mmlu-redux": Layout("mmlu_redux/*.csv", "one subject's MMLU-Redux .csv file"),
@@ -151,7 +153,7 @@ def _rows(path: Path, keys: tuple[str, ...], skipped: Counter[str], layout: Layo
         yield count, row
         count += 1
     if count == 0:
-        raise InvalidRequestError(f"{path}: no JSON lines with the fields {list(keys)}")
+        raise InvalidRequestError(f"{path}: no JSON lines with the fields {list(keys)} (not {layout.kind}?)")
     if strict and malformed:
         line, why = malformed[0]
         more = f" (and {len(malformed) - 1} more malformed line(s))" if len(malformed) > 1 else ""
@@ -174,9 +176,13 @@ def _row_shape(where: str) -> Iterator[None]:
 
 
 def _need_file(path: Path, layout: Layout) -> Path:
-    """``path`` if it is a file; else an error saying what was looked for and what ``--data`` takes."""
+    """``path`` if it is a file; else an error saying what was looked for and what ``--data`` takes. A
+    link to a missing file (git-annex data not fetched) says so: ``ls`` lists it, "not found" misled."""
     if path.is_dir():
         _no_data(path, layout)
+    if path.is_symlink() and not path.exists():
+        raise InvalidRequestError(f"{path} is a link to a missing file ({path.readlink()}: data not fetched? "
+                                  f"with git-annex, 'git annex get {path.name}' in its folder)")
     if not path.is_file():
         raise InvalidRequestError(f"benchmark file not found: {path} ({layout.hint()})")
     return path
@@ -292,9 +298,15 @@ def _mmlu_rows(path: Path) -> list[dict[str, str]]:
     delimiter = ";" if header.count(";") > header.count(",") else ","
     reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
     if not reader.fieldnames or not {"question", "choices", "answer"} <= {f.strip() for f in reader.fieldnames}:
-        raise InvalidRequestError(f"{path}: not an MMLU-Redux sheet (header {reader.fieldnames})")
+        raise InvalidRequestError(f"{path}: not an MMLU-Redux sheet (no question, choices and answer columns; "
+                                  f"first line {_clip(header)})")
     # columns are found by name (order varies); empty extra columns are dropped
     return [{(k or "").strip(): (v or "") for k, v in row.items() if k and k.strip()} for row in reader]
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    """A file's line quoted for an error, cut at ``limit`` (a BBH task's whole JSON was a 61 KB message)."""
+    return repr(text[:limit]) + (f" ... ({len(text)} characters)" if len(text) > limit else "")
 
 
 def unread(relative: Path) -> bool:
@@ -393,27 +405,51 @@ def is_option_text(question: str, target: str) -> bool:
 # --- Open QA and translation ----------------------------------------------------------------------
 
 QA_NO_ALIAS = "no alias left once normalised"
+_PAIR_NAME = re.compile(r"[a-z]{2,3}-[a-z]{2,3}")
+"""A translation file's name (FLORES: ``en-de.jsonl``)."""
 
 
-def load_qa(path: Path, name: str) -> Dataset:
-    """NQ-open, TriviaQA, SQuAD: ``question`` and ``answer`` (one string or a list of aliases)."""
+def _gsm8k_solution(answers: list[str], where: str, name: str) -> None:
+    """An alias holding GSM8K's ``####`` is a worked solution: --bench nq on gsm8k/test.jsonl loaded its
+    923 rows, each solution an alias no answer matches. No open-QA answer holds the marker."""
+    if any("####" in a for a in answers):
+        raise InvalidRequestError(f"{where}: an answer holding GSM8K's '####' (a worked solution, not a {name} "
+                                  "answer): is this a GSM8K file? --bench gsm8k reads it")
+
+
+def load_qa(path: Path, name: str, others_refused: bool = False) -> Dataset:
+    """NQ-open, TriviaQA, SQuAD: ``question`` and ``answer`` (one string or a list of aliases). With
+    ``others_refused`` (``get_benchmark``'s loader: ``--bench nq`` on a GSM8K or FLORES file), a file that
+    is certainly another benchmark's is an error; without it any question/answer lines are read."""
     records, skipped = [], Counter[str]()
     layout = LAYOUTS.get(name) or Layout(f"{name}/test.jsonl", "an open-QA .jsonl file")  # a name not registered
+    alias_lists = False
     for i, row in _rows(path, ("question", "answer"), skipped, layout, strict=False):  # TriviaQA's cut record
+        alias_lists |= isinstance(row["answer"], list)
         answers = row["answer"] if isinstance(row["answer"], list) else [row["answer"]]
+        if others_refused:
+            _gsm8k_solution([str(a) for a in answers], f"{path} row {i}", name)
         if not usable_aliases([str(a) for a in answers]):
             skipped[QA_NO_ALIAS] += 1  # e.g. NQ's "---": only an empty answer would match it
             continue
         with _row_shape(f"{path} row {i}"):
             records.append(Record(id=str(i), question=row["question"], answers=[str(a) for a in answers]))
+    if others_refused and not alias_lists and _PAIR_NAME.fullmatch(path.stem):  # squad on flores/en-de.jsonl
+        raise InvalidRequestError(f"{path}: a translation file (named as a language pair, one answer sentence "
+                                  f"per row, no alias list), not {layout.kind}: --bench flores reads it")
     return Dataset(name=name, source=str(path), records=records, skipped=dict(skipped))
 
 
 def load_flores(path: Path, pair: str) -> Dataset:
+    """Rows of ``id``, ``question`` and ``answer`` (the sentence pair), as every FLORES file has them; a row
+    without ``id`` is none (--bench flores on gsm8k/test.jsonl loaded its questions as sentences)."""
     records, skipped = [], Counter[str]()
     for i, row in _rows(path, ("question", "answer"), skipped, flores_layout(pair)):
         if not isinstance(row["question"], str) or not isinstance(row["answer"], str):
             raise InvalidRequestError(f"{path} row {i}: not a FLORES file (a 'question' and an 'answer' "
                                       "sentence per row; an answer list is open QA's)")
-        records.append(Record(id=str(row.get("id", i)), question=row["question"], answers=[row["answer"]]))
+        if "id" not in row:
+            raise InvalidRequestError(f"{path} row {i}: not a FLORES file (no 'id': every FLORES row holds an "
+                                      "'id' with its sentence pair; a GSM8K file has none)")
+        records.append(Record(id=str(row["id"]), question=row["question"], answers=[row["answer"]]))
     return Dataset(name=f"flores-{pair}", source=str(path), records=records, skipped=dict(skipped))
