@@ -77,7 +77,8 @@ def test_open_qa_refuses_a_flores_file_and_keeps_its_own(tmp_path: Path) -> None
     assert len(get_benchmark("nq", str(single)).dataset().records) == 3
     aliases = _write_jsonl(tmp_path / "qa" / "en-de.jsonl", [{"question": "who?", "answer": ["a", "b"]}])
     assert get_benchmark("nq", str(aliases)).dataset().records[0].answers == ["a", "b"]
-    assert len(datasets.load_qa(flores, "squad").records) == 3  # the loader alone reads any such lines
+    with pytest.raises(InvalidRequestError, match="a translation file"):  # the loader itself, too
+        datasets.load_qa(flores, "squad")
 
 
 def test_flores_refuses_a_gsm8k_file(tmp_path: Path) -> None:

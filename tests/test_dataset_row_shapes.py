@@ -60,11 +60,13 @@ def test_well_formed_rows_still_load(tmp_path: Path) -> None:
         ("Which is a metal?", ["A"], ["A", "B"])]
 
 
-@pytest.mark.parametrize("loader", [datasets.load_gsm8k, lambda p: datasets.load_qa(p, "nq-open")],
-                         ids=["gsm8k", "qa"])
-def test_a_json_lines_file_with_a_bom_keeps_its_first_row(tmp_path: Path, loader) -> None:
+@pytest.mark.parametrize(("loader", "answers"), [
+    (datasets.load_gsm8k, ["x\n#### 1", "y\n#### 2"]),
+    (lambda p: datasets.load_qa(p, "nq-open"), ["Paris", ["Rome", "Roma"]]),  # a GSM8K file is refused there
+], ids=["gsm8k", "qa"])
+def test_a_json_lines_file_with_a_bom_keeps_its_first_row(tmp_path: Path, loader, answers: list) -> None:
     """Read as plain UTF-8, the BOM made the first line invalid JSON: the row was skipped as malformed."""
-    rows = [{"question": "Q1?", "answer": "x\n#### 1"}, {"question": "Q2?", "answer": "y\n#### 2"}]
+    rows = [{"question": "Q1?", "answer": answers[0]}, {"question": "Q2?", "answer": answers[1]}]
     path = tmp_path / "data.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in rows).encode())
     dataset = loader(path)

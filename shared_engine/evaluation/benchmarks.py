@@ -190,7 +190,7 @@ def get_benchmark(name: str, data: str | None = None, pair: str | None = None) -
         prompt_name = _QA[name]
         path = _main_path(data, datasets.LAYOUTS[name].inside)
         prompt = _aux(path, f"../prompts/adafuse/{prompt_name}", f"prompts/adafuse/{prompt_name}")
-        return Benchmark(name, path, "exact_match", 32, partial(datasets.load_qa, name=name, others_refused=True),
+        return Benchmark(name, path, "exact_match", 32, partial(datasets.load_qa, name=name),
                          partial(prompts.qa_messages, prompt_file=prompt),
                          lambda out, r: scoring.score_qa(out, r.answers), stop=("\nQuestion:",),
                          exclude=lambda r: prompts.in_prompt(r, prompt), prompt_sources=(prompt,))

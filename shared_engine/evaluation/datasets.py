@@ -417,24 +417,23 @@ def _gsm8k_solution(answers: list[str], where: str, name: str) -> None:
                                   "answer): is this a GSM8K file? --bench gsm8k reads it")
 
 
-def load_qa(path: Path, name: str, others_refused: bool = False) -> Dataset:
-    """NQ-open, TriviaQA, SQuAD: ``question`` and ``answer`` (one string or a list of aliases). With
-    ``others_refused`` (``get_benchmark``'s loader: ``--bench nq`` on a GSM8K or FLORES file), a file that
-    is certainly another benchmark's is an error; without it any question/answer lines are read."""
+def load_qa(path: Path, name: str) -> Dataset:
+    """NQ-open, TriviaQA, SQuAD: ``question`` and ``answer`` (one string or a list of aliases). A file that
+    is certainly another benchmark's (``--bench nq`` on a GSM8K or FLORES file: its solutions or sentences
+    read as aliases) is an error."""
     records, skipped = [], Counter[str]()
     layout = LAYOUTS.get(name) or Layout(f"{name}/test.jsonl", "an open-QA .jsonl file")  # a name not registered
     alias_lists = False
     for i, row in _rows(path, ("question", "answer"), skipped, layout, strict=False):  # TriviaQA's cut record
         alias_lists |= isinstance(row["answer"], list)
         answers = row["answer"] if isinstance(row["answer"], list) else [row["answer"]]
-        if others_refused:
-            _gsm8k_solution([str(a) for a in answers], f"{path} row {i}", name)
+        _gsm8k_solution([str(a) for a in answers], f"{path} row {i}", name)
         if not usable_aliases([str(a) for a in answers]):
             skipped[QA_NO_ALIAS] += 1  # e.g. NQ's "---": only an empty answer would match it
             continue
         with _row_shape(f"{path} row {i}"):
             records.append(Record(id=str(i), question=row["question"], answers=[str(a) for a in answers]))
-    if others_refused and not alias_lists and _PAIR_NAME.fullmatch(path.stem):  # squad on flores/en-de.jsonl
+    if not alias_lists and _PAIR_NAME.fullmatch(path.stem):  # squad on flores/en-de.jsonl
         raise InvalidRequestError(f"{path}: a translation file (named as a language pair, one answer sentence "
                                   f"per row, no alias list), not {layout.kind}: --bench flores reads it")
     return Dataset(name=name, source=str(path), records=records, skipped=dict(skipped))
