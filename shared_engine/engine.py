@@ -146,6 +146,7 @@ class EnsembleEngine:
         self.fuser = make_fuser(self.options.fusion, self.options.top_k)
         self._live: dict[int, RequestState] = {}  # requests that hold sessions, by id()
         self._starting = 0  # requests between their start and holding sessions (loading, rendering)
+        self._holds = 0  # requests under way (_holding): the members stay until the last has ended
         self._closed = False
         self._held: list[MemberConfig] = []  # members acquired from the registry, released by close()
         self._release_later: list[MemberConfig] = []  # ... after the requests still running at close()
@@ -158,7 +159,7 @@ class EnsembleEngine:
         self._load_lock = threading.Lock()
         self._members = None
         self._held, self._release_later = [], []
-        self._live, self._starting = {}, 0
+        self._live, self._starting, self._holds = {}, 0, 0
         self._answer_fits.forget_parent_process()
 
     def _drafter_first(self, drafter: str | int | None) -> list[int]:
@@ -325,7 +326,7 @@ class EnsembleEngine:
         self._answer_fits.close()
         with self._load_lock:
             held, self._held = self._held, []
-        if held and (self._live or self._starting):
+        if held and (self._live or self._starting or self._holds):
             self._release_later = held  # the last running (or starting) request lets go of them
             return []
         return held
@@ -339,7 +340,7 @@ class EnsembleEngine:
         await asyncio.to_thread(self._wait_for_load)
         await _release_off_loop(self._stop())  # the lock is free now (a later taker sees _closed and lets go at once)
         deadline = time.monotonic() + timeout_s
-        while self.live_requests and time.monotonic() < deadline:
+        while (self.live_requests or self._holds) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
 
     def _wait_for_load(self) -> None:
@@ -373,49 +374,52 @@ class EnsembleEngine:
         ``raw_prompt``: the string prompt is text the answer continues, in no chat format (OpenAI's
         completions; ``OutputOptions.raw_prompt``).
         """
-        # off the loop: validating the output options checks every tool's parameter schema (jsonschema,
-        # a tenth of a second and more for a tool list of nested models), and froze every other stream
-        async with self._starting_request():
+        self._check_open()
+        # held from here to the last event: between the awaits no attempt is counted (the validation's
+        # and a retry's fit check run in worker threads; an event waits for the consumer), and a close()
+        # meanwhile let go of the members, which the next attempt then opened sessions on
+        async with self._holding():
+            # off the loop: validating the output options checks every tool's parameter schema (jsonschema,
+            # a tenth of a second and more for a tool list of nested models), and froze every other stream
             gen, plan, messages = await asyncio.to_thread(
-                self._prepare, messages_or_prompt, params, tools=tools, tool_choice=tool_choice,
+                self._validated, messages_or_prompt, params, tools=tools, tool_choice=tool_choice,
                 parallel_tool_calls=parallel_tool_calls, prefix=prefix, response_format=response_format,
                 tool_result_hint=tool_result_hint, raw_prompt=raw_prompt)
-            self._check_open()  # closed while validating: as if closed before
-        rejected: list[tuple[str, str]] = []
-        retried: list[Stats] = []
-        answer_plan = plan.answer_only()  # a retry beside offered tools answers in JSON, under the schema
-        if messages and messages[-1].get("role") == "tool":
-            # after a tool result the answer is the final one: free to call again, small members called the
-            # same tool with the same arguments until the agent's recursion limit (Qwen + Gemma, create_agent)
-            plan = answer_plan
-        for attempt in range(1, plan.attempts + 1):
-            if attempt > 1:
+            rejected: list[tuple[str, str]] = []
+            retried: list[Stats] = []
+            answer_plan = plan.answer_only()  # a retry beside offered tools answers in JSON, under the schema
+            if messages and messages[-1].get("role") == "tool":
+                # after a tool result the answer is the final one: free to call again, small members called the
+                # same tool with the same arguments until the agent's recursion limit (Qwen + Gemma, create_agent)
                 plan = answer_plan
-            shaper = plan.shaper()
-            finish: FinishEvent | None = None
-            async with aclosing(self._decode(plan.messages(messages, rejected), plan, gen)) as raw:
-                async for event in raw:
-                    for shaped in shaper.on_event(event):
-                        if isinstance(shaped, FinishEvent):
-                            finish = shaped
-                        else:
-                            yield shaped
-            assert finish is not None, "the decoding loop always ends with finish"
-            # an answer cut by the request's own stop string ended as asked: another try is cut there too
-            if (finish.format_error and attempt < plan.attempts and finish.reason not in ("cancelled", "error")
-                    and finish.stop_string is None
-                    and await self._retry_fits(answer_plan.messages(messages, [*rejected, (finish.text,
-                                                                                     finish.format_error)]),
-                                               answer_plan, gen)):
-                rejected.append((finish.text, finish.format_error))
-                retried.append(finish.stats)
-                yield FormatRetryEvent(attempt=attempt, error=finish.format_error, text=finish.text,
-                                       stats=finish.stats)
-                continue
-            for event in shaper.release():
-                yield event
-            yield finish.model_copy(update={"rejected_attempts": retried}) if retried else finish
-            return
+            for attempt in range(1, plan.attempts + 1):
+                if attempt > 1:
+                    plan = answer_plan
+                shaper = plan.shaper()
+                finish: FinishEvent | None = None
+                async with aclosing(self._decode(plan.messages(messages, rejected), plan, gen)) as raw:
+                    async for event in raw:
+                        for shaped in shaper.on_event(event):
+                            if isinstance(shaped, FinishEvent):
+                                finish = shaped
+                            else:
+                                yield shaped
+                assert finish is not None, "the decoding loop always ends with finish"
+                # an answer cut by the request's own stop string ended as asked: another try is cut there too
+                if (finish.format_error and attempt < plan.attempts and finish.reason not in ("cancelled", "error")
+                        and finish.stop_string is None
+                        and await self._retry_fits(answer_plan.messages(messages, [*rejected, (finish.text,
+                                                                                         finish.format_error)]),
+                                                   answer_plan, gen)):
+                    rejected.append((finish.text, finish.format_error))
+                    retried.append(finish.stats)
+                    yield FormatRetryEvent(attempt=attempt, error=finish.format_error, text=finish.text,
+                                           stats=finish.stats)
+                    continue
+                for event in shaper.release():
+                    yield event
+                yield finish.model_copy(update={"rejected_attempts": retried}) if retried else finish
+                return
 
     async def _retry_fits(self, messages: list[dict[str, Any]], plan: OutputPlan, gen: GenerationParams) -> bool:
         """Whether a structured-output retry's prompt (the request's, plus every rejected answer and its
@@ -439,6 +443,12 @@ class EnsembleEngine:
                  **output_options: Any) -> tuple[GenerationParams, OutputPlan, list[dict[str, Any]]]:
         """A request's generation parameters, output plan and messages, validated."""
         self._check_open()
+        return self._validated(messages_or_prompt, params, **output_options)
+
+    def _validated(self, messages_or_prompt: str | Sequence[Message], params: Mapping[str, Any],
+                   **output_options: Any) -> tuple[GenerationParams, OutputPlan, list[dict[str, Any]]]:
+        """``_prepare`` for a request already counted as starting (``_starting_request`` checked the engine
+        open): a close during this thread hop ends the request as 'cancelled', as any running one."""
         check_request_keywords(params, _STREAM_KEYWORDS, "astream/stream")
         defaults = self.options.model_dump(include=set(GenerationParams.model_fields))
         if "max_new_tokens" not in self.options.model_fields_set:
@@ -503,22 +513,22 @@ class EnsembleEngine:
         the request's start does. A caller about to answer several prompts in turn checks them all
         first, so that a later prompt's error does not throw away the answers before it."""
         output = {k: params.pop(k) for k in OutputOptions.model_fields if k in params}
-        async with self._starting_request():
-            gen, plan, messages = await asyncio.to_thread(self._prepare, messages_or_prompt, params, **output)
+        self._check_open()
+        async with self._holding():
+            gen, plan, messages = await asyncio.to_thread(self._validated, messages_or_prompt, params, **output)
             await self._fitted_prompt_ids(messages, plan, gen)
 
     @asynccontextmanager
-    async def _starting_request(self) -> AsyncIterator[None]:
-        """Count a request that awaits before ``_decode`` counts it (validating off the loop, checking
-        the fit): a close() meanwhile neither lets go of the members under it nor returns before it
-        ends (aclose() saw no request, released the members, and the request then opened sessions on
-        them); the last one to end lets go."""
-        self._check_open()
-        self._starting += 1
+    async def _holding(self) -> AsyncIterator[None]:
+        """Hold the members for a request (a stream, a fit check) from its start to its end, across its
+        awaits outside ``_decode``: a close() meanwhile neither lets go of them under it nor returns
+        before it ends (aclose() saw no request and released the members, and the request then opened
+        sessions on them); the last to end lets go. A close ends it as any running request: 'cancelled'."""
+        self._holds += 1
         try:
             yield
         finally:
-            self._starting -= 1
+            self._holds -= 1
             await self._release_if_closed()
 
     async def _fitted_prompt_ids(self, messages: list[dict[str, Any]], plan: OutputPlan,
@@ -563,7 +573,7 @@ class EnsembleEngine:
 
     async def _release_if_closed(self) -> None:
         """After close(), the last request to end (or to fail while starting) lets go of the members."""
-        if self._closed and not self._live and not self._starting and self._release_later:
+        if self._closed and not self._live and not self._starting and not self._holds and self._release_later:
             held, self._release_later = self._release_later, []
             await _release_off_loop(held)
 

@@ -20,7 +20,7 @@ import pytest
 
 import shared_engine.engine as engine_module
 import shared_engine.tools as tools_module
-from shared_engine import EngineClosedError, EnsembleEngine
+from shared_engine import EnsembleEngine
 from shared_engine.json_constraint import JsonPrefix
 from shared_engine.members import HFMember
 from shared_engine.members.hf import HFSession
@@ -202,8 +202,7 @@ async def test_aclose_waits_for_a_request_still_validating_off_the_loop(toys: li
         gate.set()
         await closing
         assert request.done(), "aclose() returned while a request was still starting"
-        with pytest.raises(EngineClosedError):
-            request.result()
+        assert request.result().finish_reason == "cancelled"  # ended as any running request a close ends
     assert seen.count("release") == 1 and "session" not in seen[seen.index("release"):]
 
 
@@ -235,3 +234,47 @@ async def test_the_server_checks_a_chat_requests_output_options_off_the_loop(eng
     assert reply.status_code == 200, reply.text
     assert bad.status_code == 400 and "nope" in bad.text  # the error still a 400 naming what is wrong
     assert len(threads) == 2 and threading.main_thread() not in threads
+
+
+async def test_aclose_waits_for_a_structured_retry_checking_its_fit(toys: list[HFMember],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between a format retry's attempts (its fit check renders the prompt in a worker thread) the request
+    was counted nowhere: aclose() released the members and the retry opened sessions on them."""
+    entered, gate = threading.Event(), threading.Event()
+    real_release, real_session, real_render = engine_module.release_member, HFMember.new_session, engine_module._render
+    renders: list[int] = []
+    seen: list[str] = []
+
+    def render(member: Any, messages: Any, plan: Any) -> Any:
+        renders.append(1)
+        if len(renders) == 3:  # the retry's fit check (the first attempt rendered both members)
+            entered.set()
+            gate.wait(WAIT_S)
+        return real_render(member, messages, plan)
+
+    def release(spec: Any) -> None:
+        seen.append("release")
+        real_release(spec)
+
+    def new_session(self: HFMember) -> Any:
+        seen.append("session")
+        return real_session(self)
+
+    monkeypatch.setattr(engine_module, "_render", render)
+    monkeypatch.setattr(engine_module, "release_member", release)
+    monkeypatch.setattr(HFMember, "new_session", new_session)
+    with registered_members(toys) as names:
+        engine = EnsembleEngine(names, method="safe", max_new_tokens=2)  # 2 tokens: no JSON, a retry
+        events = asyncio.create_task(_events(engine.astream("hi", response_format={"type": "json_object"})))
+        assert await asyncio.to_thread(entered.wait, WAIT_S), "no retry"
+        closing = asyncio.create_task(engine.aclose())
+        await asyncio.sleep(0.05)
+        gate.set()
+        await closing
+        assert events.done(), "aclose() returned while a retry was still starting"
+        assert events.result()[-1].reason == "cancelled"
+    assert seen.count("release") == 2 and "session" not in seen[seen.index("release"):]
+
+
+async def _events(stream: Any) -> list[Any]:
+    return [event async for event in stream]
