@@ -84,8 +84,20 @@ def test_open_qa_refuses_a_flores_file_and_keeps_its_own(tmp_path: Path) -> None
 def test_flores_refuses_a_gsm8k_file(tmp_path: Path) -> None:
     """--bench flores on gsm8k/test.jsonl loaded its questions as sentences, its solutions as references."""
     gsm8k = _write_jsonl(tmp_path / "test.jsonl", _gsm8k_rows())
-    with pytest.raises(InvalidRequestError, match=r"test\.jsonl row 0: not a FLORES file \(no 'id'"):
+    with pytest.raises(InvalidRequestError, match=r"test\.jsonl row 0: an answer holding GSM8K's '####'"):
         get_benchmark("flores", str(gsm8k), "en-de").dataset()
+
+
+def test_a_users_own_files_are_read_whatever_their_names(tmp_path: Path) -> None:
+    """Review: the refusals of another benchmark's file refused a user's own data: any QA file named like
+    a pair ("my-qa.jsonl", "dev-set.jsonl", "en-de.jsonl") with string answers, a translation file without ids."""
+    own_qa = [{"question": f"Who wrote {i}?", "answer": f"Author {i}"} for i in range(3)]
+    for name in ("my-qa", "dev-set", "nq-dev", "en-de"):
+        path = _write_jsonl(tmp_path / f"{name}.jsonl", own_qa)
+        assert len(get_benchmark("squad", str(path)).dataset().records) == 3
+    no_ids = [{"question": f"Good morning {i}.", "answer": f"Guten Morgen {i}."} for i in range(3)]
+    path = _write_jsonl(tmp_path / "mine" / "en-de.jsonl", no_ids)
+    assert [r.id for r in get_benchmark("flores", str(path)).dataset().records] == ["0", "1", "2"]
 
 
 def test_mmlu_on_a_bbh_file_is_a_short_error(tmp_path: Path) -> None:

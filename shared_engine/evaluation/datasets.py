@@ -423,9 +423,10 @@ def load_qa(path: Path, name: str) -> Dataset:
     read as aliases) is an error."""
     records, skipped = [], Counter[str]()
     layout = LAYOUTS.get(name) or Layout(f"{name}/test.jsonl", "an open-QA .jsonl file")  # a name not registered
-    alias_lists = False
+    alias_lists, ids = False, True
     for i, row in _rows(path, ("question", "answer"), skipped, layout, strict=False):  # TriviaQA's cut record
         alias_lists |= isinstance(row["answer"], list)
+        ids &= "id" in row
         answers = row["answer"] if isinstance(row["answer"], list) else [row["answer"]]
         _gsm8k_solution([str(a) for a in answers], f"{path} row {i}", name)
         if not usable_aliases([str(a) for a in answers]):
@@ -433,22 +434,23 @@ def load_qa(path: Path, name: str) -> Dataset:
             continue
         with _row_shape(f"{path} row {i}"):
             records.append(Record(id=str(i), question=row["question"], answers=[str(a) for a in answers]))
-    if not alias_lists and _PAIR_NAME.fullmatch(path.stem):  # squad on flores/en-de.jsonl
-        raise InvalidRequestError(f"{path}: a translation file (named as a language pair, one answer sentence "
-                                  f"per row, no alias list), not {layout.kind}: --bench flores reads it")
+    # squad on flores/en-de.jsonl: named as a pair, FLORES's id on every row, one sentence per answer (a QA
+    # file of the user's own, "my-qa.jsonl" or "en-de.jsonl" without ids, is read)
+    if records and ids and not alias_lists and _PAIR_NAME.fullmatch(path.stem):
+        raise InvalidRequestError(f"{path}: a translation file (named as a language pair, an 'id' and one answer "
+                                  f"sentence per row, no alias list), not {layout.kind}: --bench flores reads it")
     return Dataset(name=name, source=str(path), records=records, skipped=dict(skipped))
 
 
 def load_flores(path: Path, pair: str) -> Dataset:
-    """Rows of ``id``, ``question`` and ``answer`` (the sentence pair), as every FLORES file has them; a row
-    without ``id`` is none (--bench flores on gsm8k/test.jsonl loaded its questions as sentences)."""
+    """Rows of ``question`` and ``answer`` (the sentence pair) and ``id`` (every FLORES file has one; a file
+    of the user's own without it is numbered by row). A GSM8K file is refused (--bench flores on
+    gsm8k/test.jsonl loaded its questions as sentences): its answers hold '####'."""
     records, skipped = [], Counter[str]()
     for i, row in _rows(path, ("question", "answer"), skipped, flores_layout(pair)):
         if not isinstance(row["question"], str) or not isinstance(row["answer"], str):
             raise InvalidRequestError(f"{path} row {i}: not a FLORES file (a 'question' and an 'answer' "
                                       "sentence per row; an answer list is open QA's)")
-        if "id" not in row:
-            raise InvalidRequestError(f"{path} row {i}: not a FLORES file (no 'id': every FLORES row holds an "
-                                      "'id' with its sentence pair; a GSM8K file has none)")
-        records.append(Record(id=str(row["id"]), question=row["question"], answers=[row["answer"]]))
+        _gsm8k_solution([row["answer"]], f"{path} row {i}", "translation")
+        records.append(Record(id=str(row.get("id", i)), question=row["question"], answers=[row["answer"]]))
     return Dataset(name=f"flores-{pair}", source=str(path), records=records, skipped=dict(skipped))
