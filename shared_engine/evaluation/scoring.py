@@ -397,13 +397,37 @@ _LABEL_AFTER = re.compile(r"[)*]*\s*(?::|[-\u2013\u2014]+\s)|\)?\**\s+(?i:has|ha
 _ITEM_START = re.compile(r"(?:^|\n)[^\S\n]*(?:[-+\u2022]|\*(?=\s)|\d+[.)])[^\S\n]*\**[^\S\n]*$")
 # what makes a labelled item a conclusion, in that item's own text: "This is the most likely attribution", "This option
 # is correct", "It is the best answer" (not "not the most likely", "incorrect", "the least likely")
-_ITEM_CONCLUDES = re.compile(r"\b(?i:this|it|which)(?:\s+(?i:option|choice|one))?\s+(?i:is)\s+"
-                             r"(?:(?i:the|clearly|therefore|thus)\s+)*"
-                             r"(?i:correct|right|best|most\s+(?:likely|plausible|accurate|appropriate)|answer)\b")
-# a conclusion leading the mention in its line ("Therefore, Option B: ...", "I choose Option (C):"): a choice
-_CONCLUDING_BEFORE = re.compile(r"\b(?i:so|therefore|thus|hence|finally|choose|pick|select|go\s+with|answer)\b"
-                                r"[^\w\n]*$")
+# A verdict ends its clause or names what is right ("This is correct.", "It is the correct answer"; not "which is
+# correct for the closest planet" or "It is the right size": a walk-through's remark read as its conclusion). An item
+# that opens with its verdict or states one in its first sentence ("Option (B): correct. ...", "**Option C**: the best
+# choice", "Option B: Venus is the correct answer.", "Option B: Venus - correct", "option B would be the best answer.")
+# calls it right too (the first sentence of the item's first line): read as no choice, a one-option answer stated so
+# read none
+_VERDICT = (r"(?:correct|right|best)(?:\s+(?:answer|choice|option|one|explanation|order|ordering))?"
+            r"(?=\s*(?:[.!,;:)]|$))")
+_ITEM_CONCLUDES = re.compile(rf"\b(?i:this|it|which)(?:\s+(?i:option|choice|one))?\s+(?i:is)\s+"
+                             rf"(?:(?i:the|clearly|therefore|thus)\s+)*"
+                             rf"(?i:{_VERDICT}|best\b|most\s+(?:likely|plausible|accurate|appropriate)\b|answer\b)"
+                             rf"|^[^.!?\n]*?(?:^|[:(\u2013\u2014]|\s-|\b(?i:is|be|has)\b)[\s*]*(?:(?i:the|clearly)\s+)*"
+                             rf"(?i:{_VERDICT})|^[^.!?\n]*?\b(?i:is|be)\s+(?i:the\s+)?(?i:answer)(?=\s*(?:[.!,;]|$))")
+# a conclusion leading the mention in its line ("Therefore, Option B: ...", "I choose Option (C):", "In conclusion,
+# option B: ..."), or one naming it ("the answer must be Option (C): ...", "The best option here is Option B - ..."),
+# or a line ending in such a lead-in above it, the mention heading a list item or a heading ("The correct answer is:
+# \n\n- **Option B**: ...", "**Final Answer:**\n### Option B: ...") is a choice. Its end is the mention's (\Z: '$'
+# also matched before the newline ending the line above, so "... to find the answer.\nOption (A): ..." was a choice)
+_CONCLUDING_BEFORE = re.compile(
+    r"\b(?i:so|therefore|thus|hence|finally|choose|pick|select|go\s+with|answer|conclusion)\b[^\w\n]*\Z"
+    r"|\b(?i:answer|option|choice|one)(?:\s+here)?\s+(?i:is|would\s+be|must\s+be|should\s+be|will\s+be)[^\w\n]*\Z"
+    r"|(?:\b(?i:answer|option|choice|one)(?:\s+here)?\s+(?i:is|would\s+be|must\s+be|should\s+be|will\s+be)"
+    r"|(?:^|(?<=\n))[\s#*]*(?i:final\s+answer|conclusion)|\b(?i:therefore|thus|hence))"
+    r"[^\S\n*]*\**:\**(?:[^\S\n]*\n[^\S\n]*(?:[-+\u2022*#]+|\d+[.)])?[^\S\n]*\**)+\Z")
 
+# an "option X" its clause calls wrong ("Option A is wrong because ...", "Option B is not correct"): no choice. With the
+# labels of a walk-through no choice (F1), the last-'option X' fallback went back to such a rejected mention ("Option
+# A is incorrect.\n\nOption C: Earth is the correct answer." read A)
+_CALLED_WRONG = re.compile(r"\)?\**\s+(?i:is|was|seems|appears|would\s+be|can\s+be)\s+"
+                           r"(?:(?i:also|clearly|definitely|then)\s+)?(?i:wrong|incorrect|false|invalid|eliminated|ruled\s+out|not\s+(?:the\s+)?"
+                           r"(?:correct|right|true|valid|best|answer))\b")
 _OPTION_WORD_BEFORE = re.compile(r"(?i:\b(?:option|choice))\s*$")
 
 
@@ -415,7 +439,11 @@ def _labels_item(text: str, start: int, end: int) -> bool:
         return False
     if _CONCLUDING_BEFORE.search(text, 0, start):
         return False
-    next_item = r"\n\s*\n|\n[^\S\n]*(?:[-+\u2022*]|\d+[.)])?[^\S\n]*\**(?i:option|choice)\b"
+    # the item runs to the next labelled item or a blank line; under a Markdown heading ("### Option B: Venus"), to
+    # the next heading (its paragraphs follow a blank line: "... This is the correct answer." was not its item)
+    heading = re.search(r"(?:^|\n)[^\S\n]*#+[^\S\n]*\**[^\S\n]*$", text[:start]) is not None
+    next_item = (r"\n[^\S\n]*#" if heading else r"\n\s*\n") + (
+        r"|\n[^\S\n]*(?:[-+\u2022*#]+|\d+[.)])?[^\S\n]*\**(?i:option|choice)\b")
     item = re.split(next_item, text[end:], maxsplit=1)[0]
     return not _ITEM_CONCLUDES.search(item)
 
@@ -426,9 +454,17 @@ def _letter_end(text: str, end: int) -> int:
     return end + (closing.end() if closing else 0)
 
 
+# what a number's punctuation says: a sign, a decimal point, a fraction's slash, an exponent ("-2" is not "2", "1/2" not
+# "12", "1.2" not "12", "10^{-3}" not "10^{3}": with them dropped such options read the same and a letter stated with
+# another's text, "(A) 2" where A is "-2" and B "2", was read as the letter)
+_NUMBER_MARK = re.compile(r"(?P<sign>(?<![\w.])-(?=\.?\d))|(?P<mark>(?<=\d)[./](?=\d)|\^)|[^\w\s]|_")
+
+
 def _normalised(text: str) -> str:
-    """An option's text for comparison: case, punctuation and spacing aside."""
-    return " ".join("".join(ch for ch in text.lower() if ch.isalnum() or ch.isspace()).split())
+    """An option's text for comparison: case, punctuation and spacing aside, but for a number's sign, decimal point,
+    fraction slash and exponent."""
+    text = _NUMBER_MARK.sub(lambda m: "-" if m.group("sign") else m.group("mark") or "", text.lower().translate(_MINUS))
+    return " ".join(text.split())
 
 
 def _text_of_other(text: str, end: int, letter: str, options: Mapping[str, str]) -> bool:
@@ -488,14 +524,18 @@ def extract_choice(output: str, labels: str, options: Mapping[str, str] | None =
     # answer first, and reading the later "option A" first gave A. A letter called right ("D is correct.", "Among the
     # options, B is the correct answer.") beats a mention of an option ("Option A is wrong. B is correct.")
     # "B is the answer." too (no answer before)
-    called_right = rf"(?<![\w'\u2019])\(?([{set_}])\)?\**\s+is\s+(?:the\s+)?(?:correct|right|best|answer)\b"
+    # BBH hyperbaton's "(B) has the correct ordering" too (a walk-through cut off before "So the answer is (B).": its
+    # "Option (B): ..." labels are no choice, and it read none)
+    called_right = (rf"(?<![\w'\u2019])\(?([{set_}])\)?\**\s+(?:is\s+(?:the\s+)?(?:correct|right|best|answer)"
+                    r"|has\s+the\s+correct\s+order(?:ing)?)\b")
     if span is None:
         named = [m for m in re.finditer(called_right, output)
                  if m.group(1) not in denied and not _supposed(output, m.start(), m.end(), labels)]
         span = named[-1].span(1) if named else None
     if span is None:
         named = [m for m in re.finditer(rf"(?i:\b(?:option|choice))\s*\(?([{set_}])\b", output)
-                 if m.group(1) not in denied and not _labels_item(output, m.start(), m.end())]
+                 if m.group(1) not in denied and not _labels_item(output, m.start(), m.end())
+                 and not _CALLED_WRONG.match(output, m.end())]
         span = named[-1].span(1) if named else None
     if span is None:
         # only where the output names a single option in bare "(X)" form: a walk-through of "(A) ... (D) ..." (or one
