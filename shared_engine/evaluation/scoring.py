@@ -404,11 +404,11 @@ _ITEM_START = re.compile(r"(?:^|\n)[^\S\n]*(?:[-+\u2022]|\*(?=\s)|\d+[.)])[^\S\n
 # calls it right too (the first sentence of the item's first line): read as no choice, a one-option answer stated so
 # read none
 _VERDICT = (r"(?:correct|right|best)(?:\s+(?:answer|choice|option|one|explanation|order|ordering))?"
-            r"(?=\s*(?:[.!,;:)]|$))")
+            r"(?=\s*(?:[.!;:)]|,(?!\s*(?:but|yet|though|although|however|except)\b)|$))")
 _ITEM_CONCLUDES = re.compile(rf"\b(?i:this|it|which)(?:\s+(?i:option|choice|one))?\s+(?i:is)\s+"
                              rf"(?:(?i:the|clearly|therefore|thus)\s+)*"
                              rf"(?i:{_VERDICT}|best\b|most\s+(?:likely|plausible|accurate|appropriate)\b|answer\b)"
-                             rf"|^[^.!?\n]*?(?:^|[:(\u2013\u2014]|\s-|\b(?i:is|be|has)\b)[\s*]*(?:(?i:the|clearly)\s+)*"
+                             rf"|^[^.!?;,\n]*?(?:^|[:(\u2013\u2014]|\s-|\b(?i:is|be|has)\b)[\s*]*(?:(?i:the|clearly)\s+)*"
                              rf"(?i:{_VERDICT})|^[^.!?\n]*?\b(?i:is|be)\s+(?i:the\s+)?(?i:answer)(?=\s*(?:[.!,;]|$))")
 # a conclusion leading the mention in its line ("Therefore, Option B: ...", "I choose Option (C):", "In conclusion,
 # option B: ..."), or one naming it ("the answer must be Option (C): ...", "The best option here is Option B - ..."),
@@ -428,6 +428,10 @@ _CONCLUDING_BEFORE = re.compile(
 _CALLED_WRONG = re.compile(r"\)?\**\s+(?i:is|was|seems|appears|would\s+be|can\s+be)\s+"
                            r"(?:(?i:also|clearly|definitely|then)\s+)?(?i:wrong|incorrect|false|invalid|eliminated|ruled\s+out|not\s+(?:the\s+)?"
                            r"(?:correct|right|true|valid|best|answer))\b")
+# a further labelled item after a lead-in's first ("The answer is:\n- Option A: ...\n- Option B: ..."): the lead-in
+# introduces a walk-through of the options, not one answer (its first item was read as the choice)
+_ANOTHER_LABEL = re.compile(r"\n[^\S\n]*(?:[-+\u2022*#]+|\d+[.)])?[^\S\n]*\**(?i:option|choice)\s*\(?[A-Z]\b"
+                            r"[)*]*\s*(?::|[-\u2013\u2014]+\s)")
 _OPTION_WORD_BEFORE = re.compile(r"(?i:\b(?:option|choice))\s*$")
 
 
@@ -437,7 +441,8 @@ def _labels_item(text: str, start: int, end: int) -> bool:
     the most likely attribution." states D)."""
     if not (_LABEL_AFTER.match(text, end) or _ITEM_START.search(text, 0, start)):
         return False
-    if _CONCLUDING_BEFORE.search(text, 0, start):
+    lead_in = _CONCLUDING_BEFORE.search(text, 0, start)
+    if lead_in and not ("\n" in lead_in.group(0) and _ANOTHER_LABEL.search(text, end)):
         return False
     # the item runs to the next labelled item or a blank line; under a Markdown heading ("### Option B: Venus"), to
     # the next heading (its paragraphs follow a blank line: "... This is the correct answer." was not its item)
@@ -457,7 +462,9 @@ def _letter_end(text: str, end: int) -> int:
 # what a number's punctuation says: a sign, a decimal point, a fraction's slash, an exponent ("-2" is not "2", "1/2" not
 # "12", "1.2" not "12", "10^{-3}" not "10^{3}": with them dropped such options read the same and a letter stated with
 # another's text, "(A) 2" where A is "-2" and B "2", was read as the letter)
-_NUMBER_MARK = re.compile(r"(?P<sign>(?<![\w.])-(?=\.?\d))|(?P<mark>(?<=\d)[./](?=\d)|\^)|[^\w\s]|_")
+# (a dash written for a minus, en dash or U+2010-2012, is a sign too: "–2" read as "2" made "(A) –2" another's text)
+_NUMBER_MARK = re.compile(r"(?P<sign>(?<![\w.])[-\u2010-\u2013\ufe63\uff0d](?=\.?\d))"
+                          r"|(?P<mark>(?<=\d)[./](?=\d)|\^)|[^\w\s]|_")
 
 
 def _normalised(text: str) -> str:
@@ -533,9 +540,11 @@ def extract_choice(output: str, labels: str, options: Mapping[str, str] | None =
                  if m.group(1) not in denied and not _supposed(output, m.start(), m.end(), labels)]
         span = named[-1].span(1) if named else None
     if span is None:
-        named = [m for m in re.finditer(rf"(?i:\b(?:option|choice))\s*\(?([{set_}])\b", output)
+        mentions = list(re.finditer(rf"(?i:\b(?:option|choice))\s*\(?([{set_}])\b", output))
+        several = len({m.group(1) for m in mentions}) > 1
+        named = [m for m in mentions
                  if m.group(1) not in denied and not _labels_item(output, m.start(), m.end())
-                 and not _CALLED_WRONG.match(output, m.end())]
+                 and not (several and _CALLED_WRONG.match(output, m.end()))]
         span = named[-1].span(1) if named else None
     if span is None:
         # only where the output names a single option in bare "(X)" form: a walk-through of "(A) ... (D) ..." (or one
