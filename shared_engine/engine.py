@@ -297,7 +297,7 @@ class EnsembleEngine:
     def live_requests(self) -> int:
         """Requests now running: holding sessions (KV caches) in the members, or starting (loading
         the members, rendering the prompt)."""
-        return len(self._live) + self._starting
+        return len(self._live) + self._starting + self._holds
 
     def close(self) -> None:
         """Take no new requests; running ones finish at their next round (reason ``cancelled``)
@@ -340,7 +340,7 @@ class EnsembleEngine:
         await asyncio.to_thread(self._wait_for_load)
         await _release_off_loop(self._stop())  # the lock is free now (a later taker sees _closed and lets go at once)
         deadline = time.monotonic() + timeout_s
-        while (self.live_requests or self._holds) and time.monotonic() < deadline:
+        while self.live_requests and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
 
     def _wait_for_load(self) -> None:
@@ -375,51 +375,54 @@ class EnsembleEngine:
         completions; ``OutputOptions.raw_prompt``).
         """
         self._check_open()
-        # held from here to the last event: between the awaits no attempt is counted (the validation's
-        # and a retry's fit check run in worker threads; an event waits for the consumer), and a close()
-        # meanwhile let go of the members, which the next attempt then opened sessions on
-        async with self._holding():
-            # off the loop: validating the output options checks every tool's parameter schema (jsonschema,
-            # a tenth of a second and more for a tool list of nested models), and froze every other stream
+        # off the loop: validating the output options checks every tool's parameter schema (jsonschema,
+        # a tenth of a second and more for a tool list of nested models), and froze every other stream.
+        # Held across the hop (a close meanwhile let go of the members, and _decode then opened sessions on
+        # them), then handed to _decode, which counts the request before its first await.
+        async with self._holding(handed_on=True):
             gen, plan, messages = await asyncio.to_thread(
                 self._validated, messages_or_prompt, params, tools=tools, tool_choice=tool_choice,
                 parallel_tool_calls=parallel_tool_calls, prefix=prefix, response_format=response_format,
                 tool_result_hint=tool_result_hint, raw_prompt=raw_prompt)
-            rejected: list[tuple[str, str]] = []
-            retried: list[Stats] = []
-            answer_plan = plan.answer_only()  # a retry beside offered tools answers in JSON, under the schema
-            if messages and messages[-1].get("role") == "tool":
-                # after a tool result the answer is the final one: free to call again, small members called the
-                # same tool with the same arguments until the agent's recursion limit (Qwen + Gemma, create_agent)
+        rejected: list[tuple[str, str]] = []
+        retried: list[Stats] = []
+        answer_plan = plan.answer_only()  # a retry beside offered tools answers in JSON, under the schema
+        if messages and messages[-1].get("role") == "tool":
+            # after a tool result the answer is the final one: free to call again, small members called the
+            # same tool with the same arguments until the agent's recursion limit (Qwen + Gemma, create_agent)
+            plan = answer_plan
+        finish: FinishEvent | None = None
+        for attempt in range(1, plan.attempts + 1):
+            if attempt > 1:
                 plan = answer_plan
-            for attempt in range(1, plan.attempts + 1):
-                if attempt > 1:
-                    plan = answer_plan
-                shaper = plan.shaper()
-                finish: FinishEvent | None = None
-                async with aclosing(self._decode(plan.messages(messages, rejected), plan, gen)) as raw:
-                    async for event in raw:
-                        for shaped in shaper.on_event(event):
-                            if isinstance(shaped, FinishEvent):
-                                finish = shaped
-                            else:
-                                yield shaped
-                assert finish is not None, "the decoding loop always ends with finish"
-                # an answer cut by the request's own stop string ended as asked: another try is cut there too
-                if (finish.format_error and attempt < plan.attempts and finish.reason not in ("cancelled", "error")
-                        and finish.stop_string is None
-                        and await self._retry_fits(answer_plan.messages(messages, [*rejected, (finish.text,
-                                                                                         finish.format_error)]),
-                                                   answer_plan, gen)):
-                    rejected.append((finish.text, finish.format_error))
-                    retried.append(finish.stats)
-                    yield FormatRetryEvent(attempt=attempt, error=finish.format_error, text=finish.text,
-                                           stats=finish.stats)
-                    continue
-                for event in shaper.release():
-                    yield event
-                yield finish.model_copy(update={"rejected_attempts": retried}) if retried else finish
-                return
+                if self._closed and finish is not None:  # closed during the retry's event: members let go
+                    yield finish.model_copy(update={"reason": "cancelled", "rejected_attempts": retried})
+                    return
+            shaper = plan.shaper()
+            finish = None
+            async with aclosing(self._decode(plan.messages(messages, rejected), plan, gen)) as raw:
+                async for event in raw:
+                    for shaped in shaper.on_event(event):
+                        if isinstance(shaped, FinishEvent):
+                            finish = shaped
+                        else:
+                            yield shaped
+            assert finish is not None, "the decoding loop always ends with finish"
+            # an answer cut by the request's own stop string ended as asked: another try is cut there too
+            if (finish.format_error and attempt < plan.attempts and finish.reason not in ("cancelled", "error")
+                    and finish.stop_string is None
+                    and await self._retry_fits(answer_plan.messages(messages, [*rejected, (finish.text,
+                                                                                     finish.format_error)]),
+                                               answer_plan, gen)):
+                rejected.append((finish.text, finish.format_error))
+                retried.append(finish.stats)
+                yield FormatRetryEvent(attempt=attempt, error=finish.format_error, text=finish.text,
+                                       stats=finish.stats)
+                continue
+            for event in shaper.release():
+                yield event
+            yield finish.model_copy(update={"rejected_attempts": retried}) if retried else finish
+            return
 
     async def _retry_fits(self, messages: list[dict[str, Any]], plan: OutputPlan, gen: GenerationParams) -> bool:
         """Whether a structured-output retry's prompt (the request's, plus every rejected answer and its
@@ -427,7 +430,8 @@ class EnsembleEngine:
         with the last attempt and its format_error, as after the last try: a ContextLengthError there
         lost that answer (a 400, or "generation failed" mid-stream) though the request's prompt fit."""
         try:
-            await self._fitted_prompt_ids(messages, plan, gen)
+            async with self._holding():  # renders in a worker thread: a close meanwhile waits for it
+                await self._fitted_prompt_ids(messages, plan, gen)
         except ContextLengthError:
             return False
         return True
@@ -447,8 +451,8 @@ class EnsembleEngine:
 
     def _validated(self, messages_or_prompt: str | Sequence[Message], params: Mapping[str, Any],
                    **output_options: Any) -> tuple[GenerationParams, OutputPlan, list[dict[str, Any]]]:
-        """``_prepare`` for a request already counted as starting (``_starting_request`` checked the engine
-        open): a close during this thread hop ends the request as 'cancelled', as any running one."""
+        """``_prepare`` for a request that checked the engine open before this thread hop (astream,
+        acheck_fits): a close during the hop ends the request as 'cancelled', as any running one."""
         check_request_keywords(params, _STREAM_KEYWORDS, "astream/stream")
         defaults = self.options.model_dump(include=set(GenerationParams.model_fields))
         if "max_new_tokens" not in self.options.model_fields_set:
@@ -519,16 +523,21 @@ class EnsembleEngine:
             await self._fitted_prompt_ids(messages, plan, gen)
 
     @asynccontextmanager
-    async def _holding(self) -> AsyncIterator[None]:
-        """Hold the members for a request (a stream, a fit check) from its start to its end, across its
-        awaits outside ``_decode``: a close() meanwhile neither lets go of them under it nor returns
-        before it ends (aclose() saw no request and released the members, and the request then opened
-        sessions on them); the last to end lets go. A close ends it as any running request: 'cancelled'."""
+    async def _holding(self, handed_on: bool = False) -> AsyncIterator[None]:
+        """Count a request across an await outside ``_decode`` that uses the members (the validation's and
+        a retry's fit check's worker threads, acheck_fits): a close() meanwhile neither lets go of them under
+        it nor returns before it ends (aclose() saw no request and released the members, and the request then
+        opened sessions on them); the last to end lets go. ``handed_on``: the request goes on to ``_decode``,
+        which counts it again before its first await, so only a failure here lets go."""
         self._holds += 1
         try:
             yield
-        finally:
+        except BaseException:
             self._holds -= 1
+            await self._release_if_closed()
+            raise
+        self._holds -= 1
+        if not handed_on:
             await self._release_if_closed()
 
     async def _fitted_prompt_ids(self, messages: list[dict[str, Any]], plan: OutputPlan,
@@ -662,10 +671,12 @@ class EnsembleEngine:
         """The whole answer of ``astream`` (same keywords), its events too with ``keep_events``."""
         check_request_keywords(params, (*_STREAM_KEYWORDS, "keep_events"), "agenerate/generate")
         events = []
-        async for event in self.astream(messages_or_prompt, **params):
-            if keep_events:
-                events.append(event)
-            if event.type == "finish":
+        async with aclosing(self.astream(messages_or_prompt, **params)) as stream:  # closed at its finish, not by gc
+            async for event in stream:
+                if keep_events:
+                    events.append(event)
+                if event.type != "finish":
+                    continue
                 return GenerationResult(text=event.text, finish_reason=event.reason, stats=event.stats,
                                         tool_calls=event.tool_calls, format_error=event.format_error,
                                         stop_string=event.stop_string, failed_members=event.failed_members,

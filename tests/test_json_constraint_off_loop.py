@@ -271,9 +271,41 @@ async def test_aclose_waits_for_a_structured_retry_checking_its_fit(toys: list[H
         await asyncio.sleep(0.05)
         gate.set()
         await closing
-        assert events.done(), "aclose() returned while a retry was still starting"
-        assert events.result()[-1].reason == "cancelled"
+        assert (await events)[-1].reason == "cancelled"  # the retry never ran: the members were let go
     assert seen.count("release") == 2 and "session" not in seen[seen.index("release"):]
+
+
+async def test_a_stream_paused_at_its_finish_holds_nothing(toys: list[HFMember]) -> None:
+    """Review of the hold: a stream held the members up to its last event, so a caller that broke out at
+    the finish and then closed the engine waited aclose()'s whole timeout (30 s)."""
+    with registered_members(toys) as names:
+        engine = EnsembleEngine(names, method="safe", max_new_tokens=3)
+        stream = engine.astream("hi")
+        async for event in stream:
+            if event.type == "finish":
+                break
+        assert engine.live_requests == 0
+        # aclose() waits for running requests up to timeout_s; a stream nobody reads any more is none
+        await asyncio.wait_for(engine.aclose(timeout_s=600), timeout=30)
+        await stream.aclose()
+
+
+def test_close_after_agenerate_on_a_loop_that_never_runs_again_lets_go(toys: list[HFMember],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """agenerate returned at the finish with its stream still open (closed by the loop's finalizer later):
+    a close() right after, on a loop never run again, let go of nothing (a llama.cpp server left running)."""
+    released: list[Any] = []
+    real_release = engine_module.release_member
+    monkeypatch.setattr(engine_module, "release_member", lambda spec: (released.append(spec), real_release(spec)))
+    with registered_members(toys) as names:
+        engine = EnsembleEngine(names, method="safe", max_new_tokens=3)
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(engine.agenerate("hi"))
+            engine.close()
+            assert len(released) == 2
+        finally:
+            loop.close()
 
 
 async def _events(stream: Any) -> list[Any]:
