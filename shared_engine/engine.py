@@ -396,7 +396,8 @@ class EnsembleEngine:
             if attempt > 1:
                 plan = answer_plan
                 if self._closed and finish is not None:  # closed during the retry's event: members let go
-                    yield finish.model_copy(update={"reason": "cancelled", "rejected_attempts": retried})
+                    # the last attempt ends cancelled: its stats once, as the finish's own (usage sums both)
+                    yield finish.model_copy(update={"reason": "cancelled", "rejected_attempts": retried[:-1]})
                     return
             shaper = plan.shaper()
             finish = None

@@ -310,3 +310,20 @@ def test_close_after_agenerate_on_a_loop_that_never_runs_again_lets_go(toys: lis
 
 async def _events(stream: Any) -> list[Any]:
     return [event async for event in stream]
+
+
+async def test_a_close_at_a_retrys_event_counts_each_attempt_once(toys: list[HFMember]) -> None:
+    """The cancelled finish of a request closed while its format_retry event was out listed the rejected
+    attempt twice (as its own stats and in rejected_attempts): usage, and so billing, doubled."""
+    with registered_members(toys) as names:
+        engine = EnsembleEngine(names, method="safe", max_new_tokens=2)  # 2 tokens: no JSON, a retry
+        retry, finish = None, None
+        async for event in engine.astream("hi", response_format={"type": "json_object"}):
+            if event.type == "format_retry":
+                retry = event
+                engine.close()
+            elif event.type == "finish":
+                finish = event
+        assert retry is not None and finish is not None and finish.reason == "cancelled"
+        assert finish.usage.completion_tokens == retry.stats.tokens
+        assert finish.usage.prompt_tokens == retry.stats.prompt_tokens
