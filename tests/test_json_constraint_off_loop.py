@@ -33,6 +33,29 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
 WAIT_S = 10.0  # how long a patched start_state waits for the loop: far beyond any thread hop
 
 
+@pytest.fixture
+def lifecycle(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each member released ("release") and each session opened ("session"), in order."""
+    seen: list[str] = []
+    real_release, real_session = engine_module.release_member, HFMember.new_session
+
+    def release(spec: Any) -> None:
+        seen.append("release")
+        real_release(spec)
+
+    def new_session(self: HFMember) -> Any:
+        seen.append("session")
+        return real_session(self)
+
+    monkeypatch.setattr(engine_module, "release_member", release)
+    monkeypatch.setattr(HFMember, "new_session", new_session)
+    return seen
+
+
+def _no_session_after_release(seen: list[str], members: int = 2) -> bool:
+    return seen.count("release") == members and "session" not in seen[seen.index("release"):]
+
+
 @pytest.fixture(scope="module")
 def toys() -> list[HFMember]:
     return [toy_member("toy-offloop-a", "byte_level"), toy_member("toy-offloop-b", "metaspace", seed=1)]
@@ -165,14 +188,12 @@ async def test_cancelled_while_building_leaves_nothing(engine: EnsembleEngine, t
     assert result.finish_reason in ("stop", "eos", "length")
 
 
-async def test_aclose_waits_for_a_request_still_validating_off_the_loop(toys: list[HFMember],
+async def test_aclose_waits_for_a_request_still_validating_off_the_loop(toys: list[HFMember], lifecycle: list[str],
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The validation's thread hop came before the request was counted: aclose() saw no request, let go
     of the members and returned, and the request then opened sessions on the released members."""
     entered, gate = threading.Event(), threading.Event()
-    real_validated, real_release = engine_module.validated, engine_module._release_all
-    real_session = HFMember.new_session
-    seen: list[str] = []
+    real_validated = engine_module.validated
 
     def slow_validated(model: Any, **values: Any) -> Any:
         if model is OutputOptions and values.get("tools"):  # a long tool list's jsonschema checks
@@ -180,21 +201,11 @@ async def test_aclose_waits_for_a_request_still_validating_off_the_loop(toys: li
             gate.wait(WAIT_S)
         return real_validated(model, **values)
 
-    def release(specs: Any) -> None:
-        seen.append("release")
-        real_release(specs)
-
-    def new_session(self: HFMember) -> Any:
-        seen.append("session")
-        return real_session(self)
-
     monkeypatch.setattr(engine_module, "validated", slow_validated)
-    monkeypatch.setattr(engine_module, "_release_all", release)
-    monkeypatch.setattr(HFMember, "new_session", new_session)
     with registered_members(toys) as names:
         engine = EnsembleEngine(names, method="safe", max_new_tokens=3)
         await engine.agenerate("hi")  # the members loaded and held
-        seen.clear()
+        lifecycle.clear()
         request = asyncio.create_task(engine.agenerate("F?", tools=TOOLS))
         assert await asyncio.to_thread(entered.wait, WAIT_S)
         closing = asyncio.create_task(engine.aclose())
@@ -203,7 +214,7 @@ async def test_aclose_waits_for_a_request_still_validating_off_the_loop(toys: li
         await closing
         assert request.done(), "aclose() returned while a request was still starting"
         assert request.result().finish_reason == "cancelled"  # ended as any running request a close ends
-    assert seen.count("release") == 1 and "session" not in seen[seen.index("release"):]
+    assert _no_session_after_release(lifecycle)
 
 
 async def test_the_server_checks_a_chat_requests_output_options_off_the_loop(engine: EnsembleEngine,
@@ -236,14 +247,13 @@ async def test_the_server_checks_a_chat_requests_output_options_off_the_loop(eng
     assert len(threads) == 2 and threading.main_thread() not in threads
 
 
-async def test_aclose_waits_for_a_structured_retry_checking_its_fit(toys: list[HFMember],
+async def test_aclose_waits_for_a_structured_retry_checking_its_fit(toys: list[HFMember], lifecycle: list[str],
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Between a format retry's attempts (its fit check renders the prompt in a worker thread) the request
     was counted nowhere: aclose() released the members and the retry opened sessions on them."""
     entered, gate = threading.Event(), threading.Event()
-    real_release, real_session, real_render = engine_module.release_member, HFMember.new_session, engine_module._render
+    real_render = engine_module._render
     renders: list[int] = []
-    seen: list[str] = []
 
     def render(member: Any, messages: Any, plan: Any) -> Any:
         renders.append(1)
@@ -252,17 +262,7 @@ async def test_aclose_waits_for_a_structured_retry_checking_its_fit(toys: list[H
             gate.wait(WAIT_S)
         return real_render(member, messages, plan)
 
-    def release(spec: Any) -> None:
-        seen.append("release")
-        real_release(spec)
-
-    def new_session(self: HFMember) -> Any:
-        seen.append("session")
-        return real_session(self)
-
     monkeypatch.setattr(engine_module, "_render", render)
-    monkeypatch.setattr(engine_module, "release_member", release)
-    monkeypatch.setattr(HFMember, "new_session", new_session)
     with registered_members(toys) as names:
         engine = EnsembleEngine(names, method="safe", max_new_tokens=2)  # 2 tokens: no JSON, a retry
         events = asyncio.create_task(_events(engine.astream("hi", response_format={"type": "json_object"})))
@@ -272,7 +272,7 @@ async def test_aclose_waits_for_a_structured_retry_checking_its_fit(toys: list[H
         gate.set()
         await closing
         assert (await events)[-1].reason == "cancelled"  # the retry never ran: the members were let go
-    assert seen.count("release") == 2 and "session" not in seen[seen.index("release"):]
+    assert _no_session_after_release(lifecycle)
 
 
 async def test_a_stream_paused_at_its_finish_holds_nothing(toys: list[HFMember]) -> None:
@@ -291,19 +291,16 @@ async def test_a_stream_paused_at_its_finish_holds_nothing(toys: list[HFMember])
 
 
 def test_close_after_agenerate_on_a_loop_that_never_runs_again_lets_go(toys: list[HFMember],
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                       lifecycle: list[str]) -> None:
     """agenerate returned at the finish with its stream still open (closed by the loop's finalizer later):
     a close() right after, on a loop never run again, let go of nothing (a llama.cpp server left running)."""
-    released: list[Any] = []
-    real_release = engine_module.release_member
-    monkeypatch.setattr(engine_module, "release_member", lambda spec: (released.append(spec), real_release(spec)))
     with registered_members(toys) as names:
         engine = EnsembleEngine(names, method="safe", max_new_tokens=3)
         loop = asyncio.new_event_loop()
         try:
             loop.run_until_complete(engine.agenerate("hi"))
             engine.close()
-            assert len(released) == 2
+            assert lifecycle.count("release") == 2
         finally:
             loop.close()
 
