@@ -15,6 +15,15 @@ from shared_engine.evaluation import datasets
 from shared_engine.evaluation.benchmarks import get_benchmark
 
 
+def _qa_prompts(root: Path) -> None:
+    """The open-QA prompt files a data file in a folder under ``root`` finds beside it (a clone has no data folder
+    to fall back on)."""
+    for name in ("nq_prompt.txt", "squad_prompt.txt", "triviaqa_prompt.txt"):
+        prompt = root / "prompts" / "adafuse" / name
+        prompt.parent.mkdir(parents=True, exist_ok=True)
+        prompt.write_text("Instructions: answer briefly.\n\nQuestion: Who wrote Hamlet?\nAnswer: Shakespeare\n")
+
+
 def _write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -73,7 +82,8 @@ def test_open_qa_refuses_a_flores_file_and_keeps_its_own(tmp_path: Path) -> None
     flores = _write_jsonl(tmp_path / "flores" / "en-de.jsonl", _flores_rows())
     with pytest.raises(InvalidRequestError, match=r"en-de\.jsonl: a translation file .*--bench flores reads it"):
         get_benchmark("squad", str(flores)).dataset()
-    single = _write_jsonl(tmp_path / "mine.jsonl", _flores_rows())  # one string answer, not named as a pair
+    _qa_prompts(tmp_path)
+    single = _write_jsonl(tmp_path / "own" / "mine.jsonl", _flores_rows())  # one string answer, not named as a pair
     assert len(get_benchmark("nq", str(single)).dataset().records) == 3
     aliases = _write_jsonl(tmp_path / "qa" / "en-de.jsonl", [{"question": "who?", "answer": ["a", "b"]}])
     assert get_benchmark("nq", str(aliases)).dataset().records[0].answers == ["a", "b"]
@@ -92,8 +102,9 @@ def test_a_users_own_files_are_read_whatever_their_names(tmp_path: Path) -> None
     """Review: the refusals of another benchmark's file refused a user's own data: any QA file named like
     a pair ("my-qa.jsonl", "dev-set.jsonl", "en-de.jsonl") with string answers, a translation file without ids."""
     own_qa = [{"question": f"Who wrote {i}?", "answer": f"Author {i}"} for i in range(3)]
+    _qa_prompts(tmp_path)
     for name in ("my-qa", "dev-set", "nq-dev", "en-de"):
-        path = _write_jsonl(tmp_path / f"{name}.jsonl", own_qa)
+        path = _write_jsonl(tmp_path / "own" / f"{name}.jsonl", own_qa)
         assert len(get_benchmark("squad", str(path)).dataset().records) == 3
     no_ids = [{"question": f"Good morning {i}.", "answer": f"Guten Morgen {i}."} for i in range(3)]
     path = _write_jsonl(tmp_path / "mine" / "en-de.jsonl", no_ids)

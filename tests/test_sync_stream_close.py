@@ -74,6 +74,15 @@ def test_a_stream_dropped_without_close_stops_when_collected() -> None:
 def test_keyboard_interrupt_while_waiting_stops_the_stream() -> None:
     """Ctrl-C while the consumer waits for the next item: the stream stops at once and the
     KeyboardInterrupt reaches the consumer."""
+    # Ctrl-C as an interactive run has it: a suite started in the background inherits SIGINT ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupted_while_waiting()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted_while_waiting() -> None:
     slow = Slow()
     stream = iterate_sync(slow.events())
     assert next(stream) == "first"
