@@ -409,12 +409,13 @@ _PAIR_NAME = re.compile(r"[a-z]{2,3}-[a-z]{2,3}")
 """A translation file's name (FLORES: ``en-de.jsonl``)."""
 
 
-def _gsm8k_solution(answers: list[str], where: str, name: str) -> None:
+def _gsm8k_solution(answers: list[str], name: str) -> None:
     """An alias holding GSM8K's ``####`` is a worked solution: --bench nq on gsm8k/test.jsonl loaded its
-    923 rows, each solution an alias no answer matches. No open-QA answer holds the marker."""
+    923 rows, each solution an alias no answer matches. No open-QA answer holds the marker. A ``RowError``:
+    ``_row_shape`` names the file and row."""
     if any("####" in a for a in answers):
-        raise InvalidRequestError(f"{where}: an answer holding GSM8K's '####' (a worked solution, not a {name} "
-                                  "answer): is this a GSM8K file? --bench gsm8k reads it")
+        raise RowError(f"an answer holding GSM8K's '####' (a worked solution, not a {name} answer): is this a "
+                       "GSM8K file? --bench gsm8k reads it")
 
 
 def load_qa(path: Path, name: str) -> Dataset:
@@ -428,7 +429,8 @@ def load_qa(path: Path, name: str) -> Dataset:
         alias_lists |= isinstance(row["answer"], list)
         ids &= "id" in row
         answers = row["answer"] if isinstance(row["answer"], list) else [row["answer"]]
-        _gsm8k_solution([str(a) for a in answers], f"{path} row {i}", name)
+        with _row_shape(f"{path} row {i}"):
+            _gsm8k_solution([str(a) for a in answers], name)
         if not usable_aliases([str(a) for a in answers]):
             skipped[QA_NO_ALIAS] += 1  # e.g. NQ's "---": only an empty answer would match it
             continue
@@ -451,6 +453,7 @@ def load_flores(path: Path, pair: str) -> Dataset:
         if not isinstance(row["question"], str) or not isinstance(row["answer"], str):
             raise InvalidRequestError(f"{path} row {i}: not a FLORES file (a 'question' and an 'answer' "
                                       "sentence per row; an answer list is open QA's)")
-        _gsm8k_solution([row["answer"]], f"{path} row {i}", "translation")
+        with _row_shape(f"{path} row {i}"):
+            _gsm8k_solution([row["answer"]], "translation")
         records.append(Record(id=str(row.get("id", i)), question=row["question"], answers=[row["answer"]]))
     return Dataset(name=f"flores-{pair}", source=str(path), records=records, skipped=dict(skipped))
