@@ -370,6 +370,25 @@ def _supposed(text: str, start: int, end: int, labels: str) -> bool:
     return bool(_SUPPOSED_BEFORE.search(text, 0, start) or _SUPPOSED_AFTER.match(text, end) or disowned)
 
 
+# a conclusion that names its reasoning, not a person, as what says it ("Logic says B.", "The evidence points to C"):
+# the output's own answer, where "Student 1 says B" is someone's (it read no answer)
+_REASONING_SAYS = (r"\b(?i:(?:the|my|this|our)\s+)?(?i:logic|reasoning|analysis|evidence)\s+(?i:says|suggests|indicates"
+                   r"|points\s+to|favou?rs)\s+(?:(?i:option|choice)\s*)?")
+
+
+def _added_to_another(text: str, match: re.Match[str], labels: str) -> bool:
+    """Whether the letter called right at ``match`` is called so "too" / "as well" after its sentence gave another
+    letter a kind word ("B is plausible, but C is correct too."): the output holds both, and reading C scored it right
+    whenever C was the key, as a hedge "B or C" would."""
+    if not re.match(r"\s+(?i:too|as\s+well)\b", text[match.end():]):
+        return False
+    start = max(text.rfind(mark, 0, match.start()) for mark in ".?!;\n") + 1
+    others = re.escape("".join(label for label in labels if label != match.group(1)))
+    return bool(others) and bool(re.search(
+        rf"(?<![\w'\u2019])(?:(?i:option|choice)\s*)?\(?[{others}]\)?\**\s+(?i:is|seems|looks)\s+(?i:also\s+)?"
+        r"(?i:plausible|possible|correct|right|valid|true|reasonable|likely)\b", text[start:match.start()]))
+
+
 def _denied_letters(output: str, labels: str) -> set[str]:
     """The option letters a denial names ("The answer is not (A), since ...", "the correct choice isn't B", "the
     answer is not A or B"): the cue skips a denial, and a fallback then read its letter as the answer (the single
@@ -450,7 +469,19 @@ def _labels_item(text: str, start: int, end: int) -> bool:
     next_item = (r"\n[^\S\n]*#" if heading else r"\n\s*\n") + (
         r"|\n[^\S\n]*(?:[-+\u2022*#]+|\d+[.)])?[^\S\n]*\**(?i:option|choice)\b")
     item = re.split(next_item, text[end:], maxsplit=1)[0]
-    return not _ITEM_CONCLUDES.search(item)
+    # under a heading, the first line of its text states a verdict as a label's own line does ("### Option B: Venus
+    # \nVenus is the right answer."): the heading's line holds only the option's text, and it read as no choice
+    body = [line.strip() for line in item.split("\n")[1:] if line.strip()] if heading else []
+    return not (_ITEM_CONCLUDES.search(item) or (body and _ITEM_CONCLUDES.search(body[0])))
+
+
+def _items_called_right(text: str, mentions: list[re.Match[str]]) -> set[str]:
+    """The letters of labelled items that call themselves right ("- Option A: ... - correct\n- Option B: ... -
+    correct\n- Option C: ... - incorrect", a "which is false?" walk-through): with two or more, the list is a verdict
+    on each option, not one choice (its last item called right was read, B). The scorer does not see the question, so
+    the one item called otherwise (C) is no answer either."""
+    return {m.group(1) for m in mentions
+            if _LABEL_AFTER.match(text, m.end()) or _ITEM_START.search(text, 0, m.start())}
 
 
 def _letter_end(text: str, end: int) -> int:
@@ -524,6 +555,10 @@ def extract_choice(output: str, labels: str, options: Mapping[str, str] | None =
         # the first item of a list of the options ("A. ...: incorrect\nB. ...") names no answer
         listed = {m.group(1) or m.group(2) for m in re.finditer(
             rf"^\s*\**(?:\(([{set_}])\)|([{set_}])[.:)])", output, flags=re.MULTILINE)}
+        # a first line that turns from its letter to another ("(A). Wait, no. (C) is correct.") does not state it
+        turned = _TURN_ON.match(first_line, lead.end()) if lead else None
+        if lead and turned and _other_chosen(first_line, turned.end(), lead.group(1) or lead.group(2), labels):
+            lead = None
         if lead and len(listed) < 2 and (lead.group(1) or lead.group(2)) not in denied:
             group = 1 if lead.group(1) else 2
             span = (offset + lead.start(group), offset + lead.end(group))
@@ -538,6 +573,11 @@ def extract_choice(output: str, labels: str, options: Mapping[str, str] | None =
     if span is None:
         named = [m for m in re.finditer(called_right, output)
                  if m.group(1) not in denied and not _supposed(output, m.start(), m.end(), labels)]
+        named += [m for m in re.finditer(rf"{_REASONING_SAYS}\(?([{set_}])\)?\**(?=\s*(?:[.!]|$))", output,
+                                         flags=re.MULTILINE) if m.group(1) not in denied]
+        named.sort(key=lambda m: m.start(1))
+        if named and _added_to_another(output, named[-1], labels):
+            return None
         span = named[-1].span(1) if named else None
     if span is None:
         mentions = list(re.finditer(rf"(?i:\b(?:option|choice))\s*\(?([{set_}])\b", output))
@@ -545,7 +585,7 @@ def extract_choice(output: str, labels: str, options: Mapping[str, str] | None =
         named = [m for m in mentions
                  if m.group(1) not in denied and not _labels_item(output, m.start(), m.end())
                  and not (several and _CALLED_WRONG.match(output, m.end()))]
-        span = named[-1].span(1) if named else None
+        span = named[-1].span(1) if named and len(_items_called_right(output, named)) < 2 else None
     if span is None:
         # only where the output names a single option in bare "(X)" form: a walk-through of "(A) ... (D) ..." (or one
         # cut off on its way) is no answer, not the last option it reached
@@ -583,6 +623,21 @@ _BRACKETS = set("()[]{}<> ")
 _NUMBER_WORDS = {w: str(i) for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
     "seventeen eighteen nineteen twenty".split())}
+
+
+# a stated answer that is an option's label and its text, which does not call it wrong ("Option A: Mercury")
+_OPTION_LABELLED = re.compile(r"[\s*]*(?i:option|choice)\s*\(?[A-R]\)?\**\s*(?::|[-\u2013\u2014]+\s)"
+                              r"(?![^\n]*\b(?i:wrong|incorrect|false|not|or|and)\b)")
+# a line that opens another turn of a conversation ("Q: ...", "Question:", "User:"), which a model went on to write
+# after its answer; the stop sequence ("\nQ:") catches only one form
+_NEW_TURN = re.compile(r"\n[^\S\n]*(?:Q|Question|User|Human|Assistant)\s*:")
+
+
+def _own_turn(output: str) -> str:
+    """The output up to a line opening another turn ("(A)\n\nUser: ... So the answer is (B)."): a cue in a turn the
+    model wrote on its own after answering read as the answer (B). The caller reads the whole output where this part
+    states no answer ("Let's think.\nQ: ..." restating the question first)."""
+    return _NEW_TURN.split(output, maxsplit=1)[0] if output.strip() else output
 
 
 def extract_bbh(output: str) -> str | None:
@@ -652,6 +707,9 @@ def score_bbh(output: str, gold: str) -> Score:
     the answer, case aside; a number by value; word lists and dyck closings as the written string
     inside any quotes or bold (case, spacing and a final period aside; commas between the words, and
     the spaces between closing brackets, too)."""
+    own = _own_turn(output)
+    if own != output and (score := score_bbh(own, gold)).extracted is not None:
+        return score
     option = re.fullmatch(r"\(([A-R])\)", gold.strip())
     stated = extract_bbh(output)
     if option:
@@ -664,6 +722,10 @@ def score_bbh(output: str, gold: str) -> Score:
         else:
             # a letter in quotes or backticks ('So the answer is "B".') is that letter
             extracted = extract_choice(_unwrapped(stated) if stated else output, "ABCDEFGHIJKLMNOPQR")
+            if extracted is None and stated and _OPTION_LABELLED.match(_unwrapped(stated)):
+                # "Final Answer:\nOption A: <text>": the cue, read across its line break, names the labelled option
+                # (without the cue, the label read as an item being analysed: no answer)
+                extracted = extract_choice("Answer: " + _unwrapped(stated), "ABCDEFGHIJKLMNOPQR")
         correct = extracted == option.group(1)
         return Score(extracted=extracted, correct=correct, value=float(correct))
     target = " ".join(gold.split())
