@@ -44,7 +44,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from tqdm import tqdm
 
@@ -52,7 +52,7 @@ from .data_paths import find_data_dir, not_found
 from .engine_args import check_output_file
 from .errors import ContextLengthError, EnsembleError, InvalidRequestError
 from .evaluation import prompts
-from .evaluation.benchmarks import Benchmark, get_benchmark
+from .evaluation.benchmarks import SAMPLE, Benchmark, get_benchmark
 from .evaluation.datasets import Record
 from .loading import loading_notice
 from .members import load_member, with_backend
@@ -109,12 +109,9 @@ def calibration_records(bench: str, data: str | None,
     if data is None:
         if root is None:
             raise InvalidRequestError(f"{not_found()} (a GSM8K train / ARC dev file)")  # names where it looked
-        path = root / CALIBRATION_SPLITS[bench]
+        path = _split_file(bench, [root / CALIBRATION_SPLITS[bench]], f"the data folder {root}")
     else:
-        path = Path(data).expanduser()
-        if path.is_dir():  # the data folder (as eval's --data) or the benchmark's own folder
-            inside = path / CALIBRATION_SPLITS[bench]
-            path = inside if inside.exists() else path / Path(CALIBRATION_SPLITS[bench]).name
+        path = _given_split(bench, data)
     tests = _test_splits(bench, path, root)
     named_test = re.search(r"(^|[_\-.])test($|[_\-.])", path.stem.lower()) is not None
     if named_test or any(_same_file(path, test) for test in tests):
@@ -135,6 +132,44 @@ def calibration_records(bench: str, data: str | None,
         raise InvalidRequestError(f"every question in {path} is a test question: calibrate on training/dev "
                                   f"data ({CALIBRATION_SPLITS[bench]}), never on the questions evaluated")
     return path, fit[:limit] if limit is not None else fit, benchmark
+
+
+def _given_split(bench: str, data: str) -> Path:
+    """The split ``--data`` names: a file, the data folder (as eval's ``--data``) or the benchmark's own
+    folder. ``sample`` (eval's packaged GSM8K sample) is refused for what it is, test questions; a
+    folder without the split names both paths looked for: "--data /tmp" said "benchmark file not
+    found: /tmp/train.jsonl", and ``sample`` "not found" with eval's hint to use ``--data sample``."""
+    split = CALIBRATION_SPLITS[bench]
+    path = Path(data).expanduser()
+    if data == SAMPLE and not path.exists():
+        raise InvalidRequestError(f"--data sample: the GSM8K sample the package ships is test questions (for "
+                                  f"`eval --data sample`), and calibrate never fits on the questions evaluated; "
+                                  f"{_split_help(bench)}")
+    if path.is_dir():
+        return _split_file(bench, [path / split, path / Path(split).name], f"the folder {path}")
+    return _split_file(bench, [path], "--data")
+
+
+def _split_file(bench: str, candidates: list[Path], where: str) -> Path:
+    """The first of ``candidates`` that is a file (or a link, which the loader names if it is dangling);
+    else an error naming every path looked for and what to give."""
+    for candidate in candidates:
+        if candidate.is_file() or candidate.is_symlink():
+            return candidate
+    looked = " nor ".join(str(c) for c in candidates)
+    _no_split(bench, f"--data {looked}: no such file" if where == "--data" else f"{where}: no {looked}")
+
+
+def _no_split(bench: str, what: str) -> NoReturn:
+    raise InvalidRequestError(f"calibration data not found ({what}); {_split_help(bench)}")
+
+
+def _split_help(bench: str) -> str:
+    """What calibrate reads: the labelled training/dev split, where it lies and how to name it."""
+    split = CALIBRATION_SPLITS[bench]
+    return (f"calibrate fits on the labelled {split} of the benchmark data: pass --data with the data folder "
+            f"(holding {split}), its {split.split('/')[0]} folder or the file itself, or set SAFE_ENSEMBLE_DATA "
+            "to the data folder and leave --data out")
 
 
 def _test_splits(bench: str, path: Path, root: Path | None) -> list[Path]:

@@ -361,18 +361,24 @@ def _unknown_name_hint(model: type[BaseModel], loc: tuple[int | str, ...]) -> st
     owner, name = _nested_model(model, loc[:-1]), loc[-1]
     if owner is None or not isinstance(name, str):
         return ""
-    return name_hint(name, list(owner.model_fields), per_request=owner is GenerationParams)
+    return name_hint(name, list(owner.model_fields), per_request=owner is GenerationParams,
+                     members=len(loc) == 1)  # inside a field's own model (a member's http), its names only
 
 
-def name_hint(name: str, accepted: Sequence[str], per_request: bool = False) -> str:
+def name_hint(name: str, accepted: Sequence[str], per_request: bool = False, members: bool = True) -> str:
     """The hint for an unknown ``name`` among ``accepted``: the name meant (another API's name for
-    it, or a close spelling), or where an engine option given per request goes; or nothing."""
+    it, or a close spelling), or where an engine option given per request goes, or (``members``) where
+    a member option goes (``member_option_hint``); or nothing."""
     if per_request and name in EngineOptions.model_fields:
         return f" ({name} is an engine option: EnsembleEngine(..., {name}=...))"
     known = _OTHER_NAMES.get(name)
     if known is None or known not in accepted:
         known = next(iter(difflib.get_close_matches(name, list(accepted), n=1, cutoff=0.75)), None)
-    return f" (did you mean {known!r}?)" if known else ""
+    if known or not members:
+        return f" (did you mean {known!r}?)" if known else ""
+    from .members.config import member_option_hint  # here: the members' config imports this module
+
+    return member_option_hint(name, accepted)  # n_ctxx, n_gpu_layers, an n_ctx given engine-wide
 
 
 def check_request_keywords(params: Iterable[str], keywords: Sequence[str], caller: str) -> None:

@@ -180,12 +180,18 @@ def _need_file(path: Path, layout: Layout) -> Path:
     link to a missing file (git-annex data not fetched) says so: ``ls`` lists it, "not found" misled."""
     if path.is_dir():
         _no_data(path, layout)
-    if path.is_symlink() and not path.exists():
-        raise InvalidRequestError(f"{path} is a link to a missing file ({path.readlink()}: data not fetched? "
-                                  f"with git-annex, 'git annex get {path.name}' in its folder)")
+    _not_dangling(path)
     if not path.is_file():
         raise InvalidRequestError(f"benchmark file not found: {path} ({layout.hint()})")
     return path
+
+
+def _not_dangling(path: Path) -> None:
+    """A link to a missing file (git-annex data not fetched) is an error saying so, whether named or found
+    in a folder (BBH, MMLU-Redux): ``ls`` lists it, and "not found" or a FileNotFoundError traceback misled."""
+    if path.is_symlink() and not path.exists():
+        raise InvalidRequestError(f"{path} is a link to a missing file ({path.readlink()}: data not fetched? "
+                                  f"with git-annex, 'git annex get {path.name}' in its folder)")
 
 
 def _no_data(folder: Path, layout: Layout) -> NoReturn:
@@ -318,8 +324,12 @@ def unread(relative: Path) -> bool:
 
 
 def _folder_files(folder: Path, pattern: str) -> list[Path]:
-    """The files of ``folder`` matching ``pattern`` that are read (pathlib's glob matches hidden ones)."""
-    return sorted(f for f in folder.glob(pattern) if not unread(Path(f.name)))
+    """The files of ``folder`` matching ``pattern`` that are read (pathlib's glob matches hidden ones); a
+    link among them to a missing file is an error naming it (``_not_dangling``)."""
+    files = sorted(f for f in folder.glob(pattern) if not unread(Path(f.name)))
+    for file in files:
+        _not_dangling(file)  # one task's link not fetched: a FileNotFoundError traceback from the whole folder
+    return files
 
 
 def load_mmlu_redux(path: Path) -> Dataset:

@@ -13,6 +13,7 @@ a transformers member does not set itself and do not touch other backends.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import inspect
@@ -295,6 +296,39 @@ class MemberConfig(MemberDefaults):
             devices.check_device_map(self.device_map)
         if self.dtype is not None:
             devices.torch_dtype(self.dtype)
+
+
+_OTHER_MEMBER_NAMES = {"n_threads": "threads", "n_parallel": "slots", "torch_dtype": "dtype"}
+"""What llama-cpp-python, llama.cpp's server and transformers call a member option (``member_option_hint``)."""
+_NO_SUCH_OPTION = {
+    "n_gpu_layers": "no GPU offload option: the llama.cpp server this process starts for a GGUF takes none; "
+                    "for a GPU run a member on transformers (members=[MemberConfig(model='transformers:NAME', "
+                    "device='cuda')]) or start llama-server with -ngl yourself and name it 'llamacpp:http://HOST:PORT'",
+    "model_kwargs": "no model_kwargs: engine options are keywords of their own (draft_length=3, dtype='bfloat16'), "
+                    "a member's own settings go in members=[MemberConfig(model=..., n_ctx=...)]",
+}
+_NO_SUCH_OPTION["ngl"] = _NO_SUCH_OPTION["n_gpu_layers"]
+"""Names users bring from other libraries for which nothing here has a field: what to do instead."""
+
+
+def member_option_hint(name: str, accepted: Sequence[str]) -> str:
+    """The hint for an unknown ``name`` that is (or is a close spelling or another library's name of) a
+    member option, where ``accepted`` (the names the place it was given takes) has no closer one: the
+    name meant where ``accepted`` holds it, else that it is set per member. One rule for every place a
+    name is refused (``options.name_hint``: MemberConfig, engine options, member_options, ChatEnsemble's
+    and EnsembleLLM's keywords, requests): "n_ctxx" or "n_gpu_layers" got "Extra inputs are not
+    permitted" alone, and "n_ctx" given engine-wide did not say where it goes."""
+    if name in _NO_SUCH_OPTION:
+        return f" ({_NO_SUCH_OPTION[name]})"
+    fields = [f for f in MemberConfig.model_fields if f != "model"]
+    meant = _OTHER_MEMBER_NAMES.get(name) or (
+        name if name in fields else next(iter(difflib.get_close_matches(name, fields, n=1, cutoff=0.75)), None))
+    if meant is None:
+        return ""
+    if meant in accepted:
+        return f" (did you mean {meant!r}?)" if meant != name else ""
+    guess = f"did you mean {meant!r}? " if meant != name else ""
+    return f" ({guess}{meant} is set per member: members=[MemberConfig(model=..., {meant}=...)])"
 
 
 def member_config(entry: str | dict[str, Any] | MemberConfig, defaults: MemberDefaults | None = None,
