@@ -42,10 +42,13 @@ test: setup browser lint
 test-fast: setup
 	$(PY) -m pytest -q -rs -m "not zoo"
 
-# the speed issue's pair (Qwen drafts, SmolLM2 verifies); `make bench BENCH_MODELS=...` measures others
+# the speed issue's pair (Qwen drafts, SmolLM2 verifies); `make bench BENCH_MODELS=...` measures others.
+# The results go to test-artifacts/ (ignored by git), not the repository root; `BENCH_JSON=path` elsewhere.
 BENCH_MODELS ?= qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct
+BENCH_JSON ?= test-artifacts/bench.json
 bench: setup
-	$(VENV)/bin/safe-ensemble bench --models $(BENCH_MODELS) --prompts 4 --json bench.json
+	mkdir -p $(dir $(BENCH_JSON))
+	$(VENV)/bin/safe-ensemble bench --models $(BENCH_MODELS) --prompts 4 --json $(BENCH_JSON)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache

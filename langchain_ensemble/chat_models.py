@@ -282,7 +282,7 @@ class _Request:
 class ChatEnsemble(BaseChatModel):
     """Several local LLMs with different tokenizers answering as one (SAFE by default).
 
-    Setup: ``pip install 'safe-ensemble[langchain]'``; zoo names are converted on first use.
+    Setup, in a clone (not on PyPI): ``pip install -e '.[langchain]'``; zoo names are converted on first use.
 
     Instantiate::
 

@@ -170,6 +170,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: cannot write the results to {args.json} ({err.strerror or err}); they are printed above",
                   file=sys.stderr)
             return 2
+    if args.json and not results.get("interrupted"):  # where they went, after a screenful of JSON
+        print(f"results written to {args.json}", file=sys.stderr)
     if results.get("interrupted"):  # as eval: what was measured is kept, and the exit status says Ctrl-C
         print(f"interrupted: the results above cover the prompts every method answered before Ctrl-C"
               f"{f' (also in {args.json})' if args.json else ''}", file=sys.stderr)
