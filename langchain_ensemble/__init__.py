@@ -6,7 +6,7 @@ try:
     from .chat_models import ChatEnsemble
 except ImportError as err:  # pragma: no cover - only without the extra
     if "langchain_core" in str(err):
-        raise ImportError("langchain_ensemble needs langchain-core: pip install 'safe-ensemble[langchain]'") from err
+        raise ImportError("langchain_ensemble needs langchain-core: pip install -e '.[langchain]' in a clone") from err
     raise
 
 try:

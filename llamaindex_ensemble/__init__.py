@@ -9,7 +9,7 @@ from importlib import metadata
 try:
     import llama_index.core  # noqa: F401
 except ImportError as err:  # pragma: no cover - depends on the install
-    raise ImportError("llamaindex_ensemble needs llama-index-core: pip install 'safe-ensemble[llamaindex]'") from err
+    raise ImportError("llamaindex_ensemble needs llama-index-core: pip install -e '.[llamaindex]' in a clone") from err
 
 from .base import EnsembleLLM, to_engine_messages
 from .events import EnsembleDecisionEvent, EnsembleFinishEvent, EnsembleSpanEvent, EnsembleStepEvent

@@ -611,7 +611,7 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise EnsembleError("the plots need matplotlib: pip install 'safe-ensemble[eval]'") from None
+        raise EnsembleError("the plots need matplotlib: pip install -e '.[eval]' in a clone of safe-ensemble") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -883,5 +883,5 @@ def _sacrebleu():  # noqa: ANN202 - the module
     try:
         import sacrebleu
     except ImportError:
-        raise EnsembleError("FLORES scoring needs sacrebleu: pip install 'safe-ensemble[eval]'") from None
+        raise EnsembleError("FLORES scoring needs sacrebleu: pip install -e '.[eval]' in a clone") from None
     return sacrebleu

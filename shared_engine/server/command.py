@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
 
         from .app import create_app
     except ImportError as err:
-        print(f"error: {err.name} is missing; install the server extra: pip install 'safe-ensemble[server]'",
+        print(f"error: {err.name} is missing; install the server extra: pip install -e '.[server]' in a clone",
               file=sys.stderr)
         return 2
     try:
