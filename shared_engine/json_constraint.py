@@ -46,11 +46,10 @@ validated as usual.
 
 from __future__ import annotations
 
-import functools
 import json
+import math
 import re
 import string
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +68,7 @@ from lmformatenforcer import (
 from lmformatenforcer.jsonschemaparser import NumberParsingState, StringParsingState
 
 from .alignment import TokenTable
+from .json_regex import _atoms, _unicode_escapes
 from .sampling import Sampler
 
 _ALPHABET = "".join(c for c in string.printable if c not in "\\\t\n\r\x0b\x0c")
@@ -199,8 +199,8 @@ class _Rewrite:
             return frozenset().union(*known) if len(known) == len(kinds) else None
         if "enum" in schema:  # an enum of numbers (_enum_schema)
             return frozenset(["number"])
-        if "const" in schema:  # a boolean const (_enum_schema)
-            return frozenset(["boolean"])
+        if "const" in schema:  # a boolean or an array const (_enum_schema)
+            return frozenset(["array" if schema["const"].startswith("[") else "boolean"])
         ref = schema.get("$ref")
         if not isinstance(ref, str) or ref in self.reading:
             return None
@@ -219,9 +219,9 @@ class _Rewrite:
     def _own(self, schema: Mapping[str, Any]) -> dict[str, Any] | None:
         """What ``schema`` itself says (its combinators aside), or None if nothing the parser reads."""
         if "const" in schema:
-            return _enum_schema([schema["const"]])
+            return _enum_schema(_of_type([schema["const"]], schema.get("type")))
         if "enum" in schema:
-            return _enum_schema(list(schema["enum"]))
+            return _enum_schema(_of_type(list(schema["enum"]), schema.get("type")))
         kind = schema.get("type", "object" if "properties" in schema else None)
         if kind is None:
             return None
@@ -232,6 +232,8 @@ class _Rewrite:
 
     def _typed(self, schema: Mapping[str, Any], kind: Any) -> dict[str, Any]:
         out: dict[str, Any] = {"type": kind}
+        if kind == "integer" and (values := _integer_range(schema)) is not None:
+            return {"enum": values}
         if kind in ("integer", "number", "boolean", "null"):
             return out
         if kind == "string":
@@ -416,10 +418,9 @@ def _inside(kinds: frozenset[str], allowed: frozenset[str]) -> bool:
 
 def _enum_schema(values: list[Any]) -> dict[str, Any]:
     """``enum`` (or ``const``) as the parser takes it: its strings, its numbers, its booleans (one
-    of them: that one alone; ``const: true`` let ``false`` through, and a forced call's arguments
-    are not validated after), null, each object key by key (its keys all required, their values
-    fixed the same way) and any array where it holds one (the parser takes strings or numbers only;
-    an array's items in order it cannot say, the validation checks them)."""
+    of them: that one alone; ``const: true`` let ``false`` through, a retry wasted), null, each
+    object key by key (its keys all required, their values fixed the same way) and each array as it
+    is spelled (``_fixed_array``)."""
     strings = [_as_parsed(v) for v in values if isinstance(v, str)]
     numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
     options: list[dict[str, Any]] = [{"type": "string", "enum": strings}] if strings else []
@@ -434,10 +435,66 @@ def _enum_schema(values: list[Any]) -> dict[str, Any]:
             fixed = {"type": "object", "properties": dict(zip(names, map(_enum_schema, ([v] for v in value.values())))),
                      "required": names}
             options.append(fixed if len(set(names)) == len(names) else {"type": "object"})  # two keys read alike
-    options += [{"type": "array"}] if any(isinstance(v, list) for v in values) else []
+    options += [_fixed_array(v) for v in values if isinstance(v, list)]
     if not options:
         raise _Unsupported(values)
     return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "number": (int, float), "integer": (int, float), "boolean": (bool,), "null": (type(None),),
+    "array": (list,), "object": (dict,)}
+
+
+def _of_type(values: list[Any], kind: Any) -> list[Any]:
+    """The ``enum`` (or ``const``) values a value may be beside the schema's ``type`` (all where it has
+    none): ``{"type": "integer", "enum": [1, 2.5]}`` let 2.5 be written, which the validation refused
+    (a retry wasted; a forced call's arguments wrong). An integral float under "integer" is written as
+    the integer (``1.0`` is one to ``jsonschema``, a float to ``json.loads`` and a strict ``int``)."""
+    kinds = [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else None
+    if kinds is None:
+        return values
+
+    def fits(value: Any, kind: str) -> bool:
+        if kind == "integer" and isinstance(value, float):
+            return value.is_integer()
+        return isinstance(value, bool) == (kind == "boolean") and isinstance(value, _JSON_TYPES.get(kind, ()))
+    kept = [v for v in values if any(fits(v, k) for k in kinds)]
+    return [int(v) if isinstance(v, float) and "number" not in kinds else v for v in kept]
+
+
+_RANGE_AS_ENUM = 256
+"""The most integers a bounded ``integer`` schema is written as an enum of (``_integer_range``)."""
+
+
+def _integer_range(schema: Mapping[str, Any]) -> list[int] | None:
+    """The integers a bounded ``integer`` schema allows, where they are few: the parser does not read
+    ``minimum``/``maximum`` (or the exclusive ones, ``multipleOf``), so ``{"minimum": 1, "maximum": 8}``
+    let 99 be written, refused after (retries wasted on the same value). None: unbounded, too many
+    (left to the validation), or none at all."""
+    bounds = {k: v for k, v in schema.items() if k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+              and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    lows = [math.ceil(bounds["minimum"])] if "minimum" in bounds else []
+    lows += [math.floor(bounds["exclusiveMinimum"]) + 1] if "exclusiveMinimum" in bounds else []
+    highs = [math.floor(bounds["maximum"])] if "maximum" in bounds else []
+    highs += [math.ceil(bounds["exclusiveMaximum"]) - 1] if "exclusiveMaximum" in bounds else []
+    if not lows or not highs or not 0 <= min(highs) - max(lows) < _RANGE_AS_ENUM:
+        return None
+    low, high, step = max(lows), min(highs), schema.get("multipleOf")
+    if any(isinstance(schema.get(k), bool) for k in ("exclusiveMinimum", "exclusiveMaximum")):
+        return None  # draft 4's exclusive flags: left to the validation
+    values = [v for v in range(low, high + 1)
+              if not isinstance(step, (int, float)) or isinstance(step, bool) or step <= 0 or (v / step).is_integer()]
+    return values or None
+
+
+def _fixed_array(value: list[Any]) -> dict[str, Any]:
+    """An array ``enum`` or ``const`` value as the parser takes it: its JSON spelling, written as it is
+    (``_Bare``; given "any array", ``{"const": [1, 2]}`` let ``[2, 1]`` be written, which the
+    validation refused). One holding a string or an object (the parser ends such a const at its first
+    ``"``: it became unwritable) stays any array, checked by the validation."""
+    text = json.dumps(value)
+    return {"type": "array"} if '"' in text else {"const": _Bare(text)}
 
 
 _ESCAPE = re.compile(r"\\(?:u[0-9a-fA-F]{4}|.)")
@@ -449,80 +506,8 @@ def _as_parsed(value: str) -> str:
     written raw: invalid JSON), each escape sequence then read as its backslash alone (the parser
     reads what follows a backslash apart, as any valid escape). So ``"a\\"b"`` is writable for
     ``a"b`` and ``"a"`` is not; the escape after the backslash may be any valid one (``"a\\nb"``
-    is another value: a JSON answer's validation refuses it, a forced call's arguments are not
-    validated)."""
+    is another value: the validation refuses it, of a JSON answer or of a forced call's arguments)."""
     return _ESCAPE.sub(lambda _: "\\", json.dumps(value, ensure_ascii=False)[1:-1])
-
-
-def _atoms(regex: str) -> list[str]:
-    """``regex`` cut into an escape (``\\x``), a whole character class (``[...]``) or one character each."""
-    atoms: list[str] = []
-    i = 0
-    while i < len(regex):
-        if regex[i] == "\\":
-            end = i + 2
-        elif regex[i] == "[":
-            end = i + 1 + regex.startswith("^", i + 1)
-            end += regex.startswith("]", end)  # a "]" first in a class is one of its characters
-            while end < len(regex) and regex[end] != "]":
-                end += 2 if regex[end] == "\\" else 1
-            end += 1
-        else:
-            end = i + 1
-        atoms.append(regex[i:end])
-        i = end
-    return atoms
-
-
-def _bracket_escaped(atom: str) -> str:
-    """A character class whose first character is ``]`` (``[]a]``, ``[^]a]``: Python's ``re``, the
-    validation's, reads it as one of the class's characters) with that ``]`` escaped: the parser's
-    regex library reads ``[]`` as an empty class, and ``^[]a]+$`` made every string unwritable."""
-    for opening in ("[]", "[^]"):
-        if atom.startswith(opening) and len(atom) > len(opening):
-            return opening[:-1] + "\\" + atom[len(opening) - 1:]
-    return atom
-
-
-_NON_ASCII = "[^\\x00-\\x7f]"
-
-
-@functools.cache
-def _unicode_classes() -> dict[str, str]:
-    """What Python's ``re`` reads as ``\\d`` and ``\\s`` in a str pattern (Unicode decimal digits,
-    Unicode whitespace), spelled for a character class: the validation's reading (jsonschema
-    searches with ``re``); the parser's regex library reads both as ASCII."""
-    high = [chr(code) for code in range(0x80, sys.maxunicode + 1)]
-    return {"\\d": "0-9" + "".join(c for c in high if c.isdecimal()),
-            "\\s": "\\s" + "".join(c for c in high if c.isspace())}
-
-
-def _unicode_escapes(atoms: list[str]) -> str:
-    """The regex of ``atoms`` with ``\\w``, ``\\d`` and ``\\s`` read as the validation (Python's
-    ``re``, as pydantic's) reads them, not as ASCII as the parser's regex library does ("café" was
-    unwritable under ``^\\w+$``, "١٢" under ``^\\d+$``, a no-break space under ``^a\\sb$``; ``^\\D+$`` let
-    "١" through). ``\\d``, ``\\s``, ``\\D``, ``\\S`` exactly, also in a class (there ``\\D``
-    and ``\\S`` stay loose); ``\\w`` (too many letters to spell) with any non-ASCII character: one that is
-    no letter is left to the validation."""
-    regex = "".join(atoms)
-    escapes = any(escape in regex for escape in ("\\d", "\\s", "\\D", "\\S"))
-    classes = _unicode_classes() if escapes else {}  # spelled once per process (0.4 s), where needed only
-
-    def spelled(atom: str) -> str:
-        atom = _bracket_escaped(atom)
-        if atom in classes:
-            return f"[{classes[atom]}]"
-        if atom.lower() in classes:  # \D, \S
-            return f"[^{classes[atom.lower()]}]"
-        if atom.startswith("[") and len(atom) > 2:
-            return "[" + "".join(classes.get(inner, inner) for inner in _atoms(atom[1:-1])) + "]"
-        return atom
-
-    def word(atom: str) -> bool:
-        if atom == "\\w":
-            return True
-        return atom.startswith("[") and not atom.startswith("[^") and "\\w" in _atoms(atom[1:-1])
-    return "".join(f"(?:{spelled(atom)}|{_NON_ASCII})" if word(atom) else spelled(atom) for atom in atoms)
 
 
 def _whole_match(pattern: str) -> str | None:

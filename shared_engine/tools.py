@@ -52,7 +52,8 @@ error fed back if it does not (``FORMAT_ATTEMPTS`` tries in all, fewer where a r
 holds every rejected answer, would not fit; under the constraint only an
 answer cut by max_new_tokens or a keyword the parser does not enforce fails). The tokens of the
 accepted attempt are then released at once; an answer that never validates is released as is,
-with ``FinishEvent.format_error`` saying why.
+with ``FinishEvent.format_error`` saying why. A forced call's arguments are validated against its
+tool's parameter schema the same way (``call_error``), and retried.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ from pydantic_core import PydanticCustomError
 from .errors import InvalidRequestError
 from .events import Event, TokenEvent, ToolCallEvent
 from .json_constraint import JsonPrefix, call_start_state, start_state
+from .json_validation import schema_error
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -730,41 +732,21 @@ def format_error(text: str, response_format: ResponseFormat) -> str | None:
         return f"a JSON {type(value).__name__}, not an object"
     spec = response_format.json_schema  # json_object may carry one too: checked, not shown to the members
     if spec is not None and spec.json_schema:
-        # formats too ("checked and retried"): without a format_checker jsonschema only annotates them;
-        # date-time and time need rfc3339-validator (a base dependency), the rest the standard library
-        cls = _without_ref_cycles(jsonschema.validators.validator_for(spec.json_schema))
-        validator = cls(spec.json_schema, format_checker=cls.FORMAT_CHECKER)
-        problem = jsonschema.exceptions.best_match(validator.iter_errors(value))
-        if problem is not None:
-            where = "/".join(map(str, problem.absolute_path)) or "the object"
-            return f"{where}: {problem.message}"
+        return schema_error(value, spec.json_schema)
     return None
 
 
-def _without_ref_cycles(cls: Any) -> Any:
-    """``cls`` whose ``$ref`` fails where it would read the same value through the same reference again.
-
-    Definitions that are each other's union options (``A: anyOf ["a", B]``, ``B: anyOf [A, 1]``) sent
-    jsonschema round them without end, on a valid value too where the cycle's branch comes first: a
-    RecursionError instead of the answer (the constraint writes such schemas). A value matches a
-    definition only through a finite path of branches, so a path that comes back to the same value and
-    reference adds nothing: failing it leaves the verdict that of the schema. The same value is the same
-    object (a child value is another object; a parent's frames are never a child's)."""
-    resolve = cls.VALIDATORS["$ref"]
-    reading: set[tuple[int, str]] = set()
-
-    def ref(validator: Any, ref: str, instance: Any, schema: Any) -> Any:
-        key = (id(instance), ref)
-        if key in reading:
-            yield jsonschema.exceptions.ValidationError(f"{ref} leads back to itself here")
-            return
-        reading.add(key)
-        try:
-            yield from resolve(validator, ref, instance, schema)
-        finally:
-            reading.discard(key)
-
-    return jsonschema.validators.extend(cls, {"$ref": ref})
+def call_error(calls: Sequence[ToolCallEvent], schemas: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """Why a call's arguments do not match its tool's parameter schema (None: each call's do; a call
+    that could not be read says so itself, ``ToolCallEvent.error``). The arguments are shown: a retry's
+    prompt holds no rejected call (``AnswerShaper.text`` is the answer's text only)."""
+    for call in calls:
+        if call.name is None or call.arguments is None or call.name not in schemas:
+            continue
+        problem = schema_error(call.arguments, schemas[call.name] or {"type": "object"})
+        if problem is not None:
+            return f"the arguments of {call.name}, {json.dumps(call.arguments, ensure_ascii=False)}: {problem}"
+    return None
 
 
 def _root_not_object(schema: Mapping[str, Any]) -> str | None:
@@ -853,8 +835,16 @@ class OutputPlan:
         return plan
 
     @property
+    def checked(self) -> bool:
+        """Whether the answer is validated (and retried, held until then): a JSON answer, or a forced
+        call, whose arguments are checked against the tool's parameter schema as a JSON answer is
+        against its own (``call_error``): the constraint leaves ``minimum``, ``format``, ... unchecked,
+        and a forced call with arguments out of range was returned as valid, never retried."""
+        return self.response_format is not None or bool(self.forced and self.tools)
+
+    @property
     def attempts(self) -> int:
-        return FORMAT_ATTEMPTS if self.response_format is not None else 1
+        return FORMAT_ATTEMPTS if self.checked else 1
 
     def messages(self, messages: list[dict[str, Any]], earlier: Sequence[tuple[str, str]] = ()) -> list[dict[str, Any]]:
         """The conversation one attempt sees: tool history as text, the format instruction, a
@@ -876,6 +866,10 @@ class OutputPlan:
                         {"role": "user", "content": f"That is not valid: {problem}. Reply with the corrected "
                                                     "JSON object only."}]
         if self.forced:
+            for answer, problem in earlier if self.response_format is None else ():  # a rejected call
+                out += [{"role": "assistant", "content": answer}] if answer.strip() else []
+                out.append({"role": "user", "content": f"That call is not valid: {problem}. Call the function "
+                                                       "again with corrected arguments."})
             out.append(forced_instruction(self.forced, self.names))
         return out
 
@@ -918,11 +912,13 @@ class AnswerShaper:
                 out += self._pieces(self.parser.close(), last)
             if self.plan.response_format is not None and not self.calls:  # an answer that calls a tool
                 self.format_error = format_error(self.text, self.plan.response_format)  # is no JSON answer
+            elif self.plan.response_format is None and self.plan.checked:
+                self.format_error = call_error(self.calls, self.plan.schemas)
             out.append(event.model_copy(update={"text": self.text, "tool_calls": self.calls,
                                                 "format_error": self.format_error}))
         else:
             out.append(event)
-        if self.plan.response_format is None:
+        if not self.plan.checked:
             return out
         # everything but finish is released by release() once the attempt is accepted, in its order: a
         # rejected attempt's call must not reach the caller (it would be run, and the retry call again),

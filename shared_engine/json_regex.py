@@ -1,0 +1,79 @@
+"""Reading a JSON Schema ``pattern``'s regex, shared by the decoding constraint
+(``json_constraint._whole_match``: the parser's regex library reads ``\\d``, ``\\s``, ``\\w`` as ASCII and
+``[]a]`` as an empty class) and the validation (``json_validation``: ECMA-262's ``$``)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+
+def _atoms(regex: str) -> list[str]:
+    """``regex`` cut into an escape (``\\x``), a whole character class (``[...]``) or one character each."""
+    atoms: list[str] = []
+    i = 0
+    while i < len(regex):
+        if regex[i] == "\\":
+            end = i + 2
+        elif regex[i] == "[":
+            end = i + 1 + regex.startswith("^", i + 1)
+            end += regex.startswith("]", end)  # a "]" first in a class is one of its characters
+            while end < len(regex) and regex[end] != "]":
+                end += 2 if regex[end] == "\\" else 1
+            end += 1
+        else:
+            end = i + 1
+        atoms.append(regex[i:end])
+        i = end
+    return atoms
+
+
+def _bracket_escaped(atom: str) -> str:
+    """A character class whose first character is ``]`` (``[]a]``, ``[^]a]``: Python's ``re``, the
+    validation's, reads it as one of the class's characters) with that ``]`` escaped: the parser's
+    regex library reads ``[]`` as an empty class, and ``^[]a]+$`` made every string unwritable."""
+    for opening in ("[]", "[^]"):
+        if atom.startswith(opening) and len(atom) > len(opening):
+            return opening[:-1] + "\\" + atom[len(opening) - 1:]
+    return atom
+
+
+_NON_ASCII = "[^\\x00-\\x7f]"
+
+
+@functools.cache
+def _unicode_classes() -> dict[str, str]:
+    """What Python's ``re`` reads as ``\\d`` and ``\\s`` in a str pattern (Unicode decimal digits,
+    Unicode whitespace), spelled for a character class: the validation's reading (jsonschema
+    searches with ``re``); the parser's regex library reads both as ASCII."""
+    high = [chr(code) for code in range(0x80, sys.maxunicode + 1)]
+    return {"\\d": "0-9" + "".join(c for c in high if c.isdecimal()),
+            "\\s": "\\s" + "".join(c for c in high if c.isspace())}
+
+
+def _unicode_escapes(atoms: list[str]) -> str:
+    """The regex of ``atoms`` with ``\\w``, ``\\d`` and ``\\s`` read as the validation (Python's
+    ``re``, as pydantic's) reads them, not as ASCII as the parser's regex library does ("café" was
+    unwritable under ``^\\w+$``, "١٢" under ``^\\d+$``, a no-break space under ``^a\\sb$``; ``^\\D+$`` let
+    "١" through). ``\\d``, ``\\s``, ``\\D``, ``\\S`` exactly, also in a class (there ``\\D``
+    and ``\\S`` stay loose); ``\\w`` (too many letters to spell) with any non-ASCII character: one that is
+    no letter is left to the validation."""
+    regex = "".join(atoms)
+    escapes = any(escape in regex for escape in ("\\d", "\\s", "\\D", "\\S"))
+    classes = _unicode_classes() if escapes else {}  # spelled once per process (0.4 s), where needed only
+
+    def spelled(atom: str) -> str:
+        atom = _bracket_escaped(atom)
+        if atom in classes:
+            return f"[{classes[atom]}]"
+        if atom.lower() in classes:  # \D, \S
+            return f"[^{classes[atom.lower()]}]"
+        if atom.startswith("[") and len(atom) > 2:
+            return "[" + "".join(classes.get(inner, inner) for inner in _atoms(atom[1:-1])) + "]"
+        return atom
+
+    def word(atom: str) -> bool:
+        if atom == "\\w":
+            return True
+        return atom.startswith("[") and not atom.startswith("[^") and "\\w" in _atoms(atom[1:-1])
+    return "".join(f"(?:{spelled(atom)}|{_NON_ASCII})" if word(atom) else spelled(atom) for atom in atoms)
