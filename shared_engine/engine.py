@@ -66,6 +66,7 @@ from .members import (
 )
 from .members.chat import Message, normalize_messages, render_plain
 from .members.config import check_placement_used
+from .offload import carries_schemas, run_schema_work
 from .options import EngineOptions, GenerationParams, check_request_keywords, validated
 from .policies import DraftSchedule, make_policy
 from .profile import apply_profile
@@ -375,15 +376,12 @@ class EnsembleEngine:
         completions; ``OutputOptions.raw_prompt``).
         """
         self._check_open()
-        # off the loop: validating the output options checks every tool's parameter schema (jsonschema,
-        # a tenth of a second and more for a tool list of nested models), and froze every other stream.
-        # Held across the hop (a close meanwhile let go of the members, and _decode then opened sessions on
-        # them), then handed to _decode, which counts the request before its first await.
+        # Held across the validation's hop (a close meanwhile let go of the members, and _decode then opened
+        # sessions on them), then handed to _decode, which counts the request before its first await.
         async with self._holding(handed_on=True):
-            gen, plan, messages = await asyncio.to_thread(
-                self._validated, messages_or_prompt, params, tools=tools, tool_choice=tool_choice,
-                parallel_tool_calls=parallel_tool_calls, prefix=prefix, response_format=response_format,
-                tool_result_hint=tool_result_hint, raw_prompt=raw_prompt)
+            gen, plan, messages = await self._avalidated(messages_or_prompt, params, tools=tools,
+                tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls, prefix=prefix,
+                response_format=response_format, tool_result_hint=tool_result_hint, raw_prompt=raw_prompt)
         rejected: list[tuple[str, str]] = []
         retried: list[Stats] = []
         answer_plan = plan.answer_only()  # a retry beside offered tools answers in JSON, under the schema
@@ -396,8 +394,9 @@ class EnsembleEngine:
             if attempt > 1:
                 plan = answer_plan
                 if self._closed and finish is not None:  # closed during the retry's event: members let go
-                    # the last attempt ends cancelled: its stats once, as the finish's own (usage sums both)
-                    yield finish.model_copy(update={"reason": "cancelled", "rejected_attempts": retried[:-1]})
+                    # cancelled, no answer (format_retry carried the rejected one), its stats once (usage sums both)
+                    yield finish.model_copy(update={"reason": "cancelled", "rejected_attempts": retried[:-1],
+                                                    "text": "", "tool_calls": [], "format_error": None})
                     return
             shaper = plan.shaper()
             finish = None
@@ -520,8 +519,15 @@ class EnsembleEngine:
         output = {k: params.pop(k) for k in OutputOptions.model_fields if k in params}
         self._check_open()
         async with self._holding():
-            gen, plan, messages = await asyncio.to_thread(self._validated, messages_or_prompt, params, **output)
+            gen, plan, messages = await self._avalidated(messages_or_prompt, params, **output)
             await self._fitted_prompt_ids(messages, plan, gen)
+
+    async def _avalidated(self, messages_or_prompt: str | Sequence[Message], params: Mapping[str, Any],
+                          **output_options: Any) -> tuple[GenerationParams, OutputPlan, list[dict[str, Any]]]:
+        """``_validated``, on the schema pool where the options carry schemas (jsonschema: tenths of a second)."""
+        if carries_schemas(output_options.get("tools"), output_options.get("response_format")):
+            return await run_schema_work(self._validated, messages_or_prompt, params, **output_options)
+        return self._validated(messages_or_prompt, params, **output_options)
 
     @asynccontextmanager
     async def _holding(self, handed_on: bool = False) -> AsyncIterator[None]:
@@ -569,10 +575,11 @@ class EnsembleEngine:
         members, prompt_ids, max_new_tokens = await self._fitted_prompt_ids(messages, plan, gen)
         # AdaFuse's spans are written by every member unconstrained: its JSON is validated and retried only.
         adafuse = self.options.method == "adafuse"
-        # Built off the loop (a schema's parser takes seconds: its patterns' automata), which on the loop
-        # thread froze every other request's stream. Before the sessions: a request cancelled meanwhile
-        # has nothing to close (the worker's parser is simply dropped).
-        constraint = await asyncio.to_thread(plan.constraint) if not adafuse else None
+        # On the schema pool (a schema's parser takes seconds): on the loop it froze every stream, on the default
+        # executor a plain request's loading and rendering waited behind it. Before the sessions: a request
+        # cancelled meanwhile has nothing to close (the parser is dropped). A plan without schemas has none.
+        constraint = (await run_schema_work(plan.constraint)
+                      if not adafuse and carries_schemas(plan.tools, plan.response_format) else None)
         records = request_members(members, self.labels, [m.new_session() for m in members], prompt_ids,
                                   self._weights(), chat_turn=not plan.raw_prompt)
         stops = tuple(gen.stop) + tuple(plan.stops)  # the members' turn stops: RequestState.every_member_writes

@@ -52,6 +52,7 @@ from ..errors import (
 )
 from ..events import Event
 from ..members.chat import normalize_messages
+from ..offload import carries_schemas, run_schema_work
 from ..options import DEFAULT_MAX_ACTIVE, GenerationParams, validated
 from ..tools import OutputOptions, OutputPlan
 from .admission import Admission, Overloaded, Ticket
@@ -495,16 +496,21 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
     async def chat_completions(request: Request) -> Response:
         req = await _parse(request, ChatCompletionRequest)
         check(req)
+        output = req.output_options()
+
         def checked() -> tuple[list[dict[str, Any]], dict[str, Any]]:
             messages = normalize_messages([m.as_engine_message() for m in req.messages])
             params = req.generation_params()
             validated(GenerationParams, **params)
-            output = req.output_options()
             OutputPlan(validated(OutputOptions, **output))
             return messages, {**params, **output}
 
-        try:  # off the loop: a long tool list's schemas take tenths of a second to check (every stream froze)
-            messages, params = await asyncio.to_thread(checked)
+        try:  # a tool list's schemas take tenths of a second to check: on the loop every stream froze, on the
+            # loop's default executor plain requests' loading and rendering waited: on the schema pool
+            if carries_schemas(output.get("tools"), output.get("response_format")):
+                messages, params = await run_schema_work(checked)
+            else:
+                messages, params = checked()  # nothing slow to check
         except InvalidRequestError as err:
             raise _engine_error(err, "messages", req.answer_tokens_field()) from None
         except RecursionError:  # e.g. a JSON schema nested past what the engine's readers recurse through
