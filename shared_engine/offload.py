@@ -56,8 +56,9 @@ async def run_schema_work(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwar
 
 
 def shutdown_schema_executor() -> None:
-    """Stop the pool: queued jobs are dropped, running ones finish (interpreter exit). A later job
-    makes a new pool."""
+    """Stop the pool: queued jobs are dropped, running ones finish; a later job makes a new pool. Also run
+    at exit, where concurrent.futures has already waited for the pool's jobs (as for the default executor's:
+    a schema job is seconds at most)."""
     global _pool
     with _lock:
         pool, _pool = _pool, None
