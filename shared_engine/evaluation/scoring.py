@@ -372,8 +372,8 @@ def _supposed(text: str, start: int, end: int, labels: str) -> bool:
 
 # a conclusion that names its reasoning, not a person, as what says it ("Logic says B.", "The evidence points to C"):
 # the output's own answer, where "Student 1 says B" is someone's (it read no answer)
-_REASONING_SAYS = (r"\b(?i:(?:the|my|this|our)\s+)?(?i:logic|reasoning|analysis|evidence)\s+(?i:says|suggests|indicates"
-                   r"|points\s+to|favou?rs)\s+(?:(?i:option|choice)\s*)?")
+_REASONING_SAYS = (r"(?:^|(?<=[.!?;:,]\s))[^\S\n]*(?i:(?:the|my|this|our)\s+)?(?i:logic|reasoning|analysis|evidence)"
+                   r"\s+(?i:says|suggests|indicates|points\s+to|favou?rs)\s+(?:(?i:option|choice)\s*)?")
 
 
 def _added_to_another(text: str, match: re.Match[str], labels: str) -> bool:
@@ -384,6 +384,9 @@ def _added_to_another(text: str, match: re.Match[str], labels: str) -> bool:
         return False
     start = max(text.rfind(mark, 0, match.start()) for mark in ".?!;\n") + 1
     others = re.escape("".join(label for label in labels if label != match.group(1)))
+    # "Since A is right and B is right, D is correct too" (D: "Both"/"All of the above") follows from the others
+    if re.search(r"\b(?i:since|because|as|given|if|so|therefore|thus|hence)\b", text[start:match.start()]):
+        return False
     return bool(others) and bool(re.search(
         rf"(?<![\w'\u2019])(?:(?i:option|choice)\s*)?\(?[{others}]\)?\**\s+(?i:is|seems|looks)\s+(?i:also\s+)?"
         r"(?i:plausible|possible|correct|right|valid|true|reasonable|likely)\b", text[start:match.start()]))
@@ -557,7 +560,11 @@ def extract_choice(output: str, labels: str, options: Mapping[str, str] | None =
             rf"^\s*\**(?:\(([{set_}])\)|([{set_}])[.:)])", output, flags=re.MULTILINE)}
         # a first line that turns from its letter to another ("(A). Wait, no. (C) is correct.") does not state it
         turned = _TURN_ON.match(first_line, lead.end()) if lead else None
-        if lead and turned and _other_chosen(first_line, turned.end(), lead.group(1) or lead.group(2), labels):
+        # ... unless it comes back to it ("(C). Actually, A is correct and B is correct, so it's C.")
+        back = re.findall(rf"(?<![\w'\u2019])\(?([{set_}])\)?(?![\w'\u2019])",
+                          first_line[turned.end():]) if turned else []
+        if lead and turned and _other_chosen(first_line, turned.end(), lead.group(1) or lead.group(2), labels) and not (
+                back and back[-1] == (lead.group(1) or lead.group(2))):
             lead = None
         if lead and len(listed) < 2 and (lead.group(1) or lead.group(2)) not in denied:
             group = 1 if lead.group(1) else 2
@@ -573,9 +580,10 @@ def extract_choice(output: str, labels: str, options: Mapping[str, str] | None =
     if span is None:
         named = [m for m in re.finditer(called_right, output)
                  if m.group(1) not in denied and not _supposed(output, m.start(), m.end(), labels)]
-        named += [m for m in re.finditer(rf"{_REASONING_SAYS}\(?([{set_}])\)?\**(?=\s*(?:[.!]|$))", output,
-                                         flags=re.MULTILINE) if m.group(1) not in denied]
-        named.sort(key=lambda m: m.start(1))
+        # reasoning that says a letter counts only where no letter is called right ("C is correct. A naive
+        # analysis suggests B." is C)
+        named = named or [m for m in re.finditer(rf"{_REASONING_SAYS}\(?([{set_}])\)?\**(?=\s*(?:[.!]|$))", output,
+                                                 flags=re.MULTILINE) if m.group(1) not in denied]
         if named and _added_to_another(output, named[-1], labels):
             return None
         span = named[-1].span(1) if named else None
@@ -585,7 +593,10 @@ def extract_choice(output: str, labels: str, options: Mapping[str, str] | None =
         named = [m for m in mentions
                  if m.group(1) not in denied and not _labels_item(output, m.start(), m.end())
                  and not (several and _CALLED_WRONG.match(output, m.end()))]
-        span = named[-1].span(1) if named and len(_items_called_right(output, named)) < 2 else None
+        # a verdict list calling two right is no choice, unless a mention after it names one ("... So the false
+        # statement is option C.")
+        span = named[-1].span(1) if named and not (len(_items_called_right(output, named)) >= 2 and _items_called_right(
+            output, named[-1:])) else None
     if span is None:
         # only where the output names a single option in bare "(X)" form: a walk-through of "(A) ... (D) ..." (or one
         # cut off on its way) is no answer, not the last option it reached
@@ -630,6 +641,8 @@ _OPTION_LABELLED = re.compile(r"[\s*]*(?i:option|choice)\s*\(?[A-R]\)?\**\s*(?::
                               r"(?![^\n]*\b(?i:wrong|incorrect|false|not|or|and)\b)")
 # a line that opens another turn of a conversation ("Q: ...", "Question:", "User:"), which a model went on to write
 # after its answer; the stop sequence ("\nQ:") catches only one form
+_BARE_ANSWER = re.compile(r"[\s*]*(?:\(?[A-Ra-r]\)(?:[^\S\n]+[^\n]*)?|[A-R][.:)]?|(?i:yes|no|true|false|valid|invalid)"
+                          r"|-?\d+)[\s*.!]*")
 _NEW_TURN = re.compile(r"\n[^\S\n]*(?:Q|Question|User|Human|Assistant)\s*:")
 
 
@@ -637,7 +650,14 @@ def _own_turn(output: str) -> str:
     """The output up to a line opening another turn ("(A)\n\nUser: ... So the answer is (B)."): a cue in a turn the
     model wrote on its own after answering read as the answer (B). The caller reads the whole output where this part
     states no answer ("Let's think.\nQ: ..." restating the question first)."""
-    return _NEW_TURN.split(output, maxsplit=1)[0] if output.strip() else output
+    own = _NEW_TURN.split(output, maxsplit=1)[0] if output.strip() else output
+    lines = [line for line in own.splitlines() if line.strip()]
+    # only an answer stated outright: a bare one, or a cue on the last line stating a letter, a yes/no or a number
+    if not lines or not (_BARE_ANSWER.fullmatch(own.strip()) or ((stated := extract_bbh(lines[-1])) is not None
+                                                              and _BARE_ANSWER.fullmatch(_unwrapped(stated))
+                                                              and not re.search(r"\b(?i:if|when|unless)\b", stated))):
+        return output  # "Let me recheck (B).\nQuestion: <the question restated>\n... So the answer is (A)." is A
+    return own
 
 
 def extract_bbh(output: str) -> str | None:
@@ -722,7 +742,9 @@ def score_bbh(output: str, gold: str) -> Score:
         else:
             # a letter in quotes or backticks ('So the answer is "B".') is that letter
             extracted = extract_choice(_unwrapped(stated) if stated else output, "ABCDEFGHIJKLMNOPQR")
-            if extracted is None and stated and _OPTION_LABELLED.match(_unwrapped(stated)):
+            rest = output[output.rfind(stated) + len(stated):] if stated else ""
+            if extracted is None and stated and _OPTION_LABELLED.match(_unwrapped(stated)) and not re.search(
+                    r"(?i:\b(?:option|choice))\s*\(?[A-R]\b|\([A-R]\)|(?<![\w'\u2019])[B-HJ-R](?![\w'\u2019])", rest):
                 # "Final Answer:\nOption A: <text>": the cue, read across its line break, names the labelled option
                 # (without the cue, the label read as an item being analysed: no answer)
                 extracted = extract_choice("Answer: " + _unwrapped(stated), "ABCDEFGHIJKLMNOPQR")
