@@ -671,8 +671,9 @@ class ChatEnsemble(BaseChatModel):
             llm = self.bind_tools([schema], tool_choice="any", ls_structured_output_format=ls_format)
             name = convert_to_openai_tool(schema)["function"]["name"]
             # LangChain's tools parsers read an answer without a readable call as None: it must fail here
-            parser = _readable_call(name) | (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_pydantic
-                                            else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
+            whole_call = PydanticToolsParser(tools=[schema], first_tool_only=True) if is_pydantic else None
+            parser = _readable_call(name, whole_call) | (
+                whole_call or JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
         else:
             if schema is None and method == "json_schema":
                 raise ValueError("method='json_schema' needs a schema (json_mode takes none: any JSON object)")
@@ -956,14 +957,20 @@ def _valid_answer(message: AIMessage, cut_ok: bool, whole: PydanticOutputParser[
     return message
 
 
-def _readable_call(name: str) -> Runnable[Any, Any]:
+def _readable_call(name: str, whole: PydanticToolsParser | None = None) -> Runnable[Any, Any]:
     """Passes the answer (or its chunks) on, then raises ``OutputParserException`` where it holds no
     readable call of ``name`` (cut by max_tokens, or unreadable: the engine made it an
     ``invalid_tool_call``): LangChain's tools parsers read that as ``None``, so ``invoke`` gave None,
-    ``stream`` nothing and ``include_raw=True`` no ``parsing_error`` (ChatOpenAI raises there)."""
+    ``stream`` nothing and ``include_raw=True`` no ``parsing_error`` (ChatOpenAI raises there). A
+    pydantic schema's parser (``whole``) reads the whole call here too: ``stream`` drops a call whose
+    arguments fail the model (``Field(ge=0)`` given -1), so it yielded nothing where ``invoke`` raised."""
 
     def check(message: BaseMessage | None) -> None:
-        if not isinstance(message, AIMessage) or message.tool_calls:
+        if not isinstance(message, AIMessage):
+            return
+        if message.tool_calls:
+            if whole is not None:
+                whole.parse_result([ChatGeneration(message=message)])
             return
         invalid = message.invalid_tool_calls[0] if message.invalid_tool_calls else None
         raw = str(message.text)
@@ -976,7 +983,8 @@ def _readable_call(name: str) -> Runnable[Any, Any]:
         if message.response_metadata.get("finish_reason") == "length":
             why = "the call was cut by max_tokens before its JSON ended"
         elif invalid is not None:
-            why = f"the call could not be read ({invalid.get('error') or 'not a call of it'})"
+            error = invalid.get("error") or message.response_metadata.get("tool_call_errors", {}).get(invalid.get("id"))
+            why = f"the call could not be read ({error or 'not a call of it'})"
         else:
             why = "the answer holds no call"
         raise OutputParserException(f"no readable call of {name!r}: {why}", llm_output=raw)
@@ -1080,6 +1088,8 @@ class _Translator:
             metadata["format_error"] = finish.format_error
         if finish.stop_string is not None:
             metadata["stop_string"] = finish.stop_string
+        if self.call_errors:  # by id: a streamed invalid_tool_call's own ``error`` is None (see call_errors)
+            metadata["tool_call_errors"] = {str(key): error for key, error in self.call_errors.items()}
         message = AIMessageChunk(
             content="", response_metadata=metadata, chunk_position="last",
             usage_metadata=UsageMetadata(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,

@@ -104,15 +104,23 @@ class _Turn:
     text: str = ""
     finish: FinishEvent | None = None
     tool_calls: list[ToolCallBlock] = field(default_factory=list)
-    invalid_tool_calls: list[str] = field(default_factory=list)
+    invalid_tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    """Calls the engine could not read, as LangChain's ``InvalidToolCall`` (name, args: the text as
+    written, id, error: why): an agent gets no call from them, so without these its empty answer
+    said nothing of the call it dropped."""
 
     @property
     def raw(self) -> dict[str, Any] | None:
-        """OpenAI-style usage plus the ensemble statistics; only on the final response."""
+        """OpenAI-style usage plus the ensemble statistics (and the unreadable calls); only on the
+        final response."""
         if self.finish is None:
             return None
-        return {"usage": self.finish.usage.model_dump(), "finish_reason": self.finish.openai_finish_reason,
-                "engine_finish_reason": self.finish.reason, "ensemble": self.finish.stats.model_dump()}
+        finish = self.finish
+        raw: dict[str, Any] = {"usage": finish.usage.model_dump(), "finish_reason": finish.openai_finish_reason,
+                               "engine_finish_reason": finish.reason, "ensemble": finish.stats.model_dump()}
+        if self.invalid_tool_calls:
+            raw["invalid_tool_calls"] = list(self.invalid_tool_calls)
+        return raw
 
     @property
     def additional_kwargs(self) -> dict[str, Any]:
@@ -120,8 +128,8 @@ class _Turn:
             return {}
         extra: dict[str, Any] = {"finish_reason": self.finish.openai_finish_reason,
                                  "ensemble_rate": self.finish.stats.ensemble_rate}
-        if self.invalid_tool_calls:
-            extra["invalid_tool_calls"] = self.invalid_tool_calls
+        if self.invalid_tool_calls:  # the texts as written (the message's entries say why)
+            extra["invalid_tool_calls"] = [call["args"] for call in self.invalid_tool_calls]
         if self.finish.format_error:
             extra["format_error"] = self.finish.format_error
         if self.finish.stop_string is not None:
@@ -536,7 +544,8 @@ class EnsembleLLM(FunctionCallingLLM):
                 turn.tool_calls.append(ToolCallBlock(tool_call_id=event.id, tool_name=event.name,
                                                      tool_kwargs=event.arguments))
             else:
-                turn.invalid_tool_calls.append(event.raw)
+                turn.invalid_tool_calls.append({"name": event.name, "args": event.raw, "id": event.id,
+                                                "error": event.error})
             return None
         self._dispatch(event, span_id)
         if event.type == "finish":
@@ -573,6 +582,8 @@ class EnsembleLLM(FunctionCallingLLM):
         message = ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks)
         if turn.tool_calls:  # LlamaIndex's streaming programs look for calls here only (as OpenAI's LLM sets it)
             message.additional_kwargs["tool_calls"] = [_openai_call(block) for block in turn.tool_calls]
+        if turn.invalid_tool_calls:  # where an agent's output (AgentOutput.response) shows them
+            message.additional_kwargs["invalid_tool_calls"] = list(turn.invalid_tool_calls)
         return ChatResponse(message=message, delta=delta, raw=turn.raw, additional_kwargs=turn.additional_kwargs)
 
     @staticmethod
@@ -747,11 +758,21 @@ class EnsembleLLM(FunctionCallingLLM):
         """The ``ToolCallBlock``s parsed from the answer, as ``ToolSelection``s."""
         calls = [b for b in response.message.blocks if isinstance(b, ToolCallBlock)]
         if not calls and error_on_no_tool_call:
-            raise ValueError(f"Expected at least one tool call, but got 0 tool calls; the answer was: "
-                             f"{response.message.content!r}")
+            raise ValueError(f"Expected at least one tool call, but got 0 tool calls; "
+                             f"{_unreadable_calls(response.message)}the answer was: {response.message.content!r}")
         return [ToolSelection(tool_id=c.tool_call_id or f"call_{i}", tool_name=c.tool_name,
                               tool_kwargs=c.tool_kwargs if isinstance(c.tool_kwargs, dict) else {})
                 for i, c in enumerate(calls)]
+
+
+def _unreadable_calls(message: ChatMessage) -> str:
+    """What a no-call error says of the calls the engine could not read (empty where none): without
+    it, an unknown tool's or a cut call's error showed only an empty answer."""
+    invalid = message.additional_kwargs.get("invalid_tool_calls") or []
+    if not invalid:
+        return ""
+    said = "; ".join(f"{call.get('error')}: {call.get('args')!r}" for call in invalid)
+    return f"{len(invalid)} unreadable call(s): {said}; "
 
 
 def _last(turns: Iterator[tuple[_Turn, str]]) -> _Turn:
