@@ -279,7 +279,7 @@ GOOD = {"model": MODEL, "messages": USER}
     ({**GOOD, "max_completion_tokens": -3}, "max_completion_tokens", "invalid_value"),
     ({**GOOD, "temperature": -0.1}, "temperature", "invalid_value"),
     ({**GOOD, "temperature": "hot"}, "temperature", "invalid_type"),
-    ({**GOOD, "top_p": 0}, "top_p", "invalid_value"),
+    ({**GOOD, "top_p": -0.1}, "top_p", "invalid_value"),  # 0 is greedy, as OpenAI takes it
     ({**GOOD, "top_p": 1.5}, "top_p", "invalid_value"),
     ({**GOOD, "seed": 1.5}, "seed", "invalid_type"),
     ({**GOOD, "stop": ""}, "stop", "invalid_value"),

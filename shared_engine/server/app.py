@@ -168,8 +168,11 @@ def _member_error(err: MemberUnavailable) -> ApiError:
 
 
 def _shutting_down(err: EngineClosedError) -> ApiError:
-    """A request refused or cut short because the server is shutting down (the engine closed)."""
-    return ApiError(503, f"{err}; retry later", type="server_error", code="server_shutting_down")
+    """A request refused or cut short because the server is shutting down (the engine closed). With
+    ``Retry-After``, as the 429: without it, the openai client's retries came back within about a second and
+    gave up while a restarted server (or another replica behind a balancer) was still coming up."""
+    return ApiError(503, f"{err}; retry later", type="server_error", code="server_shutting_down",
+                    headers={"Retry-After": "5"})
 
 
 def _validation_error(err: ValidationError, body: Any = None) -> ApiError:
@@ -595,9 +598,11 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
     ]
-    # CORS outside the key guard: a browser's preflight (OPTIONS) carries no Authorization header
+    # CORS outside the key guard: a browser's preflight (OPTIONS) carries no Authorization header. Any request
+    # header an allowed origin asks for (as vLLM): the official SDKs send X-Stainless-* headers with every
+    # request, and a preflight naming them was refused (400), so a web app on the openai JS client could not call
     cors = [Middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
-                       allow_headers=["Authorization", "Content-Type"], max_age=600)] if allowed_origins else []
+                       allow_headers=["*"], max_age=600)] if allowed_origins else []
     guard = [Middleware(ApiKeyGuard, api_key=api_key)] if api_key else []
     quiet = [Middleware(QuietForcedShutdown, admission=admission)]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=quiet + cors + guard,

@@ -203,7 +203,7 @@ class _GenerationRequest(BaseModel):
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0, description="0 (OpenAI takes it): the most likely token only.")
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = Field(None, ge=1, description="Only one choice per request.")
@@ -281,6 +281,9 @@ class _GenerationRequest(BaseModel):
             "max_new_tokens": self.answer_tokens(),
             "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed, "stop": self.stop}
         params = {k: v for k, v in params.items() if v is not None}
+        if self.top_p == 0:  # a nucleus of no mass keeps the most likely token (clients send it for greedy): greedy
+            params["temperature"] = 0.0
+            del params["top_p"]
         if self.loop_guard is not None:
             params["loop_guard"] = self.loop_guard or None
         return params
