@@ -360,10 +360,18 @@ class CutCallEngine:
         from shared_engine.tools import OutputOptions, OutputPlan
         options = OutputOptions(**{k: v for k, v in params.items() if k in OutputOptions.model_fields})
         shaper = OutputPlan(options).shaper()
+        finish = None
         for event in (TokenEvent(text=self.text, source="draft", position=0),
                       FinishEvent(reason="length", text=self.text, stats=Stats())):
             for shaped in shaper.on_event(event):
-                yield shaped
+                if isinstance(shaped, FinishEvent):
+                    finish = shaped
+                else:
+                    yield shaped
+        for held in shaper.release():  # as the engine: what the shaper held for validation, then the finish
+            yield held
+        assert finish is not None
+        yield finish
 
 
 def test_a_call_with_unreadable_arguments_is_an_invalid_tool_call(monkeypatch: pytest.MonkeyPatch) -> None:
