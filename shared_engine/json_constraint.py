@@ -99,6 +99,10 @@ _ANY: dict[str, Any] = {"anyOf": [{"type": t} for t in ("object", "array", "stri
 """Any JSON value, as the parser takes it (its own reading of no schema)."""
 
 
+class _NoValue(Exception):
+    """An enum or const with no value of its schema's type: no value at all (an optional key: left out)."""
+
+
 class _Unsupported(Exception):
     """A schema the parser cannot be given even approximately."""
 
@@ -248,6 +252,11 @@ class _Rewrite:
             return out
         if kind == "array":
             items = schema.get("items")
+            if isinstance(items, Mapping) and any(isinstance(schema.get(k), int) for k in ("minItems", "maxItems")):
+                # the count over the items' range: the parser counts a number enum twice (_counted_twice),
+                # so a range as an enum dropped minItems/maxItems ([r, g, b] of 0..255 took 2 or 4 values)
+                items = {k: v for k, v in items.items() if k not in ("minimum", "maximum", "exclusiveMinimum",
+                                                                    "exclusiveMaximum", "multipleOf")}
             item = self.schema(items) if isinstance(items, Mapping) else dict(_ANY)  # a list (tuples), prefixItems: any
             if item != _ANY:
                 out["items"] = item
@@ -267,7 +276,12 @@ class _Rewrite:
             for key, sub in props.items():
                 if sub is False:
                     continue
-                name, value = _as_parsed(key), self.schema(sub)
+                try:
+                    name, value = _as_parsed(key), self.schema(sub)
+                except _NoValue:
+                    if key in required:
+                        raise _Unsupported(sub) from None  # no valid answer at all: left to the validation
+                    continue  # never writable, as a false schema (the whole constraint was dropped)
                 seen = out["properties"].get(name)  # two keys the parser reads alike: either one's value
                 out["properties"][name] = value if seen is None else {"anyOf": [seen, value]}
             beyond = [name for name in map(_as_parsed, required) if name not in out["properties"]]
@@ -437,7 +451,7 @@ def _enum_schema(values: list[Any]) -> dict[str, Any]:
             options.append(fixed if len(set(names)) == len(names) else {"type": "object"})  # two keys read alike
     options += [_fixed_array(v) for v in values if isinstance(v, list)]
     if not options:
-        raise _Unsupported(values)
+        raise _NoValue(values) if not values else _Unsupported(values)
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
@@ -483,8 +497,10 @@ def _integer_range(schema: Mapping[str, Any]) -> list[int] | None:
     low, high, step = max(lows), min(highs), schema.get("multipleOf")
     if any(isinstance(schema.get(k), bool) for k in ("exclusiveMinimum", "exclusiveMaximum")):
         return None  # draft 4's exclusive flags: left to the validation
+    exact = isinstance(step, int) and not isinstance(step, bool)  # v / step is inexact past 2**53 (10**18 + 1 passed 7)
     values = [v for v in range(low, high + 1)
-              if not isinstance(step, (int, float)) or isinstance(step, bool) or step <= 0 or (v / step).is_integer()]
+              if not isinstance(step, (int, float)) or isinstance(step, bool) or step <= 0
+              or (v % step == 0 if exact else (v / step).is_integer())]
     return values or None
 
 
@@ -541,7 +557,7 @@ def _parser_schema(schema: Mapping[str, Any], *, object_only: bool = False) -> d
     ``object_only``: a tool's arguments, an object whatever the schema leaves open."""
     try:
         out = _Rewrite(schema).root(schema)
-    except (_Unsupported, TypeError, ValueError, AttributeError):
+    except (_Unsupported, _NoValue, TypeError, ValueError, AttributeError):
         return None
     if object_only and out.get("anyOf") == _ANY["anyOf"]:
         out = {"type": "object", **{k: v for k, v in out.items() if k != "anyOf"}}

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jsonschema
+import referencing.exceptions
 
 from .json_regex import _atoms
 
@@ -20,7 +21,10 @@ def schema_error(value: Any, schema: Mapping[str, Any]) -> str | None:
     # date-time and time need rfc3339-validator (a base dependency), the rest the standard library
     cls = _validator_class(jsonschema.validators.validator_for(schema))
     validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
-    problem = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    try:
+        problem = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    except referencing.exceptions.Unresolvable:  # a $ref leading nowhere (a tool's schema is checked, not
+        return None  # resolved): no verdict, the value stands (a forced call crashed the request: a 500)
     if problem is None:
         return None
     where = "/".join(map(str, problem.absolute_path)) or "the object"
