@@ -128,6 +128,10 @@ class ToolCallEvent(_Event):
     arguments: dict[str, Any] | None = None
     raw: str = Field("", description="The call's text as the members wrote it.")
     error: str | None = None
+    tags: Literal["both", "open", "none"] = Field(
+        "both", description="The tags the members wrote around ``raw``: both; the open tag only (the answer "
+                            "ended first: the length cap, a stop string, a forced call's closing brace); "
+                            "none (a bare JSON call). An unreadable call goes back as written, these tags with it.")
 
     @property
     def arguments_json(self) -> str:
@@ -227,7 +231,9 @@ class FinishEvent(_Event):
                                           "member -> the error.")
     tool_calls: list[ToolCallEvent] = Field(default_factory=list, description="Calls parsed from the answer.")
     format_error: str | None = Field(
-        None, description="response_format given: why the last answer is still not the JSON asked for.")
+        None, description="response_format given: why the last answer is still not the JSON asked for; a "
+                          "forced tool call (tool_choice 'required' or a tool's name): why a call of the last "
+                          "answer does not match its tool's parameter schema, or is not of the named tool.")
     stop_string: str | None = Field(
         None, description="The request's stop string that ended the answer (vLLM's stop_reason); None where "
                           "something else did (an end of turn, the length cap, a completed JSON answer).")

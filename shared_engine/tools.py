@@ -22,10 +22,16 @@ name when it is known), so a small model only writes the arguments. The rest of 
 decoded under a constraint (``json_constraint.py``): an offered tool's name (for "any"), then
 arguments that match that tool's parameter schema, then the closing ``}``, where the answer ends.
 An answer prefix of the caller's own (``prefix=``) works the same way, without the constraint.
-A forced call, or any call with ``parallel_tool_calls=False``, is the answer's only call: generation
-stops at the ``</tool_call>`` that ends the first call as the parser reads it (``CallEnd``: outside
-the call's JSON strings, on a line of its own or right after the JSON), never at the tag written
-inside an argument, and what follows the first call is dropped.
+With ``parallel_tool_calls=False`` the answer's first call is its only one: generation stops at the
+``</tool_call>`` that ends the first call as the parser reads it (``CallEnd``: outside the call's JSON
+strings, on a line of its own or right after the JSON), never at the tag written inside an argument,
+and what follows the first call is dropped. Otherwise a forced answer may hold several calls, as
+OpenAI's does for "required" with parallel calls allowed: after the first (constrained) call the
+answer goes on (``call_ends.free_after_call``) while further ``<tool_call>`` blocks follow, each read
+as a call, and stops where anything else is written (``CallsEnd``): text after a forced call is no
+answer (the request asked for calls), and a small model writes prose there, so it is neither
+generated on nor shown. A tool's name forces calls of that tool only: a further call of another one
+fails the check below (``call_error``) like arguments out of the schema.
 
 Parsing (``ToolCallParser``) is incremental, so tool markup never reaches the token stream, and
 lenient through ``json_repair`` (code fences, single quotes, unquoted keys, a missing closing
@@ -70,13 +76,21 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from .call_ends import (  # noqa: F401 - CallEndFinder and the tags are imported from here too
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    CallEnd,
+    CallEndFinder,
+    CallsEnd,
+    _CallBody,
+    _JsonScan,
+    free_after_call,
+)
 from .errors import InvalidRequestError
 from .events import Event, TokenEvent, ToolCallEvent
 from .json_constraint import JsonPrefix, call_start_state, start_state
 from .json_validation import schema_error
 
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
 DEFAULT_SYSTEM = "You are a helpful assistant."
 """System text put before the tools block when the conversation has no system message."""
 FORMAT_ATTEMPTS = 3
@@ -376,12 +390,14 @@ def _cut(body: str, closed: bool) -> bool:
 
 
 def parse_calls(body: str, first_index: int = 0, closed: bool = True,
-                names: Collection[str] | None = None) -> list[ToolCallEvent]:
+                names: Collection[str] | None = None, bare: bool = False) -> list[ToolCallEvent]:
     """The calls in the text of one ``<tool_call>`` block (usually one; a list is accepted),
     numbered from ``first_index``; a block that cannot be read, is cut inside a call (``_cut``;
     ``closed`` False: the answer stopped before the block's close tag), holds a call whose
     arguments are unreadable or (``names`` given) one that names no offered tool is one call with
-    ``error`` set: a tagged example of a made-up tool in a reply's prose is no call to run."""
+    ``error`` set: a tagged example of a made-up tool in a reply's prose is no call to run. Each call
+    says which tags were written around it (``ToolCallEvent.tags``; ``bare``: none, a JSON answer)."""
+    tags: Literal["both", "open", "none"] = "none" if bare else "both" if closed else "open"
     obj = _loads(body)
     items = obj if isinstance(obj, list) and obj else [obj]
     calls = [_as_call(item) for item in items]
@@ -396,117 +412,9 @@ def parse_calls(body: str, first_index: int = 0, closed: bool = True,
         error = f"the arguments of {unreadable[0]} are not a JSON object"
     if error is not None:  # the tool it meant, where one was named: an agent's retry message can say it
         name = calls[0][0] if len(calls) == 1 and calls[0] is not None else None
-        return [ToolCallEvent(index=first_index, id=_new_id(), name=name, raw=body.strip(), error=error)]
-    return [ToolCallEvent(index=first_index + i, id=_new_id(), name=call[0], arguments=call[1], raw=body.strip())
-            for i, call in enumerate(calls) if call is not None]
-
-
-class _JsonScan:
-    """Where a JSON value's strings and brackets are, character by character, as a small model
-    writes them: a string opens with ``"`` or ``'`` (a Python dict) where JSON puts one (after
-    ``{``, ``[``, ``,`` or ``:``), ends at the same quote, and a backslash escapes."""
-
-    def __init__(self) -> None:
-        self.depth = 0
-        self.quote = ""  # the quote of the string we are in, "" outside strings
-        self.escaped = False
-        self.last = ""  # the last non-whitespace character outside strings
-
-    def step(self, char: str) -> None:
-        if self.quote:
-            if self.escaped:
-                self.escaped = False
-            elif char == "\\":
-                self.escaped = True
-            elif char == self.quote:
-                self.quote, self.last = "", char
-            return
-        if char in "\"'" and self.depth and self.last in ("{", "[", ",", ":"):
-            self.quote = char
-        elif char in "{[":
-            self.depth += 1
-        elif char in "}]":
-            self.depth = max(self.depth - 1, 0)
-        if not char.isspace():
-            self.last = char
-
-
-class _CallBody:
-    """Where an open call's close tag is, read as the call's text grows: ``</tool_call>`` outside
-    the call's JSON strings. A close tag inside one (code that prints it) is part of the arguments,
-    not the end."""
-
-    def __init__(self, start: int = 0) -> None:
-        self.scan = _JsonScan()  # the call's strings, up to pos
-        self.pos = start  # where the call's text starts, then how far it has been read
-        self.in_string: list[int] = []  # where close tags inside the call's strings start
-
-    def close_tag(self, text: str) -> int:
-        """Where the close tag starts in ``text`` (the same text each time, grown; -1: not yet)."""
-        scan, close = self.scan, TOOL_CALL_CLOSE
-        while (i := self.pos) < len(text):
-            if text[i] == "<":
-                if text.startswith(close, i):
-                    if not scan.quote:
-                        return i
-                    self.in_string.append(i)
-                    for char in close:
-                        scan.step(char)
-                    self.pos += len(close)
-                    continue
-                if len(text) - i < len(close) and close.startswith(text[i:]):
-                    return -1  # maybe the start of a close tag: wait for more
-            scan.step(text[i])
-            self.pos += 1
-        return -1
-
-
-class CallEnd(str):
-    """The stop string of an answer of one call: ``</tool_call>`` where it ends the answer's first
-    call as ``ToolCallParser`` reads it (``_CallBody``), on a line of its own or right after the JSON
-    as Qwen writes it; never the tag inside one of the call's JSON strings (a plain stop string cut
-    such an argument, and one at a line start did not stop an inline tag: the answer ran on to its
-    end). Generation stops after it, so nothing the answer would drop is written; unlike other
-    stop strings the tag stays in the answer (``CallEndFinder.find``). ``prefix``: the answer's
-    prefill, which the engine's text does not hold (a forced call's opens the call)."""
-
-    prefix: str
-
-    def __new__(cls, prefix: str = "") -> CallEnd:
-        end = super().__new__(cls, TOOL_CALL_CLOSE)
-        end.prefix = prefix
-        return end
-
-    def __getnewargs__(self) -> tuple[str]:
-        return (self.prefix,)  # a copy or pickle is made from the prefix (str's own: the tag, read as one)
-
-    def finder(self) -> CallEndFinder:
-        """A search of one answer for this stop (``RequestState`` keeps one per request)."""
-        return CallEndFinder(self.prefix)
-
-
-class CallEndFinder:
-    """Where one answer's ``CallEnd`` is: its first ``<tool_call>``, then that call's close tag."""
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self.pos = 0  # where the open tag is looked for, in prefix + text
-        self.call: _CallBody | None = None
-
-    def find(self, text: str) -> int:
-        """Where the answer ends in ``text``, the answer after the prefix (it only grows between
-        calls): right after the close tag, which stays for the parser to read (cut off, the parser
-        would read the call as never closed, and cut a lenient call at a tag in its strings); -1:
-        not yet. A call that the prefix already closes ends the answer at its start."""
-        seen = self.prefix + text
-        if self.call is None:
-            start = seen.find(TOOL_CALL_OPEN, self.pos)
-            if start < 0:
-                self.pos = max(self.pos, len(seen) - len(TOOL_CALL_OPEN) + 1)
-                return -1
-            self.call = _CallBody(start + len(TOOL_CALL_OPEN))
-        end = self.call.close_tag(seen)
-        return -1 if end < 0 else max(end + len(TOOL_CALL_CLOSE) - len(self.prefix), 0)
+        return [ToolCallEvent(index=first_index, id=_new_id(), name=name, raw=body.strip(), error=error, tags=tags)]
+    return [ToolCallEvent(index=first_index + i, id=_new_id(), name=call[0], arguments=call[1], raw=body.strip(),
+                          tags=tags) for i, call in enumerate(calls) if call is not None]
 
 
 def _value_end(text: str, start: int) -> int | None:
@@ -700,13 +608,13 @@ class ToolCallParser:
             return self._text(rest)
         out: list[str | ToolCallEvent] = []
         for body in bodies:
-            out += self._calls(body, closed=False)  # no tag: only a value that closes is whole
+            out += self._calls(body, closed=False, bare=True)  # no tag: only a value that closes is whole
         return out + self._text(rest[start:])
 
-    def _calls(self, body: str, closed: bool = True) -> list[ToolCallEvent]:
+    def _calls(self, body: str, closed: bool = True, bare: bool = False) -> list[ToolCallEvent]:
         calls = [call.model_copy(update={"arguments": coerce_arguments(call.arguments, self.schemas[call.name])})
                  if call.name in self.schemas and call.arguments else call
-                 for call in parse_calls(body, self.num_calls, closed, self.names)]
+                 for call in parse_calls(body, self.num_calls, closed, self.names, bare)]
         self.num_calls += len(calls)
         if not self._after_call:
             self._separator = self._pending_ws
@@ -736,11 +644,16 @@ def format_error(text: str, response_format: ResponseFormat) -> str | None:
     return None
 
 
-def call_error(calls: Sequence[ToolCallEvent], schemas: Mapping[str, Mapping[str, Any]]) -> str | None:
+def call_error(calls: Sequence[ToolCallEvent], schemas: Mapping[str, Mapping[str, Any]],
+               only: str | None = None) -> str | None:
     """Why a call's arguments do not match its tool's parameter schema (None: each call's do; a call
-    that could not be read says so itself, ``ToolCallEvent.error``). The arguments are shown: a retry's
-    prompt holds no rejected call (``AnswerShaper.text`` is the answer's text only)."""
+    that could not be read says so itself, ``ToolCallEvent.error``), or (``only``: the tool a request
+    named) why a call of another tool is not the one asked for. Every call of a forced answer is
+    checked. The arguments are shown: a retry's prompt holds no rejected call (``AnswerShaper.text``
+    is the answer's text only)."""
     for call in calls:
+        if only is not None and call.name is not None and call.name != only:
+            return f"{call.name} was called, but only {only} may be called"
         if call.name is None or call.arguments is None or call.name not in schemas:
             continue
         problem = schema_error(call.arguments, schemas[call.name] or {"type": "object"})
@@ -802,9 +715,12 @@ class OutputPlan:
             "{" if self.response_format and not self.tools else "")
         self._own_prefix = bool(options.prefix)
         self.tool_result_hint = options.tool_result_hint if tools else None
-        self.one_call = bool(self.forced or (self.tools and options.parallel_tool_calls is False))
+        self.one_call = bool(self.tools and options.parallel_tool_calls is False)
         """The answer holds one call at most: generation stops after it, what follows is dropped."""
-        self.stops: list[str] = [CallEnd(self.prefix)] if self.one_call else []
+        self.calls_only = bool(self.forced and self.tools)
+        """A forced answer: calls only, text after them is neither generated on nor shown (``CallsEnd``)."""
+        self.stops: list[str] = [CallEnd(self.prefix)] if self.one_call else \
+            [CallsEnd(self.prefix)] if self.calls_only else []
 
     def constraint(self) -> JsonPrefix | None:
         """The decoding constraint after the prefix: of a JSON answer, or of a forced call's name
@@ -816,7 +732,8 @@ class OutputPlan:
         if fmt is None:
             if not self.forced or not self.tools or self._own_prefix:
                 return None
-            return call_start_state(self.schemas, self.forced)
+            state = call_start_state(self.schemas, self.forced)
+            return state if self.one_call else free_after_call(state)  # further calls may follow
         if self.tools:
             return None
         schema = fmt.json_schema.json_schema if fmt.json_schema is not None else None
@@ -830,7 +747,7 @@ class OutputPlan:
         if not self.tools or self.response_format is None:
             return self
         plan = copy.copy(self)
-        plan.tools, plan.schemas, plan.one_call, plan.stops = None, {}, False, []
+        plan.tools, plan.schemas, plan.one_call, plan.calls_only, plan.stops = None, {}, False, False, []
         plan.prefix = self.prefix if self._own_prefix else "{"
         return plan
 
@@ -913,7 +830,8 @@ class AnswerShaper:
             if self.plan.response_format is not None and not self.calls:  # an answer that calls a tool
                 self.format_error = format_error(self.text, self.plan.response_format)  # is no JSON answer
             elif self.plan.response_format is None and self.plan.checked:
-                self.format_error = call_error(self.calls, self.plan.schemas)
+                only = self.plan.forced if self.plan.forced != "any" else None
+                self.format_error = call_error(self.calls, self.plan.schemas, only)
             out.append(event.model_copy(update={"text": self.text, "tool_calls": self.calls,
                                                 "format_error": self.format_error}))
         else:
@@ -945,6 +863,8 @@ class AnswerShaper:
         for piece in pieces:
             if self.calls and self.plan.one_call:
                 break  # one call asked for; what follows it was written past a close tag that was no stop
+            if isinstance(piece, str) and self.calls and self.plan.calls_only:
+                continue  # text after a forced call is no answer (``CallsEnd`` stops at it)
             if isinstance(piece, str):
                 if piece:
                     self.text += piece

@@ -50,8 +50,10 @@ CUT_SHORT = "the server shut down before the answer was finished"
 
 def unreadable_call_text(call: ToolCallEvent) -> str:
     """A call the engine could not read goes back as the text the members wrote (OpenAI's
-    ``tool_calls`` has no place for it)."""
-    return f"<tool_call>\n{call.raw}\n</tool_call>"
+    ``tool_calls`` has no place for it): with the tags they wrote (``ToolCallEvent.tags``), no
+    others; a close tag added to a call the length cap cut read as if the members had closed it."""
+    opened = "" if call.tags == "none" else "<tool_call>\n"
+    return f"{opened}{call.raw}\n</tool_call>" if call.tags == "both" else f"{opened}{call.raw}"
 
 
 def listed(event: EnsembleEvent | AdaFuseEvent, listing: Listing) -> bool:
