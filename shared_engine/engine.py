@@ -577,8 +577,8 @@ class EnsembleEngine:
         adafuse = self.options.method == "adafuse"
         # On the schema pool (a schema's parser takes seconds): on the loop it froze every stream, on the default
         # executor a plain request's loading and rendering waited behind it. Before the sessions: a request
-        # cancelled meanwhile has nothing to close (the parser is dropped). A plan without schemas has none.
-        constraint = (await run_schema_work(plan.constraint)
+        # cancelled meanwhile has nothing to close. None without schemas, or closed while queued (aclose waited).
+        constraint = (await run_schema_work(lambda: None if self._closed else plan.constraint())
                       if not adafuse and carries_schemas(plan.tools, plan.response_format) else None)
         records = request_members(members, self.labels, [m.new_session() for m in members], prompt_ids,
                                   self._weights(), chat_turn=not plan.raw_prompt)
