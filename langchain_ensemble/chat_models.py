@@ -668,7 +668,9 @@ class ChatEnsemble(BaseChatModel):
         if method == "function_calling":
             if schema is None:
                 raise ValueError("method='function_calling' needs a schema (json_mode takes none: any JSON object)")
-            llm = self.bind_tools([schema], tool_choice="any", ls_structured_output_format=ls_format)
+            # one call, as ChatOpenAI binds it: a forced answer may go on to more calls (abe0399), which only cost
+            llm = self.bind_tools([schema], tool_choice="any", parallel_tool_calls=False,
+                                  ls_structured_output_format=ls_format)
             name = convert_to_openai_tool(schema)["function"]["name"]
             # LangChain's tools parsers read an answer without a readable call as None: it must fail here
             whole_call = PydanticToolsParser(tools=[schema], first_tool_only=True) if is_pydantic else None

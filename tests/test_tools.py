@@ -312,7 +312,7 @@ def test_tool_result_hint_follows_tool_results_only_when_tools_are_offered() -> 
 def test_plan_for_a_forced_call_and_for_json() -> None:
     plan = OutputPlan(OutputOptions(tools=TOOLS, tool_choice="required"))
     assert plan.forced == "get_weather" and plan.prefix == call_prefix("get_weather")
-    assert plan.stops == ["</tool_call>"] and plan.one_call
+    assert plan.stops == ["</tool_call>"] and plan.calls_only and not plan.one_call  # further calls may follow
     assert isinstance(plan.stops[0], CallEnd) and plan.stops[0].prefix == plan.prefix
     assert plan.messages([{"role": "user", "content": "hi"}])[-1]["content"] == \
         "Answer with a call to the function get_weather."
@@ -492,8 +492,9 @@ def test_a_close_tag_inside_an_argument_does_not_end_a_call_of_one() -> None:
     call = json.dumps({"name": "echo", "arguments": arguments})
     noop = '<tool_call>{"name": "noop", "arguments": {}}</tool_call>'
     cases = [  # (options, what the member writes after the prefill, the answer's text, how it ends)
-        ({"tool_choice": "echo"}, f" {body}}}", "", "stop"),
-        ({"tool_choice": "required"}, f'echo", "arguments": {body}}}', "", "stop"),
+        ({"tool_choice": "echo", "parallel_tool_calls": False}, f" {body}}}", "", "stop"),
+        ({"tool_choice": "required", "parallel_tool_calls": False}, f'echo", "arguments": {body}}}', "", "stop"),
+        ({"tool_choice": "required"}, f'echo", "arguments": {body}}}', "", "eos"),  # the member ended it
         ({"parallel_tool_calls": False}, f"Sure.\n<tool_call>\n{call}\n</tool_call>\nMore.", "Sure.", "stop"),
         ({"parallel_tool_calls": False}, f"<tool_call>{call}</tool_call> {noop} Bye.", "", "stop"),
     ]
