@@ -361,7 +361,12 @@ def _unknown_name_hint(model: type[BaseModel], loc: tuple[int | str, ...]) -> st
     owner, name = _nested_model(model, loc[:-1]), loc[-1]
     if owner is None or not isinstance(name, str):
         return ""
-    return name_hint(name, list(owner.model_fields), per_request=owner is GenerationParams,
+    accepted = list(owner.model_fields)
+    if owner is EngineOptions:  # the engine takes the MemberDefaults engine-wide too (dtype=, slots=, device=)
+        from .members.config import MemberDefaults
+
+        accepted += list(MemberDefaults.model_fields)
+    return name_hint(name, accepted, per_request=owner is GenerationParams,
                      members=len(loc) == 1)  # inside a field's own model (a member's http), its names only
 
 
@@ -369,8 +374,17 @@ def name_hint(name: str, accepted: Sequence[str], per_request: bool = False, mem
     """The hint for an unknown ``name`` among ``accepted``: the name meant (another API's name for
     it, or a close spelling), or where an engine option given per request goes, or (``members``) where
     a member option goes (``member_option_hint``); or nothing."""
-    if per_request and name in EngineOptions.model_fields:
-        return f" ({name} is an engine option: EnsembleEngine(..., {name}=...))"
+    if per_request:  # an engine-wide option (or a close spelling of one) given per request
+        from .members.config import _OTHER_MEMBER_NAMES, MemberDefaults
+
+        engine_wide = [*EngineOptions.model_fields, *MemberDefaults.model_fields]
+        meant = _OTHER_MEMBER_NAMES.get(name, name)
+        if meant not in engine_wide and not difflib.get_close_matches(name, list(accepted), n=1, cutoff=0.75):
+            # no per-request name is meant: perhaps a close spelling of an engine-wide one
+            meant = next(iter(difflib.get_close_matches(name, engine_wide, n=1, cutoff=0.75)), name)
+        if meant in engine_wide and meant not in accepted:
+            guess = f"did you mean {meant!r}? " if meant != name else ""
+            return f" ({guess}{meant} is an engine option: EnsembleEngine(..., {meant}=...))"
     known = _OTHER_NAMES.get(name)
     if known is None or known not in accepted:
         known = next(iter(difflib.get_close_matches(name, list(accepted), n=1, cutoff=0.75)), None)
