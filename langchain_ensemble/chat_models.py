@@ -33,7 +33,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, 
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import partial
-from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal, Self, cast
 
@@ -68,8 +67,6 @@ from langchain_core.runnables import (
     RunnableConfig,
     RunnableGenerator,
     RunnableLambda,
-    RunnableMap,
-    RunnablePassthrough,
     RunnableSerializable,
     ensure_config,
 )
@@ -80,6 +77,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, Field, PrivateAttr, field_serializer, field_validator, model_validator
 
+from langchain_ensemble.include_raw import with_raw
 from shared_engine import (
     EngineClosedError,
     EngineOptions,
@@ -693,9 +691,7 @@ class ChatEnsemble(BaseChatModel):
                 whole or JsonOutputParser())
         if not include_raw:
             return llm | parser
-        parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
-        unparsed = RunnablePassthrough.assign(parsed=lambda _: None)
-        return RunnableMap(raw=llm) | parsed.with_fallbacks([unparsed], exception_key="parsing_error")
+        return with_raw(llm, parser)  # parsing_error in stream/astream too (with_fallbacks raised there)
 
     # -- request translation --------------------------------------------------------------
     def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> _Request:
