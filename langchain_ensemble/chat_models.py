@@ -961,7 +961,9 @@ def _readable_call(name: str, whole: PydanticToolsParser | None = None) -> Runna
     ``invalid_tool_call``): LangChain's tools parsers read that as ``None``, so ``invoke`` gave None,
     ``stream`` nothing and ``include_raw=True`` no ``parsing_error`` (ChatOpenAI raises there). A
     pydantic schema's parser (``whole``) reads the whole call here too: ``stream`` drops a call whose
-    arguments fail the model (``Field(ge=0)`` given -1), so it yielded nothing where ``invoke`` raised."""
+    arguments fail the model (``Field(ge=0)`` given -1), so it yielded nothing where ``invoke`` raised. A
+    dict schema's call the engine found invalid after its retries (``format_error``) raises as a JSON
+    answer does: it was returned as the parsed result."""
 
     def check(message: BaseMessage | None) -> None:
         if not isinstance(message, AIMessage):
@@ -969,6 +971,9 @@ def _readable_call(name: str, whole: PydanticToolsParser | None = None) -> Runna
         if message.tool_calls:
             if whole is not None:
                 whole.parse_result([ChatGeneration(message=message)])
+            elif error := message.response_metadata.get("format_error"):  # a dict schema: no model to check it
+                raise OutputParserException(f"the call of {name!r} does not match the schema: {error}",
+                                            llm_output=json.dumps(message.tool_calls[0]["args"]))
             return
         invalid = message.invalid_tool_calls[0] if message.invalid_tool_calls else None
         raw = str(message.text)
