@@ -17,6 +17,7 @@ from .json_constraint import JsonPrefix
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
+FENCE = "```"
 
 
 class _JsonScan:
@@ -174,8 +175,10 @@ class CallsEndFinder(CallEndFinder):
             if value_end is None:
                 return -1
             after = seen[value_end:].lstrip()
-            if TOOL_CALL_CLOSE.startswith(after):
-                return -1  # the close tag may be coming
+            if after.startswith(FENCE):  # a fenced call inside its tags (the parser reads those): its closing fence
+                after = after[len(FENCE):].lstrip()
+            if any(tag.startswith(after) for tag in (FENCE, TOOL_CALL_CLOSE, TOOL_CALL_OPEN)):
+                return -1  # the close tag, or the next call's open tag, may be coming ("<tool" of "<tool_call>")
             if not after.startswith(TOOL_CALL_OPEN):
                 return self._end(value_end)
             self.call, self.last_end = None, value_end  # a next call, this one left unclosed

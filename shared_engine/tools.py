@@ -526,6 +526,12 @@ class ToolCallParser:
         while True:
             if self.in_call:
                 end = self._call.close_tag(self.buffer)
+                value_end = self._call.value_end  # a next call's open tag right after the JSON: this one
+                nxt = -1 if value_end is None else self.buffer.find(TOOL_CALL_OPEN, value_end)  # was left
+                if nxt >= 0 and (end < 0 or nxt < end) and not self.buffer[value_end:nxt].strip():  # unclosed
+                    out += self._calls(self.buffer[:value_end], closed=False)  # (CallsEnd goes on to it)
+                    self.buffer, self.in_call = self.buffer[nxt:], False
+                    continue
                 if end < 0:
                     break
                 out += self._calls(self.buffer[:end])
@@ -645,7 +651,7 @@ def format_error(text: str, response_format: ResponseFormat) -> str | None:
 
 
 def call_error(calls: Sequence[ToolCallEvent], schemas: Mapping[str, Mapping[str, Any]],
-               only: str | None = None) -> str | None:
+               only: str | None = None, unreadable: bool = False) -> str | None:
     """Why a call's arguments do not match its tool's parameter schema (None: each call's do; a call
     that could not be read says so itself, ``ToolCallEvent.error``), or (``only``: the tool a request
     named) why a call of another tool is not the one asked for. Every call of a forced answer is
@@ -654,6 +660,8 @@ def call_error(calls: Sequence[ToolCallEvent], schemas: Mapping[str, Mapping[str
     for call in calls:
         if only is not None and call.name is not None and call.name != only:
             return f"{call.name} was called, but only {only} may be called"
+        if unreadable and call.error is not None:  # a forced answer's free calls (after the first) are
+            return f"a call could not be read: {call.error}"  # decoded unconstrained: junk is retried
         if call.name is None or call.arguments is None or call.name not in schemas:
             continue
         problem = schema_error(call.arguments, schemas[call.name] or {"type": "object"})
@@ -831,7 +839,8 @@ class AnswerShaper:
                 self.format_error = format_error(self.text, self.plan.response_format)  # is no JSON answer
             elif self.plan.response_format is None and self.plan.checked:
                 only = self.plan.forced if self.plan.forced != "any" else None
-                self.format_error = call_error(self.calls, self.plan.schemas, only)
+                self.format_error = call_error(self.calls, self.plan.schemas, only,
+                                               unreadable=event.reason != "length")  # a cut call: no retry
             out.append(event.model_copy(update={"text": self.text, "tool_calls": self.calls,
                                                 "format_error": self.format_error}))
         else:
