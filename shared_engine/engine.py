@@ -28,13 +28,13 @@ import asyncio
 import logging
 import math
 import os
-import queue
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Generator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from pydantic import BaseModel
@@ -71,10 +71,9 @@ from .options import EngineOptions, GenerationParams, check_request_keywords, va
 from .policies import DraftSchedule, make_policy
 from .profile import apply_profile
 from .sampling import Sampler
+from .sync_bridge import iterate_sync, run_sync
 from .tools import OutputOptions, OutputPlan
 from .zoo import progress_shown
-
-T = TypeVar("T")
 
 SLOW_DRAFTER_CHOICE_S = 5.0
 """drafter='auto': a choice that kept the first token waiting this long is worth a warning (how to skip it)."""
@@ -103,6 +102,19 @@ class GenerationResult(BaseModel):
         """The tokens the whole request cost, every structured-output attempt included (``stats`` is
         the last attempt's)."""
         return Usage.of_attempts([*self.rejected_attempts, self.stats])
+
+
+@dataclass(frozen=True)
+class CheckedRequest:
+    """A request ``acheck_request`` checked: that engine's ``astream`` takes it in place of the prompt (with
+    no other keyword) and serves it as checked, not checking it again (a tool list's schemas cost tenths
+    of a second, each time: a server checking before admitting a request did it twice)."""
+
+    gen: GenerationParams
+    plan: OutputPlan
+    messages: list[dict[str, Any]]
+    checked_by: object = field(repr=False, compare=False)
+    """The engine whose defaults ``gen`` holds: another engine's may differ."""
 
 
 class EnsembleEngine:
@@ -362,7 +374,7 @@ class EnsembleEngine:
 
     # -- requests ----------------------------------------------------------------------------
 
-    async def astream(self, messages_or_prompt: str | Sequence[Message], *,
+    async def astream(self, messages_or_prompt: str | Sequence[Message] | CheckedRequest, *,
                       tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
                       parallel_tool_calls: bool | None = None, prefix: str = "",
                       response_format: Mapping[str, Any] | None = None, tool_result_hint: str | None = None,
@@ -373,7 +385,8 @@ class EnsembleEngine:
         answer starts with), ``response_format`` (json_object / json_schema) and ``tool_result_hint``: see
         ``shared_engine.tools``; parsed calls come as ``tool_call`` events and in ``finish.tool_calls``.
         ``raw_prompt``: the string prompt is text the answer continues, in no chat format (OpenAI's
-        completions; ``OutputOptions.raw_prompt``).
+        completions; ``OutputOptions.raw_prompt``). ``messages_or_prompt`` may be what ``acheck_request``
+        returned, with no other keyword: the request as checked.
         """
         self._check_open()
         # Held across the validation's hop (a close meanwhile let go of the members, and _decode then opened
@@ -442,6 +455,19 @@ class EnsembleEngine:
         Takes ``astream``'s keywords."""
         output = {k: params.pop(k) for k in OutputOptions.model_fields if k in params}
         self._prepare(messages_or_prompt, params, **output)
+
+    def _as_checked(self, checked: CheckedRequest, params: Mapping[str, Any], output_options: Mapping[str, Any]
+                    ) -> tuple[GenerationParams, OutputPlan, list[dict[str, Any]]]:
+        """A checked request's parts; a keyword beside it (which its check never saw) or another engine's
+        check (other defaults) is refused, not silently dropped."""
+        given = [*params, *(k for k, v in output_options.items() if v != OutputOptions.model_fields[k].default)]
+        if given:
+            raise InvalidRequestError(f"a checked request is served as it was checked: {', '.join(given)} given "
+                                      "beside it (pass them to acheck_request)")
+        if checked.checked_by is not self:
+            raise InvalidRequestError("the request was checked by another engine (whose defaults may differ): "
+                                      "check it with this one's acheck_request")
+        return checked.gen, checked.plan, checked.messages
 
     def _prepare(self, messages_or_prompt: str | Sequence[Message], params: Mapping[str, Any],
                  **output_options: Any) -> tuple[GenerationParams, OutputPlan, list[dict[str, Any]]]:
@@ -522,9 +548,25 @@ class EnsembleEngine:
             gen, plan, messages = await self._avalidated(messages_or_prompt, params, **output)
             await self._fitted_prompt_ids(messages, plan, gen)
 
-    async def _avalidated(self, messages_or_prompt: str | Sequence[Message], params: Mapping[str, Any],
-                          **output_options: Any) -> tuple[GenerationParams, OutputPlan, list[dict[str, Any]]]:
-        """``_validated``, on the schema pool where the options carry schemas (jsonschema: tenths of a second)."""
+    async def acheck_request(self, messages_or_prompt: str | Sequence[Message] | CheckedRequest,
+                             **params: Any) -> CheckedRequest:
+        """``check_request`` off the event loop where it is slow (tools or a response_format: on the schema
+        pool, as ``astream``'s check), loading nothing: what a server runs before admitting a request. The
+        request is checked before the engine's state: one that cannot be served is an InvalidRequestError
+        even from a closed engine (a retry would fail the same way), a servable one an EngineClosedError.
+        Returns the request checked, for this engine's ``astream`` to serve without checking it again."""
+        output = {k: params.pop(k) for k in OutputOptions.model_fields if k in params}
+        gen, plan, messages = await self._avalidated(messages_or_prompt, params, **output)
+        self._check_open()
+        return CheckedRequest(gen, plan, messages, checked_by=self)
+
+    async def _avalidated(self, messages_or_prompt: str | Sequence[Message] | CheckedRequest,
+                          params: Mapping[str, Any], **output_options: Any
+                          ) -> tuple[GenerationParams, OutputPlan, list[dict[str, Any]]]:
+        """``_validated``, on the schema pool where the options carry schemas (jsonschema: tenths of a second);
+        a ``CheckedRequest`` as it was checked."""
+        if isinstance(messages_or_prompt, CheckedRequest):
+            return self._as_checked(messages_or_prompt, params, output_options)
         if carries_schemas(output_options.get("tools"), output_options.get("response_format")):
             return await run_schema_work(self._validated, messages_or_prompt, params, **output_options)
         return self._validated(messages_or_prompt, params, **output_options)
@@ -870,106 +912,6 @@ def _too_long(prompt: str, max_new_tokens: int | None, member: Member) -> Contex
         return ContextLengthError(f"max_new_tokens ({max_new_tokens}) alone fills {window}: ask for fewer new "
                                   f"tokens (at most {member.context_window - 1} with any prompt)")
     return ContextLengthError(f"{prompt} + max_new_tokens ({max_new_tokens}) exceed {window}")
-
-
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine to completion from sync code, also when a loop is already running here."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    result: list[T] = []
-    error: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(asyncio.run(coro))
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            error.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join()
-    if error:
-        raise error[0]
-    return result[0]
-
-
-_DONE = object()
-
-
-def iterate_sync(agen: AsyncIterator[T]) -> Generator[T, None, None]:
-    """Drive an async iterator on a helper thread and hand its items over one by one.
-
-    Closing the iterator early (``close()``, a ``break``, garbage collection, a KeyboardInterrupt in the
-    consumer) cancels the pump's task, so the stream stops at the await it is in: waiting for its next
-    item instead kept the engine calling members whose answers nobody read, and ``close()`` blocked until
-    then (seconds against a slow server). The stream's own ``finally`` still runs (``aclose``), so the
-    engine releases its sessions and admission before ``close()`` returns."""
-    items: queue.Queue[Any] = queue.Queue(maxsize=64)
-    stop = threading.Event()
-    running: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[None]]] = []
-
-    async def pump() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        running.append((asyncio.get_running_loop(), task))
-        try:
-            if stop.is_set():  # closed before the pump started: the consumer's cancel may have missed it
-                return
-            async for item in agen:
-                if stop.is_set():  # closed: a burst of items with no await between them (one step's
-                    break  # tokens) would wait for a reader gone, and the cancel lands only at an await
-                items.put(item)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
-            if not (isinstance(exc, asyncio.CancelledError) and stop.is_set()):  # not the consumer's own cancel
-                items.put(exc)
-        finally:
-            await _aclose(agen)
-            items.put(_DONE)
-
-    thread = threading.Thread(target=lambda: asyncio.run(pump()), daemon=True)
-    thread.start()
-    try:
-        while (item := items.get()) is not _DONE:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()  # before reading ``running``: the pump appends, then reads ``stop``
-        if running:
-            _cancel_soon(*running[0])
-        if threading.current_thread() is thread:  # collected by the gc on the pump's own thread: waiting for
-            _drain(items)  # it would wait for itself forever; the cancel lands when this step yields (room
-        else:  # left in the queue for the item and the _DONE it may still put)
-            while thread.is_alive():  # let the stream's finally run (its items are dropped)
-                try:
-                    items.get(timeout=0.05)
-                except queue.Empty:
-                    pass
-
-
-def _drain(items: queue.Queue[Any]) -> None:
-    while True:
-        try:
-            items.get_nowait()
-        except queue.Empty:
-            return
-
-
-def _cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
-    """Cancel ``task`` from another thread; a loop already closed has nothing left to cancel."""
-    try:
-        loop.call_soon_threadsafe(task.cancel)
-    except RuntimeError:
-        pass
-
-
-async def _aclose(agen: AsyncIterator[Any]) -> None:
-    """Run the iterator's ``finally`` where it has one to run (an async generator left mid-way)."""
-    aclose = getattr(agen, "aclose", None)
-    if aclose is not None:
-        await aclose()
 
 
 def _member_index(name: str, names: list[str]) -> int:

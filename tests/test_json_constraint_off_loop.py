@@ -220,21 +220,21 @@ async def test_aclose_waits_for_a_request_still_validating_off_the_loop(toys: li
 async def test_the_server_checks_a_chat_requests_output_options_off_the_loop(engine: EnsembleEngine,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The server checked a request's tools before admitting it, on the loop thread: the engine's own
-    check ran off it, but every stream still froze for the server's (tenths of a second per request)."""
+    check ran off it, but every stream still froze for the server's (tenths of a second per request).
+    The server now runs the engine's check (acheck_request), once per request: astream serves it as checked."""
     import httpx
 
-    import shared_engine.server.app as app_module
     from shared_engine.server import create_app
 
     threads: list[threading.Thread] = []
-    real = app_module.validated
+    real = engine_module.validated
 
     def recording(model: Any, **values: Any) -> Any:
         if model is OutputOptions:
             threads.append(threading.current_thread())
         return real(model, **values)
 
-    monkeypatch.setattr(app_module, "validated", recording)
+    monkeypatch.setattr(engine_module, "validated", recording)
     app = create_app(engine, model_name="ens")
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
         reply = await client.post("/v1/chat/completions", json={

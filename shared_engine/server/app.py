@@ -42,7 +42,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..engine import EnsembleEngine
+from ..engine import CheckedRequest, EnsembleEngine
 from ..errors import (
     ContextLengthError,
     EngineClosedError,
@@ -52,9 +52,7 @@ from ..errors import (
 )
 from ..events import Event
 from ..members.chat import normalize_messages
-from ..offload import carries_schemas, run_schema_work
-from ..options import DEFAULT_MAX_ACTIVE, GenerationParams, validated
-from ..tools import OutputOptions, OutputPlan
+from ..options import DEFAULT_MAX_ACTIVE
 from .admission import Admission, Overloaded, Ticket
 from .completions import MemberUnavailable, collect, collect_text, stream_chunks
 from .openai_schema import (
@@ -296,7 +294,7 @@ def _validated_request(raw: bytes, kind: type[RequestT]) -> RequestT:
         raise _validation_error(err, body) from None
 
 
-async def _events(engine: EnsembleEngine, ticket: Ticket, messages: str | list[dict[str, Any]],
+async def _events(engine: EnsembleEngine, ticket: Ticket, messages: str | CheckedRequest,
                   params: dict[str, Any]) -> AsyncGenerator[Event, None]:
     """The engine's event stream for one request, run while holding an admission slot."""
     try:
@@ -499,28 +497,16 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
     async def chat_completions(request: Request) -> Response:
         req = await _parse(request, ChatCompletionRequest)
         check(req)
-        output = req.output_options()
-
-        def checked() -> tuple[list[dict[str, Any]], dict[str, Any]]:
-            messages = normalize_messages([m.as_engine_message() for m in req.messages])
-            params = req.generation_params()
-            validated(GenerationParams, **params)
-            OutputPlan(validated(OutputOptions, **output))
-            return messages, {**params, **output}
-
-        try:  # a tool list's schemas take tenths of a second to check: on the loop every stream froze, on the
-            # loop's default executor plain requests' loading and rendering waited: on the schema pool
-            if carries_schemas(output.get("tools"), output.get("response_format")):
-                messages, params = await run_schema_work(checked)
-            else:
-                messages, params = checked()  # nothing slow to check
+        messages = [m.as_engine_message() for m in req.messages]
+        try:  # the engine's own check (a tool list's schemas on its schema pool), once: astream serves it as checked
+            checked = await engine.acheck_request(messages, **{**req.generation_params(), **req.output_options()})
         except InvalidRequestError as err:
             raise _engine_error(err, "messages", req.answer_tokens_field()) from None
         except RecursionError:  # e.g. a JSON schema nested past what the engine's readers recurse through
             raise ApiError(400, "the request is nested too deeply to be read", code="invalid_value") from None
         ticket = admit()
         cid = completion_id()
-        events = _events(engine, ticket, messages, params)
+        events = _events(engine, ticket, checked, {})
         return await respond(
             request, req, ticket, events,
             lambda: collect(events, completion_id=cid, model=name, method=engine.options.method, members=members(),
