@@ -356,6 +356,21 @@ def _nested_model(model: type[BaseModel], path: tuple[int | str, ...]) -> type[B
     return model
 
 
+class MemberNames:
+    """What ``members.config`` tells this module of the member options (``register_member_names``): the names
+    the engine also takes engine-wide (MemberDefaults), other libraries' names for them, and the per-member
+    hint. Registered, not imported: the members' config imports this module (an import back was a cycle)."""
+
+    engine_wide: tuple[str, ...] = ()
+    other_names: Mapping[str, str] = {}
+    hint: Callable[[str, Sequence[str]], str] | None = None
+
+
+def register_member_names(engine_wide: Sequence[str], other_names: Mapping[str, str],
+                          hint: Callable[[str, Sequence[str]], str]) -> None:
+    MemberNames.engine_wide, MemberNames.other_names, MemberNames.hint = tuple(engine_wide), other_names, hint
+
+
 def _unknown_name_hint(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
     """`` (did you mean 'max_new_tokens'?)`` for a parameter the model does not have, or nothing."""
     owner, name = _nested_model(model, loc[:-1]), loc[-1]
@@ -363,9 +378,7 @@ def _unknown_name_hint(model: type[BaseModel], loc: tuple[int | str, ...]) -> st
         return ""
     accepted = list(owner.model_fields)
     if owner is EngineOptions:  # the engine takes the MemberDefaults engine-wide too (dtype=, slots=, device=)
-        from .members.config import MemberDefaults
-
-        accepted += list(MemberDefaults.model_fields)
+        accepted += MemberNames.engine_wide
     return name_hint(name, accepted, per_request=owner is GenerationParams,
                      members=len(loc) == 1)  # inside a field's own model (a member's http), its names only
 
@@ -375,10 +388,8 @@ def name_hint(name: str, accepted: Sequence[str], per_request: bool = False, mem
     it, or a close spelling), or where an engine option given per request goes, or (``members``) where
     a member option goes (``member_option_hint``); or nothing."""
     if per_request:  # an engine-wide option (or a close spelling of one) given per request
-        from .members.config import _OTHER_MEMBER_NAMES, MemberDefaults
-
-        engine_wide = [*EngineOptions.model_fields, *MemberDefaults.model_fields]
-        meant = _OTHER_MEMBER_NAMES.get(name, name)
+        engine_wide = [*EngineOptions.model_fields, *MemberNames.engine_wide]
+        meant = MemberNames.other_names.get(name, name)
         if meant not in engine_wide and not difflib.get_close_matches(name, list(accepted), n=1, cutoff=0.75):
             # no per-request name is meant: perhaps a close spelling of an engine-wide one
             meant = next(iter(difflib.get_close_matches(name, engine_wide, n=1, cutoff=0.75)), name)
@@ -388,11 +399,9 @@ def name_hint(name: str, accepted: Sequence[str], per_request: bool = False, mem
     known = _OTHER_NAMES.get(name)
     if known is None or known not in accepted:
         known = next(iter(difflib.get_close_matches(name, list(accepted), n=1, cutoff=0.75)), None)
-    if known or not members:
+    if known or not members or MemberNames.hint is None:
         return f" (did you mean {known!r}?)" if known else ""
-    from .members.config import member_option_hint  # here: the members' config imports this module
-
-    return member_option_hint(name, accepted)  # n_ctxx, n_gpu_layers, an n_ctx given engine-wide
+    return MemberNames.hint(name, accepted)  # n_ctxx, n_gpu_layers, an n_ctx given engine-wide
 
 
 def check_request_keywords(params: Iterable[str], keywords: Sequence[str], caller: str) -> None:

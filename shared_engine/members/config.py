@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import InvalidRequestError
-from ..options import validated
+from ..options import register_member_names, validated
 from . import devices
 from .devices import DType
 from .http import HttpSettings
@@ -329,6 +329,9 @@ def member_option_hint(name: str, accepted: Sequence[str]) -> str:
         return f" (did you mean {meant!r}?)" if meant != name else ""
     guess = f"did you mean {meant!r}? " if meant != name else ""
     return f" ({guess}{meant} is set per member: members=[MemberConfig(model=..., {meant}=...)])"
+
+
+register_member_names(list(MemberDefaults.model_fields), _OTHER_MEMBER_NAMES, member_option_hint)
 
 
 def member_config(entry: str | dict[str, Any] | MemberConfig, defaults: MemberDefaults | None = None,
