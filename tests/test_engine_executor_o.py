@@ -124,7 +124,7 @@ async def test_a_plain_request_ends_while_every_schema_worker_is_held(engine: En
 
 async def test_the_server_checks_a_chat_requests_schemas_on_the_schema_pool(engine: EnsembleEngine,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    threads = _recording_options(monkeypatch, app_module)
+    threads = _recording_options(monkeypatch, engine_module)
     app = create_app(engine, model_name="ens")
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
         reply = await client.post("/v1/chat/completions", json={
