@@ -609,9 +609,30 @@ def extract_choice(output: str, labels: str, options: Mapping[str, str] | None =
         concluded = bool(bare) and bool(re.search(
             r"\b(?i:therefore|thus|hence|so|final\w*|should\s+be|must\s+be|would\s+be)\W*$", output[:bare[-1].start()]))
         span = bare[-1].span(1) if bare and (len({m.group(1) for m in every}) == 1 or concluded) else None
+        if span is not None and not concluded and _walkthrough_label(output, bare[-1]):
+            span = None  # "... each option step by step:\n\n(A) It is formed of" cut at the cap read A
     if span is None or _hedged(output, *span, labels):
         return None
     return output[span[0]:span[1]].upper()
+
+
+# a walk-through's lead-in: its first item is a label being analysed, not a choice
+_WALK_LEAD = re.compile(r"(?i:\beach\s+(?:of\s+the\s+)?(?:option|choice|answer|statement)s?\b"
+                        r"|\bstep[\s-]+by[\s-]+step\b|\banaly[sz]e\b|\bevaluate\b|\bgo\s+through\b|\blook\s+at\s+(?:the|each|all)\b"
+                        r"|\bthe\s+options?\s*:)")
+
+
+def _walkthrough_label(output: str, mention: re.Match[str]) -> bool:
+    """Whether the one bare "(X)" of an output labels the first item of a walk-through (cut at the cap before the
+    next): it starts its line, and a walk-through's lead-in comes before it ("Let's analyze each option step by
+    step:\n\n(A) It is ...") or the label is bold and followed by a colon ("**(A) Dyslexia**: a reading ...")."""
+    line_start = output.rfind("\n", 0, mention.start()) + 1
+    if output[line_start:mention.start()].strip(" \t*-\u2022#"):
+        return False
+    line_end = output.find("\n", mention.end())
+    line = output[mention.end():line_end if line_end >= 0 else len(output)]
+    bold_label = output[line_start:mention.start()].strip().startswith("**") and re.match(r"[^*\n]*\*\*\s*:", line)
+    return bool(bold_label) or bool(_WALK_LEAD.search(output, 0, line_start))
 
 
 def score_choice(output: str, gold: str, labels: str, options: Mapping[str, str] | None = None) -> Score:
