@@ -11,6 +11,7 @@ answer can go on past the call's closing brace (the plain constraint ended the a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .json_constraint import JsonPrefix
@@ -185,6 +186,68 @@ class CallsEndFinder(CallEndFinder):
 
     def _end(self, end: int) -> int:
         return max(end - len(self.prefix), 0)
+
+
+class JsonEnd(CallEnd):
+    """The stop of a JSON answer decoded without a constraint (AdaFuse, whose spans every member
+    writes; a JSON answer beside offered tools; a schema the parser cannot take): the answer ends
+    where its top-level object or list closes (``JsonEndFinder``). A small model goes on after the
+    value ("This object has one key."): the answer was then no JSON ("Extra data") and was retried
+    until its attempts ran out. Under a constraint it ends where the constraint does. ``is_call``:
+    whether a value is a bare call of an offered tool, which the parser reads (several may follow
+    in a row): such an answer is left to go on. Its text is no string a model writes."""
+
+    is_call: Callable[[str], bool] | None
+
+    def __new__(cls, prefix: str = "", is_call: Callable[[str], bool] | None = None) -> JsonEnd:
+        end = str.__new__(cls, "\x00json-end")
+        end.prefix, end.is_call = prefix, is_call
+        return end
+
+    def __getnewargs__(self) -> tuple[str, Callable[[str], bool] | None]:  # type: ignore[override]
+        return (self.prefix, self.is_call)
+
+    def finder(self) -> JsonEndFinder:
+        return JsonEndFinder(self.prefix, self.is_call)
+
+
+class JsonEndFinder(CallEndFinder):
+    """Where a JSON answer's top-level value closes (``_JsonScan``: braces inside its strings are
+    text). Only an answer that starts (after whitespace) with ``{`` or ``[`` ends there: one that
+    starts with prose, a ``<tool_call>`` (a call beside the tools) or a code fence (the parser reads
+    a fenced call; a fenced answer is no JSON answer either way) keeps today's end."""
+
+    def __init__(self, prefix: str, is_call: Callable[[str], bool] | None) -> None:
+        super().__init__(prefix)
+        self.is_call = is_call
+        self.scan = _JsonScan()
+        self.start = -1  # where the value starts in prefix + text (-1: not yet seen)
+        self.off = False  # the answer is no bare JSON value: never ends here
+        self.end = -1  # where the answer ends, once found
+
+    def find(self, text: str) -> int:
+        if self.off or self.end >= 0:
+            return self.end
+        seen = self.prefix + text
+        if self.start < 0:
+            body = seen.lstrip()
+            if not body:
+                return -1
+            if body[0] not in "{[":
+                self.off = True
+                return -1
+            self.start = self.pos = len(seen) - len(body)
+        scan = self.scan
+        while self.pos < len(seen):
+            scan.step(seen[self.pos])
+            self.pos += 1
+            if not scan.depth and not scan.quote:
+                if self.is_call is not None and self.is_call(seen[self.start:self.pos]):
+                    self.off = True  # a bare call: the parser's to read, with any calls after it
+                    return -1
+                self.end = max(self.pos - len(self.prefix), 0)
+                return self.end
+        return -1
 
 
 _FREE = JsonPrefix(None)

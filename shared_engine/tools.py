@@ -69,6 +69,7 @@ import json
 import re
 import uuid
 from collections.abc import Collection, Mapping, Sequence
+from functools import partial
 from typing import Any, Literal
 
 import json_repair
@@ -82,6 +83,7 @@ from .call_ends import (  # noqa: F401 - CallEndFinder and the tags are imported
     CallEnd,
     CallEndFinder,
     CallsEnd,
+    JsonEnd,
     _CallBody,
     _JsonScan,
     free_after_call,
@@ -437,6 +439,13 @@ def _next_value(text: str, start: int) -> int | None:
     return len(text) if end is None else end
 
 
+def names_offered(names: Collection[str], body: str) -> bool:
+    """Whether ``body`` is a bare call (or a list of them) of tools in ``names``, as the parser reads one."""
+    obj = _loads(body)
+    calls = [_as_call(item) for item in (obj if isinstance(obj, list) and obj else [obj])]
+    return all(c is not None and c[0] in names for c in calls)
+
+
 def _complete(body: str) -> bool:
     """Whether ``body`` is one whole, strict JSON value (in a code fence or not)."""
     body = body.strip()
@@ -585,9 +594,7 @@ class ToolCallParser:
         return out
 
     def _names_offered(self, body: str) -> bool:
-        obj = _loads(body)
-        calls = [_as_call(item) for item in (obj if isinstance(obj, list) and obj else [obj])]
-        return all(c is not None and c[0] in self.names for c in calls)
+        return names_offered(self.names, body)
 
     def _bare(self, rest: str) -> list[str | ToolCallEvent]:
         """A held answer that starts with JSON: each value in a row (bare or in a code fence) that
@@ -729,6 +736,9 @@ class OutputPlan:
         """A forced answer: calls only, text after them is neither generated on nor shown (``CallsEnd``)."""
         self.stops: list[str] = [CallEnd(self.prefix)] if self.one_call else \
             [CallsEnd(self.prefix)] if self.calls_only else []
+        if self.response_format is not None:  # unconstrained under AdaFuse, beside tools, or for an odd schema
+            is_call = partial(names_offered, frozenset(self.names)) if self.tools else None
+            self.stops.append(JsonEnd(self.prefix, is_call))
 
     def constraint(self) -> JsonPrefix | None:
         """The decoding constraint after the prefix: of a JSON answer, or of a forced call's name
@@ -755,8 +765,9 @@ class OutputPlan:
         if not self.tools or self.response_format is None:
             return self
         plan = copy.copy(self)
-        plan.tools, plan.schemas, plan.one_call, plan.calls_only, plan.stops = None, {}, False, False, []
+        plan.tools, plan.schemas, plan.one_call, plan.calls_only = None, {}, False, False
         plan.prefix = self.prefix if self._own_prefix else "{"
+        plan.stops = [JsonEnd(plan.prefix)]  # AdaFuse decodes the retry unconstrained too
         return plan
 
     @property
