@@ -19,7 +19,6 @@ import httpx
 import pytest
 
 import shared_engine.engine as engine_module
-import shared_engine.server.app as app_module
 import shared_engine.tools as tools_module
 from shared_engine import EnsembleEngine
 from shared_engine.json_constraint import JsonPrefix
