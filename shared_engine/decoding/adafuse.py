@@ -199,14 +199,11 @@ def _next_logits(session: Session, context: list[int]) -> torch.Tensor:
 
 def _write(session: Session, context: list[int], first: torch.Tensor, token: int, table: TokenTable,
            settings: AdaFuseSettings, pick: Callable[[torch.Tensor], int], words: int | None,
-           shared: SharedEnds, left: int | None = None) -> Span:
+           shared: SharedEnds) -> Span:
     """Blocking: write from ``context`` starting with ``token`` until a span of ``words`` words
-    (None: as many as the writer is sure of) ends where every member has a boundary, or ``left``
-    tokens are written (the answer's tokens up to max_new_tokens; None: no cap): a longer span is cut
-    there anyway, and writing and scoring it cost a whole round's forward passes for a token or two."""
+    (None: as many as the writer is sure of) ends where every member has a boundary."""
     cont, logits = Continuation(), first
     limit = TOKENS_PER_WORD * ((words or settings.max_words) + 1)
-    limit = limit if left is None else min(limit, max(left, 1))
     while True:
         cont.add(token, logits, table, settings)
         wanted, final = (words, len(complete_word_ends(cont.data)) >= words) if words \
@@ -237,20 +234,18 @@ def _has_end(data: bytes, words: int, shared: set[int]) -> bool:
 
 
 def _propose(session: Session, context: list[int], first: torch.Tensor, table: TokenTable,
-             settings: AdaFuseSettings, shared: SharedEnds, seed: int, support: int | None,
-             left: int | None = None) -> list[Span]:
+             settings: AdaFuseSettings, shared: SharedEnds, seed: int, support: int | None) -> list[Span]:
     """Blocking: one member's proposals for the vote. Sure at its first token: its greedy span,
     as many words as its sureness gives (the released code's candidate); unsure: one-word
     branches over its top first tokens (test-time scaling)."""
     if settings.is_sure(settings.measure(first)):
         return [_write(session, context, first, _argmax(without_specials(first, table)), table, settings, _argmax,
-                       None, shared, left)]
-    return _branches(session, context, first, table, settings, shared, seed, support, left)
+                       None, shared)]
+    return _branches(session, context, first, table, settings, shared, seed, support)
 
 
 def _branches(session: Session, context: list[int], first: torch.Tensor, table: TokenTable,
-              settings: AdaFuseSettings, shared: SharedEnds, seed: int, support: int | None,
-              left: int | None = None) -> list[Span]:
+              settings: AdaFuseSettings, shared: SharedEnds, seed: int, support: int | None) -> list[Span]:
     """Blocking: ``num_candidates`` one-word continuations from the member's top first tokens."""
     sampler = Sampler(settings.candidate_temperature, seed=seed)
 
@@ -263,7 +258,7 @@ def _branches(session: Session, context: list[int], first: torch.Tensor, table: 
 
     count = min(settings.num_candidates, first.shape[-1], support or first.shape[-1])
     tops = torch.topk(without_specials(first, table), count).indices.tolist()
-    return [_write(session, context, first, t, table, settings, pick if i else _argmax, 1, shared, left)
+    return [_write(session, context, first, t, table, settings, pick if i else _argmax, 1, shared)
             for i, t in enumerate(tops)]
 
 
@@ -371,11 +366,6 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
                       committed=state.stats.tokens - before)
 
 
-def _tokens_left(state: RequestState) -> int:
-    """The answer's tokens still allowed (max_new_tokens), a round's span cap (``_write``)."""
-    return state.max_new_tokens - state.stats.tokens
-
-
 def _window_full(state: RequestState, settings: AdaFuseSettings, contexts: list[list[int]]) -> bool:
     """Whether a member's window could not hold another round: max_new_tokens counts the drafter's
     tokens (checked against every window at the start), a member may spell the answer in more of its
@@ -416,7 +406,7 @@ async def _propose_spans(state: RequestState, outlook: _Outlook, settings: AdaFu
     spans = await gather_all(*(
         state.members[i].member.run(_propose, state.members[i].session, outlook.contexts[i], outlook.firsts[i],
                                     state.members[i].table, settings, outlook.shared, seed + i,
-                                    exact_support(state.members[i].member), _tokens_left(state))
+                                    exact_support(state.members[i].member))
         for i in weighted))
     proposals: Proposals = [[] for _ in state.members]
     for i, props in zip(weighted, spans):
@@ -520,7 +510,7 @@ async def _leader_writes(state: RequestState, outlook: _Outlook, settings: AdaFu
     first = outlook.firsts[outlook.leader]
     token = pick(without_specials(first, leader.table))
     span = await leader.member.run(_write, leader.session, outlook.contexts[outlook.leader], first, token,
-                                   leader.table, settings, pick, None, outlook.shared, _tokens_left(state))
+                                   leader.table, settings, pick, None, outlook.shared)
     proposals: Proposals = [[] for _ in state.members]
     proposals[outlook.leader] = [span]
     return proposals
