@@ -125,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.bench or not args.models:
         raise InvalidRequestError("eval needs --bench and --models or --members (or: eval compare DIR...)")
+    if args.pair is not None and args.bench != "flores":  # else ignored without a word: the user thinks it ran
+        raise InvalidRequestError(f"--pair {args.pair} is a FLORES language pair: --bench {args.bench} has none "
+                                  "(drop --pair, or give --bench flores)")
     method = args.method or default_method(args.models)
     bench = get_benchmark(args.bench, args.data, args.pair)
     if args.max_new_tokens is None:  # 0 is refused with the engine options, not read as "the default"

@@ -711,23 +711,28 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
     _check_outputs(plots, json_out)
     dirs, skipped, unanswered = _runs_only(dirs)
     summaries = load_summaries(dirs)
+    if baseline is not None:
+        base = load_summaries([baseline])[0]
+        baseline = Path(base["dir"])  # a summary.json given: its run's folder
+        if all(Path(s["dir"]).resolve() != baseline.resolve() for s in summaries):
+            summaries = load_summaries([baseline, *dirs])  # its row in the table too (labels told apart with them)
     rescoring = [_rescore_summary(s) for s in summaries]
     written = plot(summaries, plots)
     if json_out:
         Path(json_out).write_text(json.dumps(summaries, indent=2) + "\n")
     text = table(summaries)
     if baseline is not None:
-        base = load_summaries([baseline])[0]
-        baseline = Path(base["dir"])  # a summary.json given: its run's folder
         if not (baseline / SAMPLES).is_file():
             raise InvalidRequestError(f"--baseline {baseline} has no {SAMPLES} to pair the runs with by question")
         matched, others = _partition(base, summaries)
         pairs = [(s, paired(baseline, Path(s["dir"]))) for s in matched]  # once: chrF's bootstrap is slow
-        text += "\n\n" + paired_table(baseline, pairs)
+        # no run to pair: a sentence, not a table header with no rows (nor --by-group's blank lines)
+        text += "\n\n" + (paired_table(baseline, pairs) if pairs else f"no run pairs with {baseline} (the same "
+                            "questions): " + ("see why below" if others else "no other run was given"))
         text += _not_paired(others)
         written.extend(_paired_plot(base, pairs, plots))
-    if by_group and baseline is not None:
-        text += "\n\n" + group_tables(baseline, summaries)
+        if by_group and pairs:
+            text += "\n\n" + group_tables(baseline, summaries)
     skipped_note = (f"\n\nnote: skipped {', '.join(str(d) for d in skipped)} (no {SUMMARY} or {CONFIG}: "
                     "not an eval run)") if skipped else ""
     if unanswered:

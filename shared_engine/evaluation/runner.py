@@ -329,6 +329,10 @@ def check_start(bench: Benchmark, out: Path, limit: int | None) -> tuple[Dataset
         bench.messages(records[0])  # or the members spend their load on it
     if out.exists() and not out.is_dir():
         raise InvalidRequestError(f"--out {out} is a file: give a folder for the run")
+    # a folder under a file (run.log/sub): said of --out here, not by the fit cache (an option never given)
+    above = next((folder for folder in out.parents if folder.exists()), None)
+    if not out.exists() and above is not None and not above.is_dir():
+        raise InvalidRequestError(f"--out {out}: cannot make the run's folder ({above} is a file)")
     return dataset, records
 
 
