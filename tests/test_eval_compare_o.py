@@ -3,6 +3,7 @@ out of the table, ``--pair`` off FLORES, ``--out`` under a file."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,12 +11,37 @@ import pytest
 from shared_engine import InvalidRequestError
 from shared_engine.cli import build_parser
 from shared_engine.evaluation.compare import compare_runs
+from shared_engine.evaluation.runner import CONFIG, SAMPLES
 from tests.eval_files import gsm8k_file
 from tests.test_eval_runner import _run_folder
 from tests.toy import registered_members, toy_member
 
 RIGHT = [{"id": str(i), "correct": True, "value": 1.0, "group": "g"} for i in range(4)]
 WRONG = [{"id": str(i), "correct": i == 3, "value": float(i == 3), "group": "g"} for i in range(4)]
+
+
+def _first_pass(folder: Path) -> Path:
+    """A run killed (or still going) before its first summary: its config and answers, no summary.json."""
+    folder.mkdir(parents=True)
+    (folder / CONFIG).write_text("{}")
+    (folder / SAMPLES).write_text("".join(json.dumps(r) + "\n" for r in RIGHT[:2]))
+    return folder
+
+
+def test_a_run_without_its_first_summary_is_skipped_with_a_note_among_others(tmp_path: Path) -> None:
+    """``compare runs/*`` printed nothing but 'no summary.json in X' when any one run had none yet."""
+    base = _run_folder(tmp_path / "base", "gsm8k", WRONG, method="single")
+    run = _run_folder(tmp_path / "run", "gsm8k", RIGHT)
+    going = _first_pass(tmp_path / "going")
+    text = compare_runs([base, run, going], tmp_path / "plots", baseline=base)
+    assert "| gsm8k | safe (m) | 4 |" in text and "| safe (m) | 4 | 1 | 3 | 0 |" in text, text
+    assert (f"note: skipped {going} (no summary.json yet: its run stopped before writing one: the same eval "
+            "command with --resume writes it)") in text, text
+    # alone, or as the baseline, it is still the error
+    with pytest.raises(InvalidRequestError, match=r"no summary.json in .*going \(its run stopped before"):
+        compare_runs([going], tmp_path / "plots")
+    with pytest.raises(InvalidRequestError, match=r"no summary.json in .*going \(its run stopped before"):
+        compare_runs([base, run, going], tmp_path / "plots", baseline=going)
 
 
 def test_a_baseline_nothing_pairs_with_gets_a_sentence_not_an_empty_table(tmp_path: Path) -> None:

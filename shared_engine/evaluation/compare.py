@@ -68,17 +68,22 @@ def _weights_label(weights: list[float] | str) -> str:
     return weights if isinstance(weights, str) else ",".join(f"{w:g}" for w in weights)  # "auto" or numbers
 
 
+def _why_no_summary(folder: Path) -> str:
+    """Why a run's folder has no summary: its run is still going (its eval holds the lock), or it stopped
+    before writing one (answers, no summary: ``--resume`` writes it); empty where neither tells."""
+    answered = (folder / SAMPLES).is_file() and (folder / SAMPLES).stat().st_size
+    running = lock_holder(folder) if folder.is_dir() else None
+    return (f"its run is still going, pid {running}: compare it when it ends" if running else
+            "its run stopped before writing one: the same eval command with --resume writes it" if answered else "")
+
+
 def load_summaries(dirs: list[Path]) -> list[dict[str, Any]]:
     summaries = []
     for folder in dirs:
         file = folder / SUMMARY if folder.is_dir() else folder
         if not file.is_file():
-            answered = (folder / SAMPLES).is_file() and (folder / SAMPLES).stat().st_size
-            running = lock_holder(folder) if folder.is_dir() else None
-            raise InvalidRequestError(f"no {SUMMARY} in {folder}" + (
-                f" (its run is still going, pid {running}: compare it when it ends)" if running else
-                " (its run stopped before writing one: the same eval command with --resume writes it)"
-                if answered else ""))
+            why = _why_no_summary(folder)
+            raise InvalidRequestError(f"no {SUMMARY} in {folder}" + (f" ({why})" if why else ""))
         try:
             summary = json.loads(file.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -710,9 +715,10 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
         raise InvalidRequestError("--by-group pairs each run with --baseline within each group: give --baseline")
     _check_outputs(plots, json_out)
     dirs, skipped, unanswered = _runs_only(dirs)
+    dirs, pending = _summarized(dirs)
     summaries = load_summaries(dirs)
     if baseline is not None:
-        base = load_summaries([baseline])[0]
+        base = load_summaries([baseline])[0]  # a baseline without a summary: the error, as a lone run's
         baseline = Path(base["dir"])  # a summary.json given: its run's folder
         if all(Path(s["dir"]).resolve() != baseline.resolve() for s in summaries):
             summaries = load_summaries([baseline, *dirs])  # its row in the table too (labels told apart with them)
@@ -738,6 +744,7 @@ def compare_runs(dirs: list[Path], plots: Path, json_out: str | None = None, bas
     if unanswered:
         skipped_note += (f"\n\nnote: skipped {', '.join(str(d) for d in unanswered)} (a run that answered no "
                          "question: its start failed)")
+    skipped_note += "".join(f"\n\nnote: skipped {folder} (no {SUMMARY} yet: {why})" for folder, why in pending)
     return (text + _mixed_prompts_note(summaries) + _rescored_note(summaries, rescoring) + _failed_note(summaries)
             + _malformed_note(summaries) + _unfinished_note(summaries)
             + skipped_note
@@ -760,8 +767,8 @@ def _runs_only(dirs: list[Path]) -> tuple[list[Path], list[Path], list[Path]]:
     """The given folders less those that are no eval run at all (the plots folder, which the first
     ``compare runs/*`` writes into ``runs/``, so the next ``runs/*`` glob picks it up) and runs that
     never answered a question (``config.json`` only: a start that failed, e.g. a misspelt model); and
-    those two lists. A run's folder with answers but no summary still fails in load_summaries, and so
-    does one whose eval holds its lock (loading its members, no answer yet): it is still going, not failed."""
+    those two lists. A run's folder with answers but no summary, or one whose eval holds its lock (loading
+    its members, no answer yet: still going, not failed), is kept: ``_summarized`` says why it has none."""
     keep: list[Path] = []
     skipped: list[Path] = []
     unanswered: list[Path] = []
@@ -778,6 +785,23 @@ def _runs_only(dirs: list[Path]) -> tuple[list[Path], list[Path], list[Path]]:
     if not keep:
         raise InvalidRequestError(f"no {SUMMARY} in {', '.join(str(d) for d in dirs)}")
     return keep, skipped, unanswered
+
+
+def _summarized(dirs: list[Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """The runs with a summary, and each run's folder without one yet with why (on its first pass, or
+    killed before its first summary): ``compare runs/*`` while one run is going compares the others,
+    noting it. Where none has one, the error says why (a lone run given, as before)."""
+    keep: list[Path] = []
+    pending: list[tuple[Path, str]] = []
+    for folder in dirs:
+        why = _why_no_summary(folder) if folder.is_dir() and not (folder / SUMMARY).exists() else ""
+        if why:
+            pending.append((folder, why))
+        else:
+            keep.append(folder)  # a summary, or a path load_summaries refuses with its own message
+    if not keep:
+        raise InvalidRequestError("; ".join(f"no {SUMMARY} in {folder} ({why})" for folder, why in pending))
+    return keep, pending
 
 
 def _rescored_note(summaries: list[dict[str, Any]], rescoring: list[tuple[int, int]]) -> str:
