@@ -12,20 +12,16 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
-import shared_engine.engine as engine_module
-import shared_engine.tools as tools_module
 from shared_engine import EnsembleEngine
-from shared_engine.json_constraint import JsonPrefix
 from shared_engine.members import HFMember
 from shared_engine.offload import SCHEMA_THREAD_PREFIX, SCHEMA_WORKERS, run_schema_work
 from shared_engine.server import create_app
-from shared_engine.tools import OutputOptions
+from tests.test_json_constraint_off_loop import recording, recording_options
 from tests.toy import registered_members, toy_member
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -50,40 +46,9 @@ def _on_schema_pool(threads: list[threading.Thread]) -> bool:
     return bool(threads) and all(t.name.startswith(SCHEMA_THREAD_PREFIX) for t in threads)
 
 
-def _recording_start_state(monkeypatch: pytest.MonkeyPatch,
-                           hold: threading.Event | None = None) -> list[threading.Thread]:
-    """Patch ``tools.start_state`` (a response_format's constraint) to record its thread and, with ``hold``,
-    to wait (up to WAIT_S) until it is set."""
-    threads: list[threading.Thread] = []
-    real: Callable[..., JsonPrefix | None] = tools_module.start_state
-
-    def recorded(*args: Any) -> JsonPrefix | None:
-        threads.append(threading.current_thread())
-        if hold is not None:
-            hold.wait(WAIT_S)
-        return real(*args)
-
-    monkeypatch.setattr(tools_module, "start_state", recorded)
-    return threads
-
-
-def _recording_options(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[threading.Thread]:
-    """Patch ``module.validated`` to record the thread each OutputOptions validation runs on."""
-    threads: list[threading.Thread] = []
-    real = module.validated
-
-    def recorded(cls: type[Any], **values: Any) -> Any:
-        if cls is OutputOptions:
-            threads.append(threading.current_thread())
-        return real(cls, **values)
-
-    monkeypatch.setattr(module, "validated", recorded)
-    return threads
-
-
 async def test_a_schemas_constraint_is_built_on_the_schema_pool(engine: EnsembleEngine,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    threads = _recording_start_state(monkeypatch)
+    threads = recording(monkeypatch, "start_state")
     result = await engine.agenerate("Where?", response_format=RESPONSE_FORMAT)
     assert result.finish_reason in ("stop", "eos", "length")
     assert _on_schema_pool(threads), [t.name for t in threads]
@@ -91,7 +56,7 @@ async def test_a_schemas_constraint_is_built_on_the_schema_pool(engine: Ensemble
 
 async def test_output_options_are_validated_on_the_schema_pool(engine: EnsembleEngine,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    threads = _recording_options(monkeypatch, engine_module)
+    threads = recording_options(monkeypatch)
     await engine.agenerate("F?", tools=TOOLS, tool_choice="required")
     await engine.acheck_fits("F?", tools=TOOLS)
     assert len(threads) == 2 and _on_schema_pool(threads), [t.name for t in threads]
@@ -102,7 +67,7 @@ async def test_a_plain_request_ends_while_every_schema_worker_is_held(engine: En
     """More schema requests than the loop's default executor has workers, each holding its worker in its
     constraint's build: a plain request (loading, rendering in worker threads) still runs to its finish."""
     hold = threading.Event()
-    threads = _recording_start_state(monkeypatch, hold)
+    threads = recording(monkeypatch, "start_state", hold, WAIT_S)
     default_workers = min(32, (os.cpu_count() or 1) + 4)  # ThreadPoolExecutor's default, asyncio's executor
     slow = [asyncio.create_task(engine.agenerate("Where?", response_format=RESPONSE_FORMAT))
             for _ in range(default_workers + 1)]
@@ -123,7 +88,7 @@ async def test_a_plain_request_ends_while_every_schema_worker_is_held(engine: En
 
 async def test_the_server_checks_a_chat_requests_schemas_on_the_schema_pool(engine: EnsembleEngine,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    threads = _recording_options(monkeypatch, engine_module)
+    threads = recording_options(monkeypatch)
     app = create_app(engine, model_name="ens")
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
         reply = await client.post("/v1/chat/completions", json={

@@ -68,22 +68,40 @@ def engine(toys: list[HFMember]) -> Iterator[EnsembleEngine]:
     engine.close()
 
 
-def _recording(monkeypatch: pytest.MonkeyPatch, name: str) -> list[threading.Thread]:
-    """Patch ``tools.<name>`` (what ``OutputPlan.constraint`` calls) to record the thread it runs on."""
+def recording(monkeypatch: pytest.MonkeyPatch, name: str, hold: threading.Event | None = None,
+              wait_s: float = 10.0) -> list[threading.Thread]:
+    """Patch ``tools.<name>`` (what ``OutputPlan.constraint`` calls) to record the thread it runs on and, with
+    ``hold``, to wait (up to ``wait_s``) until it is set."""
     threads: list[threading.Thread] = []
     real: Callable[..., JsonPrefix | None] = getattr(tools_module, name)
 
     def recorded(*args: Any) -> JsonPrefix | None:
         threads.append(threading.current_thread())
+        if hold is not None:
+            hold.wait(wait_s)
         return real(*args)
 
     monkeypatch.setattr(tools_module, name, recorded)
     return threads
 
 
+def recording_options(monkeypatch: pytest.MonkeyPatch, module: Any = engine_module) -> list[threading.Thread]:
+    """Patch ``module.validated`` to record the thread each OutputOptions validation runs on."""
+    threads: list[threading.Thread] = []
+    real = module.validated
+
+    def recorded(cls: type[Any], **values: Any) -> Any:
+        if cls is OutputOptions:
+            threads.append(threading.current_thread())
+        return real(cls, **values)
+
+    monkeypatch.setattr(module, "validated", recorded)
+    return threads
+
+
 async def test_schema_constraint_is_built_off_the_loop(engine: EnsembleEngine,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    threads = _recording(monkeypatch, "start_state")
+    threads = recording(monkeypatch, "start_state")
     result = await engine.agenerate("Where?", response_format=RESPONSE_FORMAT)
     assert result.finish_reason in ("stop", "eos", "length")
     assert threads, "the request built no constraint"
@@ -92,7 +110,7 @@ async def test_schema_constraint_is_built_off_the_loop(engine: EnsembleEngine,
 
 async def test_forced_call_constraint_is_built_off_the_loop(engine: EnsembleEngine,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    threads = _recording(monkeypatch, "call_start_state")
+    threads = recording(monkeypatch, "call_start_state")
     await engine.agenerate("F?", tools=TOOLS, tool_choice="required")
     assert threads, "the request built no constraint"
     assert threading.current_thread() not in threads, "call_start_state ran on the event loop's thread"
@@ -101,15 +119,7 @@ async def test_forced_call_constraint_is_built_off_the_loop(engine: EnsembleEngi
 async def test_output_options_are_validated_off_the_loop(engine: EnsembleEngine,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The tools' parameter schemas are checked (jsonschema) where OutputOptions is validated."""
-    threads: list[threading.Thread] = []
-    real = engine_module.validated
-
-    def recorded(cls: type[Any], **values: Any) -> Any:
-        if cls is OutputOptions:
-            threads.append(threading.current_thread())
-        return real(cls, **values)
-
-    monkeypatch.setattr(engine_module, "validated", recorded)
+    threads = recording_options(monkeypatch)
     await engine.agenerate("F?", tools=TOOLS, tool_choice="required")
     await engine.acheck_fits("F?", tools=TOOLS)
     assert len(threads) == 2
@@ -226,15 +236,7 @@ async def test_the_server_checks_a_chat_requests_output_options_off_the_loop(eng
 
     from shared_engine.server import create_app
 
-    threads: list[threading.Thread] = []
-    real = engine_module.validated
-
-    def recording(model: Any, **values: Any) -> Any:
-        if model is OutputOptions:
-            threads.append(threading.current_thread())
-        return real(model, **values)
-
-    monkeypatch.setattr(engine_module, "validated", recording)
+    threads = recording_options(monkeypatch)
     app = create_app(engine, model_name="ens")
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
         reply = await client.post("/v1/chat/completions", json={

@@ -31,6 +31,17 @@ def _x(value: str) -> str:
     return '{"x": ' + value + "}"
 
 
+def _written_as_valid(sub: dict[str, Any], valid: list[str], invalid: list[str], refused: bool = True) -> None:
+    """Each of ``valid`` (as x's value) passes the validation and can be written; none of ``invalid`` can be
+    written (``refused``: and the validation refuses it too)."""
+    schema = _holding(sub)
+    for value in valid:
+        assert _error(schema, _x(value)) is None and _writable(schema, _x(value)), value
+    for value in invalid:
+        assert not _writable(schema, _x(value)), value
+        assert not refused or _error(schema, _x(value)) is not None, value
+
+
 def _error(schema: dict[str, Any], text: str) -> str | None:
     return format_error(text, ResponseFormat.model_validate(
         {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}))
@@ -47,12 +58,7 @@ def _error(schema: dict[str, Any], text: str) -> str | None:
 ])
 def test_an_enum_beside_a_type_writes_only_the_values_of_that_type(sub: dict[str, Any], valid: list[str],
                                                                     invalid: list[str]) -> None:
-    schema = _holding(sub)
-    for value in valid:
-        text = _x(value)
-        assert _error(schema, text) is None and _writable(schema, text), value
-    for value in invalid:
-        assert not _writable(schema, _x(value)), value
+    _written_as_valid(sub, valid, invalid, refused=False)
 
 
 # -- integer bounds ------------------------------------------------------------------------------------
@@ -65,12 +71,8 @@ def test_an_enum_beside_a_type_writes_only_the_values_of_that_type(sub: dict[str
 ])
 def test_a_small_integer_range_is_enforced_while_written(sub: dict[str, Any], valid: list[str],
                                                          invalid: list[str]) -> None:
-    schema = _holding(sub)
-    for value in valid:
-        assert _error(schema, _x(value)) is None and _writable(schema, _x(value)), value
-    for value in invalid:
-        assert _error(schema, _x(value)) is not None and not _writable(schema, _x(value)), value
-    call = feed(call_start_state({"f": schema}, "f"), " " + _x(invalid[0]) + "}")
+    _written_as_valid(sub, valid, invalid)
+    call = feed(call_start_state({"f": _holding(sub)}, "f"), " " + _x(invalid[0]) + "}")
     assert call is None or not call.finished  # a forced call's arguments too
 
 
@@ -90,13 +92,7 @@ def test_a_wide_or_one_sided_integer_range_is_left_to_the_validation() -> None:
 ])
 def test_an_array_const_or_enum_value_is_written_as_it_is(sub: dict[str, Any], valid: list[str],
                                                           invalid: list[str]) -> None:
-    schema = _holding(sub)
-    for value in valid:
-        text = _x(value)
-        assert _error(schema, text) is None and _writable(schema, text), value
-    for value in invalid:
-        text = _x(value)
-        assert _error(schema, text) is not None and not _writable(schema, text), value
+    _written_as_valid(sub, valid, invalid)
 
 
 def test_an_array_const_holding_strings_stays_writable() -> None:
