@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from .lazy import exports, lazy_attributes
 
 if TYPE_CHECKING:
-    from .engine import EnsembleEngine, GenerationResult
+    from .engine import CheckedRequest, EnsembleEngine, GenerationResult
     from .errors import ContextLengthError, EngineClosedError, EnsembleError, InvalidRequestError, MemberError
     from .events import (
         AdaFuseEvent,
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .options import EngineOptions, GenerationParams
 
 _EXPORTS = exports(
-    engine=("EnsembleEngine", "GenerationResult"),
+    engine=("CheckedRequest", "EnsembleEngine", "GenerationResult"),
     errors=("ContextLengthError", "EngineClosedError", "EnsembleError", "InvalidRequestError", "MemberError"),
     events=("AdaFuseEvent", "CacheSyncEvent", "DraftEvent", "EnsembleEvent", "Event", "FinishEvent",
             "FormatRetryEvent", "SpanCandidate", "Stats", "TokenEvent", "ToolCallEvent", "Usage", "VerifyEvent"),
@@ -42,9 +42,9 @@ _EXPORTS = exports(
     options=("EngineOptions", "GenerationParams"),
 )
 __all__ = [
-    "AdaFuseEvent", "CacheSyncEvent", "ContextLengthError", "DraftEvent", "EngineClosedError", "EngineOptions",
-    "EnsembleEngine", "EnsembleError", "EnsembleEvent", "Event", "FinishEvent", "FormatRetryEvent", "GenerationParams",
-    "GenerationResult", "InvalidRequestError", "MemberConfig", "MemberDefaults", "MemberError", "SpanCandidate",
-    "Stats", "TokenEvent", "ToolCallEvent", "Usage", "VerifyEvent",
+    "AdaFuseEvent", "CacheSyncEvent", "CheckedRequest", "ContextLengthError", "DraftEvent", "EngineClosedError",
+    "EngineOptions", "EnsembleEngine", "EnsembleError", "EnsembleEvent", "Event", "FinishEvent", "FormatRetryEvent",
+    "GenerationParams", "GenerationResult", "InvalidRequestError", "MemberConfig", "MemberDefaults", "MemberError",
+    "SpanCandidate", "Stats", "TokenEvent", "ToolCallEvent", "Usage", "VerifyEvent",
 ]
 __getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS)
