@@ -173,6 +173,11 @@ MAX_STOPS = 4
 """The most ``stop`` sequences one request may send: OpenAI's limit, which it refuses past with a 400."""
 
 
+TOOL_CHOICES = ("none", "auto", "required")
+"""The strings OpenAI's ``tool_choice`` takes. The engine also reads Anthropic's ``"any"`` (and a bare tool
+name) for its Python callers; an OpenAI server refuses them, as OpenAI does: a client sending ``"any"`` was
+served as ``"required"`` and never told that OpenAI would refuse it."""
+
 MAX_PROMPTS = 2048
 """The most prompts one legacy completions request may list: they are answered one after another on
 one admission slot, and each is checked before the first is answered."""
@@ -327,6 +332,10 @@ class ChatCompletionRequest(_GenerationRequest):
         return None
 
     def conflict(self) -> tuple[str, str] | None:
+        if isinstance(self.tool_choice, str) and self.tool_choice not in TOOL_CHOICES:
+            return "tool_choice", (f"invalid value {json.dumps(self.tool_choice)}: supported values are "
+                                   f"{', '.join(map(json.dumps, TOOL_CHOICES))}, or "
+                                   '{"type": "function", "function": {"name": ...}} naming the tool to call')
         if plain_tool_choice(self.tool_choice) not in (None, "auto", "none") and not self.tools:
             return "tool_choice", "tool_choice is only allowed when tools are specified"
         if (unanswered := self.unanswered_tool_result()) is not None:
