@@ -462,9 +462,9 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
     def admit() -> Ticket:
         try:
             return admission.admit()
-        except Overloaded as err:
+        except Overloaded as err:  # OpenAI's code (its SDK's error types name it); the type as before
             raise ApiError(429, f"the server is busy: {err}", type="rate_limit_error",
-                           code="too_many_requests", headers={"Retry-After": "1"}) from None
+                           code="rate_limit_exceeded", headers={"Retry-After": "1"}) from None
 
     async def respond(request: Request, req: ChatCompletionRequest | CompletionRequest, ticket: Ticket,
                       events: AsyncGenerator[Event, None] | None, whole: Callable[[], Awaitable[BaseModel]],
