@@ -104,6 +104,12 @@ class GenerationResult(BaseModel):
         return Usage.of_attempts([*self.rejected_attempts, self.stats])
 
 
+EMPTY_RAW_PROMPT = ("the prompt is empty: the answer continues the prompt's tokens, and a member whose "
+                    "tokenizer adds no start token (Qwen2.5's, SmolLM2's) has none to continue from")
+"""Why a raw prompt "" is refused where OpenAI's completions generate from it: its text encodes to no
+token at all for such a member, and a model predicts the next token from at least one."""
+
+
 @dataclass(frozen=True)
 class CheckedRequest:
     """A request ``acheck_request`` checked: that engine's ``astream`` takes it in place of the prompt (with
@@ -488,6 +494,8 @@ class EnsembleEngine:
         if plan.raw_prompt and not isinstance(messages_or_prompt, str):
             raise InvalidRequestError("a raw prompt is a string (the text the answer continues), "
                                       f"not {type(messages_or_prompt).__name__}")
+        if plan.raw_prompt and not messages_or_prompt:
+            raise InvalidRequestError(EMPTY_RAW_PROMPT)
         return gen, plan, normalize_messages(messages_or_prompt)
 
     async def _decode(self, messages: list[dict[str, Any]], plan: OutputPlan,

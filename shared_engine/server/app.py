@@ -51,7 +51,6 @@ from ..errors import (
     MemberError,
 )
 from ..events import Event
-from ..members.chat import normalize_messages
 from ..options import DEFAULT_MAX_ACTIVE
 from .admission import Admission, Overloaded, Ticket
 from .completions import MemberUnavailable, collect, collect_text, stream_chunks
@@ -521,19 +520,18 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
         check(req)
         params = {**req.generation_params(), "raw_prompt": True}
         listed = len(req.prompts) > 1
-        for index, prompt in enumerate(req.prompts):  # the text of each (empty, unencodable)
-            try:
-                normalize_messages(prompt)
-            except InvalidRequestError as err:
+        checked: list[CheckedRequest] = []
+        for index, prompt in enumerate(req.prompts):  # the engine's own check, as chat's: astream serves it
+            try:  # as checked. The parameters are checked before the text: bad ones fail at prompt 0
+                checked.append(await engine.acheck_request(prompt, **params))
+            except InvalidParametersError as err:
+                raise _engine_error(err, "prompt", req.answer_tokens_field()) from None
+            except InvalidRequestError as err:  # the prompt's own text (empty, unencodable)
                 raise ApiError(400, f"{err} (prompt {index} of the list)" if listed else str(err),
                                param="prompt", code="invalid_value") from None
-        try:
-            engine.check_request(req.prompts[0], **params)  # the parameters, once for all prompts
-        except InvalidRequestError as err:
-            raise _engine_error(err, "prompt", req.answer_tokens_field()) from None
         ticket = admit()
         cid = text_completion_id()
-        events = _events(engine, ticket, req.prompts[0], params) if req.stream else None  # one prompt (check)
+        events = _events(engine, ticket, checked[0], {}) if req.stream else None  # one prompt (check)
         echoes = req.prompts if req.echo else [""] * len(req.prompts)
 
         async def whole() -> BaseModel:
@@ -541,7 +539,7 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
                 async with ticket:
                     if listed:  # a later prompt too long for a member must not throw the earlier answers away
                         await _check_fit(engine, req.prompts, params)
-                    return await collect_text([engine.astream(p, **params) for p in req.prompts], completion_id=cid,
+                    return await collect_text([engine.astream(c) for c in checked], completion_id=cid,
                                               model=name, method=engine.options.method, members=members(),
                                               ensemble_events=req.ensemble_events, echoes=echoes)
             finally:
