@@ -16,6 +16,15 @@ from fractions import Fraction
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import EnsembleError
+from .choice_reading import (
+    _REASONING_SAYS,
+    _TURN_ON,
+    _added_to_another,
+    _denied_letters,
+    _hedged,
+    _other_chosen,
+    _supposed,
+)
 
 
 class Score(BaseModel):
@@ -193,12 +202,12 @@ def _clean(number: str) -> str:
     return re.sub(r"^-\s+", "-", number)
 
 
-def extract_number(output: str) -> str | None:
+def extract_number(output: str, *, cut: bool = False) -> str | None:
     """The final answer: after the last 'The answer is' / 'Answer: N' that states one, where it leads with it (and
     gives no reason with an '='), else after a '####', else in a \\boxed{} (written after that cue: an earlier
     "#### 2. Money" heading or "\\boxed{9} eggs" step is no final answer, and read 2 and 9), else that last cue's
     number where it states one another way ("... is that she has 9 + 6 = 15 liters", "18 because 16 - 3 - 4 = 9
-    eggs"), else the last number."""
+    eggs"), else the last number (not where the output was ``cut`` at the token cap: that is the working's)."""
     output = _LATEX_FRACTION.sub(r" \1/\2", output.translate(_MINUS))
     stated, firm, at = _stated_number(output)
     if stated is not None and firm:
@@ -209,206 +218,33 @@ def extract_number(output: str) -> str | None:
             return _clean(matches[-1])
     if stated is not None:
         return _clean(stated)
-    numbers = re.findall(_NUMBER, output)
+    numbers = [] if cut else re.findall(_NUMBER, output)
     return _clean(numbers[-1]) if numbers else None
 
 
-def score_number(output: str, gold: str) -> Score:
-    extracted = extract_number(output)
+def _own_number_turn(output: str) -> str:
+    """The output up to a line opening another turn ("The answer is 18.\n\nQuestion: <a question the model made up>
+    ... The answer is 7." read 7), where its last line states the answer ('answer is', '####', \\boxed{}); else the
+    whole output (a question restated before the working is part of it)."""
+    own = _NEW_TURN.split(output, maxsplit=1)[0]
+    lines = [line for line in own.splitlines() if line.strip()]
+    if own == output or not lines:
+        return output
+    stated, firm, _ = _stated_number(lines[-1])
+    return own if (stated is not None and firm) or re.search(r"####|\\boxed\{", lines[-1]) else output
+
+
+def score_number(output: str, gold: str, finish: str | None = None) -> Score:
+    """``finish``: why generation stopped, where the caller knows it; an answer cut at the token cap ("length") is not
+    read by the last-number fallback (its last number is the working's, half written), only from a stated answer."""
+    output = _own_number_turn(output)
+    extracted = extract_number(output, cut=finish == "length")
     value, reference = (parse_number(extracted) if extracted else None), parse_number(gold)
     correct = value is not None and reference is not None and value == reference
     return Score(extracted=extracted, correct=correct, value=float(correct))
 
 
 # --- multiple choice (ARC, MMLU-Redux, BBH options) ------------------------------------------------
-
-# what follows a chain of joined letters that offers them all: the line's end, punctuation ("A or B.", "A, C"), or
-# words that call them all right ("A and C are both true", "A or B could be correct"); any other word explains the
-# first letter ("B, A and C are wrong", "C, A or B would double count", "B and I am sure")
-_CHAIN_END = r"\**\s*\)?\**"
-_QUOTE_END = r"[\"'`\]\u2019\u201d]?"  # the closing quote or bracket of a letter written "'B'" or "[B]"
-_OFFERED = re.compile(
-    _CHAIN_END + r"[^\S\n]*(?:[^\w\s*)]|\n|$)|" + _CHAIN_END
-    + r"\s+(?:(?:are|is|seem|seems|look|looks|would|could|might|may|can|both|all|each|equally|also|be|possibly|probably"
-    r"|potentially|likely)\s+)*(?:correct|right|true|possible|plausible|valid|acceptable|viable|reasonable|likely|work"
-    r"|apply)\b", re.IGNORECASE)
-# after the chain's end, a clause that calls the named letters wrong ("B, A and C, which are wrong", "B, A and C --
-# both incorrect"): with the chosen letter first and a bare comma before the others, they are the rejected options
-# explaining the choice, not offered beside it (the comma had made the chain an offer: no answer)
-_REJECTED = re.compile(
-    _CHAIN_END + r"[^\S\n]*(?:[,;:(\u2013\u2014]|--?)\s*(?:(?:which|that|as|since|because|they|these|those|both|all"
-    r"|each|are|is|were|being|seem|seems|look|looks|clearly|obviously|definitely|also|plainly)\s+)*(?:wrong|incorrect|false"
-    r"|invalid|not\s+(?:correct|right|true|valid)|ruled\s+out|eliminated|excluded)\b", re.IGNORECASE)
-
-
-def _hedged(text: str, start: int, end: int, labels: str) -> bool:
-    """Whether the option letter at ``text[start:end]`` is offered with another option: "A or B", "(A) and (C)",
-    "either B or D", "A, B", "A/B", "option A or option B" state no single answer. The whole chain of joined
-    letters counts, and only where it ends at punctuation, the end or words that call them all right ("A and C are
-    both true"), or follows "either"/"both": "B, A and C are wrong", "(B), (A) is incorrect" and "B, A is wrong"
-    name the others to explain the first, and "B, not A" joins no letter.
-    """
-    set_, low = re.escape(labels), re.escape(labels.lower())
-    joiner = (r"\s*(?:,\s*(?:or|and)\b|,|/|&|\b(?:or|and)\b)\s*(?:(?i:maybe|possibly|perhaps|probably)\s+)?"
-              r"(?:(?i:option|choice)\s*)?")
-    quoted = rf"[\"'`\[\u2018\u201c]([{set_}{low}])[\"'`\]\u2019\u201d]"  # "'A' or 'B'", "[A] or [B]"
-    after = re.compile(rf"{_QUOTE_END}{_CHAIN_END}{joiner}\**\s*(?:\(\s*([{set_}{low}])\s*\)|([{set_}])\b(?!['\u2019])"
-                       rf"|{quoted})")
-    before = re.compile(rf"(?:\(\s*([{set_}{low}])\s*\)|\b([{set_}])|{quoted})\**{joiner}\(?\s*\**"
-                        rf"[\"'`\[\u2018\u201c]?$")
-    letters = {text[start:end].upper()}
-    # the chosen letter heads the chain, then a bare comma ("B, A and C, which are wrong"; not "A or B, ...")
-    heads = not before.search(text, 0, start) and bool(re.match(rf"{_CHAIN_END}\s*,(?!\s*(?:or|and)\b)", text[end:]))
-    while found := before.search(text, 0, start):
-        letters.add(next(g for g in found.groups() if g).upper())
-        start = found.start()
-    while found := after.match(text, end):
-        letters.add(next(g for g in found.groups() if g).upper())
-        end = found.end()
-    if len(letters) < 2:
-        return False
-    either = re.search(r"\b(?i:either|both)\s+(?:(?i:option|choice)\s*)?\(?\s*\**$", text[:start])
-    if not either and heads and _REJECTED.match(text, end):
-        return False
-    end += bool(re.match(_QUOTE_END[:-1], text[end:]))  # past the last letter's closing quote or bracket
-    return bool(either or _OFFERED.match(text, end))
-
-
-# before a letter called right, in its clause: a supposition, a first thought or a denial ("If B is correct then ...",
-# "At first I thought A is correct", "None of A, B or C is correct"); after it, a question or a condition ("A is
-# correct? No", "A is correct only if ...")
-_SUPPOSED_BEFORE = re.compile(r"\b(?i:if|whether|suppose\w*|assum\w*|thought|none\s+of|neither|not)\b"
-                              r"(?:(?!\b(?i:but)\b)[^.?!;\n])*$")  # "A is correct if ..., but with it, D is correct"
-_SUPPOSED_AFTER = re.compile(r"\s*(?:\?|(?i:(?:only\s+)?(?:if|when)\b))")
-# after "X is the answer", a turn in its sentence ("but", "yet", "however"): someone else's answer where a supposition
-# leads it ("One might think A is the answer, but option C fits"; read as stated, it beat the real one) or where the
-# sentence goes on to call another letter right ("A is the answer most people pick, however C is correct"). Any turn
-# disowned it before, and "B is the answer, but I am not fully sure." read no answer. "A is correct, but ..." states A
-_TURN_AFTER = re.compile(r"[^.?!;\n]*?\b(?i:but|yet|however)\b")
-_SUPPOSITION_BEFORE = re.compile(r"\b(?i:(?:one|someone|somebody|some|many|people|you)\s+(?:might|may|could|would)"
-                                 r"\s+(?:\w+\s+)?(?:think|argue|say|believe|assume|guess|pick|choose|expect|claim)"
-                                 r"|(?:may|might|could|would)\s+(?:seem|appear|look)|at\s+first(?:\s+(?:glance|sight))?)"
-                                 r"\b[^.?!;\n]*$")  # not a doubt: "Though some may disagree, C is the answer, but ..."
-# straight before "X is the answer", a subject other than "I"/"we" and a verb of opinion ("Many students think A is the
-# answer", "Student 1 says", "John claims that", "You'd think", "A student might think") or a hypothetical ("It looks
-# like", "tempting to say"): someone's answer, not the output's ("I think B is the answer", "I would say" state it).
-# Read as stated, it outranked the correction after it ("... The correct response is (C).") and scored a rejected letter
-_MODAL = (r"(?:would|could|might|may|can|will|should|shall|must|do|does|did|really|also|still|just|strongly|honestly"
-          r"|personally|truly|certainly|definitely|often|usually|probably|naturally|wrongly|mistakenly)")
-# not "suggests"/"shows"/"conclude": "The evidence suggests B is the answer" is the output's own reasoning
-_OPINION = (r"(?:think|thinks|say|says|claim|claims|believe|believes|argue|argues|guess|guesses|assume|assumes"
-            r"|insist|insists)")
-_ATTRIBUTED_BEFORE = re.compile(
-    rf"(?:(?<![\w'\u2019])(?:(?i:you|he|she|they|someone|somebody|some|many|most|people|person|others?|one|students?"
-    rf"|teachers?|experts?|critics?|friends?|classmates?|partners?|colleagues?|parents?|brothers?|sisters?)"
-    rf"|(?:(?i:student|person|player|speaker)\s+[A-Z0-9])|(?!(?i:we|i)\b)[A-Z][a-z]+|\d+)(?:['\u2019](?!s\b)[a-z]+)?"
-    rf"\s+(?:(?i:{_MODAL})\s+)*(?i:{_OPINION})"
-    r"|\b(?i:tempting\s+to\s+(?:think|say|pick|choose|assume|conclude)))"
-    r"\s+(?i:that\s+)?(?:(?i:option|choice)\s*)?\**$")
-# a turn after "X is the answer": "but", "yet", "however", "wait", "no," or "actually" in its sentence or opening the
-# next one ("B is the answer. No, wait, it's D.")
-_TURN_ON = re.compile(r"[^.?!;\n]*?(?:[.?!;]\s*)?"
-                      r"(?:\b(?i:but|yet|however|wait|actually)\b|\b(?i:no)\s*[,\u2014\u2013-])")
-
-
-def _other_called_right(text: str, pos: int, letter: str, labels: str) -> bool:
-    """Whether the rest of the sentence from ``pos`` calls a letter other than ``letter`` right ("option C fits", "C is
-    correct", "the evidence points to option C"; not "some might choose A" or "D is also plausible")."""
-    others = re.escape("".join(label for label in labels if label != letter))
-    if not others:
-        return False
-    sentence = re.split(r"[.?!;\n]", text[pos:], maxsplit=1)[0]
-    other = rf"(?:(?i:option|choice)\s*)?\(?[{others}]\b\)?\**"
-    return bool(re.search(rf"(?<![\w'\u2019]){other}\s+(?i:fits|works|matches|is\s+(?:the\s+)?(?:correct|right|best"
-                          rf"|better|real|actual|true|answer))\b|\b(?i:points?|pointing)\s+to\s+{other}", sentence))
-
-
-def _other_chosen(text: str, pos: int, letter: str, labels: str) -> bool:
-    """Whether the output from ``pos`` on names a letter other than ``letter`` as the choice, in any sentence: "it's
-    (actually) C", "Actually, C.", "I would pick C", "the correct one/response is (C)", "C fits", "C is correct" (not
-    "some might choose A", "D is also plausible" or "let me explain option A")."""
-    others = re.escape("".join(label for label in labels if label != letter))
-    if not others:
-        return False
-    other = rf"(?:(?i:option|choice)\s*)?\(?[{others}]\b\)?\**"
-    ends = r"\s*(?:[.!,;]|$)"  # the letter ends its clause: "it is C.", not "it is A good idea"
-    rest = text[pos:]
-    # "C fits/matches/is true" in any later sentence, but not one that qualifies or rejects it (a walk-through: "C is
-    # true of mammals but not of birds", "D matches part of it but not the main idea", "C fits only ...")
-    for sentence in re.split(r"[.?!;\n]", rest):
-        if re.search(r"\b(?i:only|not|but|wrong|incorrect|out|partly|part|although|though|except)\b", sentence):
-            continue
-        if re.search(rf"(?<![\w'\u2019]){other}\s+(?i:fits|works|matches|is\s+(?:the\s+)?(?:correct|right|best|better"
-                     rf"|real|actual|true|answer))\b(?!\s+(?i:of|for|in|when|if))|\b(?i:points?|pointing)\s+to\s+{other}",
-                     sentence):
-            return True
-    return bool(re.search(
-        rf"\b(?i:it['\u2019]s|it\s+is|actually|rather|instead)\W+(?i:(?:actually|really|rather)\W+)?{other}{ends}"
-        rf"|\b(?:I|[Ww]e)(?:['\u2019]d|['\u2019]ll|\s+(?i:would|will|should|must)(?:\s+rather)?)?\s+(?i:pick|choose"
-        rf"|go\s+with|select|say)\s+{other}{ends}"
-        rf"|\b(?i:(?:correct|right|real|actual|true|best)\s+(?:answer|option|choice|one|response)\s+is)\W+{other}"
-        rf"|(?:^|[.!;:]\s*|,\s*)(?i:so|thus|therefore|hence)\W+(?:(?i:the\s+answer\s+(?:should|must|would)\s+be|it\s+is|it['\u2019]s)\W+)?{other}{ends}"
-        rf"|\b(?i:answer\s+(?:should|must|would)\s+be)\W+{other}{ends}",
-        rest))
-
-
-def _supposed(text: str, start: int, end: int, labels: str) -> bool:
-    """Whether "X is correct" at ``text[start:end]`` is supposed, asked or denied rather than stated: read as the
-    answer, "A is correct? No, A is wrong. Option C." and "None of A, B or C is correct. Option D ..." gave A and C.
-    "One might think A is the answer, but ..." is someone's answer the sentence turns from."""
-    turn = _TURN_AFTER.match(text, end) if text[:end].lower().endswith("answer") else None
-    letter = re.search(rf"[{re.escape(labels)}]", text[start:end])
-    disowned = turn is not None and bool(_SUPPOSITION_BEFORE.search(text, 0, start) or _other_called_right(
-        text, turn.end(), letter.group() if letter else "", labels))
-    if text[:end].lower().endswith("answer"):
-        # someone else's answer ("John claims A is the answer."), or one the output turns from to another letter in
-        # any later sentence ("A is the answer, but wait, let me reconsider. Actually, C.")
-        sentence_start = max(text.rfind(mark, 0, start) for mark in ".?!;\n") + 1
-        turned = _TURN_ON.match(text, end)
-        disowned = disowned or bool(_ATTRIBUTED_BEFORE.search(text[sentence_start:start])) or (
-            turned is not None and _other_chosen(text, turned.end(), letter.group() if letter else "", labels))
-    return bool(_SUPPOSED_BEFORE.search(text, 0, start) or _SUPPOSED_AFTER.match(text, end) or disowned)
-
-
-# a conclusion that names its reasoning, not a person, as what says it ("Logic says B.", "The evidence points to C"):
-# the output's own answer, where "Student 1 says B" is someone's (it read no answer)
-_REASONING_SAYS = (r"(?:^|(?<=[.!?;:,]\s))[^\S\n]*(?i:(?:the|my|this|our)\s+)?(?i:logic|reasoning|analysis|evidence)"
-                   r"\s+(?i:says|suggests|indicates|points\s+to|favou?rs)\s+(?:(?i:option|choice)\s*)?")
-
-
-def _added_to_another(text: str, match: re.Match[str], labels: str) -> bool:
-    """Whether the letter called right at ``match`` is called so "too" / "as well" after its sentence gave another
-    letter a kind word ("B is plausible, but C is correct too."): the output holds both, and reading C scored it right
-    whenever C was the key, as a hedge "B or C" would."""
-    if not re.match(r"\s+(?i:too|as\s+well)\b", text[match.end():]):
-        return False
-    start = max(text.rfind(mark, 0, match.start()) for mark in ".?!;\n") + 1
-    others = re.escape("".join(label for label in labels if label != match.group(1)))
-    # "Since A is right and B is right, D is correct too" (D: "Both"/"All of the above") follows from the others
-    if re.search(r"\b(?i:since|because|as|given|if|so|therefore|thus|hence)\b", text[start:match.start()]):
-        return False
-    return bool(others) and bool(re.search(
-        rf"(?<![\w'\u2019])(?:(?i:option|choice)\s*)?\(?[{others}]\)?\**\s+(?i:is|seems|looks)\s+(?i:also\s+)?"
-        r"(?i:plausible|possible|correct|right|valid|true|reasonable|likely)\b", text[start:match.start()]))
-
-
-def _denied_letters(output: str, labels: str) -> set[str]:
-    """The option letters a denial names ("The answer is not (A), since ...", "the correct choice isn't B", "the
-    answer is not A or B"): the cue skips a denial, and a fallback then read its letter as the answer (the single
-    bare "(A)" was the denial's own)."""
-    set_, low = re.escape(labels), re.escape(labels.lower())
-    letter = rf"[\s*]*(?:(?i:option|choice)\s*)?(?:\(\s*([{set_}{low}])\s*\)|([{set_}])\b(?!['\u2019]))\**"
-    denial = re.compile(rf"(?i:(?:answer|choice|option)\s+(?:isn['\u2019]?t|is[:\s*]*not))\b:?{letter}")
-    more = re.compile(rf"\s*(?:,\s*)?(?i:or|nor)\b{letter}")  # "not A or B" ("not A and B is right": B is not)
-    denied = set()
-    for match in denial.finditer(output):
-        end = match.end()
-        denied.add((match.group(1) or match.group(2)).upper())
-        while found := more.match(output, end):
-            denied.add((found.group(1) or found.group(2)).upper())
-            end = found.end()
-    return denied
-
 
 # an "Option X" / "Choice (X)" mention that labels an item being analysed, not a choice: followed by a colon or a dash
 # ("Option (A): ...", "**Option D**: ...", "Option B - ..."), or by "has"/"says"/... ("Option (A) has the order ..."),
@@ -519,7 +355,8 @@ def _text_of_other(text: str, end: int, letter: str, options: Mapping[str, str])
     return own not in said and bool(said & others)
 
 
-def extract_choice(output: str, labels: str, options: Mapping[str, str] | None = None) -> str | None:
+def extract_choice(output: str, labels: str, options: Mapping[str, str] | None = None, *,
+                   cut: bool = False) -> str | None:
     """The chosen option letter among ``labels`` (capital letters only, but for one in parentheses or a
     box after a cue: "a" is an article). The last explicit cue by position wins ('answer is (X)',
     'Answer: X', '\\boxed{X}', 'the correct choice is X'), so a final answer beats an earlier one
@@ -534,7 +371,8 @@ def extract_choice(output: str, labels: str, options: Mapping[str, str] | None =
     at the token cap) is that letter. An 'option X' that labels an item being analysed ("Option (A): ...",
     "**Option D**: ...", "Option (A) has ...") is no choice unless its item calls it right. Given the ``options``'
     texts (label -> text), a cue's letter followed by another option's text word for word ("The answer is (D) <C's
-    text>") contradicts itself: no answer."""
+    text>") contradicts itself: no answer. An output ``cut`` at the token cap is a walk-through cut mid-way where it
+    states no answer: its last 'option X' and its one bare '(X)' count only after a conclusion ("Therefore (C).")."""
     set_ = re.escape(labels)
     low = re.escape(labels.lower())
     # the letter after a cue: "X", "(X)", "(x)", "**X**", "option X", "either X (or Y)"; in quotes, square brackets or
@@ -545,6 +383,9 @@ def extract_choice(output: str, labels: str, options: Mapping[str, str] | None =
             rf"\\boxed\{{\s*(?:\\text\{{)?\(?([{set_}{low}])\)?\}}?\s*\}}"]
     found = [(m.start(), m.span(g)) for pattern in cues for m in re.finditer(pattern, output)
              for g in range(1, len(m.groups()) + 1) if m.group(g)]
+    # a cue heading a list of the options is no answer; a conclusion after the list may name one of them
+    over_list = [span for start, span in found if _cue_over_list(output, start, span[1])]
+    found = [(start, span) for start, span in found if span not in over_list]
     span: tuple[int, int] | None = max(found)[1] if found else None
     if span is not None and options and _text_of_other(
             output, _letter_end(output, span[1]), output[span[0]:span[1]].upper(), options):
@@ -592,7 +433,8 @@ def extract_choice(output: str, labels: str, options: Mapping[str, str] | None =
         several = len({m.group(1) for m in mentions}) > 1
         named = [m for m in mentions
                  if m.group(1) not in denied and not _labels_item(output, m.start(), m.end())
-                 and not (several and _CALLED_WRONG.match(output, m.end()))]
+                 and not (several and _CALLED_WRONG.match(output, m.end()))
+                 and not (cut and not _settled_mention(output, m))]
         # a verdict list calling two right is no choice, unless a mention after it names one ("... So the false
         # statement is option C.")
         span = named[-1].span(1) if named and not (len(_items_called_right(output, named)) >= 2 and _items_called_right(
@@ -608,12 +450,46 @@ def extract_choice(output: str, labels: str, options: Mapping[str, str] | None =
         # or where a conclusion leads the last one ("We eliminate (A) and (D). ... Therefore (C).")
         concluded = bool(bare) and bool(re.search(
             r"\b(?i:therefore|thus|hence|so|final\w*|should\s+be|must\s+be|would\s+be)\W*$", output[:bare[-1].start()]))
-        span = bare[-1].span(1) if bare and (len({m.group(1) for m in every}) == 1 or concluded) else None
+        span = bare[-1].span(1) if bare and ((len({m.group(1) for m in every}) == 1 and not cut) or concluded) else None
         if span is not None and not concluded and _walkthrough_label(output, bare[-1]):
             span = None  # "... each option step by step:\n\n(A) It is formed of" cut at the cap read A
+    if span is None and over_list:
+        return _concluded_item(output, over_list[-1][1], labels)
     if span is None or _hedged(output, *span, labels):
         return None
     return output[span[0]:span[1]].upper()
+
+
+def _concluded_item(text: str, end: int, labels: str) -> str | None:
+    """The item of a list of labelled options (its first label's letter ends at ``end``) that the lines after the list
+    name by words only that item has ("**Answer:**\n\nOption A: The patient had ...\nOption B: The specialist had
+    ...\n\nThe pronoun 'he' refers to the patient." is A); none where they name several, none or deny one."""
+    item = re.compile(rf"^[^\S\n]*[-+\u2022*#]*[^\S\n]*\**(?i:option|choice)\s*\(?([{re.escape(labels)}])\b[)*]*\s*"
+                      r"(?::|[-\u2013\u2014]+\s)(.*)$", re.MULTILINE)
+    items = list(item.finditer(text, text.rfind("\n", 0, end) + 1))
+    after = text[items[-1].end():] if items else ""
+    if not items or re.search(r"\b(?i:not|no|never|wrong|incorrect|false)\b|n['\u2019]t\b", after):
+        return None
+    words = {m.group(1): set(re.findall(r"\w+", m.group(2).lower())) for m in items}
+    said = set(re.findall(r"\w+", after.lower()))
+    named = [letter for letter, own in words.items()
+             if (own - set().union(*(w for other, w in words.items() if other != letter))) & said]
+    return named[0] if len(named) == 1 else None
+
+
+def _settled_mention(text: str, mention: re.Match[str]) -> bool:
+    """Whether an "option X" mention settles on X without a cue: a conclusion leads it ("Therefore, option C"), or it
+    labels an item that calls itself right ("- **Option D**: ... This is the most likely attribution."). In an output
+    cut at the token cap, another mention is the walk-through's ("Let's look at option C, which" read C)."""
+    return bool(_CONCLUDING_BEFORE.search(text, 0, mention.start()) or _LABEL_AFTER.match(text, mention.end())
+                or _ITEM_START.search(text, 0, mention.start()))
+
+
+def _cue_over_list(text: str, start: int, end: int) -> bool:
+    """Whether a cue at ``start`` reads, across its line break, the first item of a list of labelled options
+    ("**Final Answer:**\nOption A: Mercury\nOption B: Venus\n..."): the cue heads a list, not an answer (read as A).
+    The item marked as the answer, if one is, is then read by the 'option X' fallback."""
+    return "\n" in text[start:end] and bool(_LABEL_AFTER.match(text, end)) and bool(_ANOTHER_LABEL.search(text, end))
 
 
 # a walk-through's lead-in: its first item is a label being analysed, not a choice
@@ -635,8 +511,15 @@ def _walkthrough_label(output: str, mention: re.Match[str]) -> bool:
     return bool(bold_label) or bool(_WALK_LEAD.search(output, 0, line_start))
 
 
-def score_choice(output: str, gold: str, labels: str, options: Mapping[str, str] | None = None) -> Score:
-    extracted = extract_choice(output, labels, options)
+def score_choice(output: str, gold: str, labels: str, options: Mapping[str, str] | None = None,
+                 finish: str | None = None) -> Score:
+    """``finish``: why generation stopped, where the caller knows it ("length": cut at the token cap, see
+    :func:`extract_choice`). A cue in the output's own turn, before a line opening another ("The answer is (B).\n
+    Question: <a question it made up> ... The answer is (A)."), is its answer (it read A), as for BBH."""
+    own = _own_turn(output)
+    if own != output and (extracted := extract_choice(own, labels, options)) is not None:
+        return Score(extracted=extracted, correct=extracted == gold, value=float(extracted == gold))
+    extracted = extract_choice(output, labels, options, cut=finish == "length")
     correct = extracted == gold
     return Score(extracted=extracted, correct=correct, value=float(correct))
 
@@ -741,13 +624,14 @@ def _bbh_number(stated: str) -> str | None:
     return _clean(number.group(0)) if number else None
 
 
-def score_bbh(output: str, gold: str) -> Score:
+def score_bbh(output: str, gold: str, finish: str | None = None) -> Score:
     """Option targets ``(B)`` compare by letter: the first ``(X)`` in the answer's sentence (another
     option named after it is not the answer), else its letter as multiple choice reads it. The rest by
     what the target is: a word of a pair (Yes/No, True/False, valid/invalid) by the word that starts
     the answer, case aside; a number by value; word lists and dyck closings as the written string
     inside any quotes or bold (case, spacing and a final period aside; commas between the words, and
-    the spaces between closing brackets, too)."""
+    the spaces between closing brackets, too). ``finish`` "length" (cut at the token cap): an option target is not
+    read from a walk-through's fallbacks (see :func:`extract_choice`)."""
     own = _own_turn(output)
     if own != output and (score := score_bbh(own, gold)).extracted is not None:
         return score
@@ -762,7 +646,8 @@ def score_bbh(output: str, gold: str) -> Score:
             extracted = cut.group(1).upper()  # "So the answer is (B" cut at the token cap before its ')'
         else:
             # a letter in quotes or backticks ('So the answer is "B".') is that letter
-            extracted = extract_choice(_unwrapped(stated) if stated else output, "ABCDEFGHIJKLMNOPQR")
+            extracted = extract_choice(_unwrapped(stated) if stated else output, "ABCDEFGHIJKLMNOPQR",
+                                       cut=finish == "length")
             rest = output[output.rfind(stated) + len(stated):] if stated else ""
             if extracted is None and stated and _OPTION_LABELLED.match(_unwrapped(stated)) and not re.search(
                     r"(?i:\b(?:option|choice))\s*\(?[A-R]\b|\([A-R]\)|(?<![\w'\u2019])[B-HJ-R](?![\w'\u2019])", rest):
