@@ -230,7 +230,8 @@ def test_every_member_branches_with_its_own_seed() -> None:
 
     table = _table([b"</s>", b" a"], {0}, {0})
     record = SimpleNamespace(member=_Member(), session=None, table=table)
-    state = SimpleNamespace(weighted=lambda: [0, 1], members=[record, record])
+    state = SimpleNamespace(weighted=lambda: [0, 1], members=[record, record], max_new_tokens=64,
+                            stats=SimpleNamespace(tokens=0))
     outlook = SimpleNamespace(contexts=[[1], [1]], firsts=[torch.zeros(2), torch.zeros(2)], shared=_every_boundary)
     settings = AdaFuseSettings(candidate_temperature=1.0)
     asyncio.run(_propose_spans(state, outlook, settings, Sampler(1.0, seed=7)))  # type: ignore[arg-type]

@@ -44,7 +44,7 @@ from typing import Literal
 
 import torch
 
-from ..alignment import EOS_KEY, TokenTable, valid_prefix_length
+from ..alignment import EOS_KEY, TokenTable, complete_length, valid_prefix_length
 from ..events import Event
 from ..fusion import without_specials
 from ..gather import gather_all
@@ -199,11 +199,16 @@ def _next_logits(session: Session, context: list[int]) -> torch.Tensor:
 
 def _write(session: Session, context: list[int], first: torch.Tensor, token: int, table: TokenTable,
            settings: AdaFuseSettings, pick: Callable[[torch.Tensor], int], words: int | None,
-           shared: SharedEnds) -> Span:
+           shared: SharedEnds, left: int | None = None) -> Span:
     """Blocking: write from ``context`` starting with ``token`` until a span of ``words`` words
-    (None: as many as the writer is sure of) ends where every member has a boundary."""
+    (None: as many as the writer is sure of) ends where every member has a boundary, or until
+    ``left`` tokens (the answer's tokens max_new_tokens still allows; None: no cap) are written and
+    end on a whole character: the answer keeps no more of the span, and writing and scoring a whole
+    span cost a round's forward passes for its last token or two. A span so cut is all its text
+    (``_cut_span``). Where ``left`` is at least the round's token limit nothing changes."""
     cont, logits = Continuation(), first
     limit = TOKENS_PER_WORD * ((words or settings.max_words) + 1)
+    cap = left if left is not None and left < limit else None
     while True:
         cont.add(token, logits, table, settings)
         wanted, final = (words, len(complete_word_ends(cont.data)) >= words) if words \
@@ -215,6 +220,8 @@ def _write(session: Session, context: list[int], first: torch.Tensor, token: int
             boundaries = shared(cont.data)
             if _has_end(cont.data, wanted, boundaries):
                 break
+        if cap is not None and _spent(cont, cap):
+            return _cut_span(cont)
         logits = session.sync(context + cont.ids, len(context) + len(cont.ids))[-1]
         token = pick(without_specials(logits, table))  # its own log-prob (``cont.add``) from the whole row
     if not cont.data and cont.eos:
@@ -228,24 +235,41 @@ def _write(session: Session, context: list[int], first: torch.Tensor, token: int
                 len(word_ends(text.decode("utf-8", "ignore"))), cont.logprobs[-1] if ending else None)
 
 
+def _spent(cont: Continuation, cap: int) -> bool:
+    """Whether ``cont`` holds the ``cap`` tokens the answer can still take, ending on a whole
+    character (a character split across tokens is written to its end: a span cut inside one would
+    commit a token with no text, and its decision would describe nothing the client sees)."""
+    return len(cont.ids) >= max(cap, 1) and complete_length(cont.data) == len(cont.data)
+
+
+def _cut_span(cont: Continuation) -> Span:
+    """A span cut by the tokens left (``_write``): all the valid text written, the whole of what the
+    answer can still take (a word end would keep less of it and need another round)."""
+    end = valid_prefix_length(cont.data)
+    text = cont.data[:end]
+    return Span(text, cont.ids_up_to(end), cont.nll_up_to(end), len(word_ends(text.decode("utf-8", "ignore"))))
+
+
 def _has_end(data: bytes, words: int, shared: set[int]) -> bool:
     ends = complete_word_ends(data)
     return any(word_cut(data, e, shared) is not None for e in ends[words - 1:])
 
 
 def _propose(session: Session, context: list[int], first: torch.Tensor, table: TokenTable,
-             settings: AdaFuseSettings, shared: SharedEnds, seed: int, support: int | None) -> list[Span]:
+             settings: AdaFuseSettings, shared: SharedEnds, seed: int, support: int | None,
+             left: int | None = None) -> list[Span]:
     """Blocking: one member's proposals for the vote. Sure at its first token: its greedy span,
     as many words as its sureness gives (the released code's candidate); unsure: one-word
-    branches over its top first tokens (test-time scaling)."""
+    branches over its top first tokens (test-time scaling). ``left``: the answer's tokens left (``_write``)."""
     if settings.is_sure(settings.measure(first)):
         return [_write(session, context, first, _argmax(without_specials(first, table)), table, settings, _argmax,
-                       None, shared)]
-    return _branches(session, context, first, table, settings, shared, seed, support)
+                       None, shared, left)]
+    return _branches(session, context, first, table, settings, shared, seed, support, left)
 
 
 def _branches(session: Session, context: list[int], first: torch.Tensor, table: TokenTable,
-              settings: AdaFuseSettings, shared: SharedEnds, seed: int, support: int | None) -> list[Span]:
+              settings: AdaFuseSettings, shared: SharedEnds, seed: int, support: int | None,
+              left: int | None = None) -> list[Span]:
     """Blocking: ``num_candidates`` one-word continuations from the member's top first tokens."""
     sampler = Sampler(settings.candidate_temperature, seed=seed)
 
@@ -258,7 +282,7 @@ def _branches(session: Session, context: list[int], first: torch.Tensor, table: 
 
     count = min(settings.num_candidates, first.shape[-1], support or first.shape[-1])
     tops = torch.topk(without_specials(first, table), count).indices.tolist()
-    return [_write(session, context, first, t, table, settings, pick if i else _argmax, 1, shared)
+    return [_write(session, context, first, t, table, settings, pick if i else _argmax, 1, shared, left)
             for i, t in enumerate(tops)]
 
 
@@ -366,6 +390,11 @@ async def adafuse_round(state: RequestState, settings: AdaFuseSettings,
                       committed=state.stats.tokens - before)
 
 
+def _tokens_left(state: RequestState) -> int:
+    """The answer's tokens max_new_tokens still allows: a round's spans are cut there (``_write``)."""
+    return state.max_new_tokens - state.stats.tokens
+
+
 def _window_full(state: RequestState, settings: AdaFuseSettings, contexts: list[list[int]]) -> bool:
     """Whether a member's window could not hold another round: max_new_tokens counts the drafter's
     tokens (checked against every window at the start), a member may spell the answer in more of its
@@ -406,7 +435,7 @@ async def _propose_spans(state: RequestState, outlook: _Outlook, settings: AdaFu
     spans = await gather_all(*(
         state.members[i].member.run(_propose, state.members[i].session, outlook.contexts[i], outlook.firsts[i],
                                     state.members[i].table, settings, outlook.shared, seed + i,
-                                    exact_support(state.members[i].member))
+                                    exact_support(state.members[i].member), _tokens_left(state))
         for i in weighted))
     proposals: Proposals = [[] for _ in state.members]
     for i, props in zip(weighted, spans):
@@ -510,7 +539,7 @@ async def _leader_writes(state: RequestState, outlook: _Outlook, settings: AdaFu
     first = outlook.firsts[outlook.leader]
     token = pick(without_specials(first, leader.table))
     span = await leader.member.run(_write, leader.session, outlook.contexts[outlook.leader], first, token,
-                                   leader.table, settings, pick, None, outlook.shared)
+                                   leader.table, settings, pick, None, outlook.shared, _tokens_left(state))
     proposals: Proposals = [[] for _ in state.members]
     proposals[outlook.leader] = [span]
     return proposals
