@@ -47,7 +47,6 @@ validated as usual.
 from __future__ import annotations
 
 import json
-import math
 import re
 import string
 from collections.abc import Mapping
@@ -68,7 +67,8 @@ from lmformatenforcer import (
 from lmformatenforcer.jsonschemaparser import NumberParsingState, StringParsingState
 
 from .alignment import TokenTable
-from .json_regex import _atoms, _unicode_escapes
+from .json_numbers import _integer_range
+from .json_regex import whole_regex
 from .sampling import Sampler
 
 _ALPHABET = "".join(c for c in string.printable if c not in "\\\t\n\r\x0b\x0c")
@@ -477,40 +477,11 @@ def _of_type(values: list[Any], kind: Any) -> list[Any]:
     return [int(v) if isinstance(v, float) and "number" not in kinds else v for v in kept]
 
 
-_RANGE_AS_ENUM = 256
-"""The most integers a bounded ``integer`` schema is written as an enum of (``_integer_range``)."""
-
-
-def _integer_range(schema: Mapping[str, Any]) -> list[int] | None:
-    """The integers a bounded ``integer`` schema allows, where they are few: the parser does not read
-    ``minimum``/``maximum`` (or the exclusive ones, ``multipleOf``), so ``{"minimum": 1, "maximum": 8}``
-    let 99 be written, refused after (retries wasted on the same value). None: unbounded, too many
-    (left to the validation), or none at all."""
-    bounds = {k: v for k, v in schema.items() if k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-              and isinstance(v, (int, float)) and not isinstance(v, bool)}
-    lows = [math.ceil(bounds["minimum"])] if "minimum" in bounds else []
-    lows += [math.floor(bounds["exclusiveMinimum"]) + 1] if "exclusiveMinimum" in bounds else []
-    highs = [math.floor(bounds["maximum"])] if "maximum" in bounds else []
-    highs += [math.ceil(bounds["exclusiveMaximum"]) - 1] if "exclusiveMaximum" in bounds else []
-    if not lows or not highs or not 0 <= min(highs) - max(lows) < _RANGE_AS_ENUM:
-        return None
-    low, high, step = max(lows), min(highs), schema.get("multipleOf")
-    if any(isinstance(schema.get(k), bool) for k in ("exclusiveMinimum", "exclusiveMaximum")):
-        return None  # draft 4's exclusive flags: left to the validation
-    exact = isinstance(step, int) and not isinstance(step, bool)  # v / step is inexact past 2**53 (10**18 + 1 passed 7)
-    values = [v for v in range(low, high + 1)
-              if not isinstance(step, (int, float)) or isinstance(step, bool) or step <= 0
-              or (v % step == 0 if exact else (v / step).is_integer())]
-    return values or None
-
-
 def _fixed_array(value: list[Any]) -> dict[str, Any]:
     """An array ``enum`` or ``const`` value as the parser takes it: its JSON spelling, written as it is
-    (``_Bare``; given "any array", ``{"const": [1, 2]}`` let ``[2, 1]`` be written, which the
-    validation refused). One holding a string or an object (the parser ends such a const at its first
-    ``"``: it became unwritable) stays any array, checked by the validation."""
-    text = json.dumps(value)
-    return {"type": "array"} if '"' in text else {"const": _Bare(text)}
+    (``_Bare``; given "any array", ``{"const": [1, 2]}`` let ``[2, 1]`` be written, and ``["a", 1]``
+    let ``["b", 1]``, which the validation refused). Its quotes and backslashes: ``_bare_consts``."""
+    return {"const": _Bare(json.dumps(value, ensure_ascii=False))}
 
 
 _ESCAPE = re.compile(r"\\(?:u[0-9a-fA-F]{4}|.)")
@@ -527,29 +498,15 @@ def _as_parsed(value: str) -> str:
 
 
 def _whole_match(pattern: str) -> str | None:
-    """A JSON Schema ``pattern`` as the regex the parser matches the *whole* string against, or
-    None if the parser cannot follow it. ``pattern`` is searched for (it may occur anywhere in the
-    string unless anchored): each top-level alternative is padded with ``.*`` on its unanchored
-    sides (given as is, ``^https?://`` let the string be ``https://`` only). An anchor elsewhere
-    than at an alternative's ends the parser rejects (then any string, left to the validation)."""
-    branches: list[list[str]] = [[]]
-    depth = 0
-    for atom in _atoms(pattern):
-        depth += (atom == "(") - (atom == ")")
-        if atom == "|" and depth == 0:
-            branches.append([])
-        else:
-            branches[-1].append(atom)
-    whole = []
-    for atoms in branches:
-        head, tail = atoms[:1] == ["^"], atoms[-1:] == ["$"] and atoms != ["^"]
-        body = _unicode_escapes(atoms[head:len(atoms) - tail])
-        whole.append(("" if head else ".*") + f"(?:{body})" + ("" if tail else ".*"))
+    """A JSON Schema ``pattern`` as the regex the parser matches the *whole* string against
+    (``json_regex.whole_regex``: given as is, ``^https?://`` let the string be ``https://`` only), or
+    None if the parser cannot follow it (then any string, left to the validation)."""
+    whole = whole_regex(pattern)
     try:
-        RegexParser("|".join(whole), _CONFIG)
+        RegexParser(whole, _CONFIG)
     except Exception:  # noqa: BLE001 - interegular rejects what it does not support
         return None
-    return "|".join(whole)
+    return whole
 
 
 def _parser_schema(schema: Mapping[str, Any], *, object_only: bool = False) -> dict[str, Any] | None:
@@ -586,6 +543,8 @@ def _feed(parser: CharacterLevelParser, char: str) -> CharacterLevelParser | Non
         char = _STAND_IN
     if char == " " and isinstance(parser, JsonSchemaParser) and (states := _strings(parser)):
         return _into_string(parser, states, char)  # an enum's, a key's or a pattern's space: see _string_add
+    if char in '"\\ ' and isinstance(parser, JsonSchemaParser) and (consts := _bare_consts(parser, char)):
+        return _into_const(parser, consts, char)  # a quote, backslash or space of a fixed array's spelling
     if char == "\\" and isinstance(parser, JsonSchemaParser) and (states := _strings(parser)) \
             and any(state.regex_parser is not None for state in states):
         return _escape_into(parser, states)  # a pattern's string: see _PatternEscape
@@ -639,6 +598,25 @@ def _strings(parser: CharacterLevelParser) -> list[StringParsingState]:
     inside = all(isinstance(s, StringParsingState) and s.require_opening_quote  # not true, null, an enum's 5
                  and s.seen_opening_quote and not s.seen_closing_quote for s in states)
     return [s for s in states if isinstance(s, StringParsingState)] if inside else []
+
+
+def _bare_consts(parser: JsonSchemaParser, char: str) -> list[StringParsingState]:
+    """The bare consts (``_Bare``: a fixed array's spelling) at the top of ``parser`` that take ``char``
+    next, after their first character: the parser reads a quote there as the const's end and a
+    backslash as an escape's start, so an array const holding a string could not be written."""
+    top = parser.object_stack[-1] if parser.object_stack else None
+    states = top.parsers if isinstance(top, UnionParser) else [top]
+    return [s for s in states if isinstance(s, StringParsingState) and not s.require_closing_quote
+            and s.parsed_string and any(a.startswith(s.parsed_string + char) for a in s.allowed_strings)]
+
+
+def _into_const(parser: JsonSchemaParser, states: list[StringParsingState], char: str) -> JsonSchemaParser:
+    """``parser`` after ``char`` given as it is to the bare consts ``states`` (``_bare_consts``)."""
+    fed = [_string_add(state, char) for state in states]
+    last = parser.last_non_whitespace_character if char == " " else char
+    after = _on_top(parser, fed[0] if len(fed) == 1 else UnionParser(list(fed)), last)
+    after.num_consecutive_whitespaces = 0  # a const's own spaces are no whitespace between tokens
+    return after
 
 
 def _string_takes(state: StringParsingState, char: str) -> bool:

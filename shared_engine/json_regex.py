@@ -77,3 +77,73 @@ def _unicode_escapes(atoms: list[str]) -> str:
             return True
         return atom.startswith("[") and not atom.startswith("[^") and "\\w" in _atoms(atom[1:-1])
     return "".join(f"(?:{spelled(atom)}|{_NON_ASCII})" if word(atom) else spelled(atom) for atom in atoms)
+
+
+_ANY_TEXT = "[\\s\\S]*"
+"""Any characters, line breaks too: what an unanchored side of a searched ``pattern`` allows (ECMA-262
+searches, and a JSON string may hold an escaped line break; ``.*`` let none be written: ``"x\\ny a"``
+was unwritable under ``a``)."""
+
+_MOST_BRANCHES = 64
+"""The most alternatives a pattern is spread into (``_spread``); more: left as it is."""
+
+
+def _split(atoms: list[str]) -> list[list[str]]:
+    """``atoms`` cut at their top-level ``|`` (one in a group or a class is no alternative here)."""
+    branches: list[list[str]] = [[]]
+    depth = 0
+    for atom in atoms:
+        depth += (atom == "(") - (atom == ")")
+        if atom == "|" and depth == 0:
+            branches.append([])
+        else:
+            branches[-1].append(atom)
+    return branches
+
+
+def _group_end(atoms: list[str], start: int) -> int:
+    """The index of the ``)`` closing the group opened at ``start`` (``len(atoms)``: none)."""
+    depth = 0
+    for index in range(start, len(atoms)):
+        depth += (atoms[index] == "(") - (atoms[index] == ")")
+        if depth == 0:
+            return index
+    return len(atoms)
+
+
+def _spread(branch: list[str]) -> list[list[str]]:
+    """``branch`` as alternatives without a group holding an anchor: an unquantified plain group with
+    ``^`` or ``$`` inside becomes one alternative per option of the group (``^(?:x|b$)``: ``^x``, ``^b$``),
+    so each anchor lands at an alternative's start or end, where ``whole_regex`` reads it (the parser's
+    regex library takes no anchor: such a pattern constrained nothing). A group it cannot spread (a
+    quantified one, a lookaround) stays as it is."""
+    for start, atom in enumerate(branch):
+        if atom != "(":
+            continue
+        end = _group_end(branch, start)
+        inner = branch[start + 1:end]
+        if not {"^", "$"} & set(inner) or branch[end + 1:end + 2] in (["*"], ["+"], ["?"], ["{"]):
+            continue
+        if inner[:1] == ["?"]:
+            if inner[1:2] != [":"]:
+                continue
+            inner = inner[2:]
+        before, after = branch[:start], branch[end + 1:]
+        spread = [out for option in _split(inner) for out in _spread(before + option + after)]
+        return spread if len(spread) <= _MOST_BRANCHES else [branch]
+    return [branch]
+
+
+def whole_regex(pattern: str) -> str:
+    """A searched ``pattern`` as a regex for the whole string, ``^`` and ``$`` read as ECMA-262 reads
+    them (the start and the end of the string: ``$`` allows no trailing line break): each alternative
+    (after ``_spread``) padded with any text on its unanchored sides. An anchor left inside an
+    alternative stays, for the parser's regex library to refuse (then any string: the validation's)."""
+    whole = []
+    for atoms in (out for branch in _split(_atoms(pattern)) for out in _spread(branch)):
+        heads = next((i for i, atom in enumerate(atoms) if atom != "^"), len(atoms))
+        rest = atoms[heads:]
+        tails = next((i for i, atom in enumerate(reversed(rest)) if atom != "$"), len(rest))
+        body = _unicode_escapes(rest[:len(rest) - tails])
+        whole.append(("" if heads else _ANY_TEXT) + f"(?:{body})" + ("" if tails else _ANY_TEXT))
+    return "|".join(whole)
