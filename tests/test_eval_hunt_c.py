@@ -86,7 +86,7 @@ def test_compare_reads_a_flores_runs_translations_again(tmp_path: Path) -> None:
 async def test_progress_accuracy_leaves_out_a_members_timeout(tmp_path: Path) -> None:
     """Every answer right and one member timeout: the bar showed acc 0.750 beside the summary's 1.0 on 3."""
     bench = dataclasses.replace(toy_bench(tmp_path, questions=4),
-                                score=lambda out, r: Score(extracted="x", correct=True, value=1.0))
+                                score=lambda out, r, finish=None: Score(extracted="x", correct=True, value=1.0))
     eng = engine()
     real, calls = eng.agenerate, {"n": 0}
 

@@ -35,7 +35,7 @@ def toy_bench(tmp_path: Path, questions: int = 3):  # noqa: ANN201 - a Benchmark
     return dataclasses.replace(
         get_benchmark("gsm8k", data=str(_gsm8k_file(tmp_path))), name="toy", load=lambda _path: data,
         messages=lambda r: [{"role": "user", "content": r.question}],
-        score=lambda out, r: score_number(out, r.answers[0]))
+        score=lambda out, r, finish=None: score_number(out, r.answers[0]))
 
 
 def _gsm8k_file(tmp_path: Path) -> Path:
@@ -276,7 +276,7 @@ async def test_resume_rescores_stored_answers_with_the_current_scorer(tmp_path: 
     bench = toy_bench(tmp_path, questions=2)
     first = await evaluate(engine(), bench, config(), tmp_path, progress=False)
     lenient = dataclasses.replace(
-        bench, score=lambda out, r: score_number("The answer is " + r.answers[0], r.answers[0]))
+        bench, score=lambda out, r, finish=None: score_number("The answer is " + r.answers[0], r.answers[0]))
     answered = []
     again = await evaluate(engine(), lenient, config(), tmp_path, resume=True, progress=False,
                            on_sample=lambda s: answered.append(s.id))
@@ -717,7 +717,7 @@ async def test_the_progress_bar_shows_chrf_on_the_scale_of_the_final_line(tmp_pa
     from shared_engine.evaluation.scoring import Score
 
     bench = dataclasses.replace(toy_bench(tmp_path, questions=2), metric="chrf",
-                                score=lambda out, r: Score(extracted=out, correct=False, value=0.5))
+                                score=lambda out, r, finish=None: Score(extracted=out, correct=False, value=0.5))
     await evaluate(engine(), bench, config(max_new_tokens=2), tmp_path / "run")
     err = capsys.readouterr().err
     assert "chrF=50.0" in err and "chrF=0.5" not in err, err

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..data_paths import GSM8K_SAMPLE, find_data_dir, not_found
 from ..errors import InvalidRequestError
@@ -29,6 +29,14 @@ _QA = {"nq": "nq_prompt.txt", "triviaqa": "triviaqa_prompt.txt", "squad": "squad
 """Each open-QA benchmark's few-shot prompt file (its data: ``datasets.LAYOUTS``)."""
 
 
+class Scorer(Protocol):
+    """How a benchmark scores an output. ``finish``: why its generation stopped, where the caller knows
+    it ("length": cut at the token cap), so fallbacks that would read a half-written answer (GSM8K's last
+    number, a bare option letter) stay off there; None scores as before the finish reason was passed."""
+
+    def __call__(self, output: str, record: Record, finish: str | None = None, /) -> Score: ...
+
+
 @dataclass(frozen=True)
 class Benchmark:
     name: str
@@ -37,7 +45,7 @@ class Benchmark:
     max_new_tokens: int
     load: Callable[[Path], Dataset]
     messages: Callable[[Record], list[dict[str, str]]]
-    score: Callable[[str, Record], Score]
+    score: Scorer
     stop: tuple[str, ...] = ()
     exclude: Callable[[Record], bool] | None = field(default=None)   # e.g. a record used as an exemplar
     exemplars: Path | None = None     # the file the few-shot exemplars are read from (never to be overwritten)
@@ -88,9 +96,9 @@ def _aux(main: Path, beside: str, default_relative: str) -> Path:
     return next((c for c in candidates if c.exists()), candidates[0])
 
 
-def _choice_score(output: str, record: Record) -> Score:
+def _choice_score(output: str, record: Record, finish: str | None = None, /) -> Score:
     options = {c.label: c.text for c in record.choices}  # a letter stated with another option's text: none
-    return scoring.score_choice(output, record.answers[0], "".join(options), options)
+    return scoring.score_choice(output, record.answers[0], "".join(options), options, finish=finish)
 
 
 def is_translation(run_bench: str) -> bool:
@@ -108,12 +116,13 @@ def _asked(sample: dict[str, Any]) -> str:
 def _stored_choice(output: str, sample: dict[str, Any]) -> Score:
     """As ``_choice_score``, with the options read back from the question's ``(X) text`` lines."""
     options = dict(re.findall(r"^\(([A-J])\) (.*)$", _asked(sample), flags=re.MULTILINE))
-    return scoring.score_choice(output, sample["gold"][0], "".join(options) or datasets.LETTERS, options or None)
+    return scoring.score_choice(output, sample["gold"][0], "".join(options) or datasets.LETTERS, options or None,
+                                finish=sample.get("finish_reason"))
 
 
 def _stored_bbh(output: str, sample: dict[str, Any]) -> Score | None:
     return None if datasets.is_option_text(_asked(sample), sample["gold"][0]) else scoring.score_bbh(
-        output, sample["gold"][0])
+        output, sample["gold"][0], finish=sample.get("finish_reason"))
 
 
 def _stored_qa(output: str, sample: dict[str, Any]) -> Score | None:
@@ -132,7 +141,7 @@ def _stored_translation(output: str, sample: dict[str, Any]) -> Score:
 
 
 _STORED: dict[str, Callable[[str, dict[str, Any]], Score | None]] = {
-    "gsm8k": lambda out, s: scoring.score_number(out, s["gold"][0]),
+    "gsm8k": lambda out, s: scoring.score_number(out, s["gold"][0], finish=s.get("finish_reason")),
     "math500": lambda out, s: score_math(out, s["gold"][0]),
     "arc-challenge": _stored_choice, "mmlu-redux": _stored_choice, "bbh": _stored_bbh,
     "nq": _stored_qa, "triviaqa": _stored_qa, "squad": _stored_qa,
@@ -166,12 +175,13 @@ def get_benchmark(name: str, data: str | None = None, pair: str | None = None) -
         train = _aux(path, "train.jsonl", "gsm8k/train.jsonl")
         return Benchmark(name, path, "accuracy", 512, datasets.load_gsm8k,
                          partial(prompts.gsm8k_messages, train_file=train),
-                         lambda out, r: scoring.score_number(out, r.answers[0]), stop=("\nQuestion:",),
+                         lambda out, r, finish=None: scoring.score_number(out, r.answers[0], finish=finish),
+                         stop=("\nQuestion:",),
                          exemplars=train)
     if name == "math500":
         path = _main_path(data, datasets.LAYOUTS["math500"].inside)
         return Benchmark(name, path, "accuracy", 1024, datasets.load_math500, prompts.math_messages,
-                         lambda out, r: score_math(out, r.answers[0]))
+                         lambda out, r, finish=None: score_math(out, r.answers[0]))
     if name == "arc-challenge":
         path = _main_path(data, datasets.LAYOUTS["arc-challenge"].inside)
         dev = _aux(path, "dev.jsonl", "arc_challenge/dev.jsonl")
@@ -184,15 +194,15 @@ def get_benchmark(name: str, data: str | None = None, pair: str | None = None) -
         path = _main_path(data, datasets.LAYOUTS["bbh"].folder)
         cot = _aux(path, "cot-prompts", "bbh/cot-prompts")
         return Benchmark(name, path, "accuracy", 384, datasets.load_bbh, partial(prompts.bbh_messages, cot_dir=cot),
-                         lambda out, r: scoring.score_bbh(out, r.answers[0]), stop=("\nQ:",),
-                         prompt_sources=(cot,))
+                         lambda out, r, finish=None: scoring.score_bbh(out, r.answers[0], finish=finish),
+                         stop=("\nQ:",), prompt_sources=(cot,))
     if name in _QA:
         prompt_name = _QA[name]
         path = _main_path(data, datasets.LAYOUTS[name].inside)
         prompt = _aux(path, f"../prompts/adafuse/{prompt_name}", f"prompts/adafuse/{prompt_name}")
         return Benchmark(name, path, "exact_match", 32, partial(datasets.load_qa, name=name),
                          partial(prompts.qa_messages, prompt_file=prompt),
-                         lambda out, r: scoring.score_qa(out, r.answers), stop=("\nQuestion:",),
+                         lambda out, r, finish=None: scoring.score_qa(out, r.answers), stop=("\nQuestion:",),
                          exclude=lambda r: prompts.in_prompt(r, prompt), prompt_sources=(prompt,))
     if name == "flores":
         pair = flores_pair(data, pair)
@@ -203,6 +213,7 @@ def get_benchmark(name: str, data: str | None = None, pair: str | None = None) -
         prompt = _aux(path, f"../prompts/adafuse/{_FLORES_PROMPTS[pair]}", f"prompts/adafuse/{_FLORES_PROMPTS[pair]}")
         return Benchmark(f"flores-{pair}", path, "chrf", 256, partial(datasets.load_flores, pair=pair),
                          partial(prompts.flores_messages, prompt_file=prompt),
-                         lambda out, r: scoring.score_translation(out, r.answers[0]), prompt_sources=(prompt,))
+                         lambda out, r, finish=None: scoring.score_translation(out, r.answers[0]),
+                         prompt_sources=(prompt,))
     raise InvalidRequestError(f"unknown benchmark {name!r}; choose one of {BENCHMARKS}")
 

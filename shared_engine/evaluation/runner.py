@@ -511,7 +511,7 @@ def _stored(samples: list[Sample], records: list[Record], bench: Benchmark, file
     for sample in kept:
         record = by_id.get(sample.id)
         if record is not None and sample.error is None:
-            score = bench.score(sample.output, record)
+            score = bench.score(sample.output, record, sample.finish_reason)
             sample = sample.model_copy(update={"extracted": score.extracted, "correct": score.correct,
                                                "value": score.value, "f1": score.f1})
         updated.append(sample)
@@ -542,6 +542,6 @@ async def _answer(engine: EnsembleEngine, bench: Benchmark, config: RunConfig, r
     except EnsembleError as err:  # e.g. a prompt longer than a member's context: counted, not fatal
         return Sample(**base, output="", extracted=None, correct=False, value=0.0, finish_reason="error",
                       error=f"{type(err).__name__}: {err}")
-    score = bench.score(result.text, record)
+    score = bench.score(result.text, record, result.finish_reason)
     return Sample(**base, output=result.text, extracted=score.extracted, correct=score.correct, value=score.value,
                   f1=score.f1, finish_reason=result.finish_reason, stats=result.stats.model_dump())
