@@ -235,7 +235,7 @@ class EnsembleEngine:
                                 acquired.append(spec)
                             else:
                                 loaded.append(spec)
-                    _reject_ambiguous_names(loaded)
+                    _reject_ambiguous_names(loaded, [self._names[i] for i in used])
                 except BaseException:
                     for spec in acquired:
                         release_member(spec)
@@ -854,12 +854,16 @@ def _display_names(specs: Sequence[MemberConfig | Member]) -> list[str | None]:
     return names
 
 
-def _reject_ambiguous_names(members: Sequence[Member]) -> None:
+def _reject_ambiguous_names(members: Sequence[Member], given: Sequence[str | None]) -> None:
     """The same model twice is fine (labels tell them apart, wrappers such as LangChain's tool
     prompts share its table and weights); two different models under one name are not: events,
-    ``drafter=`` and stats are keyed by name."""
+    ``drafter=`` and stats are keyed by name. A member given a name (``MemberConfig.name``, ``given``
+    beside ``members``) goes by it: two replicas of one served model named "east" and "west" were
+    refused with "give them distinct names", which they had."""
     by_name: dict[str, Member] = {}
-    for member in members:
+    for member, name in zip(members, given, strict=True):
+        if name is not None:
+            continue
         first = by_name.setdefault(member.name, member)
         if first.table is not member.table or getattr(first, "model", None) is not getattr(member, "model", None):
             raise InvalidRequestError(f"two different members are both named {member.name!r}; give them "
