@@ -157,8 +157,9 @@ def _supposed(text: str, start: int, end: int, labels: str) -> bool:
         # any later sentence ("A is the answer, but wait, let me reconsider. Actually, C.")
         sentence_start = max(text.rfind(mark, 0, start) for mark in ".?!;\n") + 1
         turned = _TURN_ON.match(text, end)
-        disowned = disowned or bool(_ATTRIBUTED_BEFORE.search(text[sentence_start:start])) or bool(
-            re.match(_ATTRIBUTED_AFTER, text[end:])) or (
+        own = letter.group() if letter else ""
+        disowned = disowned or bool(_ATTRIBUTED_BEFORE.search(text[sentence_start:start])) or (
+            bool(re.match(_ATTRIBUTED_AFTER, text[end:])) and _another_called_right(text, own, labels)) or (
             turned is not None and _other_chosen(text, turned.end(), letter.group() if letter else "", labels))
     return bool(_SUPPOSED_BEFORE.search(text, 0, start) or _SUPPOSED_AFTER.match(text, end) or disowned)
 
@@ -201,3 +202,12 @@ def _denied_letters(output: str, labels: str) -> set[str]:
             denied.add((found.group(1) or found.group(2)).upper())
             end = found.end()
     return denied
+
+
+def _another_called_right(text: str, letter: str, labels: str) -> bool:
+    """Whether the output calls a letter other than ``letter`` right anywhere ("D is the answer most people pick. B is
+    right though."): only then is "X is the answer <others> choose" someone else's answer; alone, "D is the answer you
+    should choose" / "So C is the answer most experts pick" is the output's own (it read none)."""
+    others = re.escape("".join(label for label in labels if label != letter))
+    return bool(others) and bool(re.search(rf"(?<![\w'\u2019])\(?[{others}]\)?\**\s+(?i:is)\s+(?i:the\s+)?"
+                                           r"(?i:correct|right|best|answer)\b", text))

@@ -290,6 +290,9 @@ _CALLED_WRONG = re.compile(r"\)?\**\s+(?i:is|was|seems|appears|would\s+be|can\s+
 # introduces a walk-through of the options, not one answer (its first item was read as the choice)
 _ANOTHER_LABEL = re.compile(r"\n[^\S\n]*(?:[-+\u2022*#]+|\d+[.)])?[^\S\n]*\**(?i:option|choice)\s*\(?[A-Z]\b"
                             r"[)*]*\s*(?::|[-\u2013\u2014]+\s)")
+# the label of the item on the line after the one at the match's start: "\n(B) ...", "\nB. ...", "\n- Option B: ..."
+_NEXT_ITEM = re.compile(r"[^\n]*(?:\n[^\S\n]*)+?(?=\S)(?:[-+\u2022*#]+|\d+[.)])?[^\S\n]*\**(?:\(([A-Z])\)|([A-Z])[.:)]"
+                        r"|(?i:option|choice)\s*\(?([A-Z])\b[)*]*\s*(?::|[-\u2013\u2014]+\s))")
 _OPTION_WORD_BEFORE = re.compile(r"(?i:\b(?:option|choice))\s*$")
 
 
@@ -489,7 +492,13 @@ def _cue_over_list(text: str, start: int, end: int) -> bool:
     """Whether a cue at ``start`` reads, across its line break, the first item of a list of labelled options
     ("**Final Answer:**\nOption A: Mercury\nOption B: Venus\n..."): the cue heads a list, not an answer (read as A).
     The item marked as the answer, if one is, is then read by the 'option X' fallback."""
-    return "\n" in text[start:end] and bool(_LABEL_AFTER.match(text, end)) and bool(_ANOTHER_LABEL.search(text, end))
+    if "\n" not in text[start:end] or not (_LABEL_AFTER.match(text, end) or re.match(r"[).:]", text[end:end + 1])):
+        return False
+    # a list runs in order: the next item (blank lines aside) is the next letter ("Option A: ...\nOption B: ...",
+    # "(A) Mercury\n(B) Venus"). One item followed by a heading or other items ("**Answer:**\nOption C: ...\n\n
+    # **Explanation:**\n- Option A: ...", "Option C: Earth\n\nOption A: ... wrong") is the answer (it read none)
+    following = _NEXT_ITEM.match(text, end)
+    return following is not None and ord(next(g for g in following.groups() if g)) == ord(text[end - 1].upper()) + 1
 
 
 # a walk-through's lead-in: its first item is a label being analysed, not a choice
