@@ -9,8 +9,14 @@ and may be retried. Rules:
   the client's connections is given what is left of its request's deadline (``_DeadlineBackend``),
   the lookup of the server's name included (``_lookup``: ``getaddrinfo`` takes no timeout);
 - transport failures (refused, reset, closed mid-answer, timed out) and 429/502/503/504 are retried
-  ``retries`` times with exponential backoff; other 4xx/5xx, redirects (not followed: named with
-  where they point) and non-JSON bodies fail at once;
+  ``retries`` times with exponential backoff, or after the server's ``Retry-After`` where it sends one
+  (cut to one deadline of waiting in all); a llama.cpp server still loading its model (503 "Loading
+  model") is asked again until one deadline has passed, however many attempts that takes; other
+  4xx/5xx, redirects (not followed: named with where they point) and non-JSON bodies fail at once;
+- a request ends when it is given up (``Call.abort``: the awaiting task was cancelled, Ctrl-C) or its
+  client is closed: its sockets are shut, which wakes a thread blocked reading one (closing a socket
+  does not, on Linux: such a call ran to its deadline and held the process's exit that long), and it
+  is not retried;
 - every failure surfaces as ``MemberError`` naming the member and the URL (a URL httpx cannot
   parse, a body it cannot decode, a client already closed included: those fail at once).
 
@@ -21,13 +27,17 @@ member has; members still run concurrently because ``run`` is awaited with ``asy
 
 from __future__ import annotations
 
+import contextvars
+import email.utils
 import ipaddress
 import json
+import logging
 import math
 import socket
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import httpcore
 import httpx
@@ -37,6 +47,12 @@ from ..errors import InvalidRequestError, MemberError
 from .spec import check_url
 
 RETRY_STATUS = frozenset({429, 502, 503, 504})
+
+LOADING_POLL_S = 1.0
+"""How often a llama.cpp server loading its model is asked again (where it sends no ``Retry-After``)."""
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 REMOTE_TIMEOUT_S = 60.0
@@ -64,16 +80,75 @@ class HttpSettings(BaseModel):
 
 
 class _Retryable(Exception):
-    def __init__(self, reason: str, timed_out: bool = False) -> None:
+    def __init__(self, reason: str, timed_out: bool = False, retry_after: float | None = None,
+                 loading: bool = False) -> None:
         super().__init__(reason)
         self.timed_out = timed_out
+        self.retry_after = retry_after
+        """Seconds the server asked to wait (``Retry-After``), if it said."""
+        self.loading = loading
+        """A llama.cpp server still loading its model: asked again until a deadline has passed."""
+
+
+class Call:
+    """One blocking call of a member (``RemoteMember.run``), which another thread may give up: the
+    sockets its requests are reading or writing are then shut (a blocked read returns at once) and it
+    sends nothing more. Without it a cancelled request (a cancelled task, Ctrl-C) went on in its
+    thread, retries included, until its deadline, and the process could not exit before."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._streams: set[_DeadlineStream] = set()
+        self._given_up = threading.Event()
+        self.reason = "the call was cancelled"
+
+    @property
+    def given_up(self) -> bool:
+        return self._given_up.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep ``seconds`` unless the call is given up first (then True)."""
+        return self._given_up.wait(seconds)
+
+    def hold(self, stream: _DeadlineStream) -> None:
+        """``stream`` carries this call's request now; shut at once if the call was given up."""
+        with self._lock:
+            if not self.given_up:
+                self._streams.add(stream)
+                return
+        stream.shut()
+
+    def let_go(self) -> None:
+        """The request ended: its connection goes back to the pool, for other calls."""
+        with self._lock:
+            self._streams.clear()
+
+    def abort(self, reason: str = "the call was cancelled") -> None:
+        """Give the call up (idempotent): shut the sockets it is using, send nothing more."""
+        with self._lock:
+            if not self.given_up:
+                self.reason = reason
+            self._given_up.set()
+            streams, self._streams = list(self._streams), set()
+        for stream in streams:
+            stream.shut()
+
+
+_CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar("member_call", default=None)
+
+
+def in_call(call: Call, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` with its requests ended by ``call.abort`` (run it in a copied context)."""
+    _CALL.set(call)
+    return fn(*args)
 
 
 class _Deadline(threading.local):
     """The deadline of the request this thread is sending (a blocking client sends a request's every
-    byte from the calling thread, whichever pooled connection carries it)."""
+    byte from the calling thread, whichever pooled connection carries it), and the call it serves."""
 
     at: float | None = None
+    call: Call | None = None
 
     def bound(self, timeout: float | None, late: type[Exception]) -> float | None:
         """``timeout`` cut to what is left of the deadline; ``late`` raised once nothing is left."""
@@ -92,10 +167,27 @@ class _DeadlineStream(httpcore.NetworkStream):
         self._stream, self._deadline = stream, deadline
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        self._held()
         return self._stream.read(max_bytes, self._deadline.bound(timeout, httpcore.ReadTimeout))
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._held()
         self._stream.write(buffer, self._deadline.bound(timeout, httpcore.WriteTimeout))
+
+    def _held(self) -> None:
+        """Let the call this thread serves shut this connection (``Call.abort``)."""
+        if self._deadline.call is not None:
+            self._deadline.call.hold(self)
+
+    def shut(self) -> None:
+        """Shut the socket both ways, from any thread: a read blocked on it returns (end of stream).
+        ``socket.socket.shutdown`` itself: an ``SSLSocket``'s own drops its TLS state under the reader."""
+        sock = self._stream.get_extra_info("socket")
+        if isinstance(sock, socket.socket):
+            try:
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            except OSError:  # already closed or never connected: nothing is blocked on it
+                pass
 
     def close(self) -> None:
         self._stream.close()
@@ -229,6 +321,9 @@ class JsonClient:
         except (InvalidRequestError, httpx.InvalidURL) as exc:
             raise self.error(str(exc)) from None
         self._deadline = _Deadline()
+        self._calls_lock = threading.Lock()
+        self._calls: set[Call] = set()
+        self._closed = False
         try:
             _bound_by_deadline(self._client, self._deadline)
         except BaseException:
@@ -236,6 +331,13 @@ class JsonClient:
             raise
 
     def close(self) -> None:
+        """End the calls in flight (their sockets shut: a thread blocked reading one wakes and reports
+        "the member is closed", where it ran to its deadline), then close the connections."""
+        with self._calls_lock:
+            self._closed = True
+            calls = list(self._calls)
+        for call in calls:
+            call.abort("the member is closed")
         self._client.close()
 
     def error(self, reason: str, status: int | None = None) -> MemberError:
@@ -260,32 +362,68 @@ class JsonClient:
         return f" (the URL ends in /v1: give the server's root, {root}; the member adds /v1/... itself)"
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None, retry_timeouts: bool = True) -> Any:
-        attempts = self.settings.retries + 1
-        last = ""
-        for attempt in range(attempts):
-            if attempt:
-                time.sleep(self.settings.backoff_s * 2 ** (attempt - 1))
-            try:
-                return self._once(method, path, body)
-            except _Retryable as exc:
-                last = str(exc)
-                if exc.timed_out and not retry_timeouts:
-                    raise self.error(f"{method} {path} failed: {last} (not retried: the server may still be "
-                                     "computing it)") from None
-        raise self.error(f"{method} {path} failed after {attempts} attempt(s): {last}")
+        call = _CALL.get() or Call()
+        with self._calls_lock:
+            if self._closed:
+                call.abort("the member is closed")
+            self._calls.add(call)
+        self._deadline.call = call
+        try:
+            return self._attempts(call, method, path, body, retry_timeouts)
+        finally:
+            self._deadline.call = None
+            with self._calls_lock:
+                self._calls.discard(call)
 
-    def _once(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+    def _attempts(self, call: Call, method: str, path: str, body: dict[str, Any] | None,
+                  retry_timeouts: bool) -> Any:
+        """``retries`` more attempts after a passing failure, and as many as one deadline of waiting
+        allows while a llama.cpp server loads its model. The backoff between them is short and sleeps;
+        a wait the server asks for (``Retry-After``, a model loading) may be long, and ends with the call."""
+        patience = self.deadline_s or REMOTE_TIMEOUT_S  # the most this call waits between attempts, in all
+        retries, attempts, waited = 0, 0, 0.0
+        while True:
+            if call.given_up:
+                raise self.error(f"{method} {path}: {call.reason}")
+            attempts += 1
+            try:
+                return self._once(call, method, path, body)
+            except _Retryable as exc:
+                failure = exc
+            if failure.timed_out and not retry_timeouts:
+                raise self.error(f"{method} {path} failed: {failure} (not retried: the server may still be "
+                                 "computing it)") from None
+            if not failure.loading:
+                retries += 1
+                if retries > self.settings.retries:
+                    break
+            if failure.retry_after is None and not failure.loading:
+                time.sleep(self.settings.backoff_s * 2 ** (retries - 1))
+                continue
+            wait = min(LOADING_POLL_S if failure.retry_after is None else failure.retry_after, patience - waited)
+            if wait <= 0:  # a deadline of waiting spent
+                break
+            if failure.loading:
+                log.info("member %s: the server at %s is loading its model; asking again in %.1f s (waited "
+                         "%.1f s of at most %g s)", self.member, self.base_url, wait, waited, patience)
+            if call.wait(wait):
+                raise self.error(f"{method} {path}: {call.reason}")
+            waited += wait
+        after = f" (waited {waited:.1f} s as the server asked)" if waited else ""
+        raise self.error(f"{method} {path} failed after {attempts} attempt(s){after}: {failure}")
+
+    def _once(self, call: Call, method: str, path: str, body: dict[str, Any] | None) -> Any:
         self._deadline.at = None if self.deadline_s is None else time.monotonic() + self.deadline_s
         try:
             with self._client.stream(method, path, json=body) as response:
                 chunks = list(response.iter_bytes())
                 status = response.status_code
                 location = response.headers.get("location")
-        except httpx.TimeoutException as exc:
-            after = f" after {self.deadline_s:g} s" if self.deadline_s is not None else ""
-            raise _Retryable(f"timed out{after} ({type(exc).__name__})", timed_out=True) from exc
+                retry_after = response.headers.get("retry-after")
         except httpx.TransportError as exc:
-            raise _Retryable(f"{type(exc).__name__}: {exc or 'connection failed'}") from exc
+            if call.given_up:  # its sockets were shut under it (Call.abort): not a fault of the server
+                raise self.error(f"{method} {path}: {call.reason}") from exc
+            raise self._retryable(exc) from exc
         except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
             # not a passing fault of the server: a body httpx cannot decode (a wrong Content-Encoding),
             # a path it cannot parse; retrying would get the same
@@ -296,9 +434,11 @@ class JsonClient:
             raise self.error(f"{method} {path}: the member is closed") from exc
         finally:
             self._deadline.at = None
+            call.let_go()
         text = b"".join(chunks).decode("utf-8", "replace")
         if status in RETRY_STATUS:
-            raise _Retryable(f"HTTP {status}: {text[:200]}")
+            raise _Retryable(f"HTTP {status}: {text[:200]}", retry_after=_retry_after(retry_after),
+                             loading=status == 503 and _loading(text))
         if status >= 400:
             raise self.error(f"{method} {path} answered HTTP {status}: {text[:300]}{self._v1_hint(status)}", status)
         if 300 <= status < 400:  # not followed (a POST would be resent as a GET, a key to another host)
@@ -309,3 +449,36 @@ class JsonClient:
             return json.loads(text)
         except json.JSONDecodeError as exc:
             raise self.error(f"{method} {path} answered something that is not JSON: {text[:200]!r}") from exc
+
+    def _retryable(self, exc: httpx.TransportError) -> _Retryable:
+        """A transport failure, to try again: the deadline passed, or the connection failed."""
+        if isinstance(exc, httpx.TimeoutException):
+            after = f" after {self.deadline_s:g} s" if self.deadline_s is not None else ""
+            return _Retryable(f"timed out{after} ({type(exc).__name__})", timed_out=True)
+        return _Retryable(f"{type(exc).__name__}: {exc or 'connection failed'}")
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait: a number of seconds or an HTTP date; None when
+    absent or unreadable (then the usual backoff)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time()) if when.tzinfo is not None else None
+
+
+def _loading(text: str) -> bool:
+    """A llama.cpp server still loading its model answers 503 ``{"error": {"message": "Loading model",
+    "type": "unavailable_error"}}`` (for as long as the load takes: seconds to minutes)."""
+    try:
+        error = json.loads(text).get("error")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(error, dict) and str(error.get("message", "")).lower().startswith("loading model")

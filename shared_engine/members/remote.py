@@ -36,7 +36,7 @@ from ..alignment import TokenTable, common_prefix_len
 from ..errors import MemberError
 from .base import Capabilities, R
 from .chat import PLAIN_TEMPLATE_STOPS, Message, render_prompt_ids, render_text_ids
-from .http import HttpSettings, JsonClient
+from .http import Call, HttpSettings, JsonClient, in_call
 from .session import PrefixSession
 from .spec import BACKENDS, did_you_mean
 from .topk import TopK, topk_rows
@@ -230,28 +230,43 @@ class RemoteMember(ABC):
 
     async def run(self, fn: Callable[..., R], *args: Any) -> R:
         """Blocking HTTP in a thread of this member's own pool (as ``asyncio.to_thread`` would, with
-        its context; cancelling the await leaves the call to finish in its thread); the server
-        serialises or batches the work itself."""
+        its context); the server serialises or batches the work itself. Cancelling the await ends the
+        call's request (its socket shut, no retry: ``http.Call``; see ``cancel_ends_call``): left to
+        run, it held the thread, the server and the process's exit until its deadline."""
         if self.forked_away():
             raise self.client.error(
                 f"this member was loaded in process {self.pid}, which this process was forked from: its worker "
                 "threads (and an in-process llama.cpp server) stayed there, and a call waited for them forever. "
                 "Build the engine from member names or configs (a forked process then loads its own members on "
                 "first use), or start worker processes with the 'spawn' start method")
-        call = functools.partial(contextvars.copy_context().run, fn, *args)
+        handle = Call()
+        call = functools.partial(contextvars.copy_context().run, in_call, handle, fn, *args)
         try:
             future = asyncio.get_running_loop().run_in_executor(self.executor, call)
         except RuntimeError as exc:  # the pool is shut down
             raise self.client.error("the member is closed") from exc
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if self.cancel_ends_call:
+                handle.abort()  # its request ends now (its socket shut), not at its deadline, retries and all
+            raise
+
+    @property
+    def cancel_ends_call(self) -> bool:
+        """Whether a cancelled ``run`` ends its call's request (``http.Call``). Not for llama.cpp: its
+        server computes an abandoned ``/completion`` on in the slot the request leased, and the slot is
+        given back when the call ends (members/llamacpp.py): ended early, the next request got a slot
+        still busy. vLLM and SGLang abort a request whose client went away."""
+        return self.backend != "llamacpp"
 
     def forked_away(self) -> bool:
         """Whether this process is a fork of the one that built the member (whose threads serve it)."""
         return os.getpid() != self.pid
 
     def close(self) -> None:
-        """Let go of the pool (calls still running end on their own, failing on the closed client),
-        the HTTP client and the tokenizer."""
+        """Let go of the pool (calls still running end at once, their sockets shut by closing the
+        client: "the member is closed"), the HTTP client and the tokenizer."""
         self.executor.shutdown(wait=False)
         self.client.close()
         self.tokenizer.close()
