@@ -206,6 +206,10 @@ class LocalLlamaServer:
         params.verbosity = -1
         params.cache_ram_mib = HOST_PROMPT_CACHE_MIB
         params.endpoint_metrics = True  # answered by the task loop: _wait_until_serving asks it
+        # one physical batch per turn of the server's loop (the same ubatches of 512 as llama.cpp's logical
+        # 2048): a stop (close, the process ending) or a disconnected request's cancel is seen between turns,
+        # so it waited for up to 2,048 prompt tokens' prefill (after Ctrl-C on a 3,000-token prompt, 77 s)
+        params.n_batch = params.n_ubatch
         if embeddings:  # an embeddings prompt must fit one physical batch: the batch spans a slot's window
             params.embedding = True
             params.pooling_type = xlc.llama_pooling_type.LLAMA_POOLING_TYPE_NONE
