@@ -218,20 +218,58 @@ def extract_number(output: str, *, cut: bool = False) -> str | None:
             return _clean(matches[-1])
     if stated is not None:
         return _clean(stated)
-    numbers = [] if cut else re.findall(_NUMBER, output)
+    if cut:
+        return _concluded_number(output)
+    numbers = re.findall(_NUMBER, output)
     return _clean(numbers[-1]) if numbers else None
+
+
+# a sentence stating a result ("So she makes $18 per day.", "Therefore, ... 18.", "In total, ..."), not one going on
+# with the working ("So, let's find ...", "So we need to ...")
+_CONCLUDES = re.compile(r"[\s*#>-]*(?i:so|therefore|thus|hence|in\s+total|altogether|in\s+all)\b"
+                        r"(?![,\s]*(?i:let['\u2019]?s|let\s+us|we\s+(?:need|have|can|will|must|should)\s+(?:to\s+)?"
+                        r"(?:find|calculate|compute|figure|determine|add|subtract|multiply|divide|know)|first|next)\b)")
+
+
+def _concluded_number(output: str) -> str | None:
+    """In an output cut at the token cap, the number of the last paragraph closed by a sentence stating a result (see
+    _CONCLUDES): "So she makes $18 per day.\n\nLet me double check: 16 - 3 = 13, ... So 18" is 18 (it read none),
+    after its last '=' where it shows a calculation ("So 9 * 2 = 18."), else its last number. The paragraph cut off at
+    the end counts only where its last sentence ended: a cut-off sentence's number is half-written working ("So he runs
+    60 * 3 ="). A list item's "Therefore, the cost of 6 dozen is 6 x 55 = 330." is a step of the working, as is a
+    conclusion another sentence of its paragraph goes on from."""
+    paragraphs = re.split(r"\n[^\S\n]*\n\s*", output.strip())
+    if not re.search(r"[.!?]$", paragraphs[-1]) or re.search(r"\d\.$", paragraphs[-1]):
+        paragraphs.pop()
+    for paragraph in reversed(paragraphs):
+        line = paragraph.rstrip().rsplit("\n", 1)[-1]
+        if re.match(r"\s|[-+*\u2022]\s|\d+[.)]\s", line):
+            continue  # a list item or an indented line: a step
+        sentence = re.split(r"(?<=[.!?])\s+", line)[-1]
+        numbers = re.findall(_NUMBER, sentence.rsplit("=", 1)[-1]) if _CONCLUDES.match(sentence) else []
+        if numbers:
+            return _clean(numbers[-1])
+    return None
 
 
 def _own_number_turn(output: str) -> str:
     """The output up to a line opening another turn ("The answer is 18.\n\nQuestion: <a question the model made up>
     ... The answer is 7." read 7), where its last line states the answer ('answer is', '####', \\boxed{}); else the
-    whole output (a question restated before the working is part of it)."""
-    own = _NEW_TURN.split(output, maxsplit=1)[0]
-    lines = [line for line in own.splitlines() if line.strip()]
-    if own == output or not lines:
-        return output
-    stated, firm, _ = _stated_number(lines[-1])
-    return own if (stated is not None and firm) or re.search(r"####|\\boxed\{", lines[-1]) else output
+    whole output (a question restated before the working is part of it). A "Q:" / "Question:" on the very next line
+    after an 'answer is' is a sub-question of the working ("The answer is 9.\nQ: How much does she make?\nA: 9 * 2 =
+    18. The answer is 18.", least-to-most style, read 9): a made-up question follows a blank line, or a '####' or
+    \\boxed{} answer, which no working goes on from; a chat turn ("User:", "Assistant:") opens one anywhere."""
+    for opener in _NEW_TURN.finditer(output):
+        own = output[:opener.start()]
+        lines = [line for line in own.splitlines() if line.strip()]
+        if not lines:
+            return output
+        marked = re.search(r"####|\\boxed\{", lines[-1]) is not None
+        if not (marked or re.search(r"\n[^\S\n]*\Z", own) or re.search(r"User|Human|Assistant", opener.group())):
+            continue  # a sub-question step of the working
+        stated, firm, _ = _stated_number(lines[-1])
+        return own if (stated is not None and firm) or marked else output
+    return output
 
 
 def score_number(output: str, gold: str, finish: str | None = None) -> Score:
@@ -294,6 +332,14 @@ _ANOTHER_LABEL = re.compile(r"\n[^\S\n]*(?:[-+\u2022*#]+|\d+[.)])?[^\S\n]*\**(?i
 _NEXT_ITEM = re.compile(r"[^\n]*(?:\n[^\S\n]*)+?(?=\S)(?:[-+\u2022*#]+|\d+[.)])?[^\S\n]*\**(?:\(([A-Z])\)|([A-Z])[.:)]"
                         r"|(?i:option|choice)\s*\(?([A-Z])\b[)*]*\s*(?::|[-\u2013\u2014]+\s))")
 _OPTION_WORD_BEFORE = re.compile(r"(?i:\b(?:option|choice))\s*$")
+# a conclusion leading a bare "(X)": "Therefore (C).", "... must be (C)", and a choice in the first person ("I pick (C)
+# because ...", "I'd go with (C)", "My answer is (C)"), or "<reason> makes (C) the best fit": in an output cut at the
+# token cap such a letter was no answer (read as a walk-through's)
+_BARE_CONCLUDED = re.compile(r"\b(?i:therefore|thus|hence|so|final\w*|should\s+be|must\s+be|would\s+be"
+                             r"|I(?:['\u2019](?:d|ll)|\s+(?:would|will))?\s+(?:(?i:pick|choose|go\s+with|select))"
+                             r"|(?i:my\s+(?:final\s+)?(?:answer|choice|pick)\s+is))\W*$")
+_MAKES_BEFORE = re.compile(r"\b(?i:makes?|making)\W*$")
+_MAKES_BEST = re.compile(r"[)\s*]*(?i:the\s+)?(?i:best|correct|right)\s+(?i:answer|fit|choice|option|one)\b")
 
 
 def _labels_item(text: str, start: int, end: int) -> bool:
@@ -451,8 +497,8 @@ def extract_choice(output: str, labels: str, options: Mapping[str, str] | None =
         bare = [m for m in every if not (_OPTION_WORD_BEFORE.search(output, 0, m.start())
                                          and _labels_item(output, m.start(), m.end(1)))]
         # or where a conclusion leads the last one ("We eliminate (A) and (D). ... Therefore (C).")
-        concluded = bool(bare) and bool(re.search(
-            r"\b(?i:therefore|thus|hence|so|final\w*|should\s+be|must\s+be|would\s+be)\W*$", output[:bare[-1].start()]))
+        concluded = bool(bare) and bool(_BARE_CONCLUDED.search(output[:bare[-1].start()]) or (
+            _MAKES_BEFORE.search(output[:bare[-1].start()]) and _MAKES_BEST.match(output, bare[-1].end())))
         span = bare[-1].span(1) if bare and ((len({m.group(1) for m in every}) == 1 and not cut) or concluded) else None
         if span is not None and not concluded and _walkthrough_label(output, bare[-1]):
             span = None  # "... each option step by step:\n\n(A) It is formed of" cut at the cap read A
