@@ -70,7 +70,7 @@ from shared_engine import EngineClosedError, EnsembleEngine, InvalidRequestError
 from shared_engine.engine import iterate_sync
 from shared_engine.events import Event, FinishEvent
 from shared_engine.members import Member
-from shared_engine.members.chat import join_text_parts, normalize_messages
+from shared_engine.members.chat import join_text_parts, normalize_messages, template_overhead
 from shared_engine.options import GenerationParams, copy_unsetting, unset_field, validated
 from shared_engine.tools import ANSWER_CUT, plain_tool_choice
 
@@ -249,7 +249,8 @@ class EnsembleLLM(FunctionCallingLLM):
                     "where the window is full, not refused); a length set here or per call must fit.")
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy.")
     context_window: int | None = Field(
-        None, ge=1, description="Override; default: the smallest member's context window (loads the members).")
+        None, ge=1, description="Override, taken as is; default: the smallest member's context window less the "
+                                "most tokens a member's chat template adds to a prompt (loads the members).")
     engine_options: dict[str, Any] = Field(default_factory=dict, frozen=True,
                                            description="Extra EnsembleEngine options.")
     step_events: bool = Field(False, description="Also send draft/verify/cache_sync as EnsembleStepEvent.")
@@ -451,9 +452,23 @@ class EnsembleLLM(FunctionCallingLLM):
 
     @property
     def metadata(self) -> LLMMetadata:
-        window = self.context_window or self.engine.context_window
+        """What LlamaIndex sizes prompts by. ``context_window`` (unless given) is the smallest member's
+        window less ``template_room()``: LlamaIndex's prompt helper counts a chat prompt as its
+        messages' role words and texts (plus 3 a message, less a padding of 5 a chunk) and packs
+        ``tree_summarize``/``compact`` chunks up to the window, but each member reads the prompt
+        through its own chat template, whose markers, generation prompt and default system prompt
+        are not in those texts: with the exact window, 3 of 4 RAG queries came to 4093 prompt
+        tokens + 4 to answer in SmolLM2's 4096 (``ContextLengthError``)."""
+        window = self.context_window or max(1, self.engine.context_window - self.template_room())
         return LLMMetadata(context_window=window, num_output=self.max_tokens, is_chat_model=True,
                            is_function_calling_model=True, model_name=self.model_name)
+
+    def template_room(self) -> int:
+        """The most tokens any member's chat template writes around the texts of a one- or two-message
+        prompt (``chat.template_overhead``, measured on each member's own rendering; Qwen2.5 29,
+        SmolLM2 30 with their default system prompts): what ``metadata`` leaves out of the window.
+        Loads the members."""
+        return max(template_overhead(member.prompt_ids) for member in self.engine.members)
 
     def tokenizer_fn(self, text: str) -> list[int]:
         """``text``'s token ids in the member that spells it in the most tokens

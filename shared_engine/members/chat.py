@@ -327,3 +327,25 @@ def alternating(messages: Sequence[Message]) -> list[dict[str, Any]]:
         else:
             out.append(turn)
     return out
+
+
+TEMPLATE_SHAPES: tuple[tuple[str, ...], ...] = (("user",), ("system", "user"))
+"""The conversations whose rendering with empty contents measures a chat format's overhead: one
+question, and a system prompt before it (LlamaIndex's and LangChain's RAG prompts)."""
+
+
+def template_overhead(prompt_ids: Callable[[list[dict[str, Any]]], Sequence[int]]) -> int:
+    """The most tokens a member's chat format writes around the contents of a one- or two-message
+    prompt (``TEMPLATE_SHAPES``): its rendering (``prompt_ids``, as ``Member.prompt_ids``) with
+    every content empty. That is its turn markers, role names, newlines and generation prompt, a BOS,
+    and a system prompt the template inserts when none is given (Qwen2.5's and SmolLM2's do, so the
+    one-message prompt can render longer than the two-message one). A counter that counts only the
+    contents (LlamaIndex's prompt helper) must leave this much of a window unfilled. A shape the
+    template refuses counts 0: such a prompt is never sent in that shape."""
+    measured = [0]
+    for roles in TEMPLATE_SHAPES:
+        try:
+            measured.append(len(prompt_ids([{"role": role, "content": ""} for role in roles])))
+        except InvalidRequestError:
+            continue
+    return max(measured)
