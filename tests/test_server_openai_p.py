@@ -154,3 +154,17 @@ async def test_a_full_server_is_openais_429(engine: EnsembleEngine) -> None:
         with pytest.raises(openai.RateLimitError) as refused:
             await client.chat.completions.create(model=MODEL, messages=USER, max_tokens=2)  # type: ignore[arg-type]
         assert refused.value.code == "rate_limit_exceeded"
+
+
+async def test_a_bad_later_prompt_to_a_closed_engine_is_a_400_not_a_retry() -> None:
+    # review of 53f1d0e: the first prompt passed its check, then the closed engine's 503 'retry later' left
+    # the loop before prompt 1 (empty) was read; the SDK retried a request that can never succeed
+    closed = toy_engine()
+    closed.close()
+    served = create_app(closed, model_name="m")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=served), base_url="http://t") as client:
+        reply = await client.post("/v1/completions", json={"model": "m", "prompt": ["Sofia", ""], "max_tokens": 2})
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"]["message"].endswith("(prompt 1 of the list)")
+        good = await client.post("/v1/completions", json={"model": "m", "prompt": ["Sofia", "Tom"], "max_tokens": 2})
+        assert good.status_code == 503 and good.headers["retry-after"] == "5"

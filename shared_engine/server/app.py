@@ -521,14 +521,19 @@ def create_app(engine: EnsembleEngine, *, model_name: str | None = None, max_act
         params = {**req.generation_params(), "raw_prompt": True}
         listed = len(req.prompts) > 1
         checked: list[CheckedRequest] = []
+        closed: EngineClosedError | None = None
         for index, prompt in enumerate(req.prompts):  # the engine's own check, as chat's: astream serves it
             try:  # as checked. The parameters are checked before the text: bad ones fail at prompt 0
                 checked.append(await engine.acheck_request(prompt, **params))
+            except EngineClosedError as err:  # prompt i servable, the engine closed: a later bad prompt is
+                closed = closed or err        # still the 400 (a 503 'retry later' would fail the same way)
             except InvalidParametersError as err:
                 raise _engine_error(err, "prompt", req.answer_tokens_field()) from None
             except InvalidRequestError as err:  # the prompt's own text (empty, unencodable)
                 raise ApiError(400, f"{err} (prompt {index} of the list)" if listed else str(err),
                                param="prompt", code="invalid_value") from None
+        if closed is not None:
+            raise closed
         ticket = admit()
         cid = text_completion_id()
         events = _events(engine, ticket, checked[0], {}) if req.stream else None  # one prompt (check)
