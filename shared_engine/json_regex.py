@@ -111,12 +111,13 @@ def _group_end(atoms: list[str], start: int) -> int:
     return len(atoms)
 
 
-def _spread(branch: list[str]) -> list[list[str]]:
+def _spread(branch: list[str], most: int = _MOST_BRANCHES) -> list[list[str]] | None:
     """``branch`` as alternatives without a group holding an anchor: an unquantified plain group with
     ``^`` or ``$`` inside becomes one alternative per option of the group (``^(?:x|b$)``: ``^x``, ``^b$``),
     so each anchor lands at an alternative's start or end, where ``whole_regex`` reads it (the parser's
     regex library takes no anchor: such a pattern constrained nothing). A group it cannot spread (a
-    quantified one, a lookaround) stays as it is."""
+    quantified one, a lookaround) stays as it is. None: more than ``most`` alternatives, found as soon
+    as they are counted (spread whole first, ``(a$|b)`` 22 times took a minute: 4**22 lists)."""
     for start, atom in enumerate(branch):
         if atom != "(":
             continue
@@ -129,8 +130,13 @@ def _spread(branch: list[str]) -> list[list[str]]:
                 continue
             inner = inner[2:]
         before, after = branch[:start], branch[end + 1:]
-        spread = [out for option in _split(inner) for out in _spread(before + option + after)]
-        return spread if len(spread) <= _MOST_BRANCHES else [branch]
+        spread: list[list[str]] = []
+        for option in _split(inner):
+            more = _spread(before + option + after, most - len(spread))
+            if more is None or len(spread) + len(more) > most:
+                return None
+            spread += more
+        return spread
     return [branch]
 
 
@@ -140,7 +146,7 @@ def whole_regex(pattern: str) -> str:
     (after ``_spread``) padded with any text on its unanchored sides. An anchor left inside an
     alternative stays, for the parser's regex library to refuse (then any string: the validation's)."""
     whole = []
-    for atoms in (out for branch in _split(_atoms(pattern)) for out in _spread(branch)):
+    for atoms in (out for branch in _split(_atoms(pattern)) for out in _spread(branch) or [branch]):
         heads = next((i for i, atom in enumerate(atoms) if atom != "^"), len(atoms))
         rest = atoms[heads:]
         tails = next((i for i, atom in enumerate(reversed(rest)) if atom != "$"), len(rest))
