@@ -34,7 +34,9 @@ import ipaddress
 import json
 import logging
 import math
+import os
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -103,6 +105,8 @@ class Call:
         self._streams: set[_DeadlineStream] = set()
         self._given_up = threading.Event()
         self.reason = "the call was cancelled"
+        self.orphaned = False
+        """Nobody awaits its result any more (its await was cancelled and the call left to run: llama.cpp's)."""
 
     @property
     def given_up(self) -> bool:
@@ -118,7 +122,7 @@ class Call:
             if not self.given_up:
                 self._streams.add(stream)
                 return
-        stream.shut()
+        stream.shut_for(self)
 
     def let_go(self) -> None:
         """The request ended: its connection goes back to the pool, for other calls."""
@@ -133,7 +137,7 @@ class Call:
             self._given_up.set()
             streams, self._streams = list(self._streams), set()
         for stream in streams:
-            stream.shut()
+            stream.shut_for(self)
 
 
 _CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar("member_call", default=None)
@@ -167,6 +171,10 @@ class _DeadlineStream(httpcore.NetworkStream):
 
     def __init__(self, stream: httpcore.NetworkStream, deadline: _Deadline) -> None:
         self._stream, self._deadline = stream, deadline
+        self._lock = threading.Lock()
+        self._owner: Call | None = None
+        """The call whose request this connection carries (or last carried: it may be idle in the pool)."""
+        self._shut = False
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         self._held()
@@ -177,9 +185,25 @@ class _DeadlineStream(httpcore.NetworkStream):
         self._stream.write(buffer, self._deadline.bound(timeout, httpcore.WriteTimeout))
 
     def _held(self) -> None:
-        """Let the call this thread serves shut this connection (``Call.abort``)."""
-        if self._deadline.call is not None:
-            self._deadline.call.hold(self)
+        """Let the call this thread serves shut this connection (``Call.abort``). A connection another call
+        shut after its request ended (given up as the connection went back to the pool) is not this
+        call's failure: httpcore's pool is told it is not available and sends the request on another."""
+        call = self._deadline.call
+        with self._lock:
+            if self._shut and self._owner is not call:
+                raise httpcore.ConnectionNotAvailable()
+            self._owner = call
+        if call is not None:
+            call.hold(self)
+
+    def shut_for(self, call: Call) -> None:
+        """``shut``, unless the connection carries another call's request by now (it went back to the pool
+        between the end of ``call``'s request and ``Call.let_go``, and another call took it)."""
+        with self._lock:
+            if self._owner is not call:
+                return
+            self._shut = True
+        self.shut()
 
     def shut(self) -> None:
         """Shut the socket both ways, from any thread: a read blocked on it returns (end of stream).
@@ -311,8 +335,11 @@ def _abort_at_exit() -> None:
     until the server answered: after Ctrl-C during a long prompt's prefill in an in-process llama.cpp
     server, 158 s. Registered with ``threading``'s exit hooks, which run before those joins; a call
     given up here reports "the process is exiting" to a thread nobody waits on any more."""
-    for client in list(_CLIENTS):
-        client.abort_calls("the process is exiting", closing=True)
+    crashed = getattr(sys, "last_value", None) is not None  # the main thread ended on an exception (Ctrl-C)
+    for client in list(_CLIENTS):  # on a normal end (or sys.exit) Python waits for its threads, and a
+        if client.pid == os.getpid():  # non-daemon thread's call is its user's: only orphaned calls are given
+            client.abort_calls("the process is exiting", closing=crashed,  # up (a Ctrl-C the script caught)
+                               orphans_only=not crashed)  # (a forked child's copies hold the parent's sockets)
 
 
 _register_exit_hook = getattr(threading, "_register_atexit", None)  # CPython 3.9+: runs before the joins
@@ -345,6 +372,7 @@ class JsonClient:
         self._calls_lock = threading.Lock()
         self._calls: set[Call] = set()
         self._closed = False
+        self.pid = os.getpid()
         _CLIENTS.add(self)
         try:
             _bound_by_deadline(self._client, self._deadline)
@@ -358,11 +386,11 @@ class JsonClient:
         self.abort_calls("the member is closed", closing=True)
         self._client.close()
 
-    def abort_calls(self, reason: str, closing: bool = False) -> None:
-        """Give up every call in flight (``closing``: and start none)."""
+    def abort_calls(self, reason: str, closing: bool = False, orphans_only: bool = False) -> None:
+        """Give up every call in flight (``closing``: and start none; ``orphans_only``: those nobody awaits)."""
         with self._calls_lock:
             self._closed = self._closed or closing
-            calls = list(self._calls)
+            calls = [call for call in self._calls if call.orphaned or not orphans_only]
         for call in calls:
             call.abort(reason)
 
@@ -426,9 +454,10 @@ class JsonClient:
             if failure.retry_after is None and not failure.loading:
                 time.sleep(self.settings.backoff_s * 2 ** (retries - 1))
                 continue
-            wait = min(LOADING_POLL_S if failure.retry_after is None else failure.retry_after, patience - waited)
-            if wait <= 0:  # a deadline of waiting spent
+            left = patience - waited
+            if left <= 0:  # a deadline of waiting spent
                 break
+            wait = min(LOADING_POLL_S if failure.retry_after is None else failure.retry_after, left)
             if failure.loading:
                 log.info("member %s: the server at %s is loading its model; asking again in %.1f s (waited "
                          "%.1f s of at most %g s)", self.member, self.base_url, wait, waited, patience)

@@ -250,6 +250,8 @@ class RemoteMember(ABC):
         except asyncio.CancelledError:
             if self.cancel_ends_call:
                 handle.abort()  # its request ends now (its socket shut), not at its deadline, retries and all
+            else:
+                handle.orphaned = True  # given up at the process's exit (http._abort_at_exit)
             raise
 
     @property
