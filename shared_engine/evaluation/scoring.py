@@ -231,24 +231,35 @@ _CONCLUDES = re.compile(r"[\s*#>-]*(?i:so|therefore|thus|hence|in\s+total|altoge
                         r"(?:find|calculate|compute|figure|determine|add|subtract|multiply|divide|know)|first|next)\b)")
 
 
+# a paragraph checking a result already stated ("Let me double check: ...", "To verify, ...", "Check: ..."): a
+# conclusion above it still stands, unlike one above a paragraph of further working ("Next, ...", "Step 2: ...")
+_CHECKING = re.compile(r"[\s*#>]*(?i:let(?:['\u2019]s|\s+me|\s+us)\s+(?:double[- ]?)?(?:check|verify|confirm)"
+                       r"|to\s+(?:double[- ]?)?(?:check|verify|confirm)|(?:double[- ]?)?check(?:ing)?\b"
+                       r"|verif(?:y|ication))")
+
+
 def _concluded_number(output: str) -> str | None:
     """In an output cut at the token cap, the number of the last paragraph closed by a sentence stating a result (see
     _CONCLUDES): "So she makes $18 per day.\n\nLet me double check: 16 - 3 = 13, ... So 18" is 18 (it read none),
-    after its last '=' where it shows a calculation ("So 9 * 2 = 18."), else its last number. The paragraph cut off at
+    after its last '=' where it shows a calculation ("So 9 * 2 = 18."), else its one number ("So in 2 weeks she reads
+    14 pages." names two: none). Only where no paragraph of working follows it, only checks ("Let me double check",
+    "To verify"): "So she has 13 eggs left.\n\nNext, she bakes ..." is an intermediate result. The paragraph cut off at
     the end counts only where its last sentence ended: a cut-off sentence's number is half-written working ("So he runs
     60 * 3 ="). A list item's "Therefore, the cost of 6 dozen is 6 x 55 = 330." is a step of the working, as is a
     conclusion another sentence of its paragraph goes on from."""
     paragraphs = re.split(r"\n[^\S\n]*\n\s*", output.strip())
     if not re.search(r"[.!?]$", paragraphs[-1]) or re.search(r"\d\.$", paragraphs[-1]):
-        paragraphs.pop()
+        if not _CHECKING.match(paragraphs.pop()):
+            return None  # the working went on past any conclusion above ("So she has 13 eggs left.\n\nNext, ...")
     for paragraph in reversed(paragraphs):
         line = paragraph.rstrip().rsplit("\n", 1)[-1]
-        if re.match(r"\s|[-+*\u2022]\s|\d+[.)]\s", line):
-            continue  # a list item or an indented line: a step
         sentence = re.split(r"(?<=[.!?])\s+", line)[-1]
-        numbers = re.findall(_NUMBER, sentence.rsplit("=", 1)[-1]) if _CONCLUDES.match(sentence) else []
-        if numbers:
-            return _clean(numbers[-1])
+        if not re.match(r"\s|[-+*\u2022]\s|\d+[.)]\s", line) and _CONCLUDES.match(sentence):
+            numbers = re.findall(_NUMBER, sentence.rsplit("=", 1)[-1])
+            if len(numbers) == 1:  # "So in 2 weeks she reads 14 pages." names two: which is the result?
+                return _clean(numbers[0])
+        if not _CHECKING.match(paragraph):
+            return None  # a later paragraph of working, not a check of the result above it
     return None
 
 
@@ -265,7 +276,11 @@ def _own_number_turn(output: str) -> str:
         if not lines:
             return output
         marked = re.search(r"####|\\boxed\{", lines[-1]) is not None
-        if not (marked or re.search(r"\n[^\S\n]*\Z", own) or re.search(r"User|Human|Assistant", opener.group())):
+        # a made-up problem brings numbers of its own ("Q: Tom has 3 apples and buys 4 more. How many ...?"); a
+        # sub-question asks about the working's ("Q: How much does she make?")
+        asked = re.split(r"\?", output[opener.end():].split("\n", 1)[0], maxsplit=1)[0]
+        if not (marked or re.search(r"\d", asked) or re.search(r"\n[^\S\n]*\Z", own)
+                or re.search(r"User|Human|Assistant", opener.group())):
             continue  # a sub-question step of the working
         stated, firm, _ = _stated_number(lines[-1])
         return own if (stated is not None and firm) or marked else output
@@ -339,7 +354,13 @@ _BARE_CONCLUDED = re.compile(r"\b(?i:therefore|thus|hence|so|final\w*|should\s+b
                              r"|I(?:['\u2019](?:d|ll)|\s+(?:would|will))?\s+(?:(?i:pick|choose|go\s+with|select))"
                              r"|(?i:my\s+(?:final\s+)?(?:answer|choice|pick)\s+is))\W*$")
 _MAKES_BEFORE = re.compile(r"\b(?i:makes?|making)\W*$")
-_MAKES_BEST = re.compile(r"[)\s*]*(?i:the\s+)?(?i:best|correct|right)\s+(?i:answer|fit|choice|option|one)\b")
+_MAKES_BEST = re.compile(r"[)\s*]*(?i:the\s+)?(?i:best|correct|right)\s+"
+                         r"(?i:answer|fit|choice|option|one|order(?:ing)?)\b"
+                         r"(?=\s*(?:[.!;]|,(?!\s*(?:but|yet|though|although|however|except)\b)|$))")
+# a choice in the first person that is only supposed ("If I pick (A), the order is ...", "Suppose I choose (A).",
+# "Why would I select (C)?"): no conclusion
+_SUPPOSED_CHOICE = re.compile(r"\b(?i:if|suppose|supposing|assuming|should|would|could|why|when|say|what\s+if)\s+I\b"
+                              r"[^.!?\n]*$")
 
 
 def _labels_item(text: str, start: int, end: int) -> bool:
@@ -497,8 +518,9 @@ def extract_choice(output: str, labels: str, options: Mapping[str, str] | None =
         bare = [m for m in every if not (_OPTION_WORD_BEFORE.search(output, 0, m.start())
                                          and _labels_item(output, m.start(), m.end(1)))]
         # or where a conclusion leads the last one ("We eliminate (A) and (D). ... Therefore (C).")
-        concluded = bool(bare) and bool(_BARE_CONCLUDED.search(output[:bare[-1].start()]) or (
-            _MAKES_BEFORE.search(output[:bare[-1].start()]) and _MAKES_BEST.match(output, bare[-1].end())))
+        concluded = bool(bare) and not _SUPPOSED_CHOICE.search(output[:bare[-1].start()]) and bool(
+            _BARE_CONCLUDED.search(output[:bare[-1].start()]) or (
+                _MAKES_BEFORE.search(output[:bare[-1].start()]) and _MAKES_BEST.match(output, bare[-1].end())))
         span = bare[-1].span(1) if bare and ((len({m.group(1) for m in every}) == 1 and not cut) or concluded) else None
         if span is not None and not concluded and _walkthrough_label(output, bare[-1]):
             span = None  # "... each option step by step:\n\n(A) It is formed of" cut at the cap read A
