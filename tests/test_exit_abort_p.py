@@ -59,6 +59,11 @@ def test_the_in_process_server_turns_its_loop_every_physical_batch(monkeypatch: 
     assert seen["n_batch"] == seen["n_ubatch"] == 512  # the same ubatches as before: the same numbers
 
 
+def _slow(_number: int) -> tuple[int, dict[str, str], bytes] | None:
+    time.sleep(1.5)
+    return 200, {}, b'{"ok": 1}'
+
+
 def _child(port: int, body: str) -> subprocess.CompletedProcess[str]:
     """A script run as its own process against a server at ``port``: its output, within a generous bound."""
     script = textwrap.dedent(f"""
@@ -76,11 +81,7 @@ def test_a_normal_end_waits_for_a_threads_call_but_not_for_an_orphaned_one() -> 
     # request's llama.cpp call, orphaned) is given up then: a Ctrl-C the script caught and went on from
     from tests.test_remote_close_p import serving
 
-    def slow(_number: int) -> tuple[int, dict[str, str], bytes] | None:
-        time.sleep(1.5)
-        return 200, {}, b'{"ok": 1}'
-
-    with serving(slow) as (url, _state):
+    with serving(_slow) as (url, _state):
         port = int(url.rsplit(":", 1)[1])
         waited = _child(port, """
             out = []
@@ -111,11 +112,7 @@ def test_a_forked_child_ending_leaves_the_parents_call_alone() -> None:
     # of the parent's clients, and shutting an inherited socket ended the parent's request
     from tests.test_remote_close_p import serving
 
-    def slow(_number: int) -> tuple[int, dict[str, str], bytes] | None:
-        time.sleep(1.5)
-        return 200, {}, b'{"ok": 1}'
-
-    with serving(slow) as (url, state):
+    with serving(_slow) as (url, state):
         port = int(url.rsplit(":", 1)[1])
         done = _child(port, """
             import multiprocessing
