@@ -263,6 +263,7 @@ class EnsembleLLM(FunctionCallingLLM):
     _engine: EnsembleEngine = PrivateAttr()
     _shared: _SharedEngine = PrivateAttr()
     _release: weakref.finalize[..., Any] = PrivateAttr()  # this LLM's hold on the engine (see _SharedEngine)
+    _template_room: tuple[EnsembleEngine, int] | None = PrivateAttr(default=None)  # per engine (its members are fixed)
 
     def __init__(self, models: Sequence[str | Member] | None = None, method: str = "safe",
                  max_tokens: int | None = None, temperature: float = 0.0, context_window: int | None = None,
@@ -467,8 +468,11 @@ class EnsembleLLM(FunctionCallingLLM):
         """The most tokens any member's chat template writes around the texts of a one- or two-message
         prompt (``chat.template_overhead``, measured on each member's own rendering; Qwen2.5 29,
         SmolLM2 30 with their default system prompts): what ``metadata`` leaves out of the window.
-        Loads the members."""
-        return max(template_overhead(member.prompt_ids) for member in self.engine.members)
+        Loads the members; measured once (``metadata`` is read for every prompt LlamaIndex sizes)."""
+        engine = self.engine
+        if self._template_room is None or self._template_room[0] is not engine:
+            self._template_room = engine, max(template_overhead(member.prompt_ids) for member in engine.members)
+        return self._template_room[1]
 
     def tokenizer_fn(self, text: str) -> list[int]:
         """``text``'s token ids in the member that spells it in the most tokens
